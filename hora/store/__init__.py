@@ -1,0 +1,29 @@
+"""The data path: a Store over fsspec, DataFrame materialization to Parquet, per-rank readers.
+
+>>> from hora.store import Store, materialize, make_reader
+>>> store = Store.create("file:///tmp/hora")
+>>> info = materialize(df, store, feature_cols=["features"], label_cols=["label"], validation=0.2)
+>>> for batch in make_reader(store, info, rank=0, size=2, batch_size=64, epoch=0): ...
+
+Adapters: :func:`hora.store.torch_adapter.torch_batches` (torch tensors) and
+:func:`hora.store.tf_adapter.make_tf_dataset` (``tf.data.Dataset``) import their
+framework only when called. Nothing in this package imports an ML framework.
+"""
+
+from hora.store.dataset import ColumnSpec, DatasetInfo, FileInfo
+from hora.store.layout import StoreLayout
+from hora.store.materialize import load_dataset_info, materialize
+from hora.store.reader import Reader, make_reader
+from hora.store.store import Store
+
+__all__ = [
+    "Store",
+    "StoreLayout",
+    "ColumnSpec",
+    "DatasetInfo",
+    "FileInfo",
+    "materialize",
+    "load_dataset_info",
+    "make_reader",
+    "Reader",
+]
