@@ -1,0 +1,31 @@
+# The two commands of the README. Both work on a fresh machine: they create .venv,
+# install torch (CPU wheel, pinned) first and then hora with every extra, through
+# constraints.txt, and reinstall only when pyproject.toml or constraints.txt change.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.hora-installed
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: demo test install bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[all,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hora run -np 2 $(BIN)/python examples/torch_synthetic.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache

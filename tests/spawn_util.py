@@ -1,0 +1,101 @@
+"""Run a function on N real processes over loopback, the way a launcher would.
+
+Used by the collective tests before (and independently of) the runners: each rank is a
+``multiprocessing`` *spawn* process with the ``HORA_*`` environment of a real job and a
+real :class:`~hora.native.rendezvous.RendezvousServer`. ``fn`` must be importable
+(defined at module level). Results come back in rank order; the first failure is raised
+with the remote traceback; nothing outlives the call.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hora.errors import WorkerFailedError
+from hora.native.rendezvous import RendezvousServer, WorkerEnv, make_secret
+
+
+def _child(fn, rank, env, args, kwargs, results):
+    os.environ.update(env)
+    try:
+        value = fn(*args, **kwargs)
+        results.put((rank, True, value))
+    except BaseException as exc:  # report every failure, including SystemExit
+        results.put((rank, False, (repr(exc), traceback.format_exc())))
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    size: int,
+    *,
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    rank_env: Mapping[int, Mapping[str, str]] | None = None,
+    timeout: float = 60.0,
+    backend: str = "gloo",
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``size`` processes; return results in rank order.
+
+    Raises:
+        WorkerFailedError: a rank raised (carries its traceback) or died, or the job
+            exceeded ``timeout`` seconds (naming the ranks that never finished).
+    """
+    ctx = mp.get_context("spawn")
+    secret = make_secret()
+    server = RendezvousServer(secret, host="127.0.0.1")
+    server.start()
+    results = ctx.Queue()
+    procs = []
+    try:
+        for rank in range(size):
+            wenv = WorkerEnv(
+                rank=rank, size=size, local_rank=rank, local_size=size, cross_rank=0, cross_size=1,
+                rendezvous_addr=server.addr, secret=secret, job_id="test", hostname="127.0.0.1",
+                backend=backend, start_timeout=min(timeout, 60.0),
+            ).to_environ()
+            wenv.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+            wenv.update(env or {})
+            wenv.update((rank_env or {}).get(rank, {}))
+            p = ctx.Process(target=_child, args=(fn, rank, wenv, args, dict(kwargs or {}), results), daemon=True)
+            p.start()
+            procs.append(p)
+        out: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        while len(out) < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(size)) - set(out))
+                raise WorkerFailedError(f"ranks {missing} did not finish within {timeout:g}s")
+            try:
+                rank, ok, value = results.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if r not in out and not p.is_alive() and p.exitcode not in (0, None):
+                        # give a queued result a moment to arrive before declaring death
+                        try:
+                            rank, ok, value = results.get(timeout=1.0)
+                            break
+                        except queue.Empty:
+                            raise WorkerFailedError(
+                                f"rank {r} died with exit code {p.exitcode}", rank=r, exitcode=p.exitcode
+                            ) from None
+                else:
+                    continue
+            if not ok:
+                raise WorkerFailedError(f"rank {rank} raised {value[0]}", rank=rank, remote_traceback=value[1])
+            out[rank] = value
+        return [out[r] for r in range(size)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        server.stop()
