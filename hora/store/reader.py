@@ -1,29 +1,416 @@
 """Per-rank streaming reader of a materialized dataset: sharding, shuffling, prefetch.
 
-See :func:`make_reader`.
+How rows are shared (identical arithmetic on every rank, from the metadata alone):
+
+1. The split's row groups are put in one order: shuffled per epoch with
+   ``(seed, epoch)`` (the same on all ranks), or file order without shuffling.
+2. That order defines a sequence of all ``N`` rows; rank ``r`` of ``size`` takes the
+   contiguous range ``[r * per, (r + 1) * per)`` of it, cutting row groups where needed.
+   ``remainder="pad"`` (default, like torch's DistributedSampler): ``per = ceil(N / size)``
+   and the range wraps around, so the last ranks re-read a few rows from the start of
+   the order; ``remainder="truncate"``: ``per = N // size`` and the last ``N % size``
+   rows of the order are skipped this epoch (others next epoch, when shuffling).
+   Either way every rank reads exactly ``per`` rows, so ``len(reader)`` (batches) is
+   the same on every rank; when ``size`` divides ``N`` every row is read exactly once.
+3. A rank streams its row groups one at a time. With shuffling, rows are mixed in a
+   window of ``shuffle_buffer_size`` rows (one random scatter per column, no per-row
+   Python), and the rows left over after the last full batch of a window carry into
+   the next one. Memory stays around the shuffle buffer, one row group and the
+   prefetched batches, whatever the dataset's size.
+4. A background thread prepares ``prefetch`` batches ahead into a bounded queue.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterator, Sequence
+import math
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from hora.store.dataset import DatasetInfo
+from hora.errors import ConfigError, DataError, StoreError
+from hora.store.dataset import ColumnSpec, DatasetInfo
+from hora.store.layout import SPLITS, join
 from hora.store.store import Store
 
 logger = logging.getLogger(__name__)
 
+#: Default cap of the shuffle buffer, in rows and in bytes (the smaller wins).
+DEFAULT_SHUFFLE_BUFFER_ROWS = 100_000
+DEFAULT_SHUFFLE_BUFFER_BYTES = 256 << 20
+#: Seconds the consumer waits for the next batch from the prefetch thread (env override below).
+DEFAULT_READER_TIMEOUT_S = 600.0
+READER_TIMEOUT_ENV = "HORA_READER_TIMEOUT"
+_REMAINDERS = ("pad", "truncate")
+_POLL_S = 0.5
+
+
+def reader_timeout() -> float:
+    """Seconds to wait for one batch (``HORA_READER_TIMEOUT`` or the default)."""
+    raw = os.environ.get(READER_TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_READER_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{READER_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from exc
+    if value <= 0:
+        raise ConfigError(f"{READER_TIMEOUT_ENV} must be > 0, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows ``[start, stop)`` of row group ``row_group`` of file ``file`` (an index into the split's files)."""
+
+    file: int
+    row_group: int
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def plan_segments(
+    group_rows: Sequence[tuple[int, int, int]],
+    rank: int,
+    size: int,
+    epoch: int,
+    seed: int,
+    shuffle: bool,
+    remainder: str = "pad",
+) -> tuple[list[Segment], int]:
+    """The row-group slices rank ``rank`` reads in ``epoch``, and its row count (equal on all ranks).
+
+    Args:
+        group_rows: ``(file, row_group, rows)`` of every row group of the split, in file order.
+
+    Raises:
+        DataError: the split has no rows, or (``truncate``) fewer rows than ranks.
+    """
+    groups = [g for g in group_rows if g[2] > 0]
+    total = sum(g[2] for g in groups)
+    if total == 0:
+        raise DataError("the split has no rows to read")
+    if shuffle:
+        order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(len(groups))
+        groups = [groups[i] for i in order]
+    if remainder == "truncate":
+        per = total // size
+        if per == 0:
+            raise DataError(f"the split has {total} rows, fewer than the {size} ranks (remainder='truncate')")
+    else:
+        per = -(-total // size)
+    begin = (rank * per) % total
+    segments: list[Segment] = []
+    need = per
+    # walk the (cyclic) row sequence from `begin`
+    starts = np.cumsum([0] + [g[2] for g in groups])
+    idx = int(np.searchsorted(starts, begin, side="right") - 1)
+    offset = begin - int(starts[idx])
+    while need > 0:
+        f, rg, rows = groups[idx]
+        take = min(rows - offset, need)
+        segments.append(Segment(f, rg, offset, offset + take))
+        need -= take
+        offset = 0
+        idx = (idx + 1) % len(groups)
+    return segments, per
+
+
+def _to_numpy(col: pa.ChunkedArray | pa.Array, spec: ColumnSpec, name: str) -> np.ndarray:
+    """Arrow column -> numpy ``(rows, *spec.shape)`` of ``spec.dtype``, vectorised (no per-row Python)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    n = len(col)
+    arr = col
+    for _ in spec.shape:
+        arr = arr.flatten()
+    out = arr.to_numpy(zero_copy_only=False)
+    if spec.shape:
+        expected = n * math.prod(spec.shape)
+        if out.size != expected:
+            raise StoreError(
+                f"column {name!r}: stored values do not match shape {spec.shape} ({out.size} values for {n} rows)"
+            )
+        out = out.reshape((n, *spec.shape))
+    if out.dtype != np.dtype(spec.dtype):
+        out = out.astype(spec.dtype)
+    return out
+
 
 class Reader:
-    """Iterates the batches of one rank for one epoch (see :func:`make_reader`)."""
+    """Iterates the batches of one rank for one epoch (see :func:`make_reader`).
+
+    ``len(reader)`` is the number of batches, equal on all ranks. Iterating again
+    replays the same epoch; :meth:`set_epoch` moves to another one. Use as a context
+    manager or call :meth:`close` to stop a prefetch thread early (it is a daemon and
+    also stops when the iteration is abandoned).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        info: DatasetInfo,
+        split: str,
+        rank: int,
+        size: int,
+        batch_size: int,
+        epoch: int,
+        seed: int,
+        shuffle: bool,
+        shuffle_buffer_size: int | None,
+        columns: Sequence[str] | None,
+        prefetch: int,
+        remainder: str,
+        drop_last: bool,
+    ) -> None:
+        self.store = store
+        self.info = info
+        self.split = split
+        self.rank = rank
+        self.size = size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.prefetch = prefetch
+        self.remainder = remainder
+        self.drop_last = drop_last
+        self.columns = list(columns) if columns is not None else list(info.columns)
+        self.specs = {c: info.columns[c] for c in self.columns}
+        self.files = info.file_paths(split)
+        file_infos = info.split_files(split)
+        self._group_rows = [(i, g, rows) for i, f in enumerate(file_infos) for g, rows in enumerate(f.row_groups)]
+        row_bytes = sum(np.dtype(s.dtype).itemsize * max(1, math.prod(s.shape)) for s in self.specs.values())
+        if shuffle_buffer_size is None:
+            shuffle_buffer_size = max(batch_size, min(DEFAULT_SHUFFLE_BUFFER_ROWS, DEFAULT_SHUFFLE_BUFFER_BYTES // max(1, row_bytes)))
+        self.shuffle_buffer_size = shuffle_buffer_size
+        self._threads: list[threading.Thread] = []
+        self._stops: list[threading.Event] = []
+        self.set_epoch(epoch)
+
+    # planning ---------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` next (a different shuffle, the same number of batches)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.epoch = epoch
+        self.segments, self.rows = plan_segments(
+            self._group_rows, self.rank, self.size, epoch, self.seed, self.shuffle, self.remainder
+        )
 
     def __len__(self) -> int:
-        raise NotImplementedError("hora.store.Reader is being implemented (issue 4)")
+        if self.drop_last:
+            return self.rows // self.batch_size
+        return -(-self.rows // self.batch_size)
+
+    def __repr__(self) -> str:
+        return (f"Reader(split={self.split!r}, rank={self.rank}/{self.size}, epoch={self.epoch}, "
+                f"rows={self.rows}, batches={len(self)})")
+
+    # reading ----------------------------------------------------------------------------
+    def _row_groups(self) -> Iterator[dict[str, np.ndarray]]:
+        """Yields the numpy columns of each planned segment, in order (opening each file once)."""
+        handles: dict[int, tuple[Any, pq.ParquetFile]] = {}
+        try:
+            for seg in self.segments:
+                if seg.file not in handles:
+                    path = self.files[seg.file]
+                    try:
+                        if self.store.is_local:
+                            fh = None
+                            pf = pq.ParquetFile(path)
+                        else:
+                            fh = self.store.open(path, "rb")
+                            pf = pq.ParquetFile(fh)
+                    except StoreError:
+                        raise
+                    except Exception as exc:
+                        raise StoreError(f"cannot open {self.store.url_for(path)}: {type(exc).__name__}: {exc}") from exc
+                    handles[seg.file] = (fh, pf)
+                pf = handles[seg.file][1]
+                try:
+                    table = pf.read_row_group(seg.row_group, columns=self.columns, use_threads=True)
+                except Exception as exc:
+                    raise StoreError(
+                        f"cannot read row group {seg.row_group} of {self.store.url_for(self.files[seg.file])}: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                cols = {c: _to_numpy(table.column(c), self.specs[c], c) for c in self.columns}
+                if seg.start or seg.stop != table.num_rows:
+                    cols = {c: a[seg.start : seg.stop] for c, a in cols.items()}
+                yield cols
+        finally:
+            for fh, _ in handles.values():
+                if fh is not None:
+                    fh.close()
+
+    def _batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """The batches of this epoch, produced in the calling thread."""
+        bs = self.batch_size
+        emitted = 0
+        limit = len(self)
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, self.epoch, self.rank, 0xB0F])
+            window: list[dict[str, np.ndarray]] = []
+            window_rows = 0
+            chunks = self._row_groups()
+            exhausted = False
+            while not exhausted:
+                for chunk in chunks:
+                    window.append(chunk)
+                    window_rows += len(next(iter(chunk.values())))
+                    if window_rows >= self.shuffle_buffer_size:
+                        break
+                else:
+                    exhausted = True
+                if window_rows == 0:
+                    break
+                dest = rng.permutation(window_rows)
+                mixed = {}
+                for c in self.columns:
+                    first = window[0][c]
+                    out = np.empty((window_rows, *first.shape[1:]), dtype=first.dtype)
+                    pos = 0
+                    for chunk in window:
+                        a = chunk[c]
+                        out[dest[pos : pos + len(a)]] = a
+                        pos += len(a)
+                    mixed[c] = out
+                full = (window_rows // bs) * bs
+                upto = window_rows if exhausted else full
+                for start in range(0, upto, bs):
+                    if emitted >= limit:
+                        return
+                    yield {c: a[start : min(start + bs, upto)] for c, a in mixed.items()}
+                    emitted += 1
+                if upto < window_rows:
+                    window = [{c: a[upto:] for c, a in mixed.items()}]
+                    window_rows = window_rows - upto
+                else:
+                    window, window_rows = [], 0
+        else:
+            pending: list[dict[str, np.ndarray]] = []
+            pending_rows = 0
+            for chunk in self._row_groups():
+                n = len(next(iter(chunk.values())))
+                start = 0
+                while start < n:
+                    if pending_rows == 0 and n - start >= bs:
+                        if emitted >= limit:
+                            return
+                        yield {c: a[start : start + bs] for c, a in chunk.items()}
+                        emitted += 1
+                        start += bs
+                        continue
+                    take = min(bs - pending_rows, n - start)
+                    pending.append({c: a[start : start + take] for c, a in chunk.items()})
+                    pending_rows += take
+                    start += take
+                    if pending_rows == bs:
+                        if emitted >= limit:
+                            return
+                        yield {c: np.concatenate([p[c] for p in pending]) for c in self.columns}
+                        emitted += 1
+                        pending, pending_rows = [], 0
+            if pending_rows and emitted < limit:
+                yield {c: np.concatenate([p[c] for p in pending]) for c in self.columns}
+                emitted += 1
+        if emitted != limit:  # pragma: no cover - a planning bug would show here, not as a hang
+            raise StoreError(f"reader rank {self.rank}: produced {emitted} batches, planned {limit}")
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        raise NotImplementedError("hora.store.Reader is being implemented (issue 4)")
+        if self.prefetch <= 0:
+            yield from self._batches()
+            return
+        yield from self._prefetched()
+
+    def _prefetched(self) -> Iterator[dict[str, np.ndarray]]:
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        done = object()
+
+        def _put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=_POLL_S)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def _produce() -> None:
+            try:
+                for batch in self._batches():
+                    if not _put(batch):
+                        return
+                _put(done)
+            except BaseException as exc:  # forwarded to the consumer
+                _put(exc)
+
+        thread = threading.Thread(
+            target=_produce, name=f"hora-reader-{self.split}-r{self.rank}-e{self.epoch}", daemon=True
+        )
+        self._threads.append(thread)
+        self._stops.append(stop)
+        thread.start()
+        timeout = reader_timeout()
+        try:
+            while True:
+                waited = 0.0
+                while True:
+                    try:
+                        item = q.get(timeout=_POLL_S)
+                        break
+                    except queue.Empty:
+                        waited += _POLL_S
+                        if not thread.is_alive() and q.empty():
+                            raise StoreError(f"reader rank {self.rank}: the prefetch thread ended without a result")
+                        if waited >= timeout:
+                            raise StoreError(
+                                f"reader rank {self.rank} ({self.split}, epoch {self.epoch}): no batch from the "
+                                f"prefetch thread within {timeout:.0f} s (reading {self.store.url}; "
+                                f"set {READER_TIMEOUT_ENV} to wait longer)"
+                            )
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while True:  # unblock a producer waiting on a full queue
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+            thread.join(timeout=5 * _POLL_S)
+            if thread in self._threads and not thread.is_alive():
+                self._threads.remove(thread)
+                self._stops.remove(stop)
+
+    def close(self) -> None:
+        """Stop any prefetch thread still running (returns within about a second)."""
+        for stop in self._stops:
+            stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5 * _POLL_S)
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._stops = self._stops[-len(self._threads):] if self._threads else []
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def make_reader(
@@ -51,9 +438,11 @@ def make_reader(
         split: ``"train"`` or ``"val"``.
         rank, size: this rank and the number of ranks.
         batch_size: rows per batch (the last batch of an epoch may be smaller unless drop_last).
-        epoch, seed: the shuffle of each epoch is seeded by (seed, epoch), identical on all ranks.
+        epoch, seed: the shuffle of each epoch is seeded by (seed, epoch): the row-group
+            order is identical on all ranks, the in-buffer mixing differs per rank.
         shuffle: shuffle row-group order and rows (through the shuffle buffer).
-        shuffle_buffer_size: rows mixed together in memory (default 100,000).
+        shuffle_buffer_size: rows mixed together in memory (default: 100,000 rows or
+            256 MiB, whichever is smaller, and at least one batch).
         columns: columns to read (default: all stored columns).
         prefetch: batches prepared ahead by a background thread (0: no thread).
         remainder: when rows do not divide by ``size``: ``"pad"`` re-reads a few rows
@@ -65,10 +454,46 @@ def make_reader(
         shapes ``(rows, *ColumnSpec.shape)``.
 
     Raises:
-        ConfigError: bad rank/size/batch_size/split/columns.
+        ConfigError: bad rank/size/batch_size/split/columns/remainder.
         DataError: the split is empty.
     """
-    raise NotImplementedError("hora.store.make_reader is being implemented (issue 4)")
+    if not isinstance(store, Store):
+        raise ConfigError(f"store must be a hora.store.Store, got {type(store).__name__}")
+    if not isinstance(info, DatasetInfo):
+        raise ConfigError(f"info must be a DatasetInfo (from materialize), got {type(info).__name__}")
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
+    for name, value, low in (("size", size, 1), ("batch_size", batch_size, 1), ("rank", rank, 0),
+                             ("seed", seed, None), ("prefetch", prefetch, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+            raise ConfigError(f"{name} must be an int" + (f" >= {low}" if low is not None else "") + f", got {value!r}")
+    if rank >= size:
+        raise ConfigError(f"rank {rank} is out of range for size {size}")
+    if remainder not in _REMAINDERS:
+        raise ConfigError(f"remainder must be one of {_REMAINDERS}, got {remainder!r}")
+    if shuffle_buffer_size is not None and (
+        isinstance(shuffle_buffer_size, bool) or not isinstance(shuffle_buffer_size, int) or shuffle_buffer_size < 1
+    ):
+        raise ConfigError(f"shuffle_buffer_size must be an int >= 1 or None, got {shuffle_buffer_size!r}")
+    if columns is not None:
+        if isinstance(columns, str):
+            columns = [columns]
+        unknown = [c for c in columns if c not in info.columns]
+        if unknown:
+            raise ConfigError(f"columns {unknown} are not in the dataset; it has {list(info.columns)}")
+        if not columns:
+            raise ConfigError("columns must name at least one column (or be None for all)")
+    if info.split_rows(split) == 0:
+        raise DataError(
+            f"the {split!r} split of dataset {info.fingerprint} is empty"
+            + (" (materialize with validation=... to get one)" if split == "val" else "")
+        )
+    reader = Reader(store, info, split, rank, size, batch_size, epoch, seed, bool(shuffle),
+                    shuffle_buffer_size, columns, prefetch, remainder, bool(drop_last))
+    if len(reader) == 0:
+        logger.warning("reader rank %d: %d rows per rank and batch_size %d with drop_last give no batches",
+                       rank, reader.rows, batch_size)
+    return reader
 
 
-__all__ = ["Reader", "make_reader"]
+__all__ = ["Reader", "make_reader", "plan_segments", "Segment", "READER_TIMEOUT_ENV", "DEFAULT_READER_TIMEOUT_S"]
