@@ -1,0 +1,237 @@
+"""The driver side of a run: a small authenticated service the ranks report to.
+
+:class:`DriverService` hosts a :class:`~hora.native.rendezvous.RendezvousServer` whose
+address travels in the :class:`~hora.runners.spec.LaunchSpec`. Ranks (or the task
+supervisors on Spark executors and Dask workers) push to it:
+
+* ``runner/started/<r>`` when a rank's process is up,
+* ``runner/hb/<r>`` heartbeats,
+* ``runner/log/<r>/<seq>`` batches of output lines,
+* ``runner/metrics/<r>`` the latest metrics of :func:`hora.runners.report`,
+* ``runner/failed/<r>`` a :class:`~hora.runners.spec.FailureReport` (with a sequence
+  number, so the driver reports the *first* failure),
+* ``runner/done/<r>`` when ``fn`` returned.
+
+A thread on the driver polls it, prints output lines prefixed by rank, renders the
+progress bar and keeps the lines for the Store's run logs. The driver sets
+``runner/abort`` to tell every rank to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import sys
+import threading
+import time
+from typing import Any
+
+from hora.native.rendezvous import KVClient, RendezvousServer
+from hora.runners.progress import Progress
+from hora.runners.spec import (
+    KEY_ABORT,
+    KEY_FAILED,
+    KEY_HEARTBEAT,
+    KEY_LOG,
+    KEY_METRICS,
+    KEY_STARTED,
+    FailureReport,
+)
+
+log = logging.getLogger(__name__)
+out_log = logging.getLogger("hora.runners.output")
+
+KEY_DONE = "runner/done/"
+POLL_INTERVAL = 0.2
+MAX_KEPT_LINES = 200_000  # per rank, for the store's run logs
+
+
+class DriverService:
+    """Serve the ranks of one run and collect what they report.
+
+    Args:
+        secret: the job secret.
+        num_proc: the number of ranks.
+        run_id: the run id (names the store log folder).
+        bind: the address to listen on (port 0: no race).
+        advertise: the address ranks use to reach the service.
+        verbose: 0 prints nothing, 1 prints rank output and the progress bar.
+        store: a :class:`hora.store.Store`; rank output is saved to its run logs.
+    """
+
+    def __init__(
+        self,
+        secret: bytes,
+        num_proc: int,
+        run_id: str,
+        *,
+        bind: str = "127.0.0.1",
+        advertise: str = "127.0.0.1",
+        verbose: int = 1,
+        store: Any = None,
+    ) -> None:
+        self.num_proc = num_proc
+        self.run_id = run_id
+        self.verbose = verbose
+        self.store = store
+        self.server = RendezvousServer(secret, host=bind, port=0)
+        self.server.start()
+        port = self.server.addr.rpartition(":")[2]
+        self.addr = f"{advertise}:{port}"
+        local = "127.0.0.1" if bind in ("0.0.0.0", "", "127.0.0.1", "localhost") else bind
+        self._client = KVClient(f"{local}:{port}", secret, timeout=10.0)
+        self.progress = Progress(run_id, enabled=verbose >= 1)
+        self._lines: dict[int, list[str]] = {r: [] for r in range(num_proc)}
+        self._dropped: dict[int, int] = {r: 0 for r in range(num_proc)}
+        self._log_seq: dict[int, int] = {r: 0 for r in range(num_proc)}
+        self._metric_seq: dict[int, int] = {}
+        self._hb: dict[int, tuple[bytes, float]] = {}
+        self._out_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"hora-driver-{run_id}", daemon=True)
+        self._thread.start()
+
+    # output -----------------------------------------------------------------------------
+    def emit(self, rank: int, stream: str, line: str) -> None:
+        """Forward one output line of a rank: print it prefixed (verbose >= 1), keep it for the store."""
+        text = f"[{rank}]<{stream}>:{line}"
+        with self._out_lock:
+            kept = self._lines.setdefault(rank, [])
+            if len(kept) < MAX_KEPT_LINES:
+                kept.append(f"<{stream}>:{line}")
+            else:
+                self._dropped[rank] = self._dropped.get(rank, 0) + 1
+            out_log.debug("%s", text)
+            if self.verbose >= 1:
+                self.progress.write(text, sys.stderr if stream == "stderr" else sys.stdout)
+
+    def lines(self, rank: int) -> list[str]:
+        """The lines kept so far for ``rank`` (``<stream>:line``)."""
+        with self._out_lock:
+            return list(self._lines.get(rank, []))
+
+    # polling ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL):
+            try:
+                self.poll_once()
+            except Exception:  # the poller must keep going; the run's own checks decide failure
+                log.debug("driver poll failed", exc_info=True)
+
+    def poll_once(self) -> None:
+        """Drain pending log batches and metrics (also called once at the end)."""
+        keys = self.server.keys(KEY_LOG)
+        by_rank: dict[int, list[tuple[int, str]]] = {}
+        for key in keys:
+            _, _, rest = key.partition(KEY_LOG)
+            rank_s, _, seq_s = rest.partition("/")
+            try:
+                by_rank.setdefault(int(rank_s), []).append((int(seq_s), key))
+            except ValueError:
+                continue
+        for rank, items in by_rank.items():
+            for seq, key in sorted(items):
+                try:
+                    (raw,) = self.server.wait([key], 0.01)
+                    batch = pickle.loads(raw)
+                except Exception:
+                    continue
+                for stream, line in batch:
+                    self.emit(rank, stream, line)
+                self._client.delete(key)
+        for key in self.server.keys(KEY_METRICS):
+            try:
+                rank = int(key[len(KEY_METRICS) :])
+                (raw,) = self.server.wait([key], 0.01)
+                seq, metrics = pickle.loads(raw)
+            except Exception:
+                continue
+            if self._metric_seq.get(rank) != seq:
+                self._metric_seq[rank] = seq
+                with self._out_lock:
+                    self.progress.update(rank, metrics)
+
+    # state --------------------------------------------------------------------------------
+    def _ranks_with(self, prefix: str) -> dict[int, bytes]:
+        out = {}
+        for key in self.server.keys(prefix):
+            try:
+                rank = int(key[len(prefix) :])
+            except ValueError:
+                continue
+            out[rank] = self.server.wait([key], 0.01)[0]
+        return out
+
+    def started(self) -> dict[int, str]:
+        """Ranks whose process is up, with their host."""
+        return {r: v.decode(errors="replace") for r, v in self._ranks_with(KEY_STARTED).items()}
+
+    def done(self) -> set[int]:
+        """Ranks whose ``fn`` returned."""
+        return set(self._ranks_with(KEY_DONE))
+
+    def failures(self) -> list[FailureReport]:
+        """Failure reports posted by ranks, first failure first."""
+        reports = []
+        for raw in self._ranks_with(KEY_FAILED).values():
+            try:
+                report = pickle.loads(raw)
+            except Exception:
+                continue
+            if isinstance(report, FailureReport):
+                reports.append(report)
+        return sorted(reports, key=lambda r: r.seq)
+
+    def stale_heartbeats(self, timeout: float, ignore: set[int]) -> list[int]:
+        """Started ranks (not in ``ignore``) whose heartbeat has not moved for ``timeout`` s."""
+        now = time.monotonic()
+        beats = self._ranks_with(KEY_HEARTBEAT)
+        stale = []
+        for rank in self.started():
+            if rank in ignore:
+                continue
+            value = beats.get(rank, b"")
+            seen = self._hb.get(rank)
+            if seen is None or seen[0] != value:
+                self._hb[rank] = (value, now)
+            elif now - seen[1] > timeout:
+                stale.append(rank)
+        return sorted(stale)
+
+    def abort(self) -> None:
+        """Tell every rank to stop."""
+        self.server.set(KEY_ABORT, b"1")
+
+    # end ----------------------------------------------------------------------------------
+    def save_logs(self) -> None:
+        """Write each rank's lines to ``<store>/runs/<run_id>/logs/rank.<r>.log`` (if a store was given)."""
+        if self.store is None:
+            return
+        try:
+            logs_dir = self.store.layout.logs_dir(self.run_id)
+            with self._out_lock:
+                snapshot = {r: list(lines) for r, lines in self._lines.items()}
+                dropped = dict(self._dropped)
+            for rank, lines in sorted(snapshot.items()):
+                text = "\n".join(lines) + ("\n" if lines else "")
+                if dropped.get(rank):
+                    text += f"<hora>:{dropped[rank]} further lines were dropped\n"
+                self.store.write_bytes(f"{logs_dir}/rank.{rank}.log", text.encode())
+        except Exception as exc:  # logs are a convenience; never mask the run's own outcome
+            log.warning("could not save the run logs of %s to the store: %s", self.run_id, exc)
+
+    def close(self) -> None:
+        """Drain what is left, close the progress bar, save logs and stop the server."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            self.poll_once()
+        except Exception:
+            log.debug("final driver poll failed", exc_info=True)
+        self.progress.close()
+        self.save_logs()
+        self._client.close()
+        self.server.stop()
+
+
+__all__ = ["DriverService"]

@@ -1,0 +1,87 @@
+"""The driver's progress bar, fed by :func:`hora.runners.report` metrics.
+
+Only the driver renders anything. The bar follows the lowest rank that reports
+(normally rank 0): ``step``/``total`` (or ``steps``) move the bar, ``epoch``/``epochs``
+set its description, and every other scalar shows as a postfix (``loss=0.31``).
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+_RESERVED = {"step", "total", "steps", "epoch", "epochs"}
+
+
+class Progress:
+    """A tqdm bar created on the first metrics (only when ``enabled``)."""
+
+    def __init__(self, run_id: str, enabled: bool = True) -> None:
+        self.run_id = run_id
+        self.enabled = enabled
+        self._bar: Any = None
+        self._rank: int | None = None
+        self.latest: dict[int, dict[str, Any]] = {}
+
+    def update(self, rank: int, metrics: dict[str, Any]) -> None:
+        """Record the latest metrics of ``rank``; redraw the bar if it follows that rank."""
+        self.latest[rank] = dict(metrics)
+        if self._rank is None or rank < self._rank:
+            self._rank = rank
+        if rank != self._rank:
+            return
+        log.debug("rank %d metrics: %s", rank, metrics)
+        if not self.enabled:
+            return
+        bar = self._ensure_bar()
+        total = metrics.get("total", metrics.get("steps"))
+        if isinstance(total, numbers.Number) and total != bar.total:
+            bar.total = total
+        step = metrics.get("step")
+        if isinstance(step, numbers.Number):
+            bar.n = step
+        epoch = metrics.get("epoch")
+        if epoch is not None:
+            epochs = metrics.get("epochs")
+            bar.set_description(f"{self.run_id} epoch {epoch}" + (f"/{epochs}" if epochs is not None else ""), refresh=False)
+        postfix = {}
+        for key, value in metrics.items():
+            if key in _RESERVED:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Number):
+                postfix[key] = str(value)
+            elif isinstance(value, numbers.Integral):
+                postfix[key] = value
+            else:
+                postfix[key] = f"{float(value):.4g}"
+        bar.set_postfix(postfix, refresh=False)
+        bar.refresh()
+
+    def _ensure_bar(self) -> Any:
+        if self._bar is None:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(desc=self.run_id, unit="step", dynamic_ncols=True, leave=True)
+        return self._bar
+
+    def write(self, text: str, stream: IO[str]) -> None:
+        """Print a line without breaking the bar."""
+        if self._bar is not None:
+            from tqdm.auto import tqdm
+
+            tqdm.write(text, file=stream)
+        else:
+            stream.write(text + "\n")
+            stream.flush()
+
+    def close(self) -> None:
+        """Close the bar (idempotent)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+__all__ = ["Progress"]

@@ -1,0 +1,248 @@
+"""What every worker needs to run one rank: a frozen, picklable :class:`LaunchSpec`.
+
+The driver builds one ``LaunchSpec`` per run; each backend adds a small per-rank
+:class:`RankContext` (the rank's place in the job and where the rendezvous is) and
+hands both to the one worker entry point, :mod:`hora.runners.worker`.
+
+The per-job secret travels *inside* the pickled spec, never as a visible string:
+``repr()`` of a spec shows neither the secret nor the pickled function, so it cannot
+leak through logs, the Spark UI or the Dask dashboard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from hora.errors import ConfigError
+
+# --------------------------------------------------------------------------------------
+# Environment variables (beyond the rendezvous contract in hora.native.rendezvous)
+# --------------------------------------------------------------------------------------
+ENV_DRIVER_ADDR = "HORA_DRIVER_ADDR"  # "host:port" of the driver service (logs, metrics, failures)
+ENV_RUN_ID = "HORA_RUN_ID"
+ENV_ADVERTISE_ADDR = "HORA_ADVERTISE_ADDR"  # override the address workers advertise (real clusters)
+ENV_HEARTBEAT_TIMEOUT = "HORA_HEARTBEAT_TIMEOUT"  # seconds without a heartbeat before a rank is dead
+ENV_FINISH_TIMEOUT = "HORA_FINISH_TIMEOUT"  # seconds the other ranks get once one rank returned
+ENV_TERMINATE_GRACE = "HORA_TERMINATE_GRACE"  # seconds between SIGTERM and SIGKILL
+ENV_TEST_HANG_AT_START = "HORA_TEST_HANG_AT_START"  # fault injection: comma list of ranks that never start
+
+# the native engine's settings (read by hora.native)
+ENV_TIMELINE = "HORA_TIMELINE"
+ENV_CYCLE_TIME = "HORA_CYCLE_TIME"  # milliseconds
+ENV_FUSION_THRESHOLD = "HORA_FUSION_THRESHOLD"  # bytes
+ENV_CACHE_CAPACITY = "HORA_CACHE_CAPACITY"
+ENV_AUTOTUNE = "HORA_AUTOTUNE"
+
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+DEFAULT_FINISH_TIMEOUT = 600.0
+DEFAULT_TERMINATE_GRACE = 5.0
+HEARTBEAT_INTERVAL = 1.0
+
+# key prefixes in the driver service
+KEY_STARTED = "runner/started/"  # runner/started/<rank> = host
+KEY_FAILED = "runner/failed/"  # runner/failed/<rank> = pickled FailureReport
+KEY_FAILSEQ = "runner/failseq"  # counter ordering failures
+KEY_HEARTBEAT = "runner/hb/"  # runner/hb/<rank> = counter
+KEY_LOG = "runner/log/"  # runner/log/<rank>/<seq> = pickled list of (stream, line)
+KEY_METRICS = "runner/metrics/"  # runner/metrics/<rank> = pickled (seq, dict)
+KEY_ABORT = "runner/abort"  # set by the driver: every rank stops
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
+
+
+def new_run_id() -> str:
+    """A fresh run id: ``hora-<UTC timestamp>-<random hex>``."""
+    return time.strftime("hora-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is a valid run id (it names folders and task keys).
+
+    Raises:
+        ConfigError: not 1-128 characters of letters, digits, ``.``, ``_``, ``=``, ``-``.
+    """
+    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or ".." in run_id:
+        raise ConfigError(
+            f"run_id {run_id!r} is invalid: use 1-128 characters of letters, digits, '.', '_', '=', '-' "
+            "starting with a letter or digit"
+        )
+    return run_id
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``name``, or ``default``.
+
+    Raises:
+        ConfigError: the variable is set but is not a positive number.
+    """
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be > 0")
+    return value
+
+
+def native_settings_env(
+    *,
+    timeline: str | None = None,
+    cycle_time_ms: float | None = None,
+    fusion_threshold_mb: float | None = None,
+    cache_capacity: int | None = None,
+    autotune: bool = False,
+) -> dict[str, str]:
+    """The ``HORA_*`` variables that tell the native engine its settings.
+
+    Raises:
+        ConfigError: a value is out of range (named in the message).
+    """
+    out: dict[str, str] = {}
+    if timeline:
+        out[ENV_TIMELINE] = os.path.abspath(timeline)
+    if cycle_time_ms is not None:
+        if cycle_time_ms <= 0:
+            raise ConfigError(f"cycle time must be > 0 ms, got {cycle_time_ms}")
+        out[ENV_CYCLE_TIME] = f"{cycle_time_ms:g}"
+    if fusion_threshold_mb is not None:
+        if fusion_threshold_mb < 0:
+            raise ConfigError(f"fusion threshold must be >= 0 MB, got {fusion_threshold_mb}")
+        out[ENV_FUSION_THRESHOLD] = str(int(fusion_threshold_mb * 1024 * 1024))
+    if cache_capacity is not None:
+        if cache_capacity < 0:
+            raise ConfigError(f"cache capacity must be >= 0, got {cache_capacity}")
+        out[ENV_CACHE_CAPACITY] = str(int(cache_capacity))
+    if autotune:
+        out[ENV_AUTOTUNE] = "1"
+    return out
+
+
+def _check_env(env: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    if env is None:
+        return ()
+    if not isinstance(env, Mapping):
+        raise ConfigError(f"env must be a mapping of str to str, got {type(env).__name__}")
+    out = []
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key:
+            raise ConfigError(f"env key {key!r} is not a valid environment variable name")
+        if not isinstance(value, str):
+            raise ConfigError(f"env[{key!r}] must be a str, got {type(value).__name__}")
+        out.append((key, value))
+    return tuple(sorted(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSpec:
+    """Everything every rank of one run needs (frozen, picklable, secret-free ``repr``).
+
+    Attributes:
+        payload: ``cloudpickle.dumps((fn, args, kwargs))``.
+        fn_name: the function's qualified name, for messages.
+        num_proc: the number of ranks.
+        run_id: names the run (task keys, Spark job group, store folders).
+        secret: the per-job secret authenticating every message (hidden from ``repr``).
+        driver_addr: ``host:port`` of the driver service (logs, metrics, failures, abort).
+        env: extra environment variables for every rank, as sorted ``(key, value)`` pairs.
+        start_timeout: seconds every rank has to start.
+        collective_backend: ``auto``, ``gloo``, ``nccl`` or ``mpi`` (``HORA_BACKEND``).
+        verbose: 0 quiet, 1 normal, 2 debug logging in the workers.
+        init_native: call ``hora.native.init()`` before and ``shutdown()`` after ``fn``.
+        sys_path: the driver's ``sys.path``; entries missing in a worker are added, so
+            functions from the driver's modules unpickle there.
+    """
+
+    payload: bytes = dataclasses.field(repr=False)
+    fn_name: str
+    num_proc: int
+    run_id: str
+    secret: bytes = dataclasses.field(repr=False)
+    driver_addr: str
+    env: tuple[tuple[str, str], ...] = ()
+    start_timeout: float = 60.0
+    collective_backend: str = "auto"
+    verbose: int = 1
+    init_native: bool = True
+    sys_path: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
+            raise ConfigError(f"num_proc must be an int >= 1, got {self.num_proc!r}")
+        check_run_id(self.run_id)
+        if not isinstance(self.secret, bytes) or len(self.secret) < 16:
+            raise ConfigError("the job secret must be at least 16 bytes")
+        if ":" not in self.driver_addr:
+            raise ConfigError(f"driver address {self.driver_addr!r} is not host:port")
+        if not self.start_timeout > 0:
+            raise ConfigError(f"start_timeout must be > 0 seconds, got {self.start_timeout!r}")
+        if self.collective_backend not in ("auto", "gloo", "nccl", "mpi"):
+            raise ConfigError(
+                f"collective backend {self.collective_backend!r} is unknown; use one of auto, gloo, nccl, mpi"
+            )
+        object.__setattr__(self, "env", _check_env(dict(self.env)))
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        """The extra environment as a dict."""
+        return dict(self.env)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankContext:
+    """One rank's place in the job, added by the backend that starts it.
+
+    Attributes:
+        rank, size, local_rank, local_size, cross_rank, cross_size: as in Horovod.
+        hostname: the address this rank advertises to its peers (``HORA_HOSTNAME``).
+        rendezvous_addr: ``host:port`` of the collective rendezvous server.
+        extra_env: per-rank variables (e.g. ``CUDA_VISIBLE_DEVICES``), sorted pairs.
+    """
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    hostname: str
+    rendezvous_addr: str
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureReport:
+    """What a failing rank posts to the driver before it exits."""
+
+    seq: int
+    rank: int
+    host: str
+    error: str
+    traceback: str
+    exitcode: int | None = None
+
+
+def dumps(obj: Any) -> bytes:
+    """cloudpickle ``obj`` (functions defined in ``__main__`` or notebooks travel by value)."""
+    import cloudpickle
+
+    return cloudpickle.dumps(obj)
+
+
+__all__ = [
+    "LaunchSpec",
+    "RankContext",
+    "FailureReport",
+    "new_run_id",
+    "check_run_id",
+    "native_settings_env",
+    "env_seconds",
+]

@@ -1,0 +1,414 @@
+"""The one worker entry point: ``python -m hora.runners.worker RESULT_PATH``.
+
+Every backend ends here. The process reads ``pickle.dumps((LaunchSpec, RankContext))``
+from its stdin (so the job secret is never on a command line or in a visible string),
+sets the ``HORA_*`` environment of the rendezvous contract, reports to the driver
+service, calls ``hora.native.init()``, runs ``fn(*args, **kwargs)``, calls
+``hora.native.shutdown()`` and writes ``(True, value)`` to ``RESULT_PATH``. When ``fn``
+raises, it posts a :class:`~hora.runners.spec.FailureReport` with the traceback to the
+driver first, then exits with code 1.
+
+On Spark executors and Dask workers, :func:`supervise` runs inside the engine's task:
+it starts this entry point as a subprocess (so a stuck rank can always be killed and
+nothing leaks into the engine's own process), streams its output to the driver and
+returns its result.
+
+Inside ``fn``, :func:`report` sends metrics to the driver's progress bar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any
+
+from hora.errors import HoraError, RendezvousError, WorkerFailedError
+from hora.native.rendezvous import KVClient, WorkerEnv
+from hora.runners.spec import (
+    ENV_DRIVER_ADDR,
+    ENV_HEARTBEAT_TIMEOUT,
+    ENV_RUN_ID,
+    ENV_TERMINATE_GRACE,
+    ENV_TEST_HANG_AT_START,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_TERMINATE_GRACE,
+    HEARTBEAT_INTERVAL,
+    KEY_ABORT,
+    KEY_FAILED,
+    KEY_FAILSEQ,
+    KEY_HEARTBEAT,
+    KEY_LOG,
+    KEY_METRICS,
+    KEY_STARTED,
+    FailureReport,
+    LaunchSpec,
+    RankContext,
+    env_seconds,
+)
+
+log = logging.getLogger(__name__)
+
+KEY_DONE = "runner/done/"
+ENV_SUPERVISOR_PID = "HORA_SUPERVISOR_PID"
+EXIT_FAILED = 1
+EXIT_ABORTED = 143
+
+# ------------------------------------------------------------------------------------------
+# report(): metrics to the driver's progress bar
+# ------------------------------------------------------------------------------------------
+_reporter_lock = threading.Lock()
+_reporter: tuple[KVClient, int] | None = None
+_metric_seq = itertools.count(1)
+
+
+def _set_reporter(client: KVClient | None, rank: int) -> None:
+    global _reporter
+    with _reporter_lock:
+        _reporter = (client, rank) if client is not None else None
+
+
+def report(**metrics: Any) -> None:
+    """Send live metrics (``step=``, ``total=``, ``epoch=``, ``loss=``, ...) to the driver.
+
+    The driver shows the lowest reporting rank's metrics as a progress bar. Values must
+    be picklable (numbers and strings are best). Outside a hora run (no driver), the
+    metrics are logged at INFO level instead.
+
+    Raises:
+        TypeError: a value cannot be pickled.
+    """
+    global _reporter
+    with _reporter_lock:
+        reporter = _reporter
+        if reporter is None and os.environ.get(ENV_DRIVER_ADDR) and os.environ.get("HORA_SECRET"):
+            try:  # under `hora run`: the launcher's service is the driver
+                env = WorkerEnv.from_environ()
+                reporter = _reporter = (KVClient(os.environ[ENV_DRIVER_ADDR], env.secret), env.rank)
+            except HoraError as exc:
+                log.debug("report(): no driver reachable: %s", exc)
+    if reporter is None:
+        log.info("metrics: %s", metrics)
+        return
+    client, rank = reporter
+    try:
+        payload = pickle.dumps((next(_metric_seq), metrics))
+    except Exception as exc:
+        raise TypeError(f"report(): metrics must be picklable: {exc}") from exc
+    try:
+        client.set(f"{KEY_METRICS}{rank}", payload)
+    except RendezvousError as exc:
+        log.warning("report(): could not reach the driver: %s", exc)
+
+
+# ------------------------------------------------------------------------------------------
+# the worker process
+# ------------------------------------------------------------------------------------------
+def _set_parent_death_signal() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        log.debug("prctl(PR_SET_PDEATHSIG) is unavailable")
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+class _Watchdog(threading.Thread):
+    """Heartbeats to the driver; exits the process on abort, parent death or a lost driver."""
+
+    def __init__(self, client: KVClient, rank: int, parent_pid: int | None) -> None:
+        super().__init__(name="hora-watchdog", daemon=True)
+        self.client = client
+        self.rank = rank
+        self.parent_pid = parent_pid
+        self.lost_after = env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT)
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        last_ok = time.monotonic()
+        while not self.stopped.wait(HEARTBEAT_INTERVAL):
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                log.error("rank %d: its supervisor (pid %d) is gone; exiting", self.rank, self.parent_pid)
+                os._exit(EXIT_ABORTED)
+            try:
+                self.client.add(f"{KEY_HEARTBEAT}{self.rank}", 1)
+                aborted = bool(self.client.keys(KEY_ABORT))
+                last_ok = time.monotonic()
+            except HoraError:
+                if time.monotonic() - last_ok > self.lost_after:
+                    log.error("rank %d: lost the driver for %.0fs; exiting", self.rank, self.lost_after)
+                    os._exit(EXIT_ABORTED)
+                continue
+            if aborted:
+                log.warning("rank %d: the driver aborted the run; exiting", self.rank)
+                os._exit(EXIT_ABORTED)
+
+
+def _native_module() -> Any:
+    """``hora.native`` if it provides ``init``, else None."""
+    try:
+        import hora.native as hn
+    except ImportError:
+        return None
+    return hn if callable(getattr(hn, "init", None)) else None
+
+
+def _post_failure(client: KVClient | None, rank: int, host: str, exc: BaseException, tb: str, code: int | None) -> None:
+    if client is None:
+        return
+    try:
+        seq = client.add(KEY_FAILSEQ, 1)
+        report_ = FailureReport(seq=seq, rank=rank, host=host, error=f"{type(exc).__name__}: {exc}", traceback=tb, exitcode=code)
+        client.set(f"{KEY_FAILED}{rank}", pickle.dumps(report_))
+    except Exception as post_exc:  # the exit code still tells the launcher
+        log.warning("rank %d could not post its failure to the driver: %s", rank, post_exc)
+
+
+def rank_environ(spec: LaunchSpec, ctx: RankContext) -> dict[str, str]:
+    """The environment variables one rank runs with (spec env, contract, settings)."""
+    env = dict(spec.env)
+    env.update(dict(ctx.extra_env))
+    env.update(
+        WorkerEnv(
+            rank=ctx.rank,
+            size=ctx.size,
+            local_rank=ctx.local_rank,
+            local_size=ctx.local_size,
+            cross_rank=ctx.cross_rank,
+            cross_size=ctx.cross_size,
+            rendezvous_addr=ctx.rendezvous_addr,
+            secret=spec.secret,
+            job_id=spec.run_id,
+            hostname=ctx.hostname,
+            backend=spec.collective_backend,
+            start_timeout=spec.start_timeout,
+        ).to_environ()
+    )
+    env[ENV_DRIVER_ADDR] = spec.driver_addr
+    env[ENV_RUN_ID] = spec.run_id
+    if ctx.hostname.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    return env
+
+
+def run_rank(spec: LaunchSpec, ctx: RankContext, result_path: str) -> int:
+    """Run one rank in this process; return the process exit code (0 on success)."""
+    os.environ.update(rank_environ(spec, ctx))
+    _configure_logging(spec.verbose)
+    for entry in reversed(spec.sys_path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    rank = ctx.rank
+    host = ctx.hostname or socket.gethostname()
+    parent = os.environ.get(ENV_SUPERVISOR_PID)
+    client: KVClient | None = None
+    try:
+        client = KVClient(spec.driver_addr, spec.secret)
+        hang = os.environ.get(ENV_TEST_HANG_AT_START, "")
+        if str(rank) in [x.strip() for x in hang.split(",") if x.strip()]:
+            log.warning("rank %d: %s asks this rank never to start", rank, ENV_TEST_HANG_AT_START)
+            watchdog = _Watchdog(client, rank, int(parent) if parent else None)
+            watchdog.start()
+            while True:
+                time.sleep(3600)
+        client.set(f"{KEY_STARTED}{rank}", host.encode())
+        watchdog = _Watchdog(client, rank, int(parent) if parent else None)
+        watchdog.start()
+        _set_reporter(client, rank)
+        import cloudpickle
+
+        fn, args, kwargs = cloudpickle.loads(spec.payload)
+        hn = _native_module() if spec.init_native else None
+        if spec.init_native and hn is None:
+            log.warning("hora.native.init is not available; running %s without the collective engine", spec.fn_name)
+        if hn is not None:
+            hn.init()
+        value = fn(*args, **kwargs)
+        if hn is not None:
+            hn.shutdown()
+        tmp = result_path + ".tmp"
+        with open(tmp, "wb") as fh:
+            cloudpickle.dump((True, value), fh)
+        os.replace(tmp, result_path)
+        client.set(f"{KEY_DONE}{rank}", b"1")
+        watchdog.stopped.set()
+        return 0
+    except BaseException as exc:
+        tb = traceback.format_exc()
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code else EXIT_FAILED
+        sys.stderr.write(tb)
+        sys.stderr.flush()
+        _post_failure(client, rank, host, exc, tb, code)
+        return code
+    finally:
+        _set_reporter(None, rank)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m hora.runners.worker RESULT_PATH`` (spec on stdin)."""
+    argv = sys.argv[1:] if argv is None else argv
+    _set_parent_death_signal()
+    parent = os.environ.get(ENV_SUPERVISOR_PID)
+    if parent and os.getppid() != int(parent):
+        return EXIT_ABORTED  # the parent died before PR_SET_PDEATHSIG took effect
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m hora.runners.worker RESULT_PATH  (LaunchSpec pickled on stdin)\n")
+        return 2
+    data = sys.stdin.buffer.read()
+    try:
+        spec, ctx = pickle.loads(data)
+    except Exception as exc:
+        sys.stderr.write(f"hora worker: cannot read the launch spec from stdin: {exc}\n")
+        return 2
+    return run_rank(spec, ctx, argv[0])
+
+
+# ------------------------------------------------------------------------------------------
+# supervise(): run a rank as a subprocess inside a Spark or Dask task
+# ------------------------------------------------------------------------------------------
+class _LogPusher:
+    """Batches output lines and pushes them to the driver every 0.2 s."""
+
+    def __init__(self, client: KVClient, rank: int) -> None:
+        self.client = client
+        self.rank = rank
+        self.buffer: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self.seq = itertools.count()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name=f"hora-logs-rank{rank}", daemon=True)
+        self.thread.start()
+
+    def add(self, rank: int, stream: str, line: str) -> None:
+        with self.lock:
+            self.buffer.append((stream, line))
+
+    def flush(self) -> None:
+        with self.lock:
+            batch, self.buffer = self.buffer, []
+        if batch:
+            try:
+                self.client.set(f"{KEY_LOG}{self.rank}/{next(self.seq):09d}", pickle.dumps(batch))
+            except HoraError as exc:
+                log.warning("rank %d: could not forward %d output line(s) to the driver: %s", self.rank, len(batch), exc)
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(0.2):
+            self.flush()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+        self.flush()
+
+
+def worker_argv(result_path: str) -> list[str]:
+    """The command line of the worker entry point."""
+    return [sys.executable, "-m", "hora.runners.worker", result_path]
+
+
+def worker_process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a worker subprocess starts with (the rank env is set from the spec)."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env[ENV_SUPERVISOR_PID] = str(os.getpid())
+    for name in ("HORA_SECRET",):  # never inherit another job's secret
+        env.pop(name, None)
+    env.update(extra or {})
+    return env
+
+
+def read_result(result_path: str) -> Any:
+    """Load the value a worker wrote."""
+    import cloudpickle
+
+    with open(result_path, "rb") as fh:
+        ok, value = cloudpickle.load(fh)
+    return value
+
+
+def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) -> Any:
+    """Run rank ``ctx.rank`` as a subprocess of this (engine task) process; return ``fn``'s value.
+
+    Output lines go to the driver; when the driver aborts the run the subprocess is killed.
+
+    Raises:
+        WorkerFailedError: the rank failed, died, or the run was aborted.
+    """
+    from hora.runners.procs import ProcessLauncher, describe_exit
+
+    client = KVClient(spec.driver_addr, spec.secret)
+    pusher = _LogPusher(client, ctx.rank)
+    launcher = ProcessLauncher(pusher.add)
+    grace = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE)
+    tmpdir = tempfile.mkdtemp(prefix=f"hora-{spec.run_id}-rank{ctx.rank}-")
+    result_path = os.path.join(tmpdir, "result.pkl")
+    try:
+        launcher.start(ctx.rank, worker_argv(result_path), worker_process_env(), stdin_data=pickle.dumps((spec, ctx)))
+        last_abort_check = 0.0
+        while True:
+            code = launcher.poll()[ctx.rank]
+            if code is not None:
+                break
+            now = time.monotonic()
+            if now - last_abort_check > 1.0:
+                last_abort_check = now
+                with contextlib.suppress(HoraError):
+                    if client.keys(KEY_ABORT):
+                        launcher.terminate(grace)
+                        raise WorkerFailedError(
+                            f"rank {ctx.rank} was stopped because the driver aborted run {spec.run_id}",
+                            rank=ctx.rank, host=ctx.hostname,
+                        )
+            time.sleep(poll_interval)
+        launcher.wait_output(ctx.rank)
+        if code == 0:
+            return read_result(result_path)
+        tb = launcher.traceback_of(ctx.rank)
+        if not client.keys(f"{KEY_FAILED}{ctx.rank}"):  # killed, or died before it could report
+            exc = WorkerFailedError(f"rank {ctx.rank} process died with {describe_exit(code)}")
+            _post_failure(client, ctx.rank, ctx.hostname, exc, tb or "", code)
+        raise WorkerFailedError(
+            f"rank {ctx.rank} failed with {describe_exit(code)}",
+            rank=ctx.rank, host=ctx.hostname, remote_traceback=tb, exitcode=code,
+        )
+    finally:
+        launcher.terminate(grace)
+        pusher.close()
+        client.close()
+        with contextlib.suppress(OSError):
+            for name in os.listdir(tmpdir):
+                os.unlink(os.path.join(tmpdir, name))
+            os.rmdir(tmpdir)
+
+
+__all__ = ["report", "main", "run_rank", "supervise", "rank_environ"]
+
+
+if __name__ == "__main__":
+    # run the imported module, not this __main__ copy, so report() sees the same globals
+    from hora.runners.worker import main as _main
+
+    sys.exit(_main())
