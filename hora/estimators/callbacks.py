@@ -1,0 +1,181 @@
+"""Training callbacks run inside every worker: epoch and batch hooks, early stopping, best model.
+
+Callbacks are pickled into the training spec and run on every rank. The ``logs``
+they receive hold metrics already averaged across ranks (epoch logs), so every rank
+takes the same decision; a callback that should act once (write a file) checks
+``context.rank == 0``.
+
+A callback sees a :class:`CallbackContext` with the rank, the size, the run id, the
+store, ``stop_training`` (set it to True to end training after this epoch) and
+``state_bytes()`` (the current model weights, serialized by the framework trainer).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hora.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CallbackContext:
+    """What a callback can see and change while a worker trains.
+
+    Attributes:
+        rank, size: this worker's rank and the number of ranks.
+        run_id: the run's id; ``store``: the hora Store (checkpoints, logs).
+        epoch: the current epoch (0-based); ``step``: the batch index in the epoch.
+        stop_training: set to True to stop after the current epoch (all ranks agree,
+            because every rank runs the same callbacks on the same averaged logs).
+        state_bytes: returns the serialized model state (framework trainer's format).
+        extra: free space for callbacks to share state.
+    """
+
+    rank: int
+    size: int
+    run_id: str
+    store: Any
+    epoch: int = 0
+    step: int = 0
+    stop_training: bool = False
+    state_bytes: Callable[[], bytes] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Callback:
+    """Base class of training callbacks; override the hooks you need (all are no-ops)."""
+
+    def on_train_begin(self, ctx: CallbackContext) -> None:
+        """Called once before the first epoch (after a resume, before the resumed epoch)."""
+
+    def on_epoch_begin(self, ctx: CallbackContext, epoch: int) -> None:
+        """Called before each epoch."""
+
+    def on_batch_end(self, ctx: CallbackContext, step: int, logs: dict[str, float]) -> None:
+        """Called after each training batch with this rank's ``{"loss": ...}`` (not averaged)."""
+
+    def on_epoch_end(self, ctx: CallbackContext, epoch: int, logs: dict[str, float]) -> None:
+        """Called after each epoch with the metrics averaged across ranks (``loss``, ``val_loss``, ``val_<metric>``)."""
+
+    def on_train_end(self, ctx: CallbackContext, history: list[dict[str, float]]) -> None:
+        """Called once after the last epoch."""
+
+
+def _improved(mode: str, value: float, best: float, min_delta: float) -> bool:
+    if mode == "min":
+        return value < best - min_delta
+    return value > best + min_delta
+
+
+class EarlyStopping(Callback):
+    """Stop training when ``monitor`` has not improved for ``patience`` epochs.
+
+    Args:
+        monitor: the epoch log key to watch (default ``"val_loss"``; ``"loss"`` without validation).
+        patience: epochs without improvement before stopping.
+        min_delta: smallest change that counts as an improvement.
+        mode: ``"min"`` (lower is better), ``"max"``, or ``"auto"`` (``max`` for names
+            containing ``acc``/``auc``/``f1``/``precision``/``recall``, else ``min``).
+
+    Raises:
+        ConfigError: bad patience or mode; at the first epoch end, a ``monitor`` key
+            missing from the logs (the message lists the keys there are).
+    """
+
+    def __init__(self, monitor: str = "val_loss", patience: int = 0, min_delta: float = 0.0, mode: str = "auto") -> None:
+        if not isinstance(patience, int) or patience < 0:
+            raise ConfigError(f"EarlyStopping patience must be an int >= 0, got {patience!r}")
+        if mode not in ("min", "max", "auto"):
+            raise ConfigError(f"EarlyStopping mode must be 'min', 'max' or 'auto', got {mode!r}")
+        if mode == "auto":
+            lowered = monitor.lower()
+            mode = "max" if any(k in lowered for k in ("acc", "auc", "f1", "precision", "recall")) else "min"
+        self.monitor = monitor
+        self.patience = patience
+        self.min_delta = abs(float(min_delta))
+        self.mode = mode
+        self.best = math.inf if mode == "min" else -math.inf
+        self.wait = 0
+        self.stopped_epoch: int | None = None
+
+    def on_train_begin(self, ctx: CallbackContext) -> None:
+        self.best = math.inf if self.mode == "min" else -math.inf
+        self.wait = 0
+        self.stopped_epoch = None
+
+    def on_epoch_end(self, ctx: CallbackContext, epoch: int, logs: dict[str, float]) -> None:
+        if self.monitor not in logs:
+            raise ConfigError(f"EarlyStopping monitors {self.monitor!r} but the epoch logs hold {sorted(logs)}")
+        value = float(logs[self.monitor])
+        if _improved(self.mode, value, self.best, self.min_delta):
+            self.best = value
+            self.wait = 0
+            return
+        self.wait += 1
+        if self.wait > self.patience:
+            self.stopped_epoch = epoch
+            ctx.stop_training = True
+            if ctx.rank == 0:
+                logger.info("early stopping at epoch %d: %s did not improve on %.6g for %d epochs",
+                            epoch, self.monitor, self.best, self.wait)
+
+
+class BestModelCheckpoint(Callback):
+    """Keep the model state of the best epoch by ``monitor``; optionally restore it at the end.
+
+    Rank 0 writes the best state to ``runs/<run_id>/best.ckpt`` in the store (atomically)
+    each time it improves. With ``restore_best=True`` every rank loads the best state
+    after training, so the fitted model is the best one rather than the last one.
+
+    Args:
+        monitor, mode, min_delta: as in :class:`EarlyStopping`.
+        restore_best: load the best weights back at the end of training.
+    """
+
+    FILE = "best.ckpt"
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "auto", min_delta: float = 0.0, restore_best: bool = True) -> None:
+        if mode not in ("min", "max", "auto"):
+            raise ConfigError(f"BestModelCheckpoint mode must be 'min', 'max' or 'auto', got {mode!r}")
+        if mode == "auto":
+            lowered = monitor.lower()
+            mode = "max" if any(k in lowered for k in ("acc", "auc", "f1", "precision", "recall")) else "min"
+        self.monitor = monitor
+        self.mode = mode
+        self.min_delta = abs(float(min_delta))
+        self.restore_best = restore_best
+        self.best = math.inf if mode == "min" else -math.inf
+        self.best_epoch: int | None = None
+        self.best_state: bytes | None = None
+
+    def path(self, ctx: CallbackContext) -> str:
+        """Store path of the best checkpoint of this run."""
+        return ctx.store.layout.run_dir(ctx.run_id) + "/" + self.FILE
+
+    def on_epoch_end(self, ctx: CallbackContext, epoch: int, logs: dict[str, float]) -> None:
+        if self.monitor not in logs:
+            raise ConfigError(f"BestModelCheckpoint monitors {self.monitor!r} but the epoch logs hold {sorted(logs)}")
+        value = float(logs[self.monitor])
+        if not _improved(self.mode, value, self.best, self.min_delta):
+            return
+        self.best = value
+        self.best_epoch = epoch
+        if ctx.state_bytes is None:
+            return
+        self.best_state = ctx.state_bytes()
+        if ctx.rank == 0:
+            ctx.store.write_bytes(self.path(ctx), self.best_state)
+            logger.info("best model so far at epoch %d (%s=%.6g) saved to %s", epoch, self.monitor, value, self.path(ctx))
+
+    def on_train_end(self, ctx: CallbackContext, history: list[dict[str, float]]) -> None:
+        if self.restore_best and self.best_state is not None:
+            ctx.extra["restore_state"] = self.best_state
+            ctx.extra["restored_epoch"] = self.best_epoch
+
+
+__all__ = ["Callback", "CallbackContext", "EarlyStopping", "BestModelCheckpoint"]
