@@ -198,6 +198,20 @@ class DriverService:
                 stale.append(rank)
         return sorted(stale)
 
+    def exited(self) -> set[int]:
+        """Ranks whose supervisor (Spark/Dask task) has stopped its processes."""
+        return set(self._ranks_with("runner/exited/"))
+
+    def wait_exited(self, ranks: set[int], timeout: float) -> set[int]:
+        """Wait up to ``timeout`` s until the supervisors of ``ranks`` report their processes gone;
+        return the ranks that did not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = ranks - self.exited()
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.1)
+
     def abort(self) -> None:
         """Tell every rank to stop."""
         self.server.set(KEY_ABORT, b"1")

@@ -60,6 +60,7 @@ from hora.runners.spec import (
 log = logging.getLogger(__name__)
 
 KEY_DONE = "runner/done/"
+KEY_EXITED = "runner/exited/"  # set by a supervisor once its rank's processes are gone
 ENV_SUPERVISOR_PID = "HORA_SUPERVISOR_PID"
 EXIT_FAILED = 1
 EXIT_ABORTED = 143
@@ -397,6 +398,8 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) ->
     finally:
         launcher.terminate(grace)
         pusher.close()
+        with contextlib.suppress(HoraError):
+            client.set(f"{KEY_EXITED}{ctx.rank}", b"1")
         client.close()
         with contextlib.suppress(OSError):
             for name in os.listdir(tmpdir):

@@ -1,0 +1,213 @@
+"""Dask backend: one pinned ``client.submit`` per rank on distinct workers.
+
+Rank ``r`` runs on worker ``addr`` with ``workers=[addr]``, ``allow_other_workers=False``,
+``pure=False`` and the key ``hora-<run_id>-rank<r>`` (so the dashboard names it). Where
+workers declare a ``GPU`` resource, only those are used and each task asks for
+``resources={"GPU": 1}``. The rendezvous is the driver service (bound to port 0 and then
+published: no port race). Each task runs its rank as a subprocess through
+:func:`hora.runners.worker.supervise`; a worker that dies or leaves fails the run.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from hora.errors import ConfigError, WorkerFailedError
+from hora.native.rendezvous import compute_placement
+from hora.runners.base import Backend, Job
+from hora.runners.driver import DriverService
+from hora.runners.spec import (
+    DEFAULT_TERMINATE_GRACE,
+    ENV_ADVERTISE_ADDR,
+    ENV_TERMINATE_GRACE,
+    LaunchSpec,
+    RankContext,
+    env_seconds,
+)
+
+log = logging.getLogger(__name__)
+
+WORKER_CHECK_INTERVAL = 1.0
+
+
+def _dask_task(spec: LaunchSpec, ctx: RankContext) -> Any:
+    """The body of one rank's Dask task."""
+    from hora.runners.worker import supervise
+
+    return supervise(spec, ctx)
+
+
+def _host_of(address: str) -> str:
+    host = urlparse(address).hostname if "://" in address else address.rsplit(":", 1)[0]
+    return host or "127.0.0.1"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class DaskJob(Job):
+    """The pinned futures of one run."""
+
+    def __init__(self, backend: DaskBackend, spec: LaunchSpec, service: DriverService) -> None:
+        self.client = backend.client
+        self.spec = spec
+        self.service = service
+        workers = backend.pick_workers(spec.num_proc)
+        self.addresses = [addr for addr, _ in workers]
+        hosts = [backend.advertise_for(info.get("host") or _host_of(addr)) for addr, info in workers]
+        self.hosts = hosts
+        self._cancelled = False
+        self._last_check = 0.0
+        self.futures = []
+        try:
+            for p in compute_placement(hosts):
+                addr, info = workers[p.rank]
+                ctx = RankContext(
+                    rank=p.rank, size=spec.num_proc, local_rank=p.local_rank, local_size=p.local_size,
+                    cross_rank=p.cross_rank, cross_size=p.cross_size, hostname=hosts[p.rank],
+                    rendezvous_addr=service.addr,
+                )
+                resources = {"GPU": 1} if (info.get("resources") or {}).get("GPU") else None
+                self.futures.append(
+                    self.client.submit(
+                        _dask_task, spec, ctx,
+                        key=f"hora-{spec.run_id}-rank{p.rank}",
+                        workers=[addr], allow_other_workers=False, pure=False, resources=resources,
+                    )
+                )
+        except BaseException:
+            self.cancel()
+            raise
+
+    def poll(self) -> list[Any] | None:
+        for rank, fut in enumerate(self.futures):
+            status = fut.status
+            if status == "error":
+                exc = fut.exception()
+                if isinstance(exc, WorkerFailedError):
+                    raise exc
+                raise WorkerFailedError(
+                    f"rank {rank} on Dask worker {self.addresses[rank]} failed: {type(exc).__name__}: {exc}",
+                    rank=rank, host=self.hosts[rank],
+                )
+            if status in ("cancelled", "lost"):
+                raise WorkerFailedError(
+                    f"the Dask task of rank {rank} on {self.addresses[rank]} was {status}", rank=rank, host=self.hosts[rank]
+                )
+        if all(f.status == "finished" for f in self.futures):
+            return [f.result() for f in self.futures]
+        now = time.monotonic()
+        if now - self._last_check >= WORKER_CHECK_INTERVAL:
+            self._last_check = now
+            alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
+            for rank, (addr, fut) in enumerate(zip(self.addresses, self.futures)):
+                if addr not in alive and fut.status != "finished":
+                    raise WorkerFailedError(
+                        f"Dask worker {addr} running rank {rank} died or left the cluster", rank=rank, host=self.hosts[rank]
+                    )
+        return None
+
+    def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        pending = [f for f in self.futures if f.status == "pending"]
+        if pending:
+            try:
+                self.client.cancel(pending, force=True)
+            except Exception as exc:
+                log.warning("could not cancel the Dask tasks of run %s: %s", self.spec.run_id, exc)
+        grace = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE)
+        started = set(self.service.started())
+        left = self.service.wait_exited(started, grace + 5)
+        if left:
+            log.warning("rank(s) %s of run %s did not confirm that their processes stopped", sorted(left), self.spec.run_id)
+
+
+class DaskBackend(Backend):
+    """Ranks as Dask tasks pinned one per worker.
+
+    Args:
+        client: a ``distributed.Client`` (default: the active one).
+
+    Raises:
+        ConfigError: no client is active and none was given.
+    """
+
+    name = "dask"
+
+    def __init__(self, client: Any = None) -> None:
+        if client is None:
+            from distributed import get_client
+
+            try:
+                client = get_client()
+            except ValueError:
+                raise ConfigError("backend='dask' needs a distributed.Client: create one or pass client=") from None
+        self.client = client
+
+    def _workers(self) -> dict[str, dict[str, Any]]:
+        return dict(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def _candidates(self) -> list[tuple[str, dict[str, Any]]]:
+        workers = sorted(self._workers().items(), key=lambda kv: (kv[1].get("host", ""), kv[0]))
+        with_gpu = [(a, i) for a, i in workers if (i.get("resources") or {}).get("GPU")]
+        return with_gpu or workers
+
+    def default_num_proc(self) -> int:
+        n = len(self._candidates())
+        if n == 0:
+            raise ConfigError("the Dask cluster has no workers")
+        return n
+
+    def check_num_proc(self, num_proc: int) -> None:
+        n = len(self._candidates())
+        if num_proc > n:
+            raise ConfigError(
+                f"num_proc={num_proc} needs {num_proc} distinct Dask workers (one rank per worker), but the "
+                f"cluster at {self.client.scheduler.address} has {n}; lower num_proc or add workers"
+            )
+
+    def pick_workers(self, num_proc: int) -> list[tuple[str, dict[str, Any]]]:
+        """The workers ranks 0..num_proc-1 run on, grouped by host."""
+        self.check_num_proc(num_proc)
+        return self._candidates()[:num_proc]
+
+    def _scheduler_host(self) -> str:
+        return _host_of(self.client.scheduler.address)
+
+    def advertise_for(self, worker_host: str) -> str:
+        """The address a rank on ``worker_host`` advertises."""
+        override = os.environ.get(ENV_ADVERTISE_ADDR)
+        if override and _is_loopback(worker_host):
+            return override
+        return "127.0.0.1" if _is_loopback(worker_host) else worker_host
+
+    def driver_addresses(self) -> tuple[str, str]:
+        override = os.environ.get(ENV_ADVERTISE_ADDR)
+        if override:
+            return ("127.0.0.1" if _is_loopback(override) else "0.0.0.0", override)
+        host = self._scheduler_host()
+        if _is_loopback(host):
+            return ("127.0.0.1", "127.0.0.1")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the address facing the scheduler
+            s.connect((host, 9))
+            return ("0.0.0.0", s.getsockname()[0])
+
+    def start(self, spec: LaunchSpec, service: DriverService) -> Job:
+        return DaskJob(self, spec, service)
+
+
+__all__ = ["DaskBackend", "DaskJob"]
