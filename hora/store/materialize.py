@@ -521,9 +521,14 @@ def _pandas_column_kind(name: str, series: Any) -> str:
             f"column {name!r} holds {type(first).__name__} values; hora can feed numeric/boolean scalars "
             "and fixed-shape numeric arrays to a model (encode strings to numbers first)"
         )
+    hint = ""
+    if pd.api.types.is_string_dtype(dtype):
+        hint = (" (encode strings to numbers first; if the column held arrays in a Dask frame, Dask's "
+                "'dataframe.convert-string' setting turned them into strings: build the frame under "
+                "dask.config.set({'dataframe.convert-string': False}))")
     raise DataError(
         f"column {name!r} has dtype {dtype}; hora can feed numeric/boolean scalars and "
-        "fixed-shape numeric arrays to a model"
+        f"fixed-shape numeric arrays to a model{hint}"
     )
 
 

@@ -13,7 +13,6 @@ imports an ML framework.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import os
@@ -448,22 +447,30 @@ class Store:
                 raise StoreError(f"store {self.url} returned different bytes than written to {probe}")
             self.rm(probe)
 
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hora-store-check")
-        try:
-            fut = pool.submit(_probe)
+        result: dict[str, BaseException | None] = {}
+
+        def _run() -> None:
             try:
-                fut.result(timeout=timeout)
-            except concurrent.futures.TimeoutError as exc:
-                raise StoreError(
-                    f"store {self.url} did not answer a write check within {timeout:.0f} s "
-                    f"(unreachable? set {STORE_TIMEOUT_ENV} to wait longer)"
-                ) from exc
-            except StoreError as exc:
-                raise StoreError(f"store {self.url} is not writable: {exc}") from exc
-            except Exception as exc:
-                raise StoreError(f"store {self.url} is not writable: {type(exc).__name__}: {exc}") from exc
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+                _probe()
+                result["error"] = None
+            except BaseException as exc:  # handed to the caller below
+                result["error"] = exc
+
+        # a daemon thread, so a store that never answers cannot hold the interpreter at exit
+        thread = threading.Thread(target=_run, name="hora-store-check", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive() or "error" not in result:
+            raise StoreError(
+                f"store {self.url} did not answer a write check within {timeout:.0f} s "
+                f"(unreachable? set {STORE_TIMEOUT_ENV} to wait longer)"
+            )
+        exc = result["error"]
+        if exc is None:
+            return
+        if isinstance(exc, StoreError):
+            raise StoreError(f"store {self.url} is not writable: {exc}") from exc
+        raise StoreError(f"store {self.url} is not writable: {type(exc).__name__}: {exc}") from exc
 
     # checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, run_id: str, epoch: int, data: bytes) -> str:
