@@ -169,7 +169,7 @@ def materialize(
     t1 = time.perf_counter()
     try:
         stats = source.write(plan, num_proc, describe=f"hora: materialize {fp} ({len(stored)} columns) to {store.url}")
-        info = _assemble(fp, store, plan, stats, source.kind, options, validation is not None and val_frac != 0.0)
+        info = _assemble(fp, store, plan, stats, source.kind, options, val_col is not None or val_frac > 0)
         info = _ensure_min_files(store, plan, info, num_proc)
         sleep = os.environ.get(FAULT_SLEEP_BEFORE_COMMIT_ENV)
         if sleep:
@@ -552,8 +552,8 @@ def _pandas_to_arrow(pdf: Any, kinds: dict[str, str]) -> pa.Table:
     for c, kind in kinds.items():
         s = pdf[c]
         if kind == "scalar":
-            if s.dtype.kind in "biuf":
-                arrays.append(pa.array(s.to_numpy(), from_pandas=False))
+            if isinstance(s.dtype, np.dtype) and s.dtype.kind in "biuf":
+                arrays.append(pa.array(s.to_numpy(), from_pandas=False))  # NaN stays NaN
             else:  # nullable extension dtypes
                 arrays.append(pa.array(s, from_pandas=True))
         else:
