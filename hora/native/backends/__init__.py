@@ -1,0 +1,106 @@
+"""Backend selection: Gloo (torch.distributed), NCCL (CUDA tensors), MPI (mpi4py).
+
+:func:`create_backend` reads the environment and returns the CPU backend the engine
+negotiates over. See :func:`hora.native.init` for the rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from hora.errors import ConfigError
+from hora.native.backends.base import Backend, Group, ReduceOp, Waker
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
+MPI_LAUNCH_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+ENV_COLLECTIVE_TIMEOUT = "HORA_COLLECTIVE_TIMEOUT"
+DEFAULT_COLLECTIVE_TIMEOUT = 300.0
+_INIT_COUNT = 0  # init() may run more than once per process (init, shutdown, init)
+
+
+def launched_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started by mpiexec/mpirun."""
+    env = os.environ if environ is None else environ
+    return any(env.get(v) for v in MPI_LAUNCH_VARS)
+
+
+def requested_backend(environ: Mapping[str, str] | None = None) -> str:
+    """The backend asked for by ``HORA_BACKEND`` (default auto).
+
+    Raises:
+        ConfigError: an unknown backend name.
+    """
+    env = os.environ if environ is None else environ
+    name = (env.get("HORA_BACKEND") or "auto").strip().lower()
+    if name not in BACKENDS:
+        raise ConfigError(f"HORA_BACKEND={name!r} is unknown; use one of {', '.join(BACKENDS)}")
+    return name
+
+
+def choose_backend(environ: Mapping[str, str] | None = None) -> str:
+    """Resolve ``auto``: "mpi" under mpiexec without a hora rendezvous, else "gloo"
+    (``nccl`` also negotiates over Gloo; CUDA tensors then go through NCCL)."""
+    env = os.environ if environ is None else environ
+    name = requested_backend(env)
+    if name == "auto":
+        return "mpi" if launched_by_mpi(env) and not env.get("HORA_RENDEZVOUS_ADDR") else "gloo"
+    return name
+
+
+def collective_timeout() -> float:
+    from hora.native.rendezvous import env_float
+
+    return env_float(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT)
+
+
+def create_backend() -> tuple[Backend, tuple[int, int, int, int], list[Any]]:
+    """Build the CPU backend for this process from the environment.
+
+    Returns (backend, (local_rank, local_size, cross_rank, cross_size), objects to close).
+
+    Raises:
+        ConfigError: unknown backend, missing/malformed HORA_* variables, mpi4py missing.
+        RendezvousError: peers never arrived.
+    """
+    name = choose_backend()
+    timeout = collective_timeout()
+    if name == "mpi":
+        from hora.native.backends.mpi import MPIBackend
+
+        be = MPIBackend.from_environment(timeout=timeout)
+        return be, be.placement, []
+    from hora.native.backends.gloo import GlooBackend, make_stores
+
+    if not os.environ.get("HORA_RANK") and not os.environ.get("HORA_RENDEZVOUS_ADDR"):
+        # a one-process job started without a launcher: no network at all
+        import torch.distributed as dist
+
+        store = dist.HashStore()
+        be = GlooBackend(0, 1, store=store, wait_store=store, hostname="127.0.0.1", timeout=timeout)
+        return be, (0, 1, 0, 1), []
+    from hora.native.rendezvous import KVClient, WorkerEnv, barrier
+
+    global _INIT_COUNT
+    _INIT_COUNT += 1
+    env = WorkerEnv.from_environ()
+    kv = KVClient(env.rendezvous_addr, env.secret)
+    key = f"hora/native/{env.job_id}/{_INIT_COUNT}/collective_store"
+    store, wait_store = make_stores(env.rank, env.size, env.hostname, kv, key, env.start_timeout)
+    be = GlooBackend(env.rank, env.size, store=store, wait_store=wait_store, hostname=env.hostname,
+                     timeout=timeout)
+    barrier(kv, f"hora/native/{env.job_id}/{_INIT_COUNT}/init", env.rank, env.size, env.start_timeout)
+    if env.rank == 0:
+        try:
+            kv.delete(key)
+        except Exception:  # the key is only a hint; a later init publishes a new one
+            pass
+    return be, (env.local_rank, env.local_size, env.cross_rank, env.cross_size), [kv]
+
+
+__all__ = ["Backend", "Group", "ReduceOp", "Waker", "create_backend", "choose_backend", "launched_by_mpi",
+           "requested_backend", "BACKENDS"]

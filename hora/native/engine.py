@@ -1,0 +1,1124 @@
+"""The collective engine: name-matched negotiation, response cache, fusion, stalls.
+
+One background thread per process owns the backend. Callers enqueue named requests
+(:meth:`Engine.submit`) and get a :class:`Handle`. While the job has outstanding work,
+every rank's thread runs *rounds* in lockstep; a round is itself a collective:
+
+1. a small ``MIN`` allreduce of a control vector: one bit per response-cache slot
+   ("I have a request pending that matches this cached response"), the same bits
+   inverted (so the minimum gives "some rank has it", for stall detection), and a few
+   flags (anything uncached? its size, anything pending at all, the clock);
+2. only when some rank has requests that are not in the cache: an allgather of their
+   metadata (name, kind, dtype, shape, op, process set, ...).
+
+Every rank then runs the same deterministic bookkeeping on the same inputs, so every
+rank derives the same ordered list of ready responses: a name is ready when every rank
+of its process set has submitted it. The order in which ranks submitted never matters.
+Mismatched metadata becomes an error response on every rank that submitted the name
+(and on those that submit it later). Ready allreduces of one dtype, op, process set,
+scale and compression are packed into a reusable fusion buffer up to the fusion
+threshold and reduced by one backend call.
+
+When no rank has anything pending, the threads agree (in the same round) to go idle
+and block on a job-wide wake-up signal (:class:`~hora.native.backends.base.Waker`)
+instead of spinning; the first submission anywhere signals it.
+
+Environment: ``HORA_CYCLE_TIME`` (ms between rounds while active, default 1),
+``HORA_FUSION_THRESHOLD`` (bytes, default 64 MiB; 0 disables fusion),
+``HORA_CACHE_CAPACITY`` (response-cache slots, default 1024; 0 disables it),
+``HORA_STALL_CHECK_TIME`` (s, default 60; 0 disables), ``HORA_STALL_SHUTDOWN_TIME``
+(s, default 0 = never), ``HORA_OP_TIMEOUT`` (s a ``synchronize`` waits, default 600),
+``HORA_AUTOTUNE=1``, ``HORA_TIMELINE``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import pickle
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hora.errors import CollectiveError, ConfigError
+from hora.native.backends.base import Backend, Group, ReduceOp
+from hora.native.compression import NoneCompressor
+from hora.native.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+ENV_CYCLE_TIME = "HORA_CYCLE_TIME"
+ENV_FUSION_THRESHOLD = "HORA_FUSION_THRESHOLD"
+ENV_CACHE_CAPACITY = "HORA_CACHE_CAPACITY"
+ENV_STALL_CHECK_TIME = "HORA_STALL_CHECK_TIME"
+ENV_STALL_SHUTDOWN_TIME = "HORA_STALL_SHUTDOWN_TIME"
+ENV_OP_TIMEOUT = "HORA_OP_TIMEOUT"
+ENV_AUTOTUNE = "HORA_AUTOTUNE"
+ENV_SHUTDOWN_TIMEOUT = "HORA_SHUTDOWN_TIMEOUT"
+
+DEFAULT_CYCLE_TIME_MS = 1.0
+DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024
+DEFAULT_CACHE_CAPACITY = 1024
+DEFAULT_STALL_CHECK_TIME = 60.0
+DEFAULT_STALL_SHUTDOWN_TIME = 0.0
+DEFAULT_OP_TIMEOUT = 600.0
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+IDLE_POLL = 60.0  # seconds an idle thread blocks before re-checking (shutdown wakes it at once)
+
+# request kinds
+ALLREDUCE = "allreduce"
+ALLGATHER = "allgather"
+BROADCAST = "broadcast"
+ALLTOALL = "alltoall"
+REDUCESCATTER = "reducescatter"
+BARRIER = "barrier"
+JOIN = "join"
+PS_ADD = "process_set_add"
+PS_REMOVE = "process_set_remove"
+_UNCACHEABLE = (JOIN, PS_ADD, PS_REMOVE)
+
+
+def _env_number(name: str, default: float, *, allow_zero: bool = True) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name}={raw!r} must be {'>= 0' if allow_zero else '> 0'}")
+    return value
+
+
+class EngineConfig:
+    """Tunables of the engine, read from the environment (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.cycle_time = _env_number(ENV_CYCLE_TIME, DEFAULT_CYCLE_TIME_MS) / 1000.0
+        self.fusion_threshold = int(_env_number(ENV_FUSION_THRESHOLD, DEFAULT_FUSION_THRESHOLD))
+        self.cache_capacity = int(_env_number(ENV_CACHE_CAPACITY, DEFAULT_CACHE_CAPACITY))
+        self.stall_check_time = _env_number(ENV_STALL_CHECK_TIME, DEFAULT_STALL_CHECK_TIME)
+        self.stall_shutdown_time = _env_number(ENV_STALL_SHUTDOWN_TIME, DEFAULT_STALL_SHUTDOWN_TIME)
+        self.op_timeout = _env_number(ENV_OP_TIMEOUT, DEFAULT_OP_TIMEOUT, allow_zero=False)
+        self.shutdown_timeout = _env_number(ENV_SHUTDOWN_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, allow_zero=False)
+        self.autotune = os.environ.get(ENV_AUTOTUNE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# ---------------------------------------------------------------------------------------
+# Requests and handles
+# ---------------------------------------------------------------------------------------
+class Handle:
+    """The future of one submitted op. ``poll()`` never blocks; ``synchronize()`` waits.
+
+    ``synchronize`` returns the op's result (after the op layer's post-processing) or
+    raises :class:`~hora.errors.CollectiveError`.
+    """
+
+    __slots__ = ("name", "kind", "_event", "_result", "_error", "_engine", "_post", "_done_value", "_finished")
+
+    def __init__(self, name: str, kind: str, engine: Engine | None) -> None:
+        self.name = name
+        self.kind = kind
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._engine = engine
+        self._post: Callable[[Any], Any] | None = None
+        self._finished = False
+        self._done_value: Any = None
+
+    def _set_result(self, value: Any) -> None:
+        self._result = value
+        self._event.set()
+
+    def _set_error(self, exc: BaseException) -> None:
+        self._error = exc
+        self._event.set()
+
+    def poll(self) -> bool:
+        """True when the op has finished (successfully or not); never blocks."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the op finishes (no result, no raise on error).
+
+        Raises:
+            CollectiveError: it did not finish within ``timeout`` seconds (default
+                ``HORA_OP_TIMEOUT``), naming the tensor and the ranks never heard from.
+        """
+        if self._event.is_set():
+            return
+        engine = self._engine
+        limit = timeout if timeout is not None else (engine.config.op_timeout if engine else DEFAULT_OP_TIMEOUT)
+        if not self._event.wait(limit):
+            detail = engine.describe_waiting(self.name) if engine else ""
+            raise CollectiveError(
+                f"{self.kind} '{self.name}' did not complete within {limit:g}s{detail} "
+                f"(raise {ENV_OP_TIMEOUT} to wait longer)"
+            )
+
+    def synchronize(self, timeout: float | None = None) -> Any:
+        """Wait for the op and return its result.
+
+        Raises:
+            CollectiveError: the op failed on this rank (mismatch across ranks, backend
+                failure, stall shutdown) or timed out.
+        """
+        if self._finished:
+            return self._done_value
+        self.wait(timeout)
+        if self._error is not None:
+            raise self._error
+        value = self._result
+        if self._post is not None:
+            value = self._post(value)
+        self._finished = True
+        self._done_value = value
+        self._result = None
+        return value
+
+    def __repr__(self) -> str:
+        return f"<hora Handle {self.kind} '{self.name}' {'done' if self.poll() else 'pending'}>"
+
+
+class Request:
+    """One op as submitted on this rank (internal)."""
+
+    __slots__ = (
+        "kind", "name", "ps_id", "tensor", "output", "op", "root", "prescale", "postscale", "compressor",
+        "comp_name", "splits", "extra", "handle", "key", "local", "entry", "reported", "t_submit", "t_ready",
+    )
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        ps_id: int,
+        tensor: torch.Tensor | None = None,
+        output: torch.Tensor | None = None,
+        op: ReduceOp = ReduceOp.Sum,
+        root: int = -1,
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+        compressor: Any = NoneCompressor,
+        comp_name: str = "none",
+        splits: tuple[int, ...] | None = None,
+        extra: Any = None,
+    ) -> None:
+        self.kind = kind
+        self.name = name
+        self.ps_id = ps_id
+        self.tensor = tensor
+        self.output = output
+        self.op = op
+        self.root = root
+        self.prescale = float(prescale)
+        self.postscale = float(postscale)
+        self.compressor = compressor
+        self.comp_name = comp_name
+        self.splits = splits
+        self.extra = extra
+        self.handle: Handle | None = None
+        self.entry: CacheEntry | None = None
+        self.reported = False
+        self.t_submit = 0.0
+        self.t_ready = 0.0
+        t = tensor
+        if t is None:
+            shape: tuple = ()
+            dtype = ""
+            device = ""
+        else:
+            shape = tuple(t.shape)
+            dtype = str(t.dtype).replace("torch.", "")
+            device = t.device.type
+        if kind in (ALLGATHER, ALLTOALL):
+            # dim 0 may differ by rank: it is per-rank data, not part of the agreement
+            self.key = (kind, dtype, shape[1:], len(shape), int(op), root, ps_id, self.prescale, self.postscale,
+                        comp_name, device, extra)
+            self.local = (shape[0] if shape else 1, splits)
+        else:
+            self.key = (kind, dtype, shape, len(shape), int(op), root, ps_id, self.prescale, self.postscale,
+                        comp_name, device, extra)
+            self.local = None
+
+
+_KEY_FIELDS = ("kind", "dtype", "shape", "ndim", "op", "root_rank", "process_set", "prescale_factor",
+               "postscale_factor", "compression", "device", "extra")
+
+
+def _describe_key(key: tuple) -> str:
+    kind, dtype, shape, ndim, op, root, ps_id, pre, post, comp, device, extra = key
+    parts = [kind]
+    if dtype:
+        shown = ("?",) + tuple(shape) if kind in (ALLGATHER, ALLTOALL) else tuple(shape)
+        parts.append(f"{dtype}{list(shown)}")
+    if kind in (ALLREDUCE, REDUCESCATTER):
+        parts.append(f"op={ReduceOp(op).name}")
+    if kind == BROADCAST:
+        parts.append(f"root_rank={root}")
+    if ps_id:
+        parts.append(f"process_set={ps_id}")
+    if pre != 1.0 or post != 1.0:
+        parts.append(f"prescale={pre:g} postscale={post:g}")
+    if comp != "none":
+        parts.append(f"compression={comp}")
+    if extra is not None:
+        parts.append(f"ranks={list(extra)}")
+    return " ".join(parts)
+
+
+def _mismatch_message(name: str, keys: dict[int, tuple]) -> str:
+    ranks = sorted(keys)
+    fields = [f for i, f in enumerate(_KEY_FIELDS) if len({k[i] for k in keys.values()}) > 1]
+    groups: dict[tuple, list[int]] = {}
+    for r in ranks:
+        groups.setdefault(keys[r], []).append(r)
+    detail = "; ".join(f"rank(s) {rs}: {_describe_key(k)}" for k, rs in groups.items())
+    return (f"mismatched collective '{name}': ranks {ranks} disagree on {', '.join(fields) or 'metadata'} "
+            f"({detail})")
+
+
+# ---------------------------------------------------------------------------------------
+# Response cache (identical on every rank: only mutated by the deterministic round logic)
+# ---------------------------------------------------------------------------------------
+class CacheEntry:
+    __slots__ = ("slot", "name", "key", "locals", "kind", "ps_id")
+
+    def __init__(self, slot: int, name: str, key: tuple, locals_: dict[int, Any]) -> None:
+        self.slot = slot
+        self.name = name
+        self.key = key
+        self.locals = locals_
+        self.kind = key[0]
+        self.ps_id = key[6]
+
+
+class ResponseCache:
+    """LRU map name -> agreed response, with a fixed number of bit slots."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.slots: list[CacheEntry | None] = [None] * capacity
+        self.by_name: dict[str, CacheEntry] = {}
+        self.lru: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.free = list(range(capacity - 1, -1, -1))
+
+    def lookup(self, req: Request, rank: int) -> CacheEntry | None:
+        e = self.by_name.get(req.name)
+        if e is not None and e.key == req.key and e.locals.get(rank) == req.local:
+            return e
+        return None
+
+    def valid(self, e: CacheEntry) -> bool:
+        return self.slots[e.slot] is e
+
+    def erase(self, name: str) -> None:
+        e = self.by_name.pop(name, None)
+        if e is not None:
+            self.slots[e.slot] = None
+            self.lru.pop(e.slot, None)
+            self.free.append(e.slot)
+
+    def touch(self, e: CacheEntry) -> None:
+        self.lru.move_to_end(e.slot)
+
+    def put(self, name: str, key: tuple, locals_: dict[int, Any]) -> None:
+        if self.capacity <= 0:
+            return
+        self.erase(name)
+        if not self.free:
+            victim, _ = self.lru.popitem(last=False)
+            old = self.slots[victim]
+            if old is not None:
+                self.by_name.pop(old.name, None)
+            self.slots[victim] = None
+            self.free.append(victim)
+        slot = self.free.pop()
+        e = CacheEntry(slot, name, key, locals_)
+        self.slots[slot] = e
+        self.by_name[name] = e
+        self.lru[slot] = None
+
+
+class _Pending:
+    """A name some ranks have submitted (replicated on every rank)."""
+
+    __slots__ = ("name", "seq", "first", "keys", "locals", "rounds", "warned")
+
+    def __init__(self, name: str, seq: int, first: int) -> None:
+        self.name = name
+        self.seq = seq
+        self.first = first
+        self.keys: dict[int, tuple] = {}
+        self.locals: dict[int, Any] = {}
+        self.rounds: dict[int, int] = {}
+        self.warned = False
+
+
+class _Response:
+    __slots__ = ("name", "key", "locals", "error", "seq", "extra_result")
+
+    def __init__(self, name: str, key: tuple | None, locals_: dict[int, Any] | None, error: str | None = None,
+                 seq: int = 0, extra_result: Any = None) -> None:
+        self.name = name
+        self.key = key
+        self.locals = locals_
+        self.error = error
+        self.seq = seq
+        self.extra_result = extra_result
+
+    @property
+    def kind(self) -> str:
+        return self.key[0] if self.key else ""
+
+
+class ProcessSetInfo:
+    """Engine-side record of a registered process set."""
+
+    def __init__(self, ps_id: int, ranks: Sequence[int], group: Group) -> None:
+        self.id = ps_id
+        self.ranks = list(ranks)
+        self.group = group
+
+
+# ---------------------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------------------
+class Engine:
+    """Background negotiation and execution of collectives (one per process)."""
+
+    def __init__(self, backend: Backend, config: EngineConfig | None = None, timeline: Timeline | None = None) -> None:
+        self.backend = backend
+        self.rank = backend.rank
+        self.size = backend.size
+        self.config = config or EngineConfig()
+        self.timeline = timeline or Timeline(None, self.rank)
+        self.cache = ResponseCache(self.config.cache_capacity)
+        self.process_sets: dict[int, ProcessSetInfo] = {0: ProcessSetInfo(0, range(self.size), backend.world)}
+        self._waker = backend.make_waker()
+        self._lock = threading.Lock()
+        self._incoming: list[Request] = []
+        self._names: dict[str, Request] = {}  # every request submitted here and not finished
+        self._waiting: dict[str, Request] = {}  # reported to the negotiation, not finished
+        self._table: dict[str, _Pending] = {}
+        self._poisoned: dict[str, tuple[str, set[int]]] = {}
+        self._joined: dict[int, int] = {}  # rank -> round its join arrived
+        self._my_join_round: int | None = None
+        self._slot_partial_since: dict[int, int] = {}
+        self._seq = 0
+        self._round_no = 0
+        self._epoch = 0
+        self._idle = False
+        self._woken = False
+        self._shutdown = False
+        self._broken: BaseException | None = None
+        self._fusion: dict[torch.dtype, torch.Tensor] = {}
+        self._t_start = time.monotonic()
+        self.stats: dict[str, int] = collections.Counter()
+        self._autotuner = _Autotuner(self) if self.config.autotune else None
+        self._thread = threading.Thread(target=self._main, name=f"hora-engine-{self.rank}", daemon=True)
+        self._thread.start()
+
+    # -- submission (any thread) ------------------------------------------------------------
+    def submit(self, req: Request) -> Handle:
+        """Enqueue ``req``; return its handle.
+
+        Raises:
+            CollectiveError: the engine has failed or shut down, or a request with the
+                same name is still in flight on this rank.
+        """
+        handle = Handle(req.name, req.kind, self)
+        req.handle = handle
+        req.t_submit = self.timeline.now() if self.timeline.enabled else 0.0
+        with self._lock:
+            if self._broken is not None:
+                raise CollectiveError(f"the hora engine has stopped: {self._broken}") from self._broken
+            if self._shutdown:
+                raise CollectiveError("hora is shutting down; no new collectives are accepted")
+            if req.name in self._names:
+                raise CollectiveError(
+                    f"a collective named '{req.name}' is already in flight on rank {self.rank}; "
+                    "wait for it (synchronize) before submitting the same name again"
+                )
+            self._names[req.name] = req
+            self._incoming.append(req)
+            if self._idle and not self._woken:
+                self._woken = True
+                self._waker.signal(self._epoch)
+        return handle
+
+    def supports_device(self, device: str) -> bool:
+        """Whether tensors on ``device`` ("cpu", "cuda") can be communicated."""
+        return device == "cpu"
+
+    def describe_waiting(self, name: str) -> str:
+        """Best-effort text naming the ranks that have (not) submitted ``name``."""
+        p = self._table.get(name)
+        if p is None:
+            return ""
+        ps = self.process_sets.get(next(iter(p.keys.values()))[6]) if p.keys else None
+        members = ps.ranks if ps else list(range(self.size))
+        missing = [r for r in members if r not in p.keys]
+        return f": submitted by ranks {sorted(p.keys)}, never by ranks {missing}"
+
+    def engine_stats(self) -> dict[str, int]:
+        s = dict(self.stats)
+        s["cache_capacity"] = self.cache.capacity
+        s["cache_size"] = len(self.cache.by_name)
+        s["fusion_threshold"] = self.config.fusion_threshold
+        s["cycle_time_us"] = int(self.config.cycle_time * 1e6)
+        return s
+
+    def shutdown(self) -> None:
+        """Stop the engine thread once this rank has nothing in flight.
+
+        Waits up to ``HORA_SHUTDOWN_TIMEOUT`` seconds for the thread; pending handles are
+        failed with CollectiveError if it does not stop in time.
+        """
+        with self._lock:
+            self._shutdown = True
+            if self._idle and not self._woken:
+                self._woken = True
+                self._waker.wake_self(self._epoch)
+        self._thread.join(self.config.shutdown_timeout)
+        if self._thread.is_alive():
+            log.warning("rank %d: the hora engine thread did not stop within %gs; abandoning it",
+                        self.rank, self.config.shutdown_timeout)
+            self._fail_all(CollectiveError(f"rank {self.rank}: hora was shut down with collectives in flight"))
+        self.timeline.close()
+        self._waker.close()
+
+    # -- the thread -----------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            while True:
+                if not self._active_wait():
+                    break
+                while self._round():
+                    pass
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiting handle
+            if not isinstance(exc, CollectiveError):
+                log.exception("rank %d: the hora engine failed", self.rank)
+                exc = CollectiveError(f"rank {self.rank}: the hora engine failed: {exc!r}")
+            self._fail_all(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = exc
+            reqs = list(self._names.values())
+            self._names.clear()
+            self._incoming.clear()
+            self._waiting.clear()
+        for r in reqs:
+            if r.handle is not None and not r.handle.poll():
+                r.handle._set_error(exc)
+
+    def _active_wait(self) -> bool:
+        """Block while the whole job is idle. False: shut down."""
+        with self._lock:
+            if self._shutdown and not self._names:
+                return False
+            self._idle = True
+            self._woken = False
+            if self._incoming:
+                self._woken = True
+                self._waker.signal(self._epoch)
+        while True:
+            woken = self._waker.wait(self._epoch, IDLE_POLL)
+            with self._lock:
+                if self._shutdown and not self._names:
+                    self._idle = False
+                    return False
+                if woken:
+                    self._idle = False
+                    return True
+
+    def _now_ms(self) -> int:
+        return int((time.monotonic() - self._t_start) * 1000)
+
+    def _round(self) -> bool:
+        """One negotiation round (+ execution). Returns False when the job went idle."""
+        t0 = time.perf_counter()
+        tl0 = self.timeline.now() if self.timeline.enabled else 0.0
+        self._round_no += 1
+        self.stats["rounds"] += 1
+        cache = self.cache
+        C = cache.capacity
+        with self._lock:
+            fresh, self._incoming = self._incoming, []
+        for req in fresh:
+            self._waiting[req.name] = req
+            if C:
+                req.entry = cache.lookup(req, self.rank)
+        bits: list[int] = []
+        uncached: list[tuple] = []
+        for req in self._waiting.values():
+            e = req.entry
+            if e is not None:
+                if cache.slots[e.slot] is e:
+                    bits.append(e.slot)
+                    continue
+                req.entry = None
+            if not req.reported:
+                req.reported = True
+                uncached.append((req.name, req.key, req.local))
+                if req.kind == JOIN:
+                    self._my_join_round = self._round_no
+        if self._my_join_round is not None and self._my_join_round < self._round_no and C:
+            # a joined rank stands in (with zeros) for every cached allreduce of its sets
+            for e in cache.by_name.values():
+                ps = self.process_sets.get(e.ps_id)
+                if e.kind == ALLREDUCE and ps is not None and self.rank in ps.ranks:
+                    bits.append(e.slot)
+        payload = pickle.dumps(uncached, protocol=pickle.HIGHEST_PROTOCOL) if uncached else b""
+        ctrl = np.zeros(2 * C + 5, dtype=np.int32)
+        ctrl[C : 2 * C] = 1
+        if bits:
+            ctrl[bits] = 1
+            ctrl[[C + b for b in bits]] = 0
+        ctrl[2 * C] = 0 if uncached else 1
+        ctrl[2 * C + 1] = -len(payload)
+        ctrl[2 * C + 2] = 0 if (self._waiting or uncached) else 1
+        ctrl[2 * C + 3] = -self._now_ms()
+        tuner = self._autotuner
+        ctrl[2 * C + 4] = tuner.index if (tuner is not None and self.rank == 0) else np.iinfo(np.int32).max
+        ctrl_t = torch.from_numpy(ctrl)
+        self.backend.allreduce(ctrl_t, ReduceOp.Min, self.backend.world)
+        if tuner is not None:
+            tuner.apply(int(ctrl[2 * C + 4]))  # rank 0's choice, so grouping agrees everywhere
+        any_work = ctrl[2 * C + 2] == 0
+        if not any_work:
+            self._go_idle()
+            return False
+        now = int(-ctrl[2 * C + 3])
+        ready_entries = [cache.slots[s] for s in np.flatnonzero(ctrl[:C] == 1)] if C else []
+        partial = np.flatnonzero((ctrl[C : 2 * C] == 0) & (ctrl[:C] == 0)) if C else ()
+
+        errors: dict[str, str] = {}
+        new_ready: list[_Response] = []
+        if ctrl[2 * C] == 0:
+            maxlen = int(-ctrl[2 * C + 1])
+            metas = self._exchange(payload, maxlen)
+            self._process_metas(metas, now, new_ready, errors)
+        self._check_stalls(now, partial, errors)
+
+        responses: list[_Response] = []
+        for e in ready_entries:
+            if e is None:
+                continue
+            responses.append(_Response(e.name, e.key, e.locals))
+            cache.touch(e)
+            self.stats["cache_hits"] += 1
+        new_ready.sort(key=lambda r: r.seq)
+        responses.extend(new_ready)
+        self.stats["cache_misses"] += sum(1 for r in new_ready if r.error is None and r.kind not in _UNCACHEABLE)
+        if self.timeline.enabled:
+            self.timeline.cycle(tl0, self.timeline.now(), round=self._round_no, responses=len(responses))
+
+        for name, msg in errors.items():
+            req = self._waiting.pop(name, None)
+            if req is not None:
+                self._finish(req, error=CollectiveError(msg))
+        if responses:
+            self._execute(responses)
+            if C:
+                for r in new_ready:
+                    if r.error is None and r.kind not in _UNCACHEABLE:
+                        cache.put(r.name, r.key, r.locals)
+        if tuner is not None and self.rank == 0:
+            tuner.observe(responses)
+        left = self.config.cycle_time - (time.perf_counter() - t0)
+        if left > 0 and not responses:
+            time.sleep(left)
+        return True
+
+    def _go_idle(self) -> None:
+        if self.rank == 0:
+            self._waker.forget(self._epoch)
+        self._epoch += 1
+
+    def _exchange(self, payload: bytes, maxlen: int) -> list[list[tuple]]:
+        width = maxlen + 4
+        buf = np.zeros(width, dtype=np.uint8)
+        buf[:4] = np.frombuffer(struct.pack("!I", len(payload)), dtype=np.uint8)
+        if payload:
+            buf[4 : 4 + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        out = torch.empty(width * self.size, dtype=torch.uint8)
+        self.backend.allgather(out, torch.from_numpy(buf), self.backend.world)
+        raw = out.numpy().tobytes()
+        metas = []
+        for r in range(self.size):
+            chunk = raw[r * width : (r + 1) * width]
+            (n,) = struct.unpack("!I", chunk[:4])
+            metas.append(pickle.loads(chunk[4 : 4 + n]) if n else [])
+        self.stats["negotiation_bytes"] += width * self.size
+        return metas
+
+    def _members(self, key: tuple) -> list[int]:
+        ps = self.process_sets.get(key[6])
+        return ps.ranks if ps is not None else []
+
+    def _process_metas(self, metas: list[list[tuple]], now: int, ready: list[_Response],
+                       errors: dict[str, str]) -> None:
+        touched: dict[str, _Pending] = {}
+        joined_changed = False
+        table = self._table
+        for r, lst in enumerate(metas):
+            for name, key, local in lst:
+                if self.cache.capacity:
+                    self.cache.erase(name)
+                poison = self._poisoned.get(name)
+                if poison is not None:
+                    if r == self.rank:
+                        errors[name] = poison[0]
+                    poison[1].discard(r)
+                    if not poison[1]:
+                        del self._poisoned[name]
+                    continue
+                p = table.get(name)
+                if p is None:
+                    self._seq += 1
+                    p = table[name] = _Pending(name, self._seq, now)
+                p.keys[r] = key
+                p.locals[r] = local
+                p.rounds[r] = self._round_no
+                touched[name] = p
+                if key[0] == JOIN:
+                    self._joined[r] = self._round_no
+                    joined_changed = True
+        if joined_changed:
+            for p in table.values():
+                touched.setdefault(p.name, p)
+        for p in sorted(touched.values(), key=lambda x: x.seq):
+            self._check_complete(p, ready, errors)
+
+    def _check_complete(self, p: _Pending, ready: list[_Response], errors: dict[str, str]) -> None:
+        keys = p.keys
+        first = next(iter(keys.values()))
+        if any(k != first for k in keys.values()):
+            members = set()
+            for k in keys.values():
+                members.update(self._members(k) or range(self.size))
+            msg = _mismatch_message(p.name, keys)
+            del self._table[p.name]
+            if self.rank in keys:
+                errors[p.name] = msg
+            rest = members - set(keys)
+            if rest:
+                self._poisoned[p.name] = (msg, rest)
+            return
+        kind = first[0]
+        if first[6] not in self.process_sets:
+            del self._table[p.name]
+            msg = f"{kind} '{p.name}' names process set {first[6]}, which is not registered (ranks {sorted(keys)})"
+            if self.rank in keys:
+                errors[p.name] = msg
+            return
+        members = self._members(first)
+        present = set(keys)
+        if kind == ALLREDUCE:
+            present |= set(self._joined)
+        if kind == JOIN:
+            present = set(self._joined)
+        if not all(m in present for m in members):
+            return
+        del self._table[p.name]
+        locals_ = {r: p.locals.get(r) for r in members}
+        extra = None
+        if kind == JOIN:
+            extra = max(self._joined, key=lambda r: (self._joined[r], r))
+            self._joined.clear()
+            self._my_join_round = None
+        ready.append(_Response(p.name, first, locals_, seq=p.seq, extra_result=extra))
+
+    def _check_stalls(self, now: int, partial: Any, errors: dict[str, str]) -> None:
+        check = self.config.stall_check_time
+        if check <= 0:
+            return
+        shutdown_after = self.config.stall_shutdown_time
+        # cached requests stuck half-submitted: drop their slot so they are renegotiated
+        # by name (which tells exactly who is missing)
+        seen = set()
+        for s in partial:
+            s = int(s)
+            seen.add(s)
+            since = self._slot_partial_since.setdefault(s, now)
+            if now - since > check * 500:  # half the check time, in ms
+                e = self.cache.slots[s]
+                if e is not None:
+                    self.cache.erase(e.name)
+                self._slot_partial_since.pop(s, None)
+        for s in list(self._slot_partial_since):
+            if s not in seen:
+                del self._slot_partial_since[s]
+        for p in list(self._table.values()):
+            age = (now - p.first) / 1000.0
+            if age <= check:
+                continue
+            first = next(iter(p.keys.values()))
+            members = self._members(first) or list(range(self.size))
+            missing = [m for m in members if m not in p.keys and not (first[0] == ALLREDUCE and m in self._joined)]
+            if not p.warned:
+                p.warned = True
+                log.warning(
+                    "stall: %s '%s' was submitted by ranks %s but not by ranks %s for %.1fs "
+                    "(HORA_STALL_CHECK_TIME=%g)", first[0], p.name, sorted(p.keys), missing, age, check,
+                )
+                self.stats["stall_warnings"] += 1
+            if shutdown_after > 0 and age > shutdown_after:
+                msg = (f"stalled collective: {first[0]} '{p.name}' was submitted by ranks {sorted(p.keys)} but "
+                       f"ranks {missing} never submitted it within HORA_STALL_SHUTDOWN_TIME={shutdown_after:g}s")
+                del self._table[p.name]
+                if self.rank in p.keys:
+                    errors[p.name] = msg
+                if missing:
+                    self._poisoned[p.name] = (msg, set(missing))
+
+    # -- execution ------------------------------------------------------------------------
+    def _finish(self, req: Request, result: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._names.pop(req.name, None)
+        h = req.handle
+        if h is None:
+            return
+        if error is not None:
+            h._set_error(error)
+        else:
+            h._set_result(result)
+
+    def _execute(self, responses: list[_Response]) -> None:
+        threshold = self.config.fusion_threshold
+        units: list[Any] = []
+        open_groups: dict[tuple, list] = {}
+        for resp in responses:
+            key = resp.key
+            ps = self.process_sets.get(key[6]) if key else None
+            if resp.kind in (PS_ADD, PS_REMOVE) or (ps is not None and ps.group.is_member):
+                req = self._waiting.pop(resp.name, None)
+            else:
+                continue  # not a member of this process set: nothing to do here
+            tl = self.timeline
+            if tl.enabled and req is not None:
+                req.t_ready = tl.now()
+                tl.span(resp.name, "NEGOTIATE", req.t_submit, req.t_ready)
+            if resp.kind == ALLREDUCE:
+                nbytes = _numel(key[2]) * _itemsize(key[1])
+                fk = (key[1], key[4], key[6], key[7], key[8], key[9], key[10])
+                g = open_groups.get(fk)
+                if g is None or (g[1] + nbytes > threshold and g[1] > 0):
+                    g = [[], 0]
+                    open_groups[fk] = g
+                    units.append(("fused", g, ps))
+                g[0].append((resp, req))
+                g[1] += nbytes
+            else:
+                units.append(("single", (resp, req), ps))
+        for what, item, ps in units:
+            if what == "fused":
+                self._run_allreduce(item[0], ps)
+            else:
+                resp, req = item
+                try:
+                    result = self._run_single(resp, req, ps)
+                except CollectiveError:
+                    raise
+                except Exception as exc:
+                    if req is not None:
+                        self._finish(req, error=CollectiveError(f"{resp.kind} '{resp.name}' failed: {exc}"))
+                    continue
+                if req is not None:
+                    self._finish(req, result=result)
+
+    def _fusion_buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        buf = self._fusion.get(dtype)
+        if buf is None or buf.numel() < numel:
+            cap = max(numel, self.config.fusion_threshold // torch.empty((), dtype=dtype).element_size())
+            buf = torch.empty(cap, dtype=dtype)
+            self._fusion[dtype] = buf
+        return buf[:numel]
+
+    def _run_allreduce(self, members: list[tuple[_Response, Request | None]], ps: ProcessSetInfo) -> None:
+        tl = self.timeline
+        key = members[0][0].key
+        dtype = getattr(torch, key[1])
+        op = ReduceOp(key[4])
+        pre, post = key[7], key[8]
+        compressor = None
+        for _, req in members:
+            if req is not None:
+                compressor = req.compressor
+                break
+        if compressor is None:
+            from hora.native.compression import resolve
+
+            compressor = resolve(key[9]) if key[9] in ("none", "fp16", "bf16") else NoneCompressor
+        t_start = tl.now() if tl.enabled else 0.0
+        if tl.enabled:
+            for resp, req in members:
+                if req is not None:
+                    tl.span(resp.name, "QUEUE", req.t_ready, t_start)
+        if len(members) == 1:
+            resp, req = members[0]
+            if req is None:
+                buf = torch.zeros(_numel(key[2]), dtype=dtype)
+            else:
+                buf = req.output.view(-1)
+                if req.output is not req.tensor:
+                    buf.copy_(req.tensor.view(-1))
+            fused = False
+        else:
+            sizes = [_numel(r.key[2]) for r, _ in members]
+            total = sum(sizes)
+            buf = self._fusion_buffer(dtype, total)
+            parts = list(buf.split(sizes))
+            srcs, dsts = [], []
+            for (resp, req), part in zip(members, parts):
+                if req is None:
+                    part.zero_()
+                else:
+                    srcs.append(req.tensor.view(-1))
+                    dsts.append(part)
+            if dsts:
+                torch._foreach_copy_(dsts, srcs)
+            fused = True
+            self.stats["fused_batches"] += 1
+            self.stats["fused_tensors"] += len(members)
+            if tl.enabled:
+                t1 = tl.now()
+                for resp, req in members:
+                    tl.span(resp.name, "FUSE_COPY_IN", t_start, t1)
+                t_start = t1
+        try:
+            self._reduce_buffer(buf, op, pre, post, compressor, ps.group)
+        except CollectiveError:
+            raise
+        except Exception as exc:
+            err = CollectiveError(f"allreduce of {[r.name for r, _ in members]} failed: {exc}")
+            for _, req in members:
+                if req is not None:
+                    self._finish(req, error=err)
+            return
+        if tl.enabled:
+            t1 = tl.now()
+            for resp, req in members:
+                tl.span(resp.name, "COLLECTIVE", t_start, t1, bytes=_numel(resp.key[2]) * buf.element_size(),
+                        fused=len(members))
+            t_start = t1
+        self.stats["allreduce_tensors"] += len(members)
+        self.stats["allreduce_calls"] += 1
+        self.stats["allreduce_bytes"] += buf.numel() * buf.element_size()
+        if fused:
+            outs, srcs = [], []
+            for (resp, req), part in zip(members, parts):
+                if req is not None:
+                    outs.append(req.output.view(-1))
+                    srcs.append(part)
+            if outs:
+                torch._foreach_copy_(outs, srcs)
+            if tl.enabled:
+                t1 = tl.now()
+                for resp, req in members:
+                    tl.span(resp.name, "FUSE_COPY_OUT", t_start, t1)
+        for _, req in members:
+            if req is not None:
+                self._finish(req, result=req.output)
+
+    def _reduce_buffer(self, buf: torch.Tensor, op: ReduceOp, pre: float, post: float, compressor: Any,
+                       group: Group) -> None:
+        """Reduce ``buf`` in place over ``group``: prescale, compress, reduce, average, postscale."""
+        if pre != 1.0:
+            _scale_(buf, pre)
+        wire_op = ReduceOp.Sum if op == ReduceOp.Average else op
+        wire, ctx = compressor.compress(buf) if buf.is_floating_point() else (buf, None)
+        if not self.backend.supports_reduce(wire.dtype, wire_op):
+            up = wire.to(torch.float64 if wire.dtype in (torch.int32, torch.int64, torch.float64) else torch.float32)
+            self.backend.allreduce(up, wire_op, group)
+            wire.copy_(up)
+        else:
+            self.backend.allreduce(wire, wire_op, group)
+        if wire is not buf:
+            buf.copy_(compressor.decompress(wire, ctx))
+        if op == ReduceOp.Average:
+            if buf.is_floating_point():
+                post = post / group.size
+            else:
+                buf.div_(group.size, rounding_mode="floor")
+        if post != 1.0:
+            _scale_(buf, post)
+
+    def _run_single(self, resp: _Response, req: Request | None, ps: ProcessSetInfo | None) -> Any:
+        kind = resp.kind
+        key = resp.key
+        tl = self.timeline
+        t0 = tl.now() if tl.enabled else 0.0
+        if tl.enabled and req is not None:
+            tl.span(resp.name, "QUEUE", req.t_ready, t0)
+        result = self._dispatch(kind, resp, req, ps)
+        if tl.enabled:
+            tl.span(resp.name, "COLLECTIVE", t0, tl.now(), kind=kind)
+        self.stats[f"{kind}_calls"] += 1
+        return result
+
+    def _dispatch(self, kind: str, resp: _Response, req: Request | None, ps: ProcessSetInfo | None) -> Any:
+        be = self.backend
+        if kind == PS_ADD:
+            ps_id, ranks = resp.key[11]
+            group = be.new_group(ranks, ps_id)
+            self.process_sets[ps_id] = ProcessSetInfo(ps_id, ranks, group)
+            return ps_id
+        if kind == PS_REMOVE:
+            ps_id = resp.key[11]
+            info = self.process_sets.pop(ps_id, None)
+            if info is not None:
+                be.destroy_group(info.group)
+                for e in [e for e in self.cache.by_name.values() if e.ps_id == ps_id]:
+                    self.cache.erase(e.name)
+            return ps_id
+        assert ps is not None
+        group = ps.group
+        if kind == JOIN:
+            return resp.extra_result
+        if kind == BARRIER:
+            be.barrier(group)
+            return None
+        if req is None:
+            raise CollectiveError(f"rank {self.rank} has joined and cannot take part in {kind} '{resp.name}'")
+        if kind == BROADCAST:
+            be.broadcast(req.output, group.ranks.index(req.root), group)
+            return req.output
+        if kind == ALLGATHER:
+            rows = [resp.locals[r][0] for r in group.ranks]
+            rest = tuple(req.tensor.shape[1:])
+            inp = req.tensor
+            if len(set(rows)) == 1:
+                out = torch.empty((sum(rows),) + rest, dtype=inp.dtype)
+                be.allgather(out, inp, group)
+                return out
+            mx = max(rows)
+            padded = torch.zeros((mx,) + rest, dtype=inp.dtype)
+            padded[: inp.shape[0]] = inp
+            tmp = torch.empty((mx * group.size,) + rest, dtype=inp.dtype)
+            be.allgather(tmp, padded, group)
+            return torch.cat([tmp[i * mx : i * mx + n] for i, n in enumerate(rows)])
+        if kind == ALLTOALL:
+            me = group.rank
+            send = list(req.splits)
+            recv = [resp.locals[r][1][me] for r in group.ranks]
+            rest = tuple(req.tensor.shape[1:])
+            out = torch.empty((sum(recv),) + rest, dtype=req.tensor.dtype)
+            be.alltoall(out, req.tensor, recv, send, group)
+            return out, torch.tensor(recv, dtype=torch.int32)
+        if kind == REDUCESCATTER:
+            t = req.tensor
+            n = group.size
+            rows = t.shape[0] if t.dim() else 1
+            counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
+            op = ReduceOp(resp.key[4])
+            wire_op = ReduceOp.Sum if op == ReduceOp.Average else op
+            if rows % n == 0 and be.supports_reduce(t.dtype, wire_op):
+                out = torch.empty((counts[group.rank],) + tuple(t.shape[1:]), dtype=t.dtype)
+                be.reducescatter(out, t, wire_op, group)
+            else:
+                tmp = t.clone()
+                self._reduce_buffer(tmp.view(-1), wire_op, 1.0, 1.0, NoneCompressor, group)
+                start = sum(counts[: group.rank])
+                out = tmp[start : start + counts[group.rank]].clone()
+            if op == ReduceOp.Average:
+                if out.is_floating_point():
+                    out.div_(n)
+                else:
+                    out.div_(n, rounding_mode="floor")
+            return out
+        raise CollectiveError(f"unknown collective kind {kind!r}")
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+_ITEMSIZE: dict[str, int] = {}
+
+
+def _itemsize(dtype: str) -> int:
+    s = _ITEMSIZE.get(dtype)
+    if s is None:
+        s = _ITEMSIZE[dtype] = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return s
+
+
+def _scale_(buf: torch.Tensor, factor: float) -> None:
+    """Multiply in place; integer tensors are scaled in float64 and floored."""
+    if buf.is_floating_point():
+        buf.mul_(factor)
+    else:
+        buf.copy_(torch.floor(buf.to(torch.float64) * factor).to(buf.dtype))
+
+
+class _Autotuner:
+    """Searches fusion threshold and cycle time during the first steps (HORA_AUTOTUNE=1).
+
+    Rank 0 scores each candidate (threshold, cycle time) by bytes reduced per second
+    over ``WINDOW`` rounds that did work, moves to the next candidate, and finally keeps
+    the best and logs it. Rank 0's current candidate travels in every negotiation round's
+    control vector and every rank applies it before executing that round, so all ranks
+    always group tensors with the same threshold.
+    """
+
+    THRESHOLDS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
+    CYCLES = (0.0005, 0.001, 0.0025, 0.005)
+    WINDOW = 20
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.candidates = [(t, c) for t in self.THRESHOLDS for c in self.CYCLES]
+        self.index = 0
+        self.applied = -1
+        self.scores: list[float] = []
+        self.window_rounds = 0
+        self.window_bytes = 0
+        self.window_start = time.perf_counter()
+        self.done = False
+
+    def apply(self, index: int) -> None:
+        if index == self.applied or not 0 <= index < len(self.candidates):
+            return
+        self.applied = index
+        t, c = self.candidates[index]
+        self.engine.config.fusion_threshold = t
+        self.engine.config.cycle_time = c
+
+    def observe(self, responses: list[_Response]) -> None:
+        if self.done or not responses:
+            return
+        self.window_rounds += 1
+        self.window_bytes += sum(
+            _numel(r.key[2]) * _itemsize(r.key[1]) for r in responses if r.key and r.key[1] and r.error is None
+        )
+        if self.window_rounds < self.WINDOW:
+            return
+        elapsed = max(time.perf_counter() - self.window_start, 1e-9)
+        self.scores.append(self.window_bytes / elapsed)
+        self.window_rounds = 0
+        self.window_bytes = 0
+        if len(self.scores) >= len(self.candidates):
+            best = max(range(len(self.scores)), key=self.scores.__getitem__)
+            self.index = best
+            self.done = True
+            t, c = self.candidates[best]
+            log.info("autotune: chose fusion threshold %d bytes and cycle time %.2f ms (%.1f MB/s)",
+                     t, c * 1000, self.scores[best] / 1e6)
+        else:
+            self.index = len(self.scores)
+        self.window_start = time.perf_counter()
