@@ -1,0 +1,26 @@
+"""Fixtures of the TensorFlow/Keras tests: quiet TensorFlow, a size-1 hora job in-process."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+
+@pytest.fixture
+def hora_single():
+    """``hora.native`` initialized as a one-rank job in this process; shut down afterwards."""
+    import hora.native as hn
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("HORA_")}
+    hn.init()
+    try:
+        yield hn
+    finally:
+        hn.shutdown()
+        os.environ.update(saved)
