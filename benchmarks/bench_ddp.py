@@ -1,0 +1,203 @@
+"""Training throughput: hora DistributedOptimizer vs torch DistributedDataParallel (gloo)
+vs one process, measured in the same run.
+
+    python benchmarks/bench_ddp.py [--steps 300] [--rounds 3] [--np 2]
+
+The model is a CPU MLP of 16 hidden ``Linear(256, 256)`` layers (+ReLU) and a 10-way
+head, batch 64 per rank, SGD, one torch thread per rank. Throughput is samples/s summed
+over ranks: ``np * batch * steps / wall time`` of the measured steps, after warm-up steps,
+timed between two barriers on rank 0. Each configuration runs ``--rounds`` times,
+interleaved so that machine noise hits all of them alike; the table shows the median and
+ratios against DDP and against one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import queue
+import socket
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+WIDTH, DEPTH, CLASSES, BATCH = 256, 16, 10, 64
+
+
+def make_model():
+    import torch
+
+    layers: list[Any] = []
+    for _ in range(DEPTH):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(WIDTH, CLASSES))
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*layers)
+
+
+def _batches(rank: int, n: int = 8):
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    return [(torch.randn(BATCH, WIDTH, generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g)) for _ in range(n)]
+
+
+def _loop(model, opt, data, steps: int, barrier) -> float:
+    import torch
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    barrier()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        x, y = data[i % len(data)]
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    barrier()
+    return time.perf_counter() - t0
+
+
+def run_single(steps: int, warmup: int) -> float:
+    import torch
+
+    torch.set_num_threads(1)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = _batches(0)
+    _loop(model, opt, data, warmup, lambda: None)
+    return BATCH * steps / _loop(model, opt, data, steps, lambda: None)
+
+
+def _ddp_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> float:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, size, rank == 0, wait_for_workers=True)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(make_model())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        data = _batches(rank)
+        _loop(model, opt, data, warmup, dist.barrier)
+        elapsed = _loop(model, opt, data, steps, dist.barrier)
+    finally:
+        dist.destroy_process_group()
+    return size * BATCH * steps / elapsed
+
+
+def _hora_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> float:
+    import torch
+
+    import hora.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    try:
+        model = make_model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                       named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        data = _batches(rank)
+        _loop(model, opt, data, warmup, hvd.barrier)
+        elapsed = _loop(model, opt, data, steps, hvd.barrier)
+    finally:
+        hvd.shutdown()
+    return size * BATCH * steps / elapsed
+
+
+def _child(target, rank, size, port, env, args, results) -> None:
+    os.environ.update(env)
+    try:
+        results.put((rank, True, target(rank, size, port, *args)))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0) -> float:
+    """Start ``size`` spawn processes on ``target``; return rank 0's samples/s."""
+    from hora.native.rendezvous import RendezvousServer, WorkerEnv, make_secret
+
+    ctx = mp.get_context("spawn")
+    secret = make_secret()
+    server = RendezvousServer(secret, host="127.0.0.1")
+    server.start()
+    port = _free_port()
+    results = ctx.Queue()
+    procs = []
+    try:
+        for rank in range(size):
+            env = WorkerEnv(rank=rank, size=size, local_rank=rank, local_size=size, cross_rank=0, cross_size=1,
+                            rendezvous_addr=server.addr, secret=secret, job_id="bench", hostname="127.0.0.1",
+                            backend="gloo").to_environ()
+            env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"})
+            p = ctx.Process(target=_child, args=(target, rank, size, port, env, (steps, warmup), results), daemon=True)
+            p.start()
+            procs.append(p)
+        out = {}
+        deadline = time.monotonic() + timeout
+        while len(out) < size:
+            try:
+                rank, ok, value = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"{target.__name__}: ranks {sorted(set(range(size)) - set(out))} "
+                                   f"did not finish within {timeout}s") from None
+            if not ok:
+                raise RuntimeError(f"{target.__name__} rank {rank} failed:\n{value}")
+            out[rank] = value
+        return out[0]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--only", choices=["single", "ddp", "hora"], action="append",
+                        help="run only these configurations (repeatable)")
+    args = parser.parse_args()
+    configs = args.only or ["single", "ddp", "hora"]
+    runs: dict[str, list[float]] = {c: [] for c in configs}
+    for r in range(args.rounds):
+        for c in configs:
+            if c == "single":
+                v = run_single(args.steps, args.warmup)
+            elif c == "ddp":
+                v = run_job(_ddp_worker, args.np, args.steps, args.warmup)
+            else:
+                v = run_job(_hora_worker, args.np, args.steps, args.warmup)
+            runs[c].append(v)
+            print(f"round {r + 1}/{args.rounds} {c}: {v:,.0f} samples/s", file=sys.stderr, flush=True)
+    med = {c: statistics.median(v) for c, v in runs.items()}
+    labels = {"single": "one process (1 rank)", "ddp": f"torch DDP gloo ({args.np} ranks)",
+              "hora": f"hora DistributedOptimizer ({args.np} ranks)"}
+    print(f"\nMLP {DEPTH}x Linear({WIDTH},{WIDTH}), batch {BATCH}/rank, 1 thread/rank, "
+          f"{args.steps} steps x {args.rounds} rounds (median)\n")
+    print("| configuration | samples/s (sum over ranks) | runs | vs DDP | vs one process |")
+    print("|---|---:|---|---:|---:|")
+    for c in configs:
+        vs_ddp = f"{med[c] / med['ddp']:.2f}x" if "ddp" in med else "-"
+        vs_one = f"{med[c] / med['single']:.2f}x" if "single" in med else "-"
+        runs_s = ", ".join(f"{v / 1000:.1f}k" for v in runs[c])
+        print(f"| {labels[c]} | {med[c]:,.0f} | {runs_s} | {vs_ddp} | {vs_one} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""``DistributedOptimizer``: average gradients across ranks while backward still runs.
+
+The wrapper is a dynamic subclass of the wrapped optimizer's class (as in Horovod), so
+``isinstance(opt, torch.optim.SGD)``, ``state_dict()``, ``load_state_dict()``,
+``param_groups`` and learning-rate schedulers keep working on it.
+
+How a step goes:
+
+1. ``loss.backward()``: a *post-accumulate-grad hook* on every parameter fires as soon
+   as autograd has written that parameter's ``.grad``; the hook submits the gradient to
+   the collective engine with ``allreduce_async_`` under a stable name
+   (``"grad." + parameter name``). The engine reduces it (fused with other ready
+   gradients) in its background thread while autograd computes the remaining
+   gradients: communication overlaps the rest of backward.
+2. ``optimizer.step()``: waits only for what is still in flight (``synchronize()``),
+   then runs the wrapped optimizer's ``step``.
+
+Parameters that got no gradient in a step on this rank (a branch not taken, a frozen
+head) are submitted as zeros at ``synchronize()`` time, so ranks that did compute
+them never wait forever. ``backward_passes_per_step=k`` accumulates gradients
+locally for ``k`` backward passes and reduces once; as in Horovod the average divides
+by the number of ranks only, so scale each micro-batch loss by ``1/k`` yourself.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+import hora.native as _hn
+from hora.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_GRAD_PREFIX = "grad."
+
+
+def _normalize_named_parameters(
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+    param_groups: list[dict[str, Any]],
+) -> dict[torch.Tensor, str]:
+    """Map each optimizer parameter to the name its gradient is reduced under.
+
+    Raises:
+        ConfigError: items are not ``(str, Tensor)`` pairs, a name occurs twice, or a
+            parameter of the optimizer is missing from ``named_parameters``.
+    """
+    names: dict[int, str] = {}
+    if named_parameters is None:
+        for gi, group in enumerate(param_groups):
+            for pi, p in enumerate(group["params"]):
+                names.setdefault(id(p), f"noname.{gi}.{pi}")
+    else:
+        if isinstance(named_parameters, dict):
+            items = list(named_parameters.items())
+        else:
+            try:
+                items = list(named_parameters)
+            except TypeError:
+                raise ConfigError(
+                    "named_parameters must be a sequence of (name, parameter) pairs such as "
+                    f"model.named_parameters(), got {type(named_parameters).__name__}"
+                ) from None
+        seen: dict[str, int] = {}
+        for i, item in enumerate(items):
+            if not (
+                isinstance(item, tuple)
+                and len(item) == 2
+                and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)
+            ):
+                raise ConfigError(
+                    "named_parameters must be a sequence of (name, parameter) pairs such as "
+                    f"model.named_parameters(); item {i} is {type(item).__name__}: {item!r:.80}"
+                )
+            name, p = item
+            if name in seen:
+                raise ConfigError(
+                    f"named_parameters holds the name {name!r} twice (items {seen[name]} and {i}); "
+                    "every parameter name must be unique because gradients are matched across "
+                    "ranks by name"
+                )
+            seen[name] = i
+            names.setdefault(id(p), name)
+        missing = []
+        for gi, group in enumerate(param_groups):
+            for pi, p in enumerate(group["params"]):
+                if id(p) not in names:
+                    missing.append(f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})")
+        if missing:
+            raise ConfigError(
+                "named_parameters was given but does not name these parameters of the "
+                f"optimizer: {', '.join(missing)}; pass model.named_parameters() of the model "
+                "that owns every optimized parameter"
+            )
+    return {p: names[id(p)] for group in param_groups for p in group["params"]}
+
+
+def _resolve_compression(compression: Any) -> Any:
+    """``None``/name/compressor -> compressor. Raises ConfigError for anything else."""
+    from hora.native.compression import resolve
+
+    return resolve(compression)
+
+
+class _DistributedMixin:
+    """Methods mixed in front of the wrapped optimizer class (see DistributedOptimizer)."""
+
+    # set by _hora_setup; declared for type checkers
+    _hora_names: dict[torch.Tensor, str]
+    _hora_handles: dict[torch.Tensor, Any]
+    _hora_delay: dict[torch.Tensor, int]
+    _hora_hooks: list[Any]
+
+    def _hora_setup(
+        self,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+        compression: Any,
+        backward_passes_per_step: int,
+        op: Any,
+        gradient_predivide_factor: float,
+        process_set: Any,
+    ) -> None:
+        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+                or backward_passes_per_step < 1:
+            raise ConfigError(
+                f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}"
+            )
+        if not isinstance(op, _hn.ReduceOp):
+            raise ConfigError(f"op must be a hora ReduceOp (Sum, Average, ...), got {op!r}")
+        try:
+            factor = float(gradient_predivide_factor)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"gradient_predivide_factor must be a number > 0, got {gradient_predivide_factor!r}"
+            ) from None
+        if not factor > 0:
+            raise ConfigError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
+        if factor != 1.0 and op != _hn.Average:
+            raise ConfigError(
+                f"gradient_predivide_factor={factor} only applies to op=Average, got op={op!r}"
+            )
+        compression = _resolve_compression(compression)
+        names = _normalize_named_parameters(named_parameters, self.param_groups)  # type: ignore[attr-defined]
+        self._hora_names = names
+        self._hora_compression = compression
+        self._hora_bpps = backward_passes_per_step
+        self._hora_op = op
+        # Horovod's split of the average: x * (1/f) summed, then * (f / size) by the engine
+        self._hora_prescale = 1.0 / factor if op == _hn.Average else 1.0
+        self._hora_postscale = factor if op == _hn.Average else 1.0
+        self._hora_process_set = process_set
+        self._hora_handles = {}
+        self._hora_delay = {}
+        self._hora_should_sync = True
+        self._hora_synchronized = False
+        self._hora_requires_update: list[torch.Tensor] = []
+        self._hora_hooks = []
+        for group in self.param_groups:  # type: ignore[attr-defined]
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                if p in self._hora_delay:  # the same tensor in two groups: hook it once
+                    continue
+                self._hora_requires_update.append(p)
+                self._hora_delay[p] = backward_passes_per_step
+                self._hora_hooks.append(p.register_hook(self._hora_guard(p)))
+                self._hora_hooks.append(p.register_post_accumulate_grad_hook(self._hora_on_grad))
+
+    # ---------------------------------------------------------------- gradient hooks
+    def _hora_guard(self, p: torch.Tensor) -> Any:
+        """A hook run *before* autograd accumulates into ``p.grad``: refuse a gradient
+        while ``p.grad`` is being reduced in place (it would corrupt the reduction)."""
+
+        def guard(grad: torch.Tensor) -> None:
+            if p in self._hora_handles:
+                raise ConfigError(
+                    f"gradient of {self._hora_names[p]!r} was computed more than "
+                    f"backward_passes_per_step={self._hora_bpps} times before optimizer.step() "
+                    "or optimizer.synchronize(); raise backward_passes_per_step or call step() "
+                    "more often"
+                )
+
+        return guard
+
+    def _hora_on_grad(self, p: torch.Tensor) -> None:
+        """Post-accumulate-grad hook: count the pass and submit when it is the k-th."""
+        self._hora_delay[p] -= 1
+        if self._hora_delay[p] == 0:
+            self._hora_handles[p] = self._hora_submit(p)
+
+    def _hora_submit(self, p: torch.Tensor) -> Any:
+        """Start the allreduce of ``p.grad`` (zeros when it has none)."""
+        if p.grad is None:
+            # This rank computed no gradient for p this step, another may have: reduce zeros.
+            p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+        grad = p.grad
+        if grad.is_sparse:
+            raise ConfigError(
+                f"parameter {self._hora_names[p]!r} has a sparse gradient; hora reduces dense "
+                "gradients only (use a dense embedding, sparse=False)"
+            )
+        # The engine fuses ready gradients and applies the compressor to the fused buffer.
+        return _hn.allreduce_async_(
+            grad,
+            op=self._hora_op,
+            name=_GRAD_PREFIX + self._hora_names[p],
+            prescale_factor=self._hora_prescale,
+            postscale_factor=self._hora_postscale,
+            process_set=self._hora_process_set,
+            compression=self._hora_compression,
+        )
+
+    # ---------------------------------------------------------------- public API
+    def synchronize(self) -> None:
+        """Wait until every gradient of this step is reduced and written to ``p.grad``.
+
+        Parameters whose gradient was not submitted yet (no gradient on this rank, or
+        fewer than ``backward_passes_per_step`` passes) are submitted now.
+
+        Raises:
+            CollectiveError: a reduction failed or ranks disagree about a gradient.
+        """
+        for p in self._hora_requires_update:
+            if p not in self._hora_handles:
+                self._hora_handles[p] = self._hora_submit(p)
+        try:
+            for handle in self._hora_handles.values():
+                handle.synchronize()  # in place: the result is already in p.grad
+        finally:
+            self._hora_handles.clear()
+            for p in self._hora_requires_update:
+                self._hora_delay[p] = self._hora_bpps
+        self._hora_synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this block ``step()`` does not synchronize; use after an explicit
+        ``synchronize()`` (e.g. to clip the reduced gradients before stepping)."""
+        self._hora_should_sync = False
+        try:
+            yield
+        finally:
+            self._hora_should_sync = True
+
+    def step(self, closure: Any = None) -> Any:
+        """Wait for the gradients still in flight, then step the wrapped optimizer."""
+        if self._hora_should_sync:
+            if self._hora_synchronized:
+                warnings.warn(
+                    "optimizer.step() called after optimizer.synchronize() outside "
+                    "optimizer.skip_synchronize(): gradients are reduced a second time. Wrap "
+                    "step() in `with optimizer.skip_synchronize():`",
+                    stacklevel=2,
+                )
+            self.synchronize()
+        self._hora_synchronized = False
+        return super().step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients. Reductions still in flight are completed first (every rank
+        takes part, so none is left waiting) and their results discarded."""
+        if self._hora_handles:
+            log.warning(
+                "optimizer.zero_grad() called while %d gradient reductions were in flight "
+                "(after backward, before step/synchronize); completing and discarding them",
+                len(self._hora_handles),
+            )
+            self.synchronize()
+            self._hora_synchronized = False
+        for p in self._hora_requires_update:
+            self._hora_delay[p] = self._hora_bpps
+        super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
+
+    def remove_hooks(self) -> None:
+        """Unregister the gradient hooks (the optimizer then no longer reduces)."""
+        for h in self._hora_hooks:
+            h.remove()
+        self._hora_hooks.clear()
+
+
+def DistributedOptimizer(  # noqa: N802  (Horovod's name)
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: Any = None,
+    backward_passes_per_step: int = 1,
+    op: Any = None,
+    gradient_predivide_factor: float = 1.0,
+    process_set: Any = None,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that gradients are averaged across ranks before each step.
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer``; the returned object is an instance of
+            its class and shares its ``param_groups`` and ``state`` (use the returned
+            object from now on).
+        named_parameters: ``model.named_parameters()``; gradients are matched across
+            ranks by these names. Without it names come from positions in
+            ``param_groups`` (identical models on every rank give identical names).
+        compression: ``Compression.none`` (default), ``.fp16`` or ``.bf16``: the wire
+            format of the reduction.
+        backward_passes_per_step: reduce once every this many backward passes,
+            accumulating locally in between. The reduction averages over ranks only:
+            divide each micro-batch loss by this number to average over passes too.
+        op: ``Average`` (default) or ``Sum`` (any hora ReduceOp).
+        gradient_predivide_factor: with ``Average``, scale by ``1/f`` before the sum and
+            by ``f/size`` after it (guards fp16 sums against overflow).
+        process_set: the ranks that reduce together (default: all).
+
+    Raises:
+        ConfigError: bad ``named_parameters`` (duplicate names, a parameter missing),
+            ``backward_passes_per_step < 1``, an unknown ``op`` or compression, or
+            ``gradient_predivide_factor`` with an op other than Average.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(
+            f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
+    if isinstance(optimizer, _DistributedMixin):
+        raise ConfigError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
+    base = optimizer.__class__
+    cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__,
+                                                          "__qualname__": base.__qualname__})
+    dist = cls.__new__(cls)
+    dist.__dict__.update(optimizer.__dict__)
+    dist._hora_setup(
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        _hn.Average if op is None else op,
+        gradient_predivide_factor,
+        _hn.global_process_set if process_set is None else process_set,
+    )
+    return dist
+
+
+def is_distributed_optimizer(optimizer: Any) -> bool:
+    """True when ``optimizer`` was returned by :func:`DistributedOptimizer`."""
+    return isinstance(optimizer, _DistributedMixin)

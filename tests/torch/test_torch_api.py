@@ -1,0 +1,211 @@
+"""hora.torch on 2 real processes over loopback Gloo: DistributedOptimizer parity with one
+process on the whole batch, compression, backward_passes_per_step, unused parameters,
+overlap, broadcast of parameters / optimizer state / objects, SyncBatchNorm parity; and
+the argument errors, checked in this process."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from hora.errors import ConfigError
+from tests.spawn_util import run_ranks
+from tests.torch import workers as W
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict]:
+    """Every scenario of workers.SCENARIOS, run once on 2 ranks."""
+    return [pickle.loads(b) for b in run_ranks(W.run_all_scenarios, 2, timeout=240)]
+
+
+def result(ranks: list[dict], name: str) -> list:
+    out = []
+    for r, res in enumerate(ranks):
+        ok, value = res[name]
+        if not ok:
+            pytest.fail(f"scenario {name!r} failed on rank {r}:\n{value}")
+        out.append(value)
+    return out
+
+
+def assert_states_close(got: dict, want: dict, atol: float, what: str) -> None:
+    assert got.keys() == want.keys(), what
+    for k in want:
+        diff = (got[k].double() - want[k].double()).abs().max().item()
+        assert diff <= atol, f"{what}: {k} differs by {diff:.3g} > {atol:g}"
+
+
+def assert_ranks_identical(states: list[dict], what: str) -> None:
+    for k in states[0]:
+        for r in range(1, len(states)):
+            assert torch.equal(states[0][k], states[r][k]), f"{what}: {k} differs between rank 0 and rank {r}"
+
+
+# ---------------------------------------------------------------------------- parity
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "scenario,opt_kind,loss_scale",
+    [
+        ("sgd", "sgd", 1.0),
+        ("adam", "adam", 1.0),
+        ("sgd_bpps2", "sgd", 1.0),
+        ("adam_bpps2", "adam", 1.0),
+        ("predivide", "sgd", 1.0),
+        ("sum_op", "plain_sgd", 2.0),  # Sum of two half-batch means = 2x the whole-batch mean
+    ],
+)
+def test_two_ranks_on_half_batches_match_one_process(ranks, scenario, opt_kind, loss_scale):
+    states = result(ranks, scenario)
+    assert_ranks_identical(states, scenario)
+    want = W.reference_train(opt_kind, loss_scale=loss_scale)
+    assert_states_close(states[0], want, 1e-5, scenario)
+    # and training moved the weights (a no-op would also be "identical on both ranks")
+    start = W.make_mlp(seed=0).state_dict()
+    assert any((start[k] - want[k]).abs().max() > 1e-3 for k in want)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario,atol", [("fp16", 2e-3), ("bf16", 2e-2)])
+def test_compressed_gradients_stay_close(ranks, scenario, atol):
+    states = result(ranks, scenario)
+    assert_ranks_identical(states, scenario)
+    assert_states_close(states[0], W.reference_train("sgd"), atol, scenario)
+
+
+@pytest.mark.timeout(300)
+def test_parameter_unused_on_some_ranks_and_steps(ranks):
+    states = result(ranks, "two_heads")
+    assert_ranks_identical(states, "two_heads")
+    assert_states_close(states[0], W.reference_two_heads(), 1e-5, "two_heads")
+
+
+@pytest.mark.timeout(300)
+def test_overlapped_path_matches_blocking_per_gradient_allreduce(ranks):
+    for r, res in enumerate(result(ranks, "overlap")):
+        assert_states_close(res["overlapped"], res["manual"], 1e-6, f"overlap rank {r}")
+        # each step, every gradient was already submitted when backward returned
+        assert res["in_flight"] == [res["names"]] * W.STEPS
+    assert_states_close(result(ranks, "overlap")[0]["overlapped"], W.reference_train("sgd"), 1e-5, "overlap")
+
+
+# ---------------------------------------------------------------------------- broadcast
+@pytest.mark.timeout(300)
+def test_broadcast_optimizer_state(ranks):
+    r0, r1 = result(ranks, "optimizer_state")
+    a0, a1 = r0["adam"], r1["adam"]
+    assert a0["param_groups"] == a1["param_groups"]
+    assert a1["param_groups"][0]["lr"] == 0.05 and a1["param_groups"][0]["betas"] == (0.8, 0.99)
+    assert a0["state"].keys() == a1["state"].keys() and len(a0["state"]) == 4
+    for pid in a0["state"]:
+        assert a0["state"][pid].keys() == a1["state"][pid].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        for k, v in a0["state"][pid].items():
+            assert torch.equal(v, a1["state"][pid][k]), (pid, k)
+        assert float(a1["state"][pid]["step"]) == 2.0
+    # an empty root state empties the others
+    assert r0["sgd_empty_root"] == r1["sgd_empty_root"] == {"state": 0}
+    assert r0["lr_from_rank1"] == r1["lr_from_rank1"] == 0.25
+
+
+@pytest.mark.timeout(300)
+def test_broadcast_and_allgather_object(ranks):
+    r0, r1 = result(ranks, "objects")
+    assert r0["broadcast"] == r1["broadcast"] == {"from": 1, "data": [1, 2]}
+    assert r0["allgather"] == r1["allgather"] == [("rank", 0), ("rank", 1)]
+
+
+# ---------------------------------------------------------------------------- SyncBatchNorm
+@pytest.mark.timeout(300)
+def test_sync_batch_norm_matches_batch_norm_on_whole_batch(ranks):
+    r0, r1 = result(ranks, "sync_bn")
+    want = W.reference_sync_bn()
+    for key in ("y", "x_grad", "eval_y"):
+        got = torch.cat([r0[key], r1[key]])
+        diff = (got - want[key]).abs().max().item()
+        assert diff < 1e-5, f"{key} differs by {diff:.3g}"
+    for key in ("weight_grad", "bias_grad", "running_mean", "running_var"):
+        for r, res in enumerate((r0, r1)):
+            diff = (res[key] - want[key]).abs().max().item()
+            assert diff < 1e-5, f"rank {r}: {key} differs by {diff:.3g}"
+
+
+# ---------------------------------------------------------------------------- misuse
+@pytest.mark.timeout(300)
+def test_zero_grad_in_flight_and_too_many_backward_passes(ranks):
+    for res in result(ranks, "misuse"):
+        assert res["grads_after_zero_grad"] == [None] * 4
+        kind, msg = res["third_pass"]
+        assert kind == "ConfigError" and "backward_passes_per_step=2" in msg, res["third_pass"]
+
+
+# ---------------------------------------------------------------------------- argument errors (no processes)
+def _model_and_opt():
+    model = W.make_mlp(seed=0)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+@pytest.mark.timeout(60)
+def test_wrapper_is_an_instance_of_the_wrapped_class():
+    import hora.torch as hvd
+
+    model, opt = _model_and_opt()
+    dist = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    assert isinstance(dist, torch.optim.SGD) and type(dist).__name__ == "SGD"
+    assert dist.param_groups is opt.param_groups
+    assert dist.state_dict()["param_groups"][0]["lr"] == 0.1
+    assert hvd.is_distributed_optimizer(dist) and not hvd.is_distributed_optimizer(opt)
+    with pytest.raises(ConfigError, match="already a DistributedOptimizer"):
+        hvd.DistributedOptimizer(dist)
+
+
+@pytest.mark.timeout(60)
+def test_named_parameters_errors():
+    import hora.torch as hvd
+
+    model, opt = _model_and_opt()
+    named = list(model.named_parameters())
+    dup = [named[0], ("0.weight", named[1][1])] + named[2:]
+    with pytest.raises(ConfigError, match=r"'0.weight' twice"):
+        hvd.DistributedOptimizer(opt, named_parameters=dup)
+    with pytest.raises(ConfigError, match=r"does not name these parameters.*\['params'\]\[3\] \(shape \(4,\)\)"):
+        hvd.DistributedOptimizer(opt, named_parameters=named[:3])
+    with pytest.raises(ConfigError, match="pairs"):
+        hvd.DistributedOptimizer(opt, named_parameters=[p for _, p in named])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"backward_passes_per_step": 0}, "backward_passes_per_step"),
+        ({"backward_passes_per_step": 1.5}, "backward_passes_per_step"),
+        ({"op": "mean"}, "op must be"),
+        ({"gradient_predivide_factor": 0.0}, "gradient_predivide_factor"),
+        ({"gradient_predivide_factor": 2.0, "op": "SUM"}, "op"),
+        ({"compression": "zip"}, "compression"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    import hora.torch as hvd
+
+    if kwargs.get("op") == "SUM":
+        kwargs = dict(kwargs, op=hvd.Sum)
+    model, opt = _model_and_opt()
+    with pytest.raises(ConfigError, match=match):
+        hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kwargs)
+    with pytest.raises(ConfigError, match="torch.optim.Optimizer"):
+        hvd.DistributedOptimizer(model)
+
+
+@pytest.mark.timeout(60)
+def test_broadcast_parameters_rejects_bad_input():
+    import hora.torch as hvd
+
+    with pytest.raises(ConfigError, match="state_dict"):
+        hvd.broadcast_parameters(torch.zeros(3))
+    with pytest.raises(ConfigError, match="'w' is int"):
+        hvd.broadcast_parameters({"w": 3})
+    with pytest.raises(ConfigError, match="SyncBatchNorm expects input of shape"):
+        hvd.SyncBatchNorm(3)(torch.zeros(3))
