@@ -246,11 +246,12 @@ def _missing_at_start_barrier(server, np_: int, since: float, timeout: float, fi
     now = time.monotonic()
     arrived: dict[str, set[int]] = collections.defaultdict(set)
     for key in server.keys("barrier/"):
-        parts = key.split("/")
-        if len(parts) != 3 or not any(h in parts[1].lower() for h in START_BARRIER_HINTS):
+        name, _, rank_s = key[len("barrier/") :].rpartition("/")
+        last = name.rsplit("/", 1)[-1].lower()
+        if not name or not any(h in last for h in START_BARRIER_HINTS):
             continue
         try:
-            arrived[parts[1]].add(int(parts[2]))
+            arrived[name].add(int(rank_s))
         except ValueError:
             continue
     for name, ranks in arrived.items():

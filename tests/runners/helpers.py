@@ -1,0 +1,33 @@
+"""Helpers shared by the runner tests."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+
+def hora_worker_processes(marker: str | None = None) -> list[psutil.Process]:
+    """Live ``hora.runners.worker`` processes (whose command line contains ``marker``, if given)."""
+    out = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "hora.runners.worker" in cmd and (marker is None or marker in cmd):
+                if proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def assert_no_workers_left(marker: str, within: float = 10.0) -> None:
+    """Fail unless every worker process of the run ``marker`` is gone within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        left = hora_worker_processes(marker)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"orphan worker processes of {marker}: {[p.pid for p in left]}")
+        time.sleep(0.2)
