@@ -1083,6 +1083,7 @@ class _Autotuner:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.candidates = [(t, c) for t in self.THRESHOLDS for c in self.CYCLES]
+        self.window = int(_env_number("HORA_AUTOTUNE_WINDOW", self.WINDOW, allow_zero=False))
         self.index = 0
         self.applied = -1
         self.scores: list[float] = []
@@ -1106,7 +1107,7 @@ class _Autotuner:
         self.window_bytes += sum(
             _numel(r.key[2]) * _itemsize(r.key[1]) for r in responses if r.key and r.key[1] and r.error is None
         )
-        if self.window_rounds < self.WINDOW:
+        if self.window_rounds < self.window:
             return
         elapsed = max(time.perf_counter() - self.window_start, 1e-9)
         self.scores.append(self.window_bytes / elapsed)

@@ -1,0 +1,153 @@
+"""Multi-process tests of hora.native on Gloo over loopback (real processes, real rendezvous)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.native import workers
+from tests.spawn_util import run_ranks
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_op_every_dtype_every_reduction_torch(size):
+    fails = run_ranks(workers.all_ops_all_dtypes, size, timeout=140)
+    assert fails == [[]] * size, fails
+
+
+@pytest.mark.timeout(150)
+def test_every_op_every_dtype_numpy():
+    fails = run_ranks(workers.all_ops_all_dtypes, 2, args=(True,), timeout=140)
+    assert fails == [[]] * 2, fails
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_async_handles_objects_compression_join(size):
+    outs = run_ranks(workers.async_objects_compression, size, timeout=110)
+    for r, out in enumerate(outs):
+        assert out["fails"] == [], (r, out["fails"])
+    # rank 0 joined first; the last rank to join is one of the others
+    assert all(o["last_joined"] == outs[0]["last_joined"] for o in outs)
+    assert outs[0]["last_joined"] != 0
+
+
+@pytest.mark.timeout(120)
+def test_process_sets_three_ranks():
+    fails = run_ranks(workers.process_sets, 3, timeout=110)
+    assert fails == [[]] * 3, fails
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_mismatch_raises_on_every_rank_and_engine_recovers(size):
+    outs = run_ranks(workers.mismatches, size, env={"HORA_OP_TIMEOUT": "60"}, timeout=110)
+    for r, msgs in enumerate(outs):
+        assert not [m for m in msgs if m.startswith("NO ")], (r, msgs)
+        shape, dtype, op, root, kind, ag, cached, dup = msgs
+        assert "bad.shape" in shape and "shape" in shape and f"ranks {list(range(size))}" in shape
+        assert "bad.dtype" in dtype and "float64" in dtype and "float32" in dtype
+        assert "bad.op" in op and "op" in op
+        assert "bad.root" in root and "root_rank" in root
+        assert "bad.kind" in kind and "kind" in kind
+        assert "bad.ag" in ag
+        assert "good.after" in cached and "shape" in cached
+        assert "dup" in dup and "already in flight" in dup
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_out_of_order_submission(size):
+    outs = run_ranks(workers.out_of_order, size, timeout=110)
+    assert all(o["ok"] for o in outs), outs
+    assert outs[0]["order"] != outs[1]["order"]  # the ranks really did submit differently
+
+
+@pytest.mark.timeout(120)
+def test_stall_warning_names_tensor_and_missing_rank():
+    outs = run_ranks(workers.stall, 2, args=(1, 3.0, False), env={"HORA_STALL_CHECK_TIME": "1"}, timeout=110)
+    assert outs[0]["value"] == [2.0, 2.0] and outs[1]["value"] == [2.0, 2.0]
+    warned = outs[0]["warnings"]
+    assert warned, outs
+    assert "late.tensor" in warned[0] and "not by ranks [1]" in warned[0]
+
+
+@pytest.mark.timeout(120)
+def test_stall_shutdown_time_turns_the_stall_into_an_error():
+    env = {"HORA_STALL_CHECK_TIME": "0.5", "HORA_STALL_SHUTDOWN_TIME": "1.5"}
+    outs = run_ranks(workers.stall, 3, args=(2, 4.0, True), env=env, timeout=110)
+    for o in outs:
+        assert "error" in o, outs
+        assert "late.tensor" in o["error"] and "[2]" in o["error"]
+
+
+@pytest.mark.timeout(120)
+def test_fused_equals_unfused():
+    outs = run_ranks(workers.fused_vs_unfused, 2, timeout=110)
+    for o in outs:
+        assert o["ints_equal"] and o["max_equal"] and o["floats_close"], o
+        assert o["fused_batches"] >= 1, o
+
+
+@pytest.mark.timeout(120)
+def test_response_cache_hit_counters():
+    outs = run_ranks(workers.cache_counters, 2, args=(5, 20), timeout=110)
+    for o in outs:
+        assert o["ok"]
+        hits = [h for h, _ in o["hist"]]
+        misses = [m for _, m in o["hist"]]
+        assert misses[0] == 20 and hits[0] == 0  # first step: everything negotiated by name
+        assert misses[-1] == 20 and hits[-1] == 80  # later steps: all from the cache
+    assert outs[0]["hist"] == outs[1]["hist"]
+
+
+@pytest.mark.timeout(120)
+def test_response_cache_smaller_than_the_working_set_stays_correct():
+    outs = run_ranks(workers.cache_counters, 2, args=(4, 12), env={"HORA_CACHE_CAPACITY": "5"}, timeout=110)
+    for o in outs:
+        assert o["ok"], o
+        assert o["stats"]["cache_size"] <= 5
+
+
+@pytest.mark.timeout(120)
+def test_cache_disabled_and_fusion_disabled():
+    env = {"HORA_CACHE_CAPACITY": "0", "HORA_FUSION_THRESHOLD": "0"}
+    outs = run_ranks(workers.cache_counters, 2, args=(3, 10), env=env, timeout=110)
+    for o in outs:
+        assert o["ok"] and o["stats"].get("cache_hits", 0) == 0
+        assert o["stats"].get("fused_batches", 0) == 0
+
+
+@pytest.mark.timeout(120)
+def test_tensor_larger_than_fusion_threshold():
+    outs = run_ranks(workers.big_allreduce, 2, args=(50_000,), env={"HORA_FUSION_THRESHOLD": "4096"}, timeout=110)
+    assert outs == [True, True]
+
+
+@pytest.mark.timeout(120)
+def test_timeline_is_valid_chrome_trace_with_phases(tmp_path):
+    from hora.native.timeline import summarize
+
+    path = tmp_path / "timeline.json"
+    outs = run_ranks(workers.timeline_job, 2, args=(str(path),), env={"HORA_TIMELINE": str(path)}, timeout=110)
+    assert outs[0]["exists"]
+    doc = json.loads(path.read_text())
+    names = {e["name"] for e in doc["traceEvents"]}
+    for phase in ("NEGOTIATE", "QUEUE", "FUSE_COPY_IN", "COLLECTIVE", "FUSE_COPY_OUT", "CYCLE"):
+        assert phase in names, (phase, names)
+    rows = {e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert {"tl.0", "tl.bc", "engine"} <= rows
+    text = summarize(str(path))
+    assert "NEGOTIATE" in text and "COLLECTIVE" in text and "total ms" in text
+
+
+@pytest.mark.timeout(150)
+def test_autotune_picks_and_logs_a_setting():
+    env = {"HORA_AUTOTUNE": "1", "HORA_AUTOTUNE_WINDOW": "3"}
+    outs = run_ranks(workers.autotune_job, 2, args=(120,), env=env, timeout=140)
+    assert all(o["ok"] for o in outs)
+    assert any("autotune: chose" in m for m in outs[0]["log"]), outs[0]
+    # every rank applied rank 0's choice
+    assert outs[0]["stats"]["fusion_threshold"] == outs[1]["stats"]["fusion_threshold"]

@@ -1,0 +1,494 @@
+"""Module-level functions run on every rank by the tests in this package.
+
+Each returns plain data (lists of failures, values, counters) so the test process can
+assert on all ranks at once. They batch many checks per spawned job because process
+start-up dominates on a small machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    if dtype in (torch.float16, torch.bfloat16):
+        return {"rtol": 2e-2, "atol": 1e-2}
+    return {"rtol": 1e-6, "atol": 1e-6}
+
+
+def _close(a: Any, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    a = torch.as_tensor(a)
+    if a.dtype != b.dtype and not (a.dtype == torch.float64 and b.dtype == torch.float64):
+        pass
+    return torch.allclose(a.double(), b.double(), **_tol(dtype))
+
+
+def all_ops_all_dtypes(use_numpy: bool = False) -> list[str]:
+    """Every op x every dtype x every reduce op; returns the failures seen on this rank."""
+    import hora.native as hn
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    fails: list[str] = []
+
+    def conv(t: torch.Tensor) -> Any:
+        return t.numpy() if use_numpy else t
+
+    def back(x: Any) -> torch.Tensor:
+        if use_numpy:
+            assert isinstance(x, np.ndarray), f"expected numpy back, got {type(x)}"
+            return torch.from_numpy(x)
+        assert isinstance(x, torch.Tensor), f"expected torch back, got {type(x)}"
+        return x
+
+    for dname in DTYPES:
+        dtype = getattr(torch, dname)
+        if use_numpy and dtype == torch.bfloat16:
+            continue  # numpy has no bfloat16
+        base = torch.arange(1, 7, dtype=torch.float64).reshape(2, 3)
+        mine = (base + r).to(dtype)
+        allv = torch.stack([(base + k) for k in range(n)])
+        expect = {
+            hn.Sum: allv.sum(0),
+            hn.Min: allv.min(0).values,
+            hn.Max: allv.max(0).values,
+            hn.Product: allv.prod(0),
+            hn.Average: (allv.sum(0) // n) if not dtype.is_floating_point else allv.sum(0) / n,
+        }
+        for op, exp in expect.items():
+            try:
+                got = back(hn.allreduce(conv(mine.clone()), op=op, name=f"ar.{dname}.{op.name}"))
+                if got.dtype != dtype or tuple(got.shape) != (2, 3) or not _close(got, exp.to(dtype), dtype):
+                    fails.append(f"allreduce {dname} {op.name}: got {got.tolist()} expected {exp.tolist()}")
+                t = mine.clone()
+                arr = conv(t)
+                res = hn.allreduce_(arr, op=op, name=f"ar_.{dname}.{op.name}")
+                if res is not arr or not _close(back(arr), exp.to(dtype), dtype):
+                    fails.append(f"allreduce_ {dname} {op.name}: not in place or wrong: {back(arr).tolist()}")
+            except Exception as exc:  # report, keep checking the rest
+                fails.append(f"allreduce {dname} {op.name}: {exc!r}")
+        # prescale / postscale
+        try:
+            got = back(hn.allreduce(conv(mine.clone()), op=hn.Sum, prescale_factor=2.0, postscale_factor=0.5,
+                                    name=f"scale.{dname}"))
+            if not _close(got, allv.sum(0).to(dtype), dtype):
+                fails.append(f"pre/postscale {dname}: {got.tolist()}")
+        except Exception as exc:
+            fails.append(f"pre/postscale {dname}: {exc!r}")
+        # allgather with dim 0 varying by rank
+        try:
+            piece = torch.full((r + 1, 3), r, dtype=dtype)
+            got = back(hn.allgather(conv(piece), name=f"ag.{dname}"))
+            exp = torch.cat([torch.full((k + 1, 3), k, dtype=dtype) for k in range(n)])
+            if got.dtype != dtype or not torch.equal(got, exp):
+                fails.append(f"allgather {dname}: {got.tolist()}")
+        except Exception as exc:
+            fails.append(f"allgather {dname}: {exc!r}")
+        # broadcast from every root, in place and not
+        for root in range(n):
+            try:
+                got = back(hn.broadcast(conv(mine.clone()), root_rank=root, name=f"bc.{dname}.{root}"))
+                if not torch.equal(got, (base + root).to(dtype)):
+                    fails.append(f"broadcast {dname} root {root}: {got.tolist()}")
+                t = mine.clone()
+                arr = conv(t)
+                hn.broadcast_(arr, root_rank=root, name=f"bc_.{dname}.{root}")
+                if not torch.equal(back(arr), (base + root).to(dtype)):
+                    fails.append(f"broadcast_ {dname} root {root}: {back(arr).tolist()}")
+            except Exception as exc:
+                fails.append(f"broadcast {dname} root {root}: {exc!r}")
+        # alltoall with uneven splits: rank r sends (j + 1) rows to rank j, each row = 10*r + j
+        try:
+            splits = [j + 1 for j in range(n)]
+            rows = torch.cat([torch.full((j + 1, 2), 10 * r + j, dtype=dtype) for j in range(n)])
+            out, rsplits = hn.alltoall(conv(rows), splits=splits, name=f"a2a.{dname}")
+            out = back(out)
+            exp = torch.cat([torch.full((r + 1, 2), 10 * k + r, dtype=dtype) for k in range(n)])
+            if not torch.equal(out, exp) or list(back(rsplits).tolist()) != [r + 1] * n:
+                fails.append(f"alltoall {dname}: {out.tolist()} splits {back(rsplits).tolist()}")
+            out2, _ = hn.alltoall(conv(torch.arange(2 * n).to(dtype)), name=f"a2a_even.{dname}")
+            exp2 = torch.tensor([2 * r + 0, 2 * r + 1] * 1, dtype=dtype)
+            if not torch.equal(back(out2), exp2.repeat(n)):
+                fails.append(f"alltoall even {dname}: {back(out2).tolist()}")
+        except Exception as exc:
+            fails.append(f"alltoall {dname}: {exc!r}")
+        # reducescatter: even and uneven dim 0
+        for rows_n in (2 * n, 2 * n + 1):
+            for op in (hn.Sum, hn.Average, hn.Max):
+                try:
+                    t = (torch.arange(rows_n * 2, dtype=torch.float64).reshape(rows_n, 2) + r)
+                    got = back(hn.reducescatter(conv(t.to(dtype)), op=op, name=f"rs.{dname}.{rows_n}.{op.name}"))
+                    full = torch.stack([torch.arange(rows_n * 2, dtype=torch.float64).reshape(rows_n, 2) + k
+                                        for k in range(n)])
+                    red = {hn.Sum: full.sum(0), hn.Max: full.max(0).values,
+                           hn.Average: (full.sum(0) / n) if dtype.is_floating_point else full.sum(0) // n}[op]
+                    counts = [rows_n // n + (1 if i < rows_n % n else 0) for i in range(n)]
+                    start = sum(counts[:r])
+                    exp = red[start : start + counts[r]]
+                    if tuple(got.shape) != tuple(exp.shape) or not _close(got, exp.to(dtype), dtype):
+                        fails.append(f"reducescatter {dname} rows={rows_n} {op.name}: {got.tolist()} vs {exp.tolist()}")
+                except Exception as exc:
+                    fails.append(f"reducescatter {dname} rows={rows_n} {op.name}: {exc!r}")
+    # grouped
+    try:
+        ts = [torch.full((k + 1,), float(r + k)) for k in range(5)]
+        got = hn.grouped_allreduce([conv(t) for t in ts], op=hn.Sum, name="grouped")
+        for k, g in enumerate(got):
+            if not torch.allclose(back(g), torch.full((k + 1,), float(sum(q + k for q in range(n))))):
+                fails.append(f"grouped_allreduce {k}: {back(g).tolist()}")
+        ts2 = [conv(t.clone()) for t in ts]
+        res = hn.grouped_allreduce_(ts2, op=hn.Average, name="grouped_")
+        if any(a is not b for a, b in zip(res, ts2)):
+            fails.append("grouped_allreduce_ did not return the inputs")
+    except Exception as exc:
+        fails.append(f"grouped: {exc!r}")
+    hn.barrier()
+    hn.shutdown()
+    return fails
+
+
+def async_objects_compression() -> dict[str, Any]:
+    """Async handles, poll, objects, compression, join, barrier."""
+    import hora.native as hn
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    out: dict[str, Any] = {"fails": []}
+    fails = out["fails"]
+    hs = [hn.allreduce_async(torch.full((4,), float(r)), op=hn.Sum, name=f"async.{i}") for i in range(10)]
+    h_inplace = hn.allreduce_async_(torch.ones(3), name="async.inplace")
+    gh = hn.grouped_allreduce_async([torch.ones(2), torch.ones(3)], op=hn.Sum, name="async.grouped")
+    hb = hn.broadcast_async(torch.full((2,), float(r)), root_rank=0, name="async.bc")
+    hb_ = hn.broadcast_async_(torch.full((2,), float(r)), root_rank=n - 1, name="async.bc_")
+    hg = hn.allgather_async(torch.tensor([r]), name="async.ag")
+    ha = hn.alltoall_async(torch.arange(n), name="async.a2a")
+    hr = hn.reducescatter_async(torch.ones(n, 2), op=hn.Sum, name="async.rs")
+    for i, h in enumerate(hs):
+        v = hn.synchronize(h)
+        if v.tolist() != [float(sum(range(n)))] * 4:
+            fails.append(f"async {i}: {v.tolist()}")
+        if not hn.poll(h):
+            fails.append("poll is False after synchronize")
+        if h.synchronize() is not v:  # a second synchronize returns the same result
+            fails.append("second synchronize differs")
+    if h_inplace.synchronize().tolist() != [1.0] * 3:
+        fails.append("async inplace")
+    if [t.tolist() for t in gh.synchronize()] != [[float(n)] * 2, [float(n)] * 3]:
+        fails.append("grouped async")
+    if hb.synchronize().tolist() != [0.0, 0.0] or hb_.synchronize().tolist() != [float(n - 1)] * 2:
+        fails.append("broadcast async")
+    if hg.synchronize().tolist() != list(range(n)):
+        fails.append("allgather async")
+    o, s = ha.synchronize()
+    if o.tolist() != [r] * n or s.tolist() != [1] * n:
+        fails.append(f"alltoall async {o.tolist()} {s.tolist()}")
+    if hr.synchronize().tolist() != [[float(n)] * 2]:
+        fails.append("reducescatter async")
+    # objects
+    obj = hn.broadcast_object({"rank": r, "f": (lambda x: x + 1) if r == 0 else None}, root_rank=0)
+    if obj["rank"] != 0 or obj["f"](1) != 2:
+        fails.append(f"broadcast_object {obj}")
+    objs = hn.allgather_object([r] * (r + 1))
+    if objs != [[k] * (k + 1) for k in range(n)]:
+        fails.append(f"allgather_object {objs}")
+    # compression on a fused group
+    for comp in (hn.Compression.none, hn.Compression.fp16, hn.Compression.bf16):
+        vals = hn.grouped_allreduce([torch.full((100,), 0.5 + r), torch.full((7,), 1.0)], op=hn.Average,
+                                    compression=comp, name=f"comp.{comp.name}")
+        exp = sum(0.5 + k for k in range(n)) / n
+        if not torch.allclose(vals[0], torch.full((100,), exp), rtol=1e-2) or vals[0].dtype != torch.float32:
+            fails.append(f"compression {comp.name}: {vals[0][:3].tolist()}")
+        ints = hn.allreduce(torch.tensor([3, 5], dtype=torch.int64), op=hn.Sum, compression=comp,
+                            name=f"comp.int.{comp.name}")
+        if ints.tolist() != [3 * n, 5 * n]:
+            fails.append(f"compression leaves ints alone {comp.name}: {ints.tolist()}")
+    # join: rank 0 joins at once, the others reduce one more tensor (rank 0 contributes zeros)
+    if r == 0:
+        last = hn.join()
+    else:
+        v = hn.allreduce(torch.full((3,), float(r)), op=hn.Sum, name="after.join")
+        if v.tolist() != [float(sum(range(1, n)))] * 3:
+            fails.append(f"allreduce with a joined rank: {v.tolist()}")
+        time.sleep(0.3)
+        last = hn.join()
+    out["last_joined"] = last
+    hn.barrier()
+    out["stats"] = hn.engine_stats()
+    hn.shutdown()
+    return out
+
+
+def process_sets() -> list[str]:
+    """Process sets on 3 ranks: [0, 2] and [1]; ops inside; bad uses; removal."""
+    import hora.native as hn
+    from hora.errors import ConfigError
+
+    even = hn.ProcessSet([0, 2])
+    hn.init(process_sets=[even])
+    r = hn.rank()
+    fails: list[str] = []
+    solo = hn.add_process_set([1])
+    if even.process_set_id is None or solo.process_set_id is None:
+        fails.append("process sets not registered")
+    if r in (0, 2):
+        v = hn.allreduce(torch.tensor([float(r)]), op=hn.Sum, process_set=even, name="ps.ar")
+        if v.tolist() != [2.0]:
+            fails.append(f"ps allreduce {v.tolist()}")
+        g = hn.allgather(torch.tensor([r]), process_set=even, name="ps.ag")
+        if g.tolist() != [0, 2]:
+            fails.append(f"ps allgather {g.tolist()}")
+        b = hn.broadcast(torch.tensor([float(r)]), root_rank=2, process_set=even, name="ps.bc")
+        if b.tolist() != [2.0]:
+            fails.append(f"ps broadcast {b.tolist()}")
+        o, s = hn.alltoall(torch.tensor([r, r]), process_set=even, name="ps.a2a")
+        if o.tolist() != [0, 2]:
+            fails.append(f"ps alltoall {o.tolist()}")
+        rs = hn.reducescatter(torch.ones(2, 1), op=hn.Sum, process_set=even, name="ps.rs")
+        if rs.tolist() != [[2.0]]:
+            fails.append(f"ps reducescatter {rs.tolist()}")
+        if even.rank() != [0, 2].index(r) or even.size() != 2 or not even.included():
+            fails.append("ps rank/size")
+        hn.barrier(process_set=even)
+        try:
+            hn.broadcast(torch.ones(1), root_rank=1, process_set=even, name="ps.badroot")
+            fails.append("root outside the set accepted")
+        except ConfigError as exc:
+            if "root_rank=1" not in str(exc):
+                fails.append(f"bad root message: {exc}")
+        try:
+            hn.allreduce(torch.ones(1), process_set=solo, name="ps.notmember")
+            fails.append("op on a set this rank is not in accepted")
+        except ConfigError as exc:
+            if f"rank {r} is not a member" not in str(exc):
+                fails.append(f"non-member message: {exc}")
+    else:
+        v = hn.allreduce(torch.tensor([5.0]), op=hn.Sum, process_set=solo, name="ps.solo")
+        if v.tolist() != [5.0] or even.rank() != -1:
+            fails.append(f"solo set {v.tolist()}")
+    # the global set still works, concurrently named ops in different sets do not clash
+    v = hn.allreduce(torch.ones(1), op=hn.Sum, name="global.after")
+    if v.tolist() != [3.0]:
+        fails.append(f"global after ps {v.tolist()}")
+    try:
+        hn.add_process_set([0, 7])
+        fails.append("rank 7 accepted")
+    except ConfigError:
+        pass
+    if not hn.remove_process_set(even):
+        fails.append("remove_process_set returned False")
+    try:
+        hn.allreduce(torch.ones(1), process_set=even, name="ps.removed")
+        fails.append("op on a removed set accepted")
+    except ConfigError:
+        pass
+    hn.shutdown()
+    return fails
+
+
+def mismatches() -> list[str]:
+    """Shape, dtype, op and root mismatches: CollectiveError on every rank; the engine
+    keeps working afterwards. Returns the error messages seen on this rank."""
+    import hora.native as hn
+    from hora.errors import CollectiveError
+
+    hn.init()
+    r = hn.rank()
+    msgs: list[str] = []
+    cases = [
+        ("shape", lambda: hn.allreduce(torch.ones(2 + r), name="bad.shape")),
+        ("dtype", lambda: hn.allreduce(torch.ones(2, dtype=torch.float32 if r else torch.float64), name="bad.dtype")),
+        ("op", lambda: hn.allreduce(torch.ones(2), op=hn.Sum if r else hn.Max, name="bad.op")),
+        ("root", lambda: hn.broadcast(torch.ones(2), root_rank=r, name="bad.root")),
+        ("kind", lambda: (hn.allreduce if r else hn.allgather)(torch.ones(2), name="bad.kind")),
+        ("allgather_rest", lambda: hn.allgather(torch.ones(1, 2 + r), name="bad.ag")),
+    ]
+    for what, fn in cases:
+        try:
+            fn()
+            msgs.append(f"NO ERROR for {what}")
+        except CollectiveError as exc:
+            msgs.append(str(exc))
+    # the engine is still usable, also for a name that was cached before
+    for i in range(2):
+        v = hn.allreduce(torch.ones(2), op=hn.Sum, name="good.after")
+        if v.tolist() != [float(hn.size())] * 2:
+            msgs.append(f"NO RECOVERY: {v.tolist()}")
+    # a cached name re-submitted with another shape on one rank
+    try:
+        hn.allreduce(torch.ones(2 if r else 3), op=hn.Sum, name="good.after")
+        msgs.append("NO ERROR for cached shape change")
+    except CollectiveError as exc:
+        msgs.append(str(exc))
+    # duplicate in-flight names are refused on the submitting rank
+    h = hn.allreduce_async(torch.ones(1), name="dup")
+    try:
+        hn.allreduce_async(torch.ones(1), name="dup")
+        msgs.append("NO ERROR for duplicate name")
+    except CollectiveError as exc:
+        msgs.append(str(exc))
+    h.synchronize()
+    hn.shutdown()
+    return msgs
+
+
+def out_of_order(n_tensors: int = 60) -> dict[str, Any]:
+    """Each rank submits the same names in a different (rank-seeded) order."""
+    import random
+
+    import hora.native as hn
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    names = [f"ooo.{i}" for i in range(n_tensors)]
+    random.Random(r).shuffle(names)
+    ok = True
+    for step in range(3):
+        hs = {}
+        for nm in names:
+            i = int(nm.split(".")[1])
+            hs[nm] = hn.allreduce_async(torch.full((i + 1,), float(r + i)), op=hn.Sum, name=nm)
+            if i % 7 == r:
+                time.sleep(0.001)
+        for nm in reversed(names):
+            i = int(nm.split(".")[1])
+            if hs[nm].synchronize().tolist() != [float(sum(k + i for k in range(n)))] * (i + 1):
+                ok = False
+    stats = hn.engine_stats()
+    hn.shutdown()
+    return {"ok": ok, "order": names[:5], "stats": stats}
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def stall(late_rank: int, delay: float, shutdown_time: bool) -> dict[str, Any]:
+    """``late_rank`` submits 'late.tensor' ``delay`` seconds after the others."""
+    import hora.native as hn
+    from hora.errors import CollectiveError
+
+    handler = _ListHandler()
+    logging.getLogger("hora.native.engine").addHandler(handler)
+    hn.init()
+    r = hn.rank()
+    out: dict[str, Any] = {}
+    t0 = time.monotonic()
+    if r == late_rank:
+        time.sleep(delay)
+    try:
+        out["value"] = hn.allreduce(torch.ones(2), op=hn.Sum, name="late.tensor").tolist()
+    except CollectiveError as exc:
+        out["error"] = str(exc)
+    if shutdown_time:  # meet the late rank at the barrier without stalling again
+        time.sleep(max(0.0, t0 + delay - time.monotonic()))
+    hn.barrier()
+    out["warnings"] = [m for m in handler.messages if "stall" in m]
+    hn.shutdown()
+    return out
+
+
+def fused_vs_unfused() -> dict[str, Any]:
+    """Random int and float tensors reduced fused (grouped, async) and one at a time."""
+    import hora.native as hn
+
+    hn.init()
+    r = hn.rank()
+    g = torch.Generator().manual_seed(1234 + r)
+    ints = [torch.randint(-1000, 1000, (int(torch.randint(1, 300, (1,), generator=g)),), generator=g,
+                          dtype=torch.int64 if k % 2 else torch.int32) for k in range(40)]
+    floats = [torch.randn(int(torch.randint(1, 300, (1,), generator=g)), generator=g) for _ in range(40)]
+    before = hn.engine_stats().get("fused_batches", 0)
+    fused_i = hn.grouped_allreduce(ints, op=hn.Sum, name="fi")
+    fused_f = hn.grouped_allreduce(floats, op=hn.Average, name="ff")
+    hs = [hn.allreduce_async(t, op=hn.Max, name=f"fmax.{k}") for k, t in enumerate(ints)]
+    fused_max = [h.synchronize() for h in hs]
+    after = hn.engine_stats().get("fused_batches", 0)
+    single_i = [hn.allreduce(t, op=hn.Sum, name=f"si.{k}") for k, t in enumerate(ints)]
+    single_f = [hn.allreduce(t, op=hn.Average, name=f"sf.{k}") for k, t in enumerate(floats)]
+    single_max = [hn.allreduce(t, op=hn.Max, name=f"smax.{k}") for k, t in enumerate(ints)]
+    hn.shutdown()
+    return {
+        "ints_equal": all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(fused_i, single_i)),
+        "max_equal": all(torch.equal(a, b) for a, b in zip(fused_max, single_max)),
+        "floats_close": all(torch.allclose(a, b, atol=1e-6) for a, b in zip(fused_f, single_f)),
+        "fused_batches": after - before,
+    }
+
+
+def cache_counters(steps: int, n_tensors: int) -> dict[str, Any]:
+    import hora.native as hn
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    hist = []
+    ok = True
+    for step in range(steps):
+        hs = [hn.allreduce_async(torch.full((3,), float(step + r)), op=hn.Sum, name=f"c.{i}")
+              for i in range(n_tensors)]
+        ok &= all(h.synchronize().tolist() == [float(sum(step + k for k in range(n)))] * 3 for h in hs)
+        s = hn.engine_stats()
+        hist.append((s.get("cache_hits", 0), s.get("cache_misses", 0)))
+    s = hn.engine_stats()
+    hn.shutdown()
+    return {"ok": ok, "hist": hist, "stats": s}
+
+
+def timeline_job(path: str) -> dict[str, Any]:
+    import hora.native as hn
+
+    hn.init()
+    for step in range(3):
+        hs = [hn.allreduce_async(torch.ones(64), name=f"tl.{i}") for i in range(8)]
+        [h.synchronize() for h in hs]
+        hn.broadcast(torch.ones(4), root_rank=0, name="tl.bc")
+    hn.shutdown()
+    return {"exists": os.path.exists(path)}
+
+
+def autotune_job(steps: int) -> dict[str, Any]:
+    import hora.native as hn
+
+    handler = _ListHandler()
+    handler.setLevel(logging.INFO)
+    lg = logging.getLogger("hora.native.engine")
+    lg.addHandler(handler)
+    lg.setLevel(logging.INFO)
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    ok = True
+    for step in range(steps):
+        hs = [hn.allreduce_async(torch.full((256,), float(r)), op=hn.Sum, name=f"at.{i}") for i in range(4)]
+        ok &= all(h.synchronize()[0].item() == float(sum(range(n))) for h in hs)
+    stats = hn.engine_stats()
+    hn.shutdown()
+    return {"ok": ok, "log": [m for m in handler.messages if "autotune" in m], "stats": stats}
+
+
+def big_allreduce(numel: int) -> bool:
+    """One tensor larger than the fusion threshold plus small ones around it."""
+    import hora.native as hn
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    big = torch.full((numel,), float(r + 1))
+    small = [torch.full((10,), float(r)) for _ in range(5)]
+    hs = [hn.allreduce_async_(big, op=hn.Sum, name="big")] + [
+        hn.allreduce_async_(t, op=hn.Sum, name=f"small.{i}") for i, t in enumerate(small)]
+    [h.synchronize() for h in hs]
+    ok = bool(torch.all(big == float(sum(range(1, n + 1))))) and all(
+        bool(torch.all(t == float(sum(range(n))))) for t in small)
+    hn.shutdown()
+    return ok
