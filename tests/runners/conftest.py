@@ -18,6 +18,7 @@ def spark(spark_event_dir):
     pyspark = pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     session = (
@@ -31,6 +32,7 @@ def spark(spark_event_dir):
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
         .config("spark.eventLog.enabled", "true")
         .config("spark.eventLog.dir", "file://" + str(spark_event_dir))
+        .config("spark.eventLog.compress", "false")
         .config("spark.python.worker.reuse", "true")
         .getOrCreate()
     )
