@@ -56,7 +56,7 @@ def to_inputs(model: Any, arrays: Sequence[np.ndarray], input_shapes: Any, devic
         arr = np.asarray(arr)
         if arr.dtype == object:
             arr = np.stack([np.asarray(v) for v in arr])
-        t = torch.from_numpy(np.ascontiguousarray(arr))
+        t = _tensor(arr)
         if t.is_floating_point():
             t = t.to(dtype)
         elif t.dtype == torch.bool:
@@ -250,7 +250,7 @@ class TorchTrainer(Trainer):
                 outs = as_outputs(raw, len(config.label_cols))
                 losses = config.loss if isinstance(config.loss, (list, tuple)) else [config.loss] * len(outs)
                 for i, (out, name) in enumerate(zip(outs, config.label_cols)):
-                    label = torch.from_numpy(np.ascontiguousarray(_stack(sample[name])))
+                    label = _tensor(_stack(sample[name]))
                     label = align_label(out, label, name)
                     fn = losses[i]
                     if config.sample_weight_col is not None:
@@ -403,12 +403,12 @@ class TorchTrainer(Trainer):
         labels = []
         weights = None
         if state.sample_weight_col is not None:
-            weights = torch.from_numpy(np.ascontiguousarray(batch[state.sample_weight_col]))
+            weights = _tensor(batch[state.sample_weight_col])
             if state.device is not None:
                 weights = weights.to(state.device)
         total = None
         for i, (out, name) in enumerate(zip(outs, state.label_cols)):
-            label = torch.from_numpy(np.ascontiguousarray(_stack(batch[name])))
+            label = _tensor(_stack(batch[name]))
             if state.device is not None:
                 label = label.to(state.device)
             label = align_label(out, label, name)
@@ -510,6 +510,16 @@ class TorchTrainer(Trainer):
         remove = getattr(state.optimizer, "remove_hooks", None)
         if callable(remove):
             remove()
+
+
+def _tensor(arr: np.ndarray) -> Any:
+    """A tensor of ``arr`` (shares memory when it can; copies read-only arrays, e.g. from Arrow)."""
+    import torch
+
+    arr = np.ascontiguousarray(arr)
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    return torch.from_numpy(arr)
 
 
 def _stack(arr: np.ndarray) -> np.ndarray:

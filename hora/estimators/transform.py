@@ -13,6 +13,7 @@ columns first, so only plain arrays cross into Python.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from typing import Any, Iterator, Sequence
@@ -84,6 +85,15 @@ def predict_frame(
 # ---------------------------------------------------------------------------------------
 # Spark
 # ---------------------------------------------------------------------------------------
+def _files_key(files: dict[str, bytes]) -> str:
+    """A content hash of a model's side files (the per-process model cache key)."""
+    h = hashlib.sha1()
+    for name in sorted(files):
+        h.update(name.encode())
+        h.update(files[name])
+    return h.hexdigest()
+
+
 def _load_cached(key: Any, loader) -> Any:
     with _cache_lock:
         model = _model_cache.get(key)
@@ -141,12 +151,13 @@ def spark_transform(
     schema = StructType(list(work.schema.fields) + out_fields)
     sc = df.sparkSession.sparkContext
     bc = sc.broadcast(model_files)
+    key = ("spark", _files_key(model_files))
     feature_cols = list(feature_cols)
     output_cols = list(output_cols)
     output_shapes = [tuple(s) for s in output_shapes]
 
     def _predict(batches: Iterator[Any]) -> Iterator[Any]:
-        model = _load_cached(("spark", bc.id), lambda: trainer.deserialize_model(bc.value))
+        model = _load_cached(key, lambda: trainer.deserialize_model(bc.value))
         for pdf in batches:
             yield predict_frame(
                 trainer, model, pdf, feature_cols, input_shapes, output_cols, output_shapes, batch_size, source_cols=hidden
@@ -191,7 +202,7 @@ def dask_transform(
     meta = ddf._meta.copy()
     for name, shape in zip(output_cols, output_shapes):
         meta[name] = pd.Series([], dtype="float64" if is_scalar_shape(shape) else "object")
-    key = ("dask", id(model_files), hash(model_files.get("weights.pt", b"")[:4096]))
+    key = ("dask", _files_key(model_files))
     feature_cols = list(feature_cols)
     output_cols = list(output_cols)
     output_shapes = [tuple(s) for s in output_shapes]

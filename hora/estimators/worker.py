@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
+import types
 from typing import Any, Iterator
 
 import numpy as np
@@ -55,6 +57,10 @@ class _TensorBoard:
         self.remote_dir = spec.store.layout.logs_dir(spec.run_id)
         self.local_dir: str | None = None
         self._tmp: str | None = None
+        if "tensorflow" not in sys.modules:
+            # tensorboard imports all of TensorFlow (seconds, GBs) to write event files
+            # unless told to use its stub: the stub writes the same files
+            sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
         try:
             from torch.utils.tensorboard import SummaryWriter
         except Exception as exc:  # tensorboard package missing
