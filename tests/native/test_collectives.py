@@ -72,6 +72,7 @@ def test_stall_warning_names_tensor_and_missing_rank():
     warned = outs[0]["warnings"]
     assert warned, outs
     assert "late.tensor" in warned[0] and "not by ranks [1]" in warned[0]
+    assert "late.tensor" in outs[0]["timeout"] and "never by ranks [1]" in outs[0]["timeout"]
 
 
 @pytest.mark.timeout(120)

@@ -388,8 +388,14 @@ def stall(late_rank: int, delay: float, shutdown_time: bool) -> dict[str, Any]:
     t0 = time.monotonic()
     if r == late_rank:
         time.sleep(delay)
+    h = hn.allreduce_async(torch.ones(2), op=hn.Sum, name="late.tensor")
+    if not shutdown_time and r != late_rank:
+        try:  # a synchronize timeout names the tensor and who never submitted it
+            h.synchronize(timeout=0.5)
+        except CollectiveError as exc:
+            out["timeout"] = str(exc)
     try:
-        out["value"] = hn.allreduce(torch.ones(2), op=hn.Sum, name="late.tensor").tolist()
+        out["value"] = h.synchronize().tolist()
     except CollectiveError as exc:
         out["error"] = str(exc)
     if shutdown_time:  # meet the late rank at the barrier without stalling again
@@ -406,10 +412,12 @@ def fused_vs_unfused() -> dict[str, Any]:
 
     hn.init()
     r = hn.rank()
-    g = torch.Generator().manual_seed(1234 + r)
-    ints = [torch.randint(-1000, 1000, (int(torch.randint(1, 300, (1,), generator=g)),), generator=g,
-                          dtype=torch.int64 if k % 2 else torch.int32) for k in range(40)]
-    floats = [torch.randn(int(torch.randint(1, 300, (1,), generator=g)), generator=g) for _ in range(40)]
+    shapes = torch.Generator().manual_seed(99)  # same shapes on every rank
+    g = torch.Generator().manual_seed(1234 + r)  # different values per rank
+    sizes = [int(x) for x in torch.randint(1, 300, (80,), generator=shapes)]
+    ints = [torch.randint(-1000, 1000, (sizes[k],), generator=g, dtype=torch.int64 if k % 2 else torch.int32)
+            for k in range(40)]
+    floats = [torch.randn(sizes[40 + k], generator=g) for k in range(40)]
     before = hn.engine_stats().get("fused_batches", 0)
     fused_i = hn.grouped_allreduce(ints, op=hn.Sum, name="fi")
     fused_f = hn.grouped_allreduce(floats, op=hn.Average, name="ff")

@@ -1,0 +1,32 @@
+"""Entry point run under ``mpiexec -n N python -m tests.native.mpi_main``: prints one JSON line per rank."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tests.native import workers
+
+
+def main() -> None:
+    import hora.native as hn
+
+    out: dict = {}
+    out["dtypes"] = workers.all_ops_all_dtypes()
+    out["numpy"] = workers.all_ops_all_dtypes(True)
+    a = workers.async_objects_compression()
+    out["async"] = a["fails"]
+    out["mismatch"] = [m for m in workers.mismatches() if m.startswith("NO ")]
+    out["ooo"] = workers.out_of_order(30)["ok"]
+    out["fused"] = workers.fused_vs_unfused()
+    hn.init()
+    out["backend"] = hn.backend_name()
+    out["rank"], out["size"] = hn.rank(), hn.size()
+    out["local"] = (hn.local_rank(), hn.local_size(), hn.cross_rank(), hn.cross_size())
+    hn.shutdown()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
