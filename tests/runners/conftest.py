@@ -48,7 +48,7 @@ def dask_client():
 
     cluster = LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address=None, silence_logs=40,
+        dashboard_address=":0", silence_logs=40,
     )
     client = Client(cluster)
     yield client

@@ -1,0 +1,98 @@
+"""hora.runners.run on a real Dask LocalCluster (2 worker processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import hora.runners as hr
+from hora.errors import ConfigError, WorkerFailedError
+from hora.runners import base
+
+from .helpers import assert_no_workers_left
+
+pytestmark = pytest.mark.dask
+
+
+def _rank_env(x):
+    keys = ["HORA_RANK", "HORA_LOCAL_RANK", "HORA_LOCAL_SIZE", "HORA_HOSTNAME", "HORA_RENDEZVOUS_ADDR"]
+    return x + int(os.environ["HORA_RANK"]), {k: os.environ[k] for k in keys}
+
+
+@pytest.mark.timeout(180)
+def test_dask_results_in_rank_order_task_keys_and_secret(dask_client, monkeypatch):
+    from distributed import get_task_stream
+
+    secret = bytes(range(50, 82))
+    monkeypatch.setattr(base, "make_secret", lambda: secret)
+    with get_task_stream(dask_client) as stream:
+        results = hr.run(_rank_env, args=(100,), backend="dask", client=dask_client, run_id="dask-ok", verbose=0)
+    assert [r[0] for r in results] == [100, 101]
+    envs = [r[1] for r in results]
+    assert [e["HORA_LOCAL_RANK"] for e in envs] == ["0", "1"]
+    assert {e["HORA_HOSTNAME"] for e in envs} == {"127.0.0.1"}
+    assert len({e["HORA_RENDEZVOUS_ADDR"] for e in envs}) == 1
+    keys = {t["key"] for t in stream.data}
+    assert {"hora-dask-ok-rank0", "hora-dask-ok-rank1"} <= keys
+    shown = repr(stream.data) + repr(keys)
+    assert secret.hex() not in shown and repr(secret) not in shown
+    # the two ranks ran on distinct workers
+    workers = {t["worker"] for t in stream.data if str(t["key"]).startswith("hora-dask-ok")}
+    assert len(workers) == 2
+    assert_no_workers_left("dask-ok")
+
+
+def _native_sum():
+    import numpy as np
+
+    import hora.native as hn
+
+    return float(hn.allreduce(np.array([1.0 + hn.rank()]), op=hn.Sum, name="dask.sum")[0])
+
+
+@pytest.mark.timeout(180)
+def test_dask_native_allreduce_with_the_active_client(dask_client):
+    assert hr.run(_native_sum, backend="dask", verbose=0) == [3.0, 3.0]  # num_proc defaults to the workers
+
+
+def _fail_rank0():
+    if os.environ["HORA_RANK"] == "0":
+        raise OSError("dask rank 0 cannot open its data")
+    time.sleep(120)
+
+
+@pytest.mark.timeout(180)
+def test_dask_failure_carries_the_remote_traceback(dask_client):
+    with pytest.raises(WorkerFailedError) as info:
+        hr.run(_fail_rank0, backend="dask", client=dask_client, run_id="dask-fail", verbose=0)
+    assert info.value.rank == 0
+    assert "dask rank 0 cannot open its data" in info.value.remote_traceback
+    assert_no_workers_left("dask-fail")
+    # the cluster is usable again right away
+    assert hr.run(_rank_env, args=(0,), backend="dask", client=dask_client, verbose=0)[1][0] == 1
+
+
+def _kill_my_dask_worker():
+    if os.environ["HORA_RANK"] == "1":
+        os.kill(int(os.environ["HORA_SUPERVISOR_PID"]), signal.SIGKILL)  # the Dask worker process itself
+    time.sleep(300)
+
+
+@pytest.mark.timeout(240)
+def test_dask_worker_killed_with_sigkill_fails_the_run(dask_client):
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        hr.run(_kill_my_dask_worker, backend="dask", client=dask_client, run_id="dask-kill", verbose=0)
+    assert time.monotonic() - t0 < 60
+    assert info.value.rank == 1
+    assert "died" in str(info.value) or "SIGKILL" in str(info.value)
+    assert_no_workers_left("dask-kill", within=20)
+    dask_client.wait_for_workers(2, timeout=120)  # the nanny restarts it
+
+
+def test_dask_more_ranks_than_workers_fails_at_once(dask_client):
+    with pytest.raises(ConfigError, match=r"num_proc=3 needs 3 distinct Dask workers .* has 2"):
+        hr.run(_rank_env, args=(0,), num_proc=3, backend="dask", client=dask_client)
