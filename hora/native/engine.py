@@ -194,6 +194,7 @@ class Request:
     __slots__ = (
         "kind", "name", "ps_id", "tensor", "output", "op", "root", "prescale", "postscale", "compressor",
         "comp_name", "splits", "extra", "handle", "key", "local", "entry", "reported", "t_submit", "t_ready",
+        "ready_event",
     )
 
     def __init__(
@@ -230,7 +231,12 @@ class Request:
         self.reported = False
         self.t_submit = 0.0
         self.t_ready = 0.0
+        self.ready_event: Any = None
         t = tensor
+        if t is not None and t.device.type == "cuda":
+            # the engine thread waits for the caller's stream to have produced the input
+            self.ready_event = torch.cuda.Event()
+            self.ready_event.record()
         if t is None:
             shape: tuple = ()
             dtype = ""
@@ -386,7 +392,8 @@ class ProcessSetInfo:
     def __init__(self, ps_id: int, ranks: Sequence[int], group: Group) -> None:
         self.id = ps_id
         self.ranks = list(ranks)
-        self.group = group
+        self.group = group  # on the CPU backend
+        self.device_groups: dict[str, Group] = {"cpu": group}
 
 
 # ---------------------------------------------------------------------------------------
@@ -395,8 +402,11 @@ class ProcessSetInfo:
 class Engine:
     """Background negotiation and execution of collectives (one per process)."""
 
-    def __init__(self, backend: Backend, config: EngineConfig | None = None, timeline: Timeline | None = None) -> None:
+    def __init__(self, backend: Backend, config: EngineConfig | None = None, timeline: Timeline | None = None,
+                 device_backend_factories: dict[str, Callable[[], Backend]] | None = None) -> None:
         self.backend = backend
+        self.device_backends: dict[str, Backend] = {"cpu": backend}
+        self._device_factories = dict(device_backend_factories or {})
         self.rank = backend.rank
         self.size = backend.size
         self.config = config or EngineConfig()
@@ -420,7 +430,7 @@ class Engine:
         self._woken = False
         self._shutdown = False
         self._broken: BaseException | None = None
-        self._fusion: dict[torch.dtype, torch.Tensor] = {}
+        self._fusion: dict[tuple, torch.Tensor] = {}
         self._t_start = time.monotonic()
         self.stats: dict[str, int] = collections.Counter()
         self._autotuner = _Autotuner(self) if self.config.autotune else None
@@ -457,7 +467,26 @@ class Engine:
 
     def supports_device(self, device: str) -> bool:
         """Whether tensors on ``device`` ("cpu", "cuda") can be communicated."""
-        return device == "cpu"
+        return device in self.device_backends or device in self._device_factories
+
+    def _backend_for(self, device: str) -> Backend:
+        be = self.device_backends.get(device)
+        if be is None:
+            factory = self._device_factories.get(device)
+            if factory is None:
+                raise CollectiveError(f"no backend for tensors on {device!r} on rank {self.rank}")
+            be = self.device_backends[device] = factory()  # every rank reaches this in the same order
+            self.process_sets[0].device_groups[device] = be.world
+        return be
+
+    def _group_for(self, ps: ProcessSetInfo, device: str) -> Group:
+        g = ps.device_groups.get(device)
+        if g is None:
+            be = self._backend_for(device)
+            g = ps.device_groups.get(device)
+            if g is None:
+                g = ps.device_groups[device] = be.new_group(ps.ranks, ps.id)
+        return g
 
     def describe_waiting(self, name: str) -> str:
         """Best-effort text naming the ranks that have (not) submitted ``name``."""
@@ -838,12 +867,13 @@ class Engine:
                 if req is not None:
                     self._finish(req, result=result)
 
-    def _fusion_buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        buf = self._fusion.get(dtype)
+    def _fusion_buffer(self, dtype: torch.dtype, numel: int, device: torch.device) -> torch.Tensor:
+        key = (dtype, device)
+        buf = self._fusion.get(key)
         if buf is None or buf.numel() < numel:
             cap = max(numel, self.config.fusion_threshold // torch.empty((), dtype=dtype).element_size())
-            buf = torch.empty(cap, dtype=dtype)
-            self._fusion[dtype] = buf
+            buf = torch.empty(cap, dtype=dtype, device=device)
+            self._fusion[key] = buf
         return buf[:numel]
 
     def _run_allreduce(self, members: list[tuple[_Response, Request | None]], ps: ProcessSetInfo) -> None:
@@ -861,6 +891,13 @@ class Engine:
             from hora.native.compression import resolve
 
             compressor = resolve(key[9]) if key[9] in ("none", "fp16", "bf16") else NoneCompressor
+        dev_type = key[10] or "cpu"
+        device = next((req.tensor.device for _, req in members if req is not None), None)
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if dev_type == "cuda" else torch.device("cpu")
+        for _, req in members:
+            if req is not None and req.ready_event is not None:
+                req.ready_event.synchronize()
         t_start = tl.now() if tl.enabled else 0.0
         if tl.enabled:
             for resp, req in members:
@@ -869,7 +906,7 @@ class Engine:
         if len(members) == 1:
             resp, req = members[0]
             if req is None:
-                buf = torch.zeros(_numel(key[2]), dtype=dtype)
+                buf = torch.zeros(_numel(key[2]), dtype=dtype, device=device)
             else:
                 buf = req.output.view(-1)
                 if req.output is not req.tensor:
@@ -878,7 +915,7 @@ class Engine:
         else:
             sizes = [_numel(r.key[2]) for r, _ in members]
             total = sum(sizes)
-            buf = self._fusion_buffer(dtype, total)
+            buf = self._fusion_buffer(dtype, total, device)
             parts = list(buf.split(sizes))
             srcs, dsts = [], []
             for (resp, req), part in zip(members, parts):
@@ -898,7 +935,8 @@ class Engine:
                     tl.span(resp.name, "FUSE_COPY_IN", t_start, t1)
                 t_start = t1
         try:
-            self._reduce_buffer(buf, op, pre, post, compressor, ps.group)
+            self._reduce_buffer(buf, op, pre, post, compressor, self._group_for(ps, dev_type),
+                                self._backend_for(dev_type))
         except CollectiveError:
             raise
         except Exception as exc:
@@ -933,18 +971,19 @@ class Engine:
                 self._finish(req, result=req.output)
 
     def _reduce_buffer(self, buf: torch.Tensor, op: ReduceOp, pre: float, post: float, compressor: Any,
-                       group: Group) -> None:
+                       group: Group, backend: Backend | None = None) -> None:
         """Reduce ``buf`` in place over ``group``: prescale, compress, reduce, average, postscale."""
         if pre != 1.0:
             _scale_(buf, pre)
         wire_op = ReduceOp.Sum if op == ReduceOp.Average else op
         wire, ctx = compressor.compress(buf) if buf.is_floating_point() else (buf, None)
-        if not self.backend.supports_reduce(wire.dtype, wire_op):
+        be = backend or self.backend
+        if not be.supports_reduce(wire.dtype, wire_op):
             up = wire.to(torch.float64 if wire.dtype in (torch.int32, torch.int64, torch.float64) else torch.float32)
-            self.backend.allreduce(up, wire_op, group)
+            be.allreduce(up, wire_op, group)
             wire.copy_(up)
         else:
-            self.backend.allreduce(wire, wire_op, group)
+            be.allreduce(wire, wire_op, group)
         if wire is not buf:
             buf.copy_(compressor.decompress(wire, ctx))
         if op == ReduceOp.Average:
@@ -970,6 +1009,7 @@ class Engine:
 
     def _dispatch(self, kind: str, resp: _Response, req: Request | None, ps: ProcessSetInfo | None) -> Any:
         be = self.backend
+        dev_type = (resp.key[10] if resp.key else "") or "cpu"
         if kind == PS_ADD:
             ps_id, ranks = resp.key[11]
             group = be.new_group(ranks, ps_id)
@@ -979,12 +1019,18 @@ class Engine:
             ps_id = resp.key[11]
             info = self.process_sets.pop(ps_id, None)
             if info is not None:
-                be.destroy_group(info.group)
+                for dev, g in info.device_groups.items():
+                    self.device_backends.get(dev, be).destroy_group(g)
                 for e in [e for e in self.cache.by_name.values() if e.ps_id == ps_id]:
                     self.cache.erase(e.name)
             return ps_id
         assert ps is not None
         group = ps.group
+        if dev_type != "cpu":
+            be = self._backend_for(dev_type)
+            group = self._group_for(ps, dev_type)
+        if req is not None and req.ready_event is not None:
+            req.ready_event.synchronize()
         if kind == JOIN:
             return resp.extra_result
         if kind == BARRIER:
@@ -1000,13 +1046,13 @@ class Engine:
             rest = tuple(req.tensor.shape[1:])
             inp = req.tensor
             if len(set(rows)) == 1:
-                out = torch.empty((sum(rows),) + rest, dtype=inp.dtype)
+                out = torch.empty((sum(rows),) + rest, dtype=inp.dtype, device=inp.device)
                 be.allgather(out, inp, group)
                 return out
             mx = max(rows)
-            padded = torch.zeros((mx,) + rest, dtype=inp.dtype)
+            padded = torch.zeros((mx,) + rest, dtype=inp.dtype, device=inp.device)
             padded[: inp.shape[0]] = inp
-            tmp = torch.empty((mx * group.size,) + rest, dtype=inp.dtype)
+            tmp = torch.empty((mx * group.size,) + rest, dtype=inp.dtype, device=inp.device)
             be.allgather(tmp, padded, group)
             return torch.cat([tmp[i * mx : i * mx + n] for i, n in enumerate(rows)])
         if kind == ALLTOALL:
@@ -1014,7 +1060,7 @@ class Engine:
             send = list(req.splits)
             recv = [resp.locals[r][1][me] for r in group.ranks]
             rest = tuple(req.tensor.shape[1:])
-            out = torch.empty((sum(recv),) + rest, dtype=req.tensor.dtype)
+            out = torch.empty((sum(recv),) + rest, dtype=req.tensor.dtype, device=req.tensor.device)
             be.alltoall(out, req.tensor, recv, send, group)
             return out, torch.tensor(recv, dtype=torch.int32)
         if kind == REDUCESCATTER:
@@ -1025,11 +1071,11 @@ class Engine:
             op = ReduceOp(resp.key[4])
             wire_op = ReduceOp.Sum if op == ReduceOp.Average else op
             if rows % n == 0 and be.supports_reduce(t.dtype, wire_op):
-                out = torch.empty((counts[group.rank],) + tuple(t.shape[1:]), dtype=t.dtype)
+                out = torch.empty((counts[group.rank],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
                 be.reducescatter(out, t, wire_op, group)
             else:
                 tmp = t.clone()
-                self._reduce_buffer(tmp.view(-1), wire_op, 1.0, 1.0, NoneCompressor, group)
+                self._reduce_buffer(tmp.view(-1), wire_op, 1.0, 1.0, NoneCompressor, group, be)
                 start = sum(counts[: group.rank])
                 out = tmp[start : start + counts[group.rank]].clone()
             if op == ReduceOp.Average:

@@ -113,18 +113,43 @@ def init(process_sets: Sequence[ProcessSet | Sequence[int]] | None = None) -> No
     with _init_lock:
         if _state is not None:
             return
-        from hora.native.backends import create_backend
+        from hora.native.backends import create_backend, requested_backend
+        from hora.native.backends.nccl import nccl_available
 
+        if requested_backend() == "nccl" and not nccl_available():
+            raise ConfigError("HORA_BACKEND=nccl, but this torch build has no NCCL or no GPU is visible; "
+                              "use HORA_BACKEND=gloo (or auto)")
         backend, placement, extras = create_backend()
         config = EngineConfig()
         timeline = Timeline.from_environ(backend.rank)
-        engine = Engine(backend, config, timeline)
+        engine = Engine(backend, config, timeline, _device_factories(backend, placement[0]))
         _state = _State(backend, engine, *placement, extras=extras)
         log.info("hora initialized: rank %d of %d on %s (fusion %d B, cycle %.2f ms, cache %d)",
                  backend.rank, backend.size, backend.name, config.fusion_threshold, config.cycle_time * 1e3,
                  config.cache_capacity)
     for ps in process_sets or ():
         add_process_set(ps)
+
+
+def _device_factories(backend: Backend, local_rank: int) -> dict[str, Any]:
+    """NCCL for CUDA tensors when requested (HORA_BACKEND=nccl) or available (auto).
+
+    Raises:
+        ConfigError: HORA_BACKEND=nccl where NCCL or a GPU is missing.
+    """
+    from hora.native.backends import collective_timeout, requested_backend
+    from hora.native.backends.nccl import NcclBackend, nccl_available
+
+    wanted = requested_backend()
+    if wanted == "nccl" and not nccl_available():
+        raise ConfigError("HORA_BACKEND=nccl, but this torch build has no NCCL or no GPU is visible; "
+                          "use HORA_BACKEND=gloo (or auto)")
+    store = getattr(backend, "_store", None)
+    if wanted in ("auto", "nccl") and nccl_available() and store is not None:
+        timeout = collective_timeout()
+        return {"cuda": lambda: NcclBackend(backend.rank, backend.size, store=store, local_rank=local_rank,
+                                            timeout=timeout)}
+    return {}
 
 
 def shutdown() -> None:
