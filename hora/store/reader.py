@@ -193,8 +193,8 @@ class Reader:
         if shuffle_buffer_size is None:
             shuffle_buffer_size = max(batch_size, min(DEFAULT_SHUFFLE_BUFFER_ROWS, DEFAULT_SHUFFLE_BUFFER_BYTES // max(1, row_bytes)))
         self.shuffle_buffer_size = shuffle_buffer_size
-        self._threads: list[threading.Thread] = []
-        self._stops: list[threading.Event] = []
+        self._live: list[tuple[threading.Thread, threading.Event]] = []
+        self._live_lock = threading.Lock()
         self.set_epoch(epoch)
 
     # planning ---------------------------------------------------------------------------
@@ -255,86 +255,110 @@ class Reader:
 
     def _batches(self) -> Iterator[dict[str, np.ndarray]]:
         """The batches of this epoch, produced in the calling thread."""
-        bs = self.batch_size
-        emitted = 0
-        limit = len(self)
-        if self.shuffle:
-            rng = np.random.default_rng([self.seed, self.epoch, self.rank, 0xB0F])
-            window: list[dict[str, np.ndarray]] = []
-            window_rows = 0
-            chunks = self._row_groups()
-            exhausted = False
-            while not exhausted:
-                for chunk in chunks:
-                    window.append(chunk)
-                    window_rows += len(next(iter(chunk.values())))
-                    if window_rows >= self.shuffle_buffer_size:
-                        break
-                else:
-                    exhausted = True
-                if window_rows == 0:
+        chunks = self._chunks()
+        try:
+            emitted = 0
+            for batch in (self._shuffled(chunks) if self.shuffle else self._sequential(chunks)):
+                if emitted >= len(self):
                     break
-                dest = rng.permutation(window_rows)
-                mixed = {}
-                for c in self.columns:
-                    first = window[0][c]
-                    out = np.empty((window_rows, *first.shape[1:]), dtype=first.dtype)
-                    pos = 0
-                    for chunk in window:
-                        a = chunk[c]
-                        out[dest[pos : pos + len(a)]] = a
-                        pos += len(a)
-                    mixed[c] = out
-                full = (window_rows // bs) * bs
-                upto = window_rows if exhausted else full
-                for start in range(0, upto, bs):
-                    if emitted >= limit:
-                        return
-                    yield {c: a[start : min(start + bs, upto)] for c, a in mixed.items()}
-                    emitted += 1
-                if upto < window_rows:
-                    window = [{c: a[upto:] for c, a in mixed.items()}]
-                    window_rows = window_rows - upto
-                else:
-                    window, window_rows = [], 0
-        else:
-            pending: list[dict[str, np.ndarray]] = []
-            pending_rows = 0
-            for chunk in self._row_groups():
-                n = len(next(iter(chunk.values())))
-                start = 0
-                while start < n:
-                    if pending_rows == 0 and n - start >= bs:
-                        if emitted >= limit:
-                            return
-                        yield {c: a[start : start + bs] for c, a in chunk.items()}
-                        emitted += 1
-                        start += bs
-                        continue
-                    take = min(bs - pending_rows, n - start)
-                    pending.append({c: a[start : start + take] for c, a in chunk.items()})
-                    pending_rows += take
-                    start += take
-                    if pending_rows == bs:
-                        if emitted >= limit:
-                            return
-                        yield {c: np.concatenate([p[c] for p in pending]) for c in self.columns}
-                        emitted += 1
-                        pending, pending_rows = [], 0
-            if pending_rows and emitted < limit:
-                yield {c: np.concatenate([p[c] for p in pending]) for c in self.columns}
+                yield batch
                 emitted += 1
-        if emitted != limit:  # pragma: no cover - a planning bug would show here, not as a hang
-            raise StoreError(f"reader rank {self.rank}: produced {emitted} batches, planned {limit}")
+        finally:
+            chunks.close()
+        if emitted != len(self):  # pragma: no cover - a planning bug would show here, not as a hang
+            raise StoreError(f"reader rank {self.rank}: produced {emitted} batches, planned {len(self)}")
+
+    def _shuffled(self, chunks: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+        """Windows of about ``shuffle_buffer_size`` rows, each mixed by one random scatter per column.
+
+        Window sizes follow from the plan, so each row group is scattered into the window
+        as soon as it is read and then released: memory holds one window plus a row group.
+        """
+        bs = self.batch_size
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank, 0xB0F])
+        windows: list[int] = []
+        acc = 0
+        for seg in self.segments:
+            acc += seg.rows
+            if acc >= self.shuffle_buffer_size:
+                windows.append(acc)
+                acc = 0
+        if acc:
+            windows.append(acc)
+        carry: dict[str, np.ndarray] | None = None
+        carry_rows = 0
+        source = iter(chunks)
+        for wi, wrows in enumerate(windows):
+            total = wrows + carry_rows
+            dest = rng.permutation(total)  # row i of the window lands at dest[i]
+            out = {c: np.empty((total, *s.shape), dtype=s.dtype) for c, s in self.specs.items()}
+            pos = 0
+            if carry is not None:
+                for c in self.columns:
+                    out[c][dest[:carry_rows]] = carry[c]
+                pos = carry_rows
+            while pos < total:
+                try:
+                    chunk = next(source)
+                except StopIteration:  # pragma: no cover - would be a planning bug
+                    raise StoreError(f"reader rank {self.rank}: row groups ended before the planned rows") from None
+                n = len(chunk[self.columns[0]])
+                for c in self.columns:
+                    out[c][dest[pos : pos + n]] = chunk[c]
+                pos += n
+                del chunk
+            upto = total if wi == len(windows) - 1 else (total // bs) * bs
+            # the rows short of a full batch are copied (small) into the next window
+            carry = {c: out[c][upto:].copy() for c in self.columns} if upto < total else None
+            carry_rows = total - upto
+            for start in range(0, upto, bs):
+                yield {c: out[c][start : min(start + bs, upto)].copy() for c in self.columns}
+            del out
+
+    def _sequential(self, chunks: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+        bs = self.batch_size
+        pending: list[dict[str, np.ndarray]] = []
+        pending_rows = 0
+        for chunk in chunks:
+            n = len(next(iter(chunk.values())))
+            start = 0
+            while start < n:
+                if pending_rows == 0 and n - start >= bs:
+                    yield {c: a[start : start + bs] for c, a in chunk.items()}
+                    start += bs
+                    continue
+                take = min(bs - pending_rows, n - start)
+                pending.append({c: a[start : start + take] for c, a in chunk.items()})
+                pending_rows += take
+                start += take
+                if pending_rows == bs:
+                    yield {c: np.concatenate([p[c] for p in pending]) for c in self.columns}
+                    pending, pending_rows = [], 0
+        if pending_rows:
+            yield {c: np.concatenate([p[c] for p in pending]) for c in self.columns}
+
+    def _chunks(self) -> Iterator[dict[str, np.ndarray]]:
+        """Row-group chunks, read one ahead in a background thread when prefetching (Parquet
+        decoding releases the GIL, so it overlaps with the shuffle of the previous window)."""
+        if self.prefetch <= 0:
+            return self._row_groups()
+        return self._in_background(self._row_groups, 1, "io")
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         if self.prefetch <= 0:
             yield from self._batches()
             return
-        yield from self._prefetched()
+        yield from self._in_background(self._batches, self.prefetch, "batches")
 
-    def _prefetched(self) -> Iterator[dict[str, np.ndarray]]:
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+    def _in_background(self, make_iter: Any, maxsize: int, what: str) -> Iterator[Any]:
+        """Run ``make_iter()`` in a daemon thread, handing items over through a bounded queue.
+
+        Exceptions in the thread are raised here; closing this generator stops the thread.
+
+        Raises:
+            StoreError: no item within the reader timeout (the message names rank, split, epoch).
+        """
+        q: queue.Queue = queue.Queue(maxsize=maxsize)
         stop = threading.Event()
         done = object()
 
@@ -348,19 +372,24 @@ class Reader:
             return False
 
         def _produce() -> None:
+            source = make_iter()
             try:
-                for batch in self._batches():
-                    if not _put(batch):
+                for item in source:
+                    if not _put(item):
                         return
                 _put(done)
             except BaseException as exc:  # forwarded to the consumer
                 _put(exc)
+            finally:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()
 
         thread = threading.Thread(
-            target=_produce, name=f"hora-reader-{self.split}-r{self.rank}-e{self.epoch}", daemon=True
+            target=_produce, name=f"hora-reader-{what}-{self.split}-r{self.rank}-e{self.epoch}", daemon=True
         )
-        self._threads.append(thread)
-        self._stops.append(stop)
+        with self._live_lock:
+            self._live.append((thread, stop))
         thread.start()
         timeout = reader_timeout()
         try:
@@ -373,11 +402,13 @@ class Reader:
                     except queue.Empty:
                         waited += _POLL_S
                         if not thread.is_alive() and q.empty():
-                            raise StoreError(f"reader rank {self.rank}: the prefetch thread ended without a result")
+                            raise StoreError(
+                                f"reader rank {self.rank}: the {what} thread ended without a result"
+                            )
                         if waited >= timeout:
                             raise StoreError(
-                                f"reader rank {self.rank} ({self.split}, epoch {self.epoch}): no batch from the "
-                                f"prefetch thread within {timeout:.0f} s (reading {self.store.url}; "
+                                f"reader rank {self.rank} ({self.split}, epoch {self.epoch}): nothing from the "
+                                f"{what} thread within {timeout:.0f} s (reading {self.store.url}; "
                                 f"set {READER_TIMEOUT_ENV} to wait longer)"
                             )
                 if item is done:
@@ -393,18 +424,20 @@ class Reader:
                 except queue.Empty:
                     break
             thread.join(timeout=5 * _POLL_S)
-            if thread in self._threads and not thread.is_alive():
-                self._threads.remove(thread)
-                self._stops.remove(stop)
+            if not thread.is_alive():
+                with self._live_lock:
+                    self._live = [(t, e) for t, e in self._live if t is not thread]
 
     def close(self) -> None:
         """Stop any prefetch thread still running (returns within about a second)."""
-        for stop in self._stops:
+        with self._live_lock:
+            live = list(self._live)
+        for _, stop in live:
             stop.set()
-        for thread in self._threads:
+        for thread, _ in live:
             thread.join(timeout=5 * _POLL_S)
-        self._threads = [t for t in self._threads if t.is_alive()]
-        self._stops = self._stops[-len(self._threads):] if self._threads else []
+        with self._live_lock:
+            self._live = [(t, e) for t, e in self._live if t.is_alive()]
 
     def __enter__(self) -> "Reader":
         return self
