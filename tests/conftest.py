@@ -1,14 +1,73 @@
-"""Test-wide settings: quiet, single-threaded workers, and the Python that Spark should use."""
+"""Test-wide settings and the engines shared by every test directory.
+
+One SparkSession (``local[2]``) and one Dask ``LocalCluster`` (2 worker processes) are
+started lazily, once per test run, and shared by the store, runner, estimator and
+Keras tests: warming them once keeps the suite fast on 2 cores, and one definition
+keeps their settings consistent (everything binds to loopback).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 
+import pytest
+
 # Workers spawned by tests inherit these: one thread per rank on a 2-core machine,
-# Spark's Python workers run this interpreter, TensorFlow keeps quiet.
+# Spark's Python workers run this interpreter, everything stays on loopback, TF is quiet.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+@pytest.fixture(scope="session")
+def spark_event_dir(tmp_path_factory):
+    """Where the shared SparkSession writes its event log (tests read it to audit the UI data)."""
+    return tmp_path_factory.mktemp("spark-events")
+
+
+@pytest.fixture(scope="session")
+def spark(spark_event_dir):
+    """The one SparkSession of the run: local[2], UI off, loopback only, event log on."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("hora-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "2")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+        .config("spark.eventLog.enabled", "true")
+        .config("spark.eventLog.dir", "file://" + str(spark_event_dir))
+        .config("spark.eventLog.compress", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """The one Dask LocalCluster of the run (2 worker processes, 1 thread each) and its Client."""
+    pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+        dashboard_address=":0", silence_logs=40,
+    )
+    client = Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
