@@ -40,7 +40,6 @@ from hora.native import (
     cross_rank,
     cross_size,
     global_process_set,
-    init,
     is_initialized,
     local_rank,
     local_size,
@@ -50,7 +49,7 @@ from hora.native import (
     size,
 )
 from hora.tensorflow.functions import broadcast_variables
-from hora.tensorflow.mpi_ops import allgather_object, broadcast_object
+from hora.tensorflow.mpi_ops import allgather_object, broadcast_object, init
 
 
 def _value(x: Any) -> np.ndarray:

@@ -39,7 +39,6 @@ from hora.native import (
     cross_rank,
     cross_size,
     global_process_set,
-    init,
     is_initialized,
     local_rank,
     local_size,
@@ -63,6 +62,7 @@ from hora.tensorflow.mpi_ops import (
     broadcast,
     broadcast_object,
     grouped_allreduce,
+    init,
     join,
     reducescatter,
 )

@@ -30,6 +30,7 @@ TensorFlow turns any Python exception raised by a ``py_function`` into a
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +50,29 @@ def _tf():
     import tensorflow as tf
 
     return tf
+
+
+# ---------------------------------------------------------------------------------------
+# Life cycle
+# ---------------------------------------------------------------------------------------
+_atexit_registered = False
+
+
+def init(process_sets: Any = None) -> None:
+    """:func:`hora.native.init`, plus a ``shutdown`` at interpreter exit.
+
+    Horovod programs never call ``shutdown()``; without it a rank that exits first
+    tears down the rendezvous under a peer still running its engine. Registering
+    ``shutdown`` with :mod:`atexit` (idempotent) lets every rank leave cleanly.
+
+    Raises:
+        ConfigError, RendezvousError: from :func:`hora.native.init`.
+    """
+    global _atexit_registered
+    hn.init(process_sets)
+    if not _atexit_registered:
+        atexit.register(hn.shutdown)
+        _atexit_registered = True
 
 
 # ---------------------------------------------------------------------------------------
@@ -555,6 +579,6 @@ def allgather_object(obj: Any, name: str | None = None, process_set=None) -> lis
 
 
 __all__ = [
-    "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+    "init", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "barrier", "join", "broadcast_object", "allgather_object", "to_numpy", "from_numpy",
 ]
