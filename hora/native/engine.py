@@ -121,12 +121,12 @@ class Handle:
     raises :class:`~hora.errors.CollectiveError`.
     """
 
-    __slots__ = ("name", "kind", "_event", "_result", "_error", "_engine", "_post", "_done_value", "_finished")
+    __slots__ = ("name", "kind", "_done", "_result", "_error", "_engine", "_post", "_done_value", "_finished")
 
     def __init__(self, name: str, kind: str, engine: Engine | None) -> None:
         self.name = name
         self.kind = kind
-        self._event = threading.Event()
+        self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
         self._engine = engine
@@ -134,17 +134,9 @@ class Handle:
         self._finished = False
         self._done_value: Any = None
 
-    def _set_result(self, value: Any) -> None:
-        self._result = value
-        self._event.set()
-
-    def _set_error(self, exc: BaseException) -> None:
-        self._error = exc
-        self._event.set()
-
     def poll(self) -> bool:
         """True when the op has finished (successfully or not); never blocks."""
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the op finishes (no result, no raise on error).
@@ -153,16 +145,25 @@ class Handle:
             CollectiveError: it did not finish within ``timeout`` seconds (default
                 ``HORA_OP_TIMEOUT``), naming the tensor and the ranks never heard from.
         """
-        if self._event.is_set():
+        if self._done:
             return
         engine = self._engine
-        limit = timeout if timeout is not None else (engine.config.op_timeout if engine else DEFAULT_OP_TIMEOUT)
-        if not self._event.wait(limit):
-            detail = engine.describe_waiting(self.name) if engine else ""
-            raise CollectiveError(
-                f"{self.kind} '{self.name}' did not complete within {limit:g}s{detail} "
-                f"(raise {ENV_OP_TIMEOUT} to wait longer)"
-            )
+        if engine is None:  # pragma: no cover - handles always belong to an engine
+            raise CollectiveError(f"{self.kind} '{self.name}' has no engine")
+        limit = timeout if timeout is not None else engine.config.op_timeout
+        engine.request_flush()
+        deadline = time.monotonic() + limit
+        cond = engine._done_cond
+        with cond:
+            while not self._done:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    detail = engine.describe_waiting(self.name)
+                    raise CollectiveError(
+                        f"{self.kind} '{self.name}' did not complete within {limit:g}s{detail} "
+                        f"(raise {ENV_OP_TIMEOUT} to wait longer)"
+                    )
+                cond.wait(left)
 
     def synchronize(self, timeout: float | None = None) -> Any:
         """Wait for the op and return its result.
@@ -185,7 +186,7 @@ class Handle:
         return value
 
     def __repr__(self) -> str:
-        return f"<hora Handle {self.kind} '{self.name}' {'done' if self.poll() else 'pending'}>"
+        return f"<hora Handle {self.kind} '{self.name}' {'done' if self._done else 'pending'}>"
 
 
 class Request:
@@ -233,18 +234,20 @@ class Request:
         self.t_ready = 0.0
         self.ready_event: Any = None
         t = tensor
-        if t is not None and t.device.type == "cuda":
-            # the engine thread waits for the caller's stream to have produced the input
-            self.ready_event = torch.cuda.Event()
-            self.ready_event.record()
         if t is None:
             shape: tuple = ()
             dtype = ""
             device = ""
         else:
             shape = tuple(t.shape)
-            dtype = str(t.dtype).replace("torch.", "")
-            device = t.device.type
+            dtype = _DTYPE_NAMES.get(t.dtype) or str(t.dtype).replace("torch.", "")
+            if t.is_cuda:
+                device = "cuda"
+                # the engine thread waits for the caller's stream to have produced the input
+                self.ready_event = torch.cuda.Event()
+                self.ready_event.record()
+            else:
+                device = "cpu" if t.is_cpu else t.device.type
         if kind in (ALLGATHER, ALLTOALL):
             # dim 0 may differ by rank: it is per-rank data, not part of the agreement
             self.key = (kind, dtype, shape[1:], len(shape), int(op), root, ps_id, self.prescale, self.postscale,
@@ -255,6 +258,9 @@ class Request:
                         comp_name, device, extra)
             self.local = None
 
+
+_DTYPE_NAMES = {getattr(torch, n): n for n in (
+    "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")}
 
 _KEY_FIELDS = ("kind", "dtype", "shape", "ndim", "op", "root_rank", "process_set", "prescale_factor",
                "postscale_factor", "compression", "device", "extra")
@@ -295,16 +301,42 @@ def _mismatch_message(name: str, keys: dict[int, tuple]) -> str:
 # ---------------------------------------------------------------------------------------
 # Response cache (identical on every rank: only mutated by the deterministic round logic)
 # ---------------------------------------------------------------------------------------
-class CacheEntry:
-    __slots__ = ("slot", "name", "key", "locals", "kind", "ps_id")
+class _Response:
+    """An agreed op, identical on every rank. Sizes and the fusion key are precomputed."""
 
-    def __init__(self, slot: int, name: str, key: tuple, locals_: dict[int, Any]) -> None:
-        self.slot = slot
+    __slots__ = ("name", "key", "locals", "error", "seq", "extra_result", "kind", "ps_id", "numel", "nbytes",
+                 "fkey")
+
+    def __init__(self, name: str, key: tuple | None, locals_: dict[int, Any] | None, error: str | None = None,
+                 seq: int = 0, extra_result: Any = None) -> None:
         self.name = name
         self.key = key
         self.locals = locals_
-        self.kind = key[0]
-        self.ps_id = key[6]
+        self.error = error
+        self.seq = seq
+        self.extra_result = extra_result
+        if key:
+            self.kind = key[0]
+            self.ps_id = key[6]
+            self.numel = _numel(key[2]) if key[0] == ALLREDUCE else 0
+            self.nbytes = self.numel * _itemsize(key[1]) if key[1] else 0
+            # dtype, op, process set, prescale, postscale, compression, device
+            self.fkey = (key[1], key[4], key[6], key[7], key[8], key[9], key[10])
+        else:
+            self.kind = ""
+            self.ps_id = 0
+            self.numel = self.nbytes = 0
+            self.fkey = None
+
+
+class CacheEntry(_Response):
+    """A cached response; its ``slot`` is its bit in the negotiation's control vector."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: int, name: str, key: tuple, locals_: dict[int, Any]) -> None:
+        super().__init__(name, key, locals_)
+        self.slot = slot
 
 
 class ResponseCache:
@@ -369,23 +401,6 @@ class _Pending:
         self.warned = False
 
 
-class _Response:
-    __slots__ = ("name", "key", "locals", "error", "seq", "extra_result")
-
-    def __init__(self, name: str, key: tuple | None, locals_: dict[int, Any] | None, error: str | None = None,
-                 seq: int = 0, extra_result: Any = None) -> None:
-        self.name = name
-        self.key = key
-        self.locals = locals_
-        self.error = error
-        self.seq = seq
-        self.extra_result = extra_result
-
-    @property
-    def kind(self) -> str:
-        return self.key[0] if self.key else ""
-
-
 class ProcessSetInfo:
     """Engine-side record of a registered process set."""
 
@@ -415,6 +430,11 @@ class Engine:
         self.process_sets: dict[int, ProcessSetInfo] = {0: ProcessSetInfo(0, range(self.size), backend.world)}
         self._waker = backend.make_waker()
         self._lock = threading.Lock()
+        self._gather_cond = threading.Condition(self._lock)  # engine waits here for submissions to settle
+        self._done_cond = threading.Condition(threading.Lock())  # callers wait here for their handles
+        self._flush = False
+        self._gathering = False
+        self._completed: list[Handle] = []
         self._incoming: list[Request] = []
         self._names: dict[str, Request] = {}  # every request submitted here and not finished
         self._waiting: dict[str, Request] = {}  # reported to the negotiation, not finished
@@ -464,6 +484,13 @@ class Engine:
                 self._woken = True
                 self._waker.signal(self._epoch)
         return handle
+
+    def request_flush(self) -> None:
+        """A caller is about to block on a handle: stop waiting for more submissions."""
+        self._flush = True
+        if self._gathering:
+            with self._lock:
+                self._gather_cond.notify()
 
     def supports_device(self, device: str) -> bool:
         """Whether tensors on ``device`` ("cpu", "cuda") can be communicated."""
@@ -548,8 +575,12 @@ class Engine:
             self._incoming.clear()
             self._waiting.clear()
         for r in reqs:
-            if r.handle is not None and not r.handle.poll():
-                r.handle._set_error(exc)
+            h = r.handle
+            if h is not None and not h._done:
+                h._error = exc
+                h._done = True
+        with self._done_cond:
+            self._done_cond.notify_all()
 
     def _active_wait(self) -> bool:
         """Block while the whole job is idle. False: shut down."""
@@ -582,18 +613,39 @@ class Engine:
         self.stats["rounds"] += 1
         cache = self.cache
         C = cache.capacity
+        cycle = self.config.cycle_time
         with self._lock:
+            if self._incoming and not self._flush and cycle > 0:
+                # let a burst of submissions (a backward pass, a loop of allreduce_async)
+                # land before negotiating, instead of competing with it for the GIL
+                self._gathering = True
+                deadline = time.monotonic() + 10 * cycle
+                seen = len(self._incoming)
+                while not self._flush and not self._shutdown:
+                    self._gather_cond.wait(cycle)
+                    n = len(self._incoming)
+                    if n == seen or time.monotonic() >= deadline:
+                        break
+                    seen = n
+                self._gathering = False
+            self._flush = False
             fresh, self._incoming = self._incoming, []
+        waiting = self._waiting
+        by_name = cache.by_name
+        me = self.rank
         for req in fresh:
-            self._waiting[req.name] = req
+            waiting[req.name] = req
             if C:
-                req.entry = cache.lookup(req, self.rank)
+                e = by_name.get(req.name)
+                if e is not None and e.key == req.key and e.locals.get(me) == req.local:
+                    req.entry = e
         bits: list[int] = []
         uncached: list[tuple] = []
-        for req in self._waiting.values():
+        slots = cache.slots
+        for req in waiting.values():
             e = req.entry
             if e is not None:
-                if cache.slots[e.slot] is e:
+                if slots[e.slot] is e:
                     bits.append(e.slot)
                     continue
                 req.entry = None
@@ -629,7 +681,7 @@ class Engine:
             self._go_idle()
             return False
         now = int(-ctrl[2 * C + 3])
-        ready_entries = [cache.slots[s] for s in np.flatnonzero(ctrl[:C] == 1)] if C else []
+        ready_entries = [slots[s] for s in np.flatnonzero(ctrl[:C] == 1).tolist()] if C else []
         partial = np.flatnonzero((ctrl[C : 2 * C] == 0) & (ctrl[:C] == 0)) if C else ()
 
         errors: dict[str, str] = {}
@@ -640,13 +692,11 @@ class Engine:
             self._process_metas(metas, now, new_ready, errors)
         self._check_stalls(now, partial, errors)
 
-        responses: list[_Response] = []
-        for e in ready_entries:
-            if e is None:
-                continue
-            responses.append(_Response(e.name, e.key, e.locals))
-            cache.touch(e)
-            self.stats["cache_hits"] += 1
+        responses: list[_Response] = [e for e in ready_entries if e is not None]
+        touch = cache.lru.move_to_end
+        for e in responses:
+            touch(e.slot)
+        self.stats["cache_hits"] += len(responses)
         new_ready.sort(key=lambda r: r.seq)
         responses.extend(new_ready)
         self.stats["cache_misses"] += sum(1 for r in new_ready if r.error is None and r.kind not in _UNCACHEABLE)
@@ -657,12 +707,15 @@ class Engine:
             req = self._waiting.pop(name, None)
             if req is not None:
                 self._finish(req, error=CollectiveError(msg))
-        if responses:
-            self._execute(responses)
-            if C:
-                for r in new_ready:
-                    if r.error is None and r.kind not in _UNCACHEABLE:
-                        cache.put(r.name, r.key, r.locals)
+        try:
+            if responses:
+                self._execute(responses)
+                if C:
+                    for r in new_ready:
+                        if r.error is None and r.kind not in _UNCACHEABLE:
+                            cache.put(r.name, r.key, r.locals)
+        finally:
+            self._notify_done()
         if tuner is not None and self.rank == 0:
             tuner.observe(responses)
         left = self.config.cycle_time - (time.perf_counter() - t0)
@@ -734,16 +787,20 @@ class Engine:
         keys = p.keys
         first = next(iter(keys.values()))
         if any(k != first for k in keys.values()):
-            members = set()
+            # wait until every rank that should take part has spoken, so the error names
+            # them all and reaches every one of them in the same round
+            members: set[int] = set()
             for k in keys.values():
                 members.update(self._members(k) or range(self.size))
+            present = set(keys)
+            if all(k[0] == ALLREDUCE for k in keys.values()):
+                present |= set(self._joined)
+            if not members <= present:
+                return
             msg = _mismatch_message(p.name, keys)
             del self._table[p.name]
             if self.rank in keys:
                 errors[p.name] = msg
-            rest = members - set(keys)
-            if rest:
-                self._poisoned[p.name] = (msg, rest)
             return
         kind = first[0]
         if first[6] not in self.process_sets:
@@ -814,58 +871,74 @@ class Engine:
 
     # -- execution ------------------------------------------------------------------------
     def _finish(self, req: Request, result: Any = None, error: BaseException | None = None) -> None:
-        with self._lock:
-            self._names.pop(req.name, None)
+        """Complete ``req``'s handle; callers are woken by :meth:`_notify_done`."""
         h = req.handle
         if h is None:
             return
         if error is not None:
-            h._set_error(error)
+            h._error = error
         else:
-            h._set_result(result)
+            h._result = result
+        self._completed.append(h)
+
+    def _notify_done(self) -> None:
+        done, self._completed = self._completed, []
+        if not done:
+            return
+        names = self._names
+        with self._lock:
+            for h in done:
+                names.pop(h.name, None)
+        for h in done:
+            h._done = True
+        with self._done_cond:
+            self._done_cond.notify_all()
 
     def _execute(self, responses: list[_Response]) -> None:
         threshold = self.config.fusion_threshold
         units: list[Any] = []
-        open_groups: dict[tuple, list] = {}
+        open_groups: dict[tuple, _FusedGroup] = {}
+        pss = self.process_sets
+        pop = self._waiting.pop
+        tl = self.timeline
         for resp in responses:
-            key = resp.key
-            ps = self.process_sets.get(key[6]) if key else None
-            if resp.kind in (PS_ADD, PS_REMOVE) or (ps is not None and ps.group.is_member):
-                req = self._waiting.pop(resp.name, None)
+            kind = resp.kind
+            if kind in (PS_ADD, PS_REMOVE):
+                ps = None
             else:
-                continue  # not a member of this process set: nothing to do here
-            tl = self.timeline
+                ps = pss.get(resp.ps_id)
+                if ps is None or not ps.group.is_member:
+                    continue  # not a member of this process set: nothing to do here
+            req = pop(resp.name, None)
             if tl.enabled and req is not None:
                 req.t_ready = tl.now()
                 tl.span(resp.name, "NEGOTIATE", req.t_submit, req.t_ready)
-            if resp.kind == ALLREDUCE:
-                nbytes = _numel(key[2]) * _itemsize(key[1])
-                fk = (key[1], key[4], key[6], key[7], key[8], key[9], key[10])
-                g = open_groups.get(fk)
-                if g is None or (g[1] + nbytes > threshold and g[1] > 0):
-                    g = [[], 0]
-                    open_groups[fk] = g
-                    units.append(("fused", g, ps))
-                g[0].append((resp, req))
-                g[1] += nbytes
+            if kind == ALLREDUCE:
+                g = open_groups.get(resp.fkey)
+                nb = resp.nbytes
+                if g is None or (g.nbytes + nb > threshold and g.nbytes > 0):
+                    g = open_groups[resp.fkey] = _FusedGroup(ps)
+                    units.append(g)
+                g.resps.append(resp)
+                g.reqs.append(req)
+                g.nbytes += nb
             else:
-                units.append(("single", (resp, req), ps))
-        for what, item, ps in units:
-            if what == "fused":
-                self._run_allreduce(item[0], ps)
-            else:
-                resp, req = item
-                try:
-                    result = self._run_single(resp, req, ps)
-                except CollectiveError:
-                    raise
-                except Exception as exc:
-                    if req is not None:
-                        self._finish(req, error=CollectiveError(f"{resp.kind} '{resp.name}' failed: {exc}"))
-                    continue
+                units.append((resp, req, ps))
+        for unit in units:
+            if type(unit) is _FusedGroup:
+                self._run_allreduce(unit.resps, unit.reqs, unit.ps)
+                continue
+            resp, req, ps = unit
+            try:
+                result = self._run_single(resp, req, ps)
+            except CollectiveError:
+                raise
+            except Exception as exc:
                 if req is not None:
-                    self._finish(req, result=result)
+                    self._finish(req, error=CollectiveError(f"{resp.kind} '{resp.name}' failed: {exc}"))
+                continue
+            if req is not None:
+                self._finish(req, result=result)
 
     def _fusion_buffer(self, dtype: torch.dtype, numel: int, device: torch.device) -> torch.Tensor:
         key = (dtype, device)
@@ -876,14 +949,14 @@ class Engine:
             self._fusion[key] = buf
         return buf[:numel]
 
-    def _run_allreduce(self, members: list[tuple[_Response, Request | None]], ps: ProcessSetInfo) -> None:
+    def _run_allreduce(self, resps: list[_Response], reqs: list[Request | None], ps: ProcessSetInfo) -> None:
         tl = self.timeline
-        key = members[0][0].key
+        key = resps[0].key
         dtype = getattr(torch, key[1])
         op = ReduceOp(key[4])
         pre, post = key[7], key[8]
         compressor = None
-        for _, req in members:
+        for req in reqs:
             if req is not None:
                 compressor = req.compressor
                 break
@@ -892,46 +965,49 @@ class Engine:
 
             compressor = resolve(key[9]) if key[9] in ("none", "fp16", "bf16") else NoneCompressor
         dev_type = key[10] or "cpu"
-        device = next((req.tensor.device for _, req in members if req is not None), None)
+        device = next((req.tensor.device for req in reqs if req is not None), None)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if dev_type == "cuda" else torch.device("cpu")
-        for _, req in members:
-            if req is not None and req.ready_event is not None:
-                req.ready_event.synchronize()
+        if dev_type != "cpu":
+            for req in reqs:
+                if req is not None and req.ready_event is not None:
+                    req.ready_event.synchronize()
         t_start = tl.now() if tl.enabled else 0.0
         if tl.enabled:
-            for resp, req in members:
+            for resp, req in zip(resps, reqs):
                 if req is not None:
                     tl.span(resp.name, "QUEUE", req.t_ready, t_start)
-        if len(members) == 1:
-            resp, req = members[0]
+        complete = None not in reqs
+        if len(resps) == 1:
+            req = reqs[0]
             if req is None:
-                buf = torch.zeros(_numel(key[2]), dtype=dtype, device=device)
+                buf = torch.zeros(resps[0].numel, dtype=dtype, device=device)
             else:
-                buf = req.output.view(-1)
+                buf = _flat(req.output)
                 if req.output is not req.tensor:
-                    buf.copy_(req.tensor.view(-1))
+                    buf.copy_(_flat(req.tensor))
             fused = False
         else:
-            sizes = [_numel(r.key[2]) for r, _ in members]
-            total = sum(sizes)
-            buf = self._fusion_buffer(dtype, total, device)
-            parts = list(buf.split(sizes))
-            srcs, dsts = [], []
-            for (resp, req), part in zip(members, parts):
-                if req is None:
-                    part.zero_()
-                else:
-                    srcs.append(req.tensor.view(-1))
-                    dsts.append(part)
-            if dsts:
-                torch._foreach_copy_(dsts, srcs)
+            buf = self._fusion_buffer(dtype, sum(r.numel for r in resps), device)
+            parts = buf.split([r.numel for r in resps])
+            if complete:
+                torch._foreach_copy_(parts, [_flat(req.tensor) for req in reqs])
+            else:
+                dsts, srcs = [], []
+                for req, part in zip(reqs, parts):
+                    if req is None:
+                        part.zero_()
+                    else:
+                        dsts.append(part)
+                        srcs.append(_flat(req.tensor))
+                if dsts:
+                    torch._foreach_copy_(dsts, srcs)
             fused = True
             self.stats["fused_batches"] += 1
-            self.stats["fused_tensors"] += len(members)
+            self.stats["fused_tensors"] += len(resps)
             if tl.enabled:
                 t1 = tl.now()
-                for resp, req in members:
+                for resp, req in zip(resps, reqs):
                     tl.span(resp.name, "FUSE_COPY_IN", t_start, t1)
                 t_start = t1
         try:
@@ -940,35 +1016,39 @@ class Engine:
         except CollectiveError:
             raise
         except Exception as exc:
-            err = CollectiveError(f"allreduce of {[r.name for r, _ in members]} failed: {exc}")
-            for _, req in members:
+            err = CollectiveError(f"allreduce of {[r.name for r in resps]} failed: {exc}")
+            for req in reqs:
                 if req is not None:
                     self._finish(req, error=err)
             return
         if tl.enabled:
             t1 = tl.now()
-            for resp, req in members:
-                tl.span(resp.name, "COLLECTIVE", t_start, t1, bytes=_numel(resp.key[2]) * buf.element_size(),
-                        fused=len(members))
+            for resp in resps:
+                tl.span(resp.name, "COLLECTIVE", t_start, t1, bytes=resp.nbytes, fused=len(resps))
             t_start = t1
-        self.stats["allreduce_tensors"] += len(members)
+        self.stats["allreduce_tensors"] += len(resps)
         self.stats["allreduce_calls"] += 1
         self.stats["allreduce_bytes"] += buf.numel() * buf.element_size()
         if fused:
-            outs, srcs = [], []
-            for (resp, req), part in zip(members, parts):
-                if req is not None:
-                    outs.append(req.output.view(-1))
-                    srcs.append(part)
-            if outs:
-                torch._foreach_copy_(outs, srcs)
+            if complete:
+                torch._foreach_copy_([_flat(req.output) for req in reqs], list(parts))
+            else:
+                outs, srcs = [], []
+                for req, part in zip(reqs, parts):
+                    if req is not None:
+                        outs.append(_flat(req.output))
+                        srcs.append(part)
+                if outs:
+                    torch._foreach_copy_(outs, srcs)
             if tl.enabled:
                 t1 = tl.now()
-                for resp, req in members:
+                for resp in resps:
                     tl.span(resp.name, "FUSE_COPY_OUT", t_start, t1)
-        for _, req in members:
-            if req is not None:
-                self._finish(req, result=req.output)
+        completed = self._completed
+        for req in reqs:
+            if req is not None and req.handle is not None:
+                req.handle._result = req.output
+                completed.append(req.handle)
 
     def _reduce_buffer(self, buf: torch.Tensor, op: ReduceOp, pre: float, post: float, compressor: Any,
                        group: Group, backend: Backend | None = None) -> None:
@@ -1085,6 +1165,20 @@ class Engine:
                     out.div_(n, rounding_mode="floor")
             return out
         raise CollectiveError(f"unknown collective kind {kind!r}")
+
+
+class _FusedGroup:
+    __slots__ = ("ps", "resps", "reqs", "nbytes")
+
+    def __init__(self, ps: ProcessSetInfo) -> None:
+        self.ps = ps
+        self.resps: list[_Response] = []
+        self.reqs: list[Request | None] = []
+        self.nbytes = 0
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dim() == 1 else t.view(-1)
 
 
 def _numel(shape: tuple) -> int:

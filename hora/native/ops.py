@@ -239,7 +239,9 @@ def _as_torch(x: Any, what: str) -> tuple[torch.Tensor, bool]:
 
 
 def _resolve_ps(st: _State, process_set: ProcessSet | None, what: str) -> ProcessSet:
-    ps = global_process_set if process_set is None else process_set
+    if process_set is None or process_set is global_process_set:
+        return global_process_set
+    ps = process_set
     if not isinstance(ps, ProcessSet):
         raise ConfigError(f"{what}: process_set must be a hora ProcessSet, got {type(ps).__name__}")
     if ps.process_set_id is None:
@@ -251,6 +253,8 @@ def _resolve_ps(st: _State, process_set: ProcessSet | None, what: str) -> Proces
 
 
 def _op(op: Any, what: str) -> ReduceOp:
+    if type(op) is ReduceOp:
+        return op
     try:
         return ReduceOp(op)
     except (ValueError, TypeError):
@@ -258,7 +262,7 @@ def _op(op: Any, what: str) -> ReduceOp:
 
 
 def _check_tensor(t: torch.Tensor, what: str, st: _State) -> None:
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         if t.device.type == "cuda" and not st.engine.supports_device("cuda"):
             raise ConfigError(f"{what}: CUDA tensors need the NCCL backend, which is not available here")
         if t.device.type not in ("cuda",):
@@ -291,20 +295,27 @@ def _allreduce_request(tensor: Any, op: Any, name: str | None, prescale_factor: 
                         "float64, int32, int64 (or int8/uint8/int16)")
     _check_tensor(t, "allreduce", st)
     ps = _resolve_ps(st, process_set, "allreduce")
-    comp = _comp.resolve(compression)
+    if compression is None:
+        comp, comp_name = _comp.NoneCompressor, "none"
+    else:
+        comp = _comp.resolve(compression)
+        comp_name = _comp.name_of(comp)
     src = t if t.is_contiguous() else t.contiguous()
     if inplace:
         out = src
     else:
         out = torch.empty_like(src)
     req = Request(kind, _name(st, kind, name), ps.process_set_id, tensor=src, output=out, op=rop,
-                  prescale=prescale_factor, postscale=postscale_factor, compressor=comp,
-                  comp_name=_comp.name_of(comp))
+                  prescale=prescale_factor, postscale=postscale_factor, compressor=comp, comp_name=comp_name)
+
+    if inplace and src is t:
+        return req, lambda result: tensor
+    if not inplace and not is_np:
+        return req, None
 
     def post(result: torch.Tensor) -> Any:
         if inplace:
-            if src is not t:
-                t.copy_(src)
+            t.copy_(src)
             return tensor
         return _ret(result, is_np)
 
