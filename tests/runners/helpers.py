@@ -31,3 +31,30 @@ def assert_no_workers_left(marker: str, within: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"orphan worker processes of {marker}: {[p.pid for p in left]}")
         time.sleep(0.2)
+
+
+def interrupt_when_files_exist(paths: list[str], timeout: float = 120.0):
+    """Start a thread that raises KeyboardInterrupt in the main thread once every path exists."""
+    import _thread
+    import os
+    import threading
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(os.path.exists(p) for p in paths):
+                _thread.interrupt_main()
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def touch_and_sleep(out_dir: str) -> None:
+    """A rank body: announce that this rank is inside fn, then sleep."""
+    import os
+
+    open(os.path.join(out_dir, f"in-fn.{os.environ['HORA_RANK']}"), "w").close()
+    time.sleep(300)

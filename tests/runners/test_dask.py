@@ -96,3 +96,38 @@ def test_dask_worker_killed_with_sigkill_fails_the_run(dask_client):
 def test_dask_more_ranks_than_workers_fails_at_once(dask_client):
     with pytest.raises(ConfigError, match=r"num_proc=3 needs 3 distinct Dask workers .* has 2"):
         hr.run(_rank_env, args=(0,), num_proc=3, backend="dask", client=dask_client)
+
+
+class _FakeScheduler:
+    address = "tcp://10.0.0.1:8786"
+
+
+class _FakeClient:
+    """Just enough of distributed.Client for worker selection."""
+
+    scheduler = _FakeScheduler()
+
+    def __init__(self, workers):
+        self.workers = workers
+
+    def scheduler_info(self, n_workers=-1):
+        return {"workers": self.workers}
+
+
+def test_dask_gpu_resource_is_honoured_where_workers_declare_it():
+    from hora.runners.dask import DaskBackend
+
+    workers = {
+        "tcp://10.0.0.2:1": {"host": "10.0.0.2", "resources": {}},
+        "tcp://10.0.0.3:1": {"host": "10.0.0.3", "resources": {"GPU": 1}},
+        "tcp://10.0.0.2:2": {"host": "10.0.0.2", "resources": {"GPU": 2}},
+    }
+    be = DaskBackend(_FakeClient(workers))
+    assert be.default_num_proc() == 2  # only the GPU workers
+    assert [a for a, _ in be.pick_workers(2)] == ["tcp://10.0.0.2:2", "tcp://10.0.0.3:1"]
+    with pytest.raises(ConfigError, match="num_proc=3 needs 3 distinct Dask workers"):
+        be.check_num_proc(3)
+    assert be.advertise_for("10.0.0.3") == "10.0.0.3"
+    assert be.advertise_for("127.0.0.1") == "127.0.0.1"
+    cpu_only = DaskBackend(_FakeClient({k: {**v, "resources": {}} for k, v in workers.items()}))
+    assert cpu_only.default_num_proc() == 3

@@ -248,3 +248,13 @@ def test_spark_and_dask_backends_need_a_session_or_client():
     except ValueError:
         with pytest.raises(ConfigError, match="needs a distributed.Client"):
             hr.run(_env_fn, args=(1,), backend="dask")
+
+
+@pytest.mark.timeout(120)
+def test_keyboard_interrupt_on_the_driver_stops_every_rank(tmp_path):
+    from .helpers import interrupt_when_files_exist, touch_and_sleep
+
+    interrupt_when_files_exist([str(tmp_path / "in-fn.0"), str(tmp_path / "in-fn.1")])
+    with pytest.raises(KeyboardInterrupt):
+        hr.run(touch_and_sleep, args=(str(tmp_path),), num_proc=2, run_id="ctrl-c", verbose=0)
+    assert_no_workers_left("ctrl-c")

@@ -133,3 +133,18 @@ def test_spark_slots_from_master():
     assert slots("local[*]") == (os.cpu_count() or 1)
     assert slots("local-cluster[2, 3, 1024]") == 6
     assert slots("spark://host:7077") == 7
+
+
+@pytest.mark.timeout(180)
+def test_spark_keyboard_interrupt_cancels_the_job(spark, tmp_path):
+    from .helpers import interrupt_when_files_exist, touch_and_sleep
+
+    interrupt_when_files_exist([str(tmp_path / "in-fn.0"), str(tmp_path / "in-fn.1")])
+    with pytest.raises(KeyboardInterrupt):
+        hr.run(touch_and_sleep, args=(str(tmp_path),), backend="spark", spark=spark, run_id="spark-ctrl-c", verbose=0)
+    tracker = spark.sparkContext.statusTracker()
+    job_ids = tracker.getJobIdsForGroup("hora-spark-ctrl-c")
+    assert job_ids
+    for job_id in job_ids:
+        assert tracker.getJobInfo(job_id).status != "RUNNING"
+    assert_no_workers_left("spark-ctrl-c")
