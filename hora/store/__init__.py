@@ -5,9 +5,9 @@
 >>> info = materialize(df, store, feature_cols=["features"], label_cols=["label"], validation=0.2)
 >>> for batch in make_reader(store, info, rank=0, size=2, batch_size=64, epoch=0): ...
 
-Adapters: :func:`hora.store.torch_adapter.torch_batches` (torch tensors) and
-:func:`hora.store.tf_adapter.make_tf_dataset` (``tf.data.Dataset``) import their
-framework only when called. Nothing in this package imports an ML framework.
+Adapters: :func:`torch_batches` (torch tensors, pinned memory for CUDA) and
+:func:`make_tf_dataset` (``tf.data.Dataset``) import their framework only when
+called: importing ``hora.store`` never imports an ML framework.
 """
 
 from hora.store.dataset import ColumnSpec, DatasetInfo, FileInfo
@@ -15,6 +15,8 @@ from hora.store.layout import StoreLayout
 from hora.store.materialize import load_dataset_info, materialize
 from hora.store.reader import Reader, make_reader
 from hora.store.store import Store
+from hora.store.tf_adapter import make_tf_dataset
+from hora.store.torch_adapter import TorchBatches, torch_batches
 
 __all__ = [
     "Store",
@@ -26,4 +28,7 @@ __all__ = [
     "load_dataset_info",
     "make_reader",
     "Reader",
+    "torch_batches",
+    "TorchBatches",
+    "make_tf_dataset",
 ]

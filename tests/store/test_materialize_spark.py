@@ -75,6 +75,14 @@ def test_reuse_validation_column_and_invalidation(spark, sdf, file_store):
     assert load_dataset_info(file_store, a.fingerprint) is not None
 
 
+def test_spark_reads_the_materialized_parquet_back(spark, sdf, file_store):
+    info = materialize(sdf, file_store, ["vec", "nested"], ["y"], num_proc=2)
+    back = spark.read.parquet(file_store.layout.train_dir(info.fingerprint))
+    assert back.count() == 120
+    assert back.schema["vec"].dataType.simpleString() == "array<float>"
+    assert back.schema["nested"].dataType.simpleString() == "array<array<bigint>>"
+
+
 def test_fewer_partitions_than_processes(spark, sdf, file_store):
     info = materialize(sdf.coalesce(1), file_store, ["x"], ["y"], num_proc=3)
     assert len(info.files["train"]) >= 3 and info.train_rows == 120

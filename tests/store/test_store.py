@@ -173,3 +173,25 @@ def test_bare_path_and_check_writable_skip(tmp_path):
     assert s.protocol == "file" and s.url == f"file://{tmp_path}/bare"
     s.check_writable(timeout=10)
     assert s.is_local
+
+
+def test_the_data_path_never_imports_an_ml_framework(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import numpy as np, pandas as pd
+        from hora.store import Store, materialize, make_reader, torch_batches, make_tf_dataset
+        store = Store.create({str(tmp_path / "s")!r})
+        info = materialize(pd.DataFrame({{"x": np.arange(10.0), "y": np.arange(10)}}), store, ["x"], ["y"])
+        assert sum(len(b["x"]) for b in make_reader(store, info, batch_size=3)) == 10
+        loaded = [m for m in ("torch", "tensorflow", "keras", "jax") if m in sys.modules]
+        print(loaded)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
