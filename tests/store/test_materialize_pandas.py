@@ -282,3 +282,14 @@ def test_bad_data(file_store):
     datasets = file_store.layout.datasets_dir()
     for d in file_store.listdir(datasets):
         assert not [e for e in file_store.listdir(d) if "_tmp-" in e]
+
+
+def test_a_split_with_fewer_files_than_processes_is_recut(any_store):
+    df = frame(90)
+    df["early"] = df["id"] < 12  # every validation row sits in the first input chunk
+    info = materialize(df, any_store, ["x", "id"], ["y"], validation="early", num_proc=3, rows_per_row_group=5)
+    assert [f.rows for f in info.files["val"]] == [4, 4, 4]
+    assert len(info.files["train"]) == 3
+    np.testing.assert_array_equal(np.sort(read_all(any_store, info, "val")["id"]), np.arange(12))
+    listed = [p.rsplit("/", 1)[-1] for p in any_store.listdir(any_store.layout.val_dir(info.fingerprint))]
+    assert sorted(listed) == sorted(f.path.rsplit("/", 1)[-1] for f in info.files["val"])

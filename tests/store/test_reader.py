@@ -263,3 +263,21 @@ def test_tf_dataset_adapter(shared):
     assert set(x) == {"vec", "xf"} and y.numpy().tolist() == list(range(100))
     with pytest.raises(ConfigError, match="nope"):
         make_tf_dataset(reader, x_cols=["nope"])
+
+
+@pytest.mark.gpu
+def test_torch_adapter_pins_and_copies_to_cuda(shared):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from hora.store.torch_adapter import torch_batches
+
+    store, info = shared
+    batches = torch_batches(make_reader(store, info, batch_size=128), device="cuda")
+    assert batches.pin_memory
+    seen = 0
+    for b in batches:
+        assert all(t.device.type == "cuda" for t in b.values())
+        assert torch.equal(b["xf"].cpu(), b["id"].cpu().float())
+        seen += len(b["id"])
+    assert seen == 1000

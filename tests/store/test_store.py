@@ -195,3 +195,14 @@ def test_the_data_path_never_imports_an_ml_framework(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("url", ["dbfs:/hora/x", "hdfs://127.0.0.1:1/hora"])
+def test_schemes_without_their_service_fail_clearly(url, monkeypatch):
+    import os
+
+    if url.startswith("dbfs") and os.path.isdir("/dbfs"):
+        pytest.skip("a DBFS mount exists here")
+    monkeypatch.setenv("HORA_STORE_TIMEOUT", "20")
+    with pytest.raises(StoreError, match=r"store (dbfs|hdfs)"):
+        Store.create(url)
