@@ -163,19 +163,44 @@ def parse_hosts(spec: str) -> list[tuple[str, int]]:
 # hora run
 # --------------------------------------------------------------------------------------
 class _Printer:
-    """Writes prefixed rank output to the launcher's stdout/stderr."""
+    """Writes prefixed rank output to the launcher's stdout/stderr, and the progress bar
+    of the metrics ranks send with :func:`hora.runners.report`."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_id: str = "hora") -> None:
+        from hora.runners.progress import Progress
+
         self.lock = threading.Lock()
+        self.progress = Progress(run_id)
+        self._metric_seq: dict[int, int] = {}
 
     def __call__(self, rank: int, stream: str, line: str) -> None:
         out: IO[str] = sys.stderr if stream == "stderr" else sys.stdout
         with self.lock:
             try:
-                out.write(f"[{rank}]<{stream}>:{line}\n")
-                out.flush()
+                self.progress.write(f"[{rank}]<{stream}>:{line}", out)
             except (OSError, ValueError):
                 pass
+
+    def poll_metrics(self, server) -> None:
+        """Render the latest metrics posted to the launcher's rendezvous server."""
+        import pickle
+
+        from hora.runners.spec import KEY_METRICS
+
+        for key in server.keys(KEY_METRICS):
+            try:
+                rank = int(key[len(KEY_METRICS) :])
+                seq, metrics = pickle.loads(server.wait([key], 0.01)[0])
+            except Exception:
+                continue
+            if self._metric_seq.get(rank) != seq:
+                self._metric_seq[rank] = seq
+                with self.lock:
+                    self.progress.update(rank, metrics)
+
+    def close(self) -> None:
+        with self.lock:
+            self.progress.close()
 
 
 def _settings_env(args: argparse.Namespace) -> dict[str, str]:
@@ -299,7 +324,7 @@ def run_command(args: argparse.Namespace) -> int:
     server = RendezvousServer(secret, host="127.0.0.1", port=0)
     server.start()
     base_env[ENV_DRIVER_ADDR] = server.addr
-    printer = _Printer()
+    printer = _Printer(run_id)
     launcher = ProcessLauncher(printer, output_dir=output_dir)
     flag: dict[str, int] = {}
     previous = _install_signal_handlers(flag)
@@ -349,6 +374,7 @@ def run_command(args: argparse.Namespace) -> int:
                 for r in codes:
                     launcher.wait_output(r, 5.0)
                 return 0
+            printer.poll_metrics(server)
             stuck = _missing_at_start_barrier(server, args.np, started_at, start_timeout, first_seen)
             if stuck is not None:
                 name, missing = stuck
@@ -361,6 +387,7 @@ def run_command(args: argparse.Namespace) -> int:
             time.sleep(POLL_INTERVAL)
     finally:
         launcher.terminate(grace)
+        printer.close()
         _restore_signal_handlers(previous)
         server.stop()
 
@@ -375,7 +402,7 @@ def _run_mpi(args: argparse.Namespace, command: list[str], base_env: dict[str, s
     mpiexec = shutil.which("mpiexec") or shutil.which("mpiexec", path=os.path.dirname(sys.executable))
     if mpiexec is None:
         raise UsageError("--mpi needs mpiexec on PATH (pip install mpich, or install an MPI)")
-    printer = _Printer()
+    printer = _Printer(str(base_env.get("HORA_RUN_ID", "hora")))
     tails: dict[int, collections.deque[str]] = collections.defaultdict(lambda: collections.deque(maxlen=400))
     files: dict[tuple[int, str], IO[str]] = {}
     lock = threading.Lock()

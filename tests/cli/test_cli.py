@@ -40,6 +40,11 @@ def test_run_prefixes_output_and_writes_output_files(tmp_path):
         assert os.environ["HORA_CYCLE_TIME"] == "3" and os.environ["HORA_FUSION_THRESHOLD"] == str(2 * 1024 * 1024)
         assert os.environ["HORA_CACHE_CAPACITY"] == "10" and os.environ["HORA_AUTOTUNE"] == "1"
         assert os.environ["HORA_TIMELINE"].endswith("tl.json")
+        if os.environ["HORA_RANK"] == "0":
+            import time
+            import hora.runners
+            hora.runners.report(step=3, total=4, loss=0.125)
+            time.sleep(1.0)  # the launcher polls metrics every 50 ms
     """)
     out_dir = tmp_path / "out"
     res = hora("run", "-np", "2", "--output-filename", str(out_dir), "--cycle-time-ms", "3",
@@ -49,6 +54,7 @@ def test_run_prefixes_output_and_writes_output_files(tmp_path):
     assert "[0]<stdout>:hello from 0 of 2 127.0.0.1" in res.stdout
     assert "[1]<stdout>:hello from 1 of 2 127.0.0.1" in res.stdout
     assert "[1]<stderr>:to stderr 1" in res.stderr
+    assert "loss=0.125" in res.stderr and "3/4" in res.stderr  # the progress bar
     assert (out_dir / "rank.0" / "stdout").read_text() == "hello from 0 of 2 127.0.0.1\n"
     assert (out_dir / "rank.1" / "stderr").read_text() == "to stderr 1\n"
 
