@@ -174,8 +174,11 @@ class Store:
         full = self._resolve(path)
         if self.protocol == "file":
             return "file://" + full
-        if self.protocol in ("memory", "dbfs"):
-            return f"{self.protocol}://{full}"
+        if self.protocol == "hdfs" and self.storage_options.get("host"):
+            port = self.storage_options.get("port")
+            return f"hdfs://{self.storage_options['host']}{':' + str(port) if port else ''}{full}"
+        if self.protocol == "dbfs":
+            return f"dbfs:{full}"
         return f"{self.protocol}://{full}"
 
     def __repr__(self) -> str:
@@ -216,6 +219,11 @@ class Store:
                             f"{package!r}: pip install {package} ({exc})"
                         ) from exc
                     except Exception as exc:  # bad storage options, missing credentials...
+                        if self.protocol == "dbfs":
+                            raise StoreError(
+                                f"cannot open store dbfs:{self.root}: outside Databricks (no /dbfs mount) pass "
+                                f"instance= and token= storage options ({type(exc).__name__}: {exc})"
+                            ) from exc
                         raise StoreError(
                             f"cannot open store {self.protocol}://{self.root}: {type(exc).__name__}: {exc}"
                         ) from exc
