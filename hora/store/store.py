@@ -215,7 +215,7 @@ class Store:
                     except ImportError as exc:
                         package = _SCHEMES.get(self.protocol, (None, None))[1] or str(exc)
                         raise StoreError(
-                            f"store {self.protocol}://{self.root} needs the optional package "
+                            f"store {self.url} needs the optional package "
                             f"{package!r}: pip install {package} ({exc})"
                         ) from exc
                     except Exception as exc:  # bad storage options, missing credentials...
@@ -225,7 +225,7 @@ class Store:
                                 f"instance= and token= storage options ({type(exc).__name__}: {exc})"
                             ) from exc
                         raise StoreError(
-                            f"cannot open store {self.protocol}://{self.root}: {type(exc).__name__}: {exc}"
+                            f"cannot open store {self.url}: {type(exc).__name__}: {exc}"
                         ) from exc
         return self._fs
 
