@@ -42,6 +42,7 @@ from hora.native.engine import (
     EngineConfig,
     Handle,
     Request,
+    fast_allreduce_request,
 )
 from hora.native.process_sets import ProcessSet, global_process_set
 from hora.native.timeline import Timeline
@@ -341,6 +342,16 @@ def allreduce_async_(tensor: Any, op: Any = Average, name: str | None = None, pr
                      postscale_factor: float = 1.0, process_set: ProcessSet | None = None,
                      compression: Any = None) -> Handle:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``."""
+    st = _state
+    if (st is not None and type(tensor) is torch.Tensor and process_set is None and compression is None
+            and type(op) is ReduceOp and tensor.is_cpu and tensor.dtype in _NUMERIC and tensor.is_contiguous()):
+        # the hot path of gradient reduction: same checks, none of the general machinery
+        if name is None:
+            name = st.auto_name(ALLREDUCE)
+        elif type(name) is not str or not name:
+            raise ConfigError(f"allreduce: name must be a non-empty string, got {name!r}")
+        return st.engine.submit(fast_allreduce_request(name, tensor, tensor, op, float(prescale_factor),
+                                                       float(postscale_factor)))
     return _submit(*_allreduce_request(tensor, op, name, prescale_factor, postscale_factor, process_set,
                                        compression, inplace=True))
 
