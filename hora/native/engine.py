@@ -848,7 +848,13 @@ class Engine:
                 errors[p.name] = msg
             return
         kind = first[0]
-        if first[6] not in self.process_sets:
+        ps = self.process_sets.get(first[6])
+        if ps is not None and kind != JOIN and len(keys) == len(ps.ranks) and not self._joined:
+            # every member has submitted the same thing (non-members cannot submit)
+            del self._table[p.name]
+            ready.append(_Response(p.name, first, p.locals, seq=p.seq))
+            return
+        if ps is None:
             del self._table[p.name]
             msg = f"{kind} '{p.name}' names process set {first[6]}, which is not registered (ranks {sorted(keys)})"
             if self.rank in keys:
