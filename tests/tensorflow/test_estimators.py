@@ -1,0 +1,163 @@
+"""KerasEstimator fit / transform / save / load on Spark (local[2]) and Dask (LocalCluster), 2 ranks each."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hora.errors import ConfigError
+from tests.tensorflow.conftest import digits_frame
+
+keras = pytest.importorskip("keras")
+
+pytestmark = [pytest.mark.tf, pytest.mark.timeout(600)]
+
+
+# ---------------------------------------------------------------------------------------
+# Spark
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def spark_fit(spark, tmp_path_factory):
+    from hora.spark import KerasEstimator
+    from hora.store import Store
+    from tests.tensorflow.keras_models import digits_mlp
+
+    pdf, x, y = digits_frame()
+    df = spark.createDataFrame([( [float(v) for v in row], int(label)) for row, label in zip(x, y)],
+                               "features array<float>, label long")
+    store = Store.create(str(tmp_path_factory.mktemp("keras-spark-store")))
+    net = digits_mlp()
+    before = [w.copy() for w in net.get_weights()]
+    est = KerasEstimator(num_proc=2, store=store, model=net, optimizer=keras.optimizers.Adam(0.003),
+                         loss="sparse_categorical_crossentropy", metrics=["accuracy"], feature_cols=["features"],
+                         label_cols=["label"], batch_size=32, epochs=4, validation=0.2, random_seed=1, verbose=0)
+    model = est.fit(df)
+    return est, model, df, x, y, net, before, store
+
+
+def test_spark_fit_trains_on_two_ranks(spark_fit):
+    from hora.estimators.keras import SparkKerasModel
+
+    est, model, df, x, y, net, before, store = spark_fit
+    assert isinstance(model, SparkKerasModel)
+    hist = model.getHistory()
+    assert len(hist) == 4 and {"loss", "val_loss", "val_accuracy"} <= set(hist[0])
+    assert hist[-1]["loss"] < 0.6 * hist[0]["loss"]
+    assert hist[-1]["val_accuracy"] > 0.8
+    for w, b in zip(net.get_weights(), before):  # the user's model is untouched
+        np.testing.assert_array_equal(w, b)
+    assert isinstance(model.getModel(), keras.Model)
+    assert store.list_checkpoints(model.getOrDefault("run_id")) == [0, 1, 2, 3]
+
+
+def test_spark_transform_on_executors(spark_fit):
+    est, model, df, x, y, *_ = spark_fit
+    scored = model.transform(df).select("label", "prediction").toPandas()
+    assert len(scored) == len(x)
+    probs = np.stack(scored["prediction"].to_numpy())
+    assert probs.shape == (len(x), 10)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-4)
+    assert (probs.argmax(axis=1) == scored["label"].to_numpy()).mean() > 0.85
+    local = model.getModel().predict(x[:20], verbose=0)
+    np.testing.assert_allclose(probs[:20], local, rtol=1e-4, atol=1e-5)
+
+
+def test_spark_save_load_model_and_estimator(spark_fit, tmp_path):
+    from hora.spark import KerasEstimator, KerasModel
+
+    est, model, df, x, *_ = spark_fit
+    path = str(tmp_path / "model")
+    model.write().overwrite().save(path)
+    loaded = KerasModel.load(path)
+    assert loaded.getHistory() == model.getHistory()
+    small = df.limit(30)
+    a = np.stack(loaded.transform(small).toPandas()["prediction"].to_numpy())
+    b = np.stack(model.transform(small).toPandas()["prediction"].to_numpy())
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    copied = model.copy()
+    assert copied.getModel() is not model.getModel()
+    np.testing.assert_array_equal(copied.getModel().get_weights()[0], model.getModel().get_weights()[0])
+
+    epath = str(tmp_path / "estimator")
+    est.write().overwrite().save(epath)
+    est2 = KerasEstimator.load(epath)
+    assert est2.getEpochs() == 4 and est2.getBatchSize() == 32 and est2.getLoss() == "sparse_categorical_crossentropy"
+    assert isinstance(est2.getModel(), keras.Model)
+
+
+def test_spark_bad_input_fails_before_launch(spark_fit):
+    from hora.spark import KerasEstimator
+
+    est, model, df, *_ = spark_fit
+    bad = est.copy({est.model: object()})
+    with pytest.raises(ConfigError, match="keras.Model"):
+        bad.fit(df)
+
+    class OldAdam:  # a tf_keras optimizer as far as hora can tell
+        pass
+
+    OldAdam.__module__ = "tf_keras.src.optimizers.adam"
+    with pytest.raises(ConfigError, match="Keras 2"):
+        est.copy({est.optimizer: OldAdam()}).fit(df)
+    with pytest.raises(ConfigError, match="no parameters"):
+        KerasEstimator(bogus=1)
+
+
+# ---------------------------------------------------------------------------------------
+# Dask
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dask_fit(dask_client, tmp_path_factory):
+    import dask
+    import dask.dataframe as dd
+
+    from hora.dask import KerasEstimator
+    from hora.store import Store
+    from tests.tensorflow.keras_models import ScaledDense, digits_mlp
+
+    pdf, x, y = digits_frame()
+    with dask.config.set({"dataframe.convert-string": False}):
+        ddf = dd.from_pandas(pdf, npartitions=4)
+    store = Store.create(str(tmp_path_factory.mktemp("keras-dask-store")))
+    est = KerasEstimator(num_proc=2, store=store, model=digits_mlp(custom=True),
+                         optimizer=keras.optimizers.Adam(0.003),
+                         loss=keras.losses.SparseCategoricalCrossentropy(), metrics=["accuracy"],
+                         feature_cols=["features"], label_cols=["label"], batch_size=32, epochs=3,
+                         validation=0.2, random_seed=2, verbose=0, custom_objects={"ScaledDense": ScaledDense})
+    model = est.fit(ddf)
+    return est, model, pdf, ddf, x, y
+
+
+def test_dask_fit_transform_predict(dask_fit):
+    from hora.estimators.keras import DaskKerasModel
+
+    est, model, pdf, ddf, x, y = dask_fit
+    assert isinstance(model, DaskKerasModel)
+    assert len(model.history_) == 3 and model.history_[-1]["loss"] < model.history_[0]["loss"]
+    assert any(type(layer).__name__ == "ScaledDense" for layer in model.model_.layers)
+    out = model.transform(ddf).compute()
+    probs = np.stack(out["prediction"].to_numpy())
+    assert probs.shape == (len(pdf), 10)
+    assert (probs.argmax(axis=1) == out["label"].to_numpy()).mean() > 0.8
+    np.testing.assert_allclose(probs[:20], model.model_.predict(x[:20], verbose=0), rtol=1e-4, atol=1e-5)
+    pred = model.predict(pdf.head(20))
+    np.testing.assert_allclose(np.stack(pred.to_numpy()), probs[:20], rtol=1e-5, atol=1e-6)
+
+
+def test_dask_save_load_and_params(dask_fit, tmp_path):
+    from hora.dask import KerasModel
+
+    est, model, pdf, *_ = dask_fit
+    for url in (f"file://{tmp_path}/m", "memory://hora-keras-tests/m"):
+        model.save(url)
+        loaded = KerasModel.load(url)  # the custom layer comes back through the saved custom_objects
+        assert loaded.history_ == model.history_
+        a = np.stack(loaded.transform(pdf.head(25))["prediction"].to_numpy())
+        b = np.stack(model.transform(pdf.head(25))["prediction"].to_numpy())
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    params = est.get_params()
+    assert "custom_objects" in params and params["epochs"] == 3
+    assert est.set_params(epochs=5) is est and est.epochs == 5
+    with pytest.raises(ConfigError, match="custom_objects must be a dict"):
+        est.set_params(custom_objects=["ScaledDense"])._config()
+    est.set_params(custom_objects={"ScaledDense": params["custom_objects"]["ScaledDense"]}, epochs=3)
