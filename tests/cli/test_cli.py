@@ -201,3 +201,31 @@ def test_run_mpi_through_mpiexec(tmp_path):
     assert (out_dir / "rank.1" / "stdout").read_text() == "mpi rank 1 of 2 sum 3 mpi\n"
     res = hora("run", "-np", "2", "--mpi", sys.executable, script, "5")
     assert res.returncode == 5
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
+    script = write_script(tmp_path, "sleeper.py", """
+        import os, sys, time
+        open(os.path.join(sys.argv[1], "pid." + os.environ["HORA_RANK"]), "w").write(str(os.getpid()))
+        time.sleep(300)
+    """)
+    env = dict(os.environ)
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "hora", "run", "-np", "2", sys.executable, script, str(tmp_path)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((tmp_path / f"pid.{r}").exists() for r in range(2)):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + 15
+    assert "received SIGTERM; stopping all ranks" in err
+    pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(2)]
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
