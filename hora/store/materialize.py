@@ -533,16 +533,13 @@ def _pandas_column_kind(name: str, series: Any) -> str:
 
 
 def _ndarray_to_list_array(values: np.ndarray) -> pa.Array:
-    """(n, d1, d2, ...) ndarray -> nested plain list array with the same shape per row."""
-    n = values.shape[0]
-    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
-    arr: pa.Array = flat
-    for dim in reversed(values.shape[1:]):
-        count = len(arr) // dim if dim else n
-        offsets = pa.array(np.arange(count + 1, dtype=np.int32) * dim)
+    """(n, d1, d2, ...) ndarray -> nested plain list array with the same shape per row (no per-row Python)."""
+    shape = values.shape
+    arr: pa.Array = pa.array(np.ascontiguousarray(values).reshape(-1))
+    for level in range(len(shape) - 1, 0, -1):
+        count = int(np.prod(shape[:level]))  # lists at this level
+        offsets = pa.array(np.arange(count + 1, dtype=np.int32) * shape[level])
         arr = pa.ListArray.from_arrays(offsets, arr)
-    if values.ndim == 1:  # pragma: no cover - callers pass >= 2-d
-        return arr
     return arr
 
 

@@ -22,6 +22,7 @@ How rows are shared (identical arithmetic on every rank, from the metadata alone
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -49,6 +50,22 @@ DEFAULT_READER_TIMEOUT_S = 600.0
 READER_TIMEOUT_ENV = "HORA_READER_TIMEOUT"
 _REMAINDERS = ("pad", "truncate")
 _POLL_S = 0.5
+
+
+# Every live background thread of every reader, so they can be stopped before the interpreter
+# finalizes (a daemon thread still inside Arrow's C++ at exit would abort the process).
+_LIVE: set[tuple[threading.Thread, threading.Event]] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_all_readers() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for _, stop in live:
+        stop.set()
+    for thread, _ in live:
+        thread.join(timeout=5 * _POLL_S)
 
 
 def reader_timeout() -> float:
@@ -390,6 +407,10 @@ class Reader:
         )
         with self._live_lock:
             self._live.append((thread, stop))
+        with _LIVE_LOCK:
+            for entry in [e for e in _LIVE if not e[0].is_alive()]:
+                _LIVE.discard(entry)
+            _LIVE.add((thread, stop))
         thread.start()
         timeout = reader_timeout()
         try:
@@ -427,6 +448,8 @@ class Reader:
             if not thread.is_alive():
                 with self._live_lock:
                     self._live = [(t, e) for t, e in self._live if t is not thread]
+                with _LIVE_LOCK:
+                    _LIVE.discard((thread, stop))
 
     def close(self) -> None:
         """Stop any prefetch thread still running (returns within about a second)."""
