@@ -148,7 +148,17 @@ def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS) -> di
         pdf = df[columns].head(rows)
     if len(pdf) == 0:
         raise DataError("the DataFrame is empty: nothing to train on")
-    return {c: series_to_numpy(pdf[c]) for c in columns}
+    out = {}
+    for c in columns:
+        arr = series_to_numpy(pdf[c])
+        if arr.dtype.kind in "USO":
+            hint = ""
+            if engine == "dask":
+                hint = (" (Dask turns object columns into strings unless "
+                        "dask.config.set({'dataframe.convert-string': False}) is set when the frame is built)")
+            raise DataError(f"column {c!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays{hint}")
+        out[c] = arr
+    return out
 
 
 def default_num_proc(engine: str, spark: Any = None, client: Any = None) -> int:
