@@ -9,7 +9,6 @@ batch 1024, prefetch thread on.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile

@@ -953,7 +953,7 @@ def _ensure_min_files(store: Store, plan: _WritePlan, info: DatasetInfo, num_pro
 
         def _new_writer(i: int) -> _SplitWriter:
             w = _SplitWriter(plan, split, i, "-r")
-            w.rows_per_group = rg or files[0].row_groups[0] if files[0].row_groups else None
+            w.rows_per_group = rg if rg is not None else files[0].row_groups[0]
             return w
 
         writer = _new_writer(0)

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from hora.errors import ConfigError, DataError, StoreError
 from hora.store.dataset import ColumnSpec, DatasetInfo
-from hora.store.layout import SPLITS, join
+from hora.store.layout import SPLITS
 from hora.store.store import Store
 
 logger = logging.getLogger(__name__)
