@@ -53,6 +53,7 @@ def assert_ranks_identical(states: list[dict], what: str) -> None:
         ("adam", "adam", 1.0),
         ("sgd_bpps2", "sgd", 1.0),
         ("adam_bpps2", "adam", 1.0),
+        ("buckets", "adam", 1.0),  # gradients submitted in 2 buckets instead of one by one
         ("predivide", "sgd", 1.0),
         ("sum_op", "plain_sgd", 2.0),  # Sum of two half-batch means = 2x the whole-batch mean
     ],
@@ -156,6 +157,9 @@ def test_wrapper_is_an_instance_of_the_wrapped_class():
     assert dist.param_groups is opt.param_groups
     assert dist.state_dict()["param_groups"][0]["lr"] == 0.1
     assert hvd.is_distributed_optimizer(dist) and not hvd.is_distributed_optimizer(opt)
+    assert [len(b) for b in dist._hora_buckets] == [1, 1, 1, 1]  # default: one gradient at a time
+    bucketed = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), bucket_cap_mb=0.0005)
+    assert [len(b) for b in bucketed._hora_buckets] == [3, 1]  # 16+256+64 bytes, then 512 bytes
     with pytest.raises(ConfigError, match="already a DistributedOptimizer"):
         hvd.DistributedOptimizer(dist)
 
@@ -185,6 +189,7 @@ def test_named_parameters_errors():
         ({"gradient_predivide_factor": 0.0}, "gradient_predivide_factor"),
         ({"gradient_predivide_factor": 2.0, "op": "SUM"}, "op"),
         ({"compression": "zip"}, "compression"),
+        ({"bucket_cap_mb": -1}, "bucket_cap_mb"),
     ],
 )
 def test_bad_arguments(kwargs, match):

@@ -285,6 +285,7 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "adam": lambda hvd: _train_distributed(hvd, "adam"),
     "sgd_bpps2": lambda hvd: _train_distributed(hvd, "sgd", bpps=2),
     "adam_bpps2": lambda hvd: _train_distributed(hvd, "adam", bpps=2),
+    "buckets": lambda hvd: _train_distributed(hvd, "adam", bucket_cap_mb=0.0005),
     "predivide": lambda hvd: _train_distributed(hvd, "sgd", gradient_predivide_factor=2.0),
     "sum_op": lambda hvd: _train_distributed(hvd, "plain_sgd", op=hvd.Sum),
     "fp16": lambda hvd: _train_distributed(hvd, "sgd", compression=hvd.Compression.fp16),
