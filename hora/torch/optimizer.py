@@ -165,6 +165,7 @@ class _DistributedMixin:
         self._hora_prescale = 1.0 / factor if op == _hn.Average else 1.0
         self._hora_postscale = factor if op == _hn.Average else 1.0
         self._hora_process_set = process_set
+        self._hora_member: bool | None = None  # decided at the first gradient (needs init)
         self._hora_handles = {}
         self._hora_delay = {}
         self._hora_should_sync = True
@@ -203,6 +204,8 @@ class _DistributedMixin:
         while ``p.grad`` is being reduced in place (it would corrupt the reduction)."""
 
         def guard(grad: torch.Tensor) -> None:
+            if not self._hora_participates():
+                return
             if p in self._hora_handles or self._hora_delay[p] <= 0:
                 raise ConfigError(
                     f"gradient of {self._hora_names[p]!r} was computed more than "
@@ -213,8 +216,22 @@ class _DistributedMixin:
 
         return guard
 
+    def _hora_participates(self) -> bool:
+        """Whether this rank reduces at all: a member of a process set of > 1 ranks.
+
+        Raises:
+            NotInitializedError: hora.init() was not called.
+        """
+        member = self._hora_member
+        if member is None:
+            ps = self._hora_process_set
+            member = self._hora_member = ps.included() and ps.size() > 1
+        return member
+
     def _hora_on_grad(self, p: torch.Tensor) -> None:
         """Post-accumulate-grad hook: count the pass and submit when it is the k-th."""
+        if not self._hora_participates():
+            return
         self._hora_delay[p] -= 1
         if self._hora_delay[p] == 0:
             b = self._hora_bucket_of[p]
@@ -257,6 +274,9 @@ class _DistributedMixin:
         Raises:
             CollectiveError: a reduction failed or ranks disagree about a gradient.
         """
+        if not self._hora_participates():  # alone, or outside the process set: local step
+            self._hora_synchronized = True
+            return
         for p in self._hora_requires_update:
             if p not in self._hora_handles:
                 self._hora_handles[p] = self._hora_submit(p)

@@ -92,6 +92,12 @@ def test_overlapped_path_matches_blocking_per_gradient_allreduce(ranks):
     assert_states_close(result(ranks, "overlap")[0]["overlapped"], W.reference_train("sgd"), 1e-5, "overlap")
 
 
+@pytest.mark.timeout(300)
+def test_rank_alone_in_its_process_set_steps_locally(ranks):
+    for r, res in enumerate(result(ranks, "process_set")):
+        assert_states_close(res["distributed"], res["local"], 0.0, f"process_set rank {r}")
+
+
 # ---------------------------------------------------------------------------- broadcast
 @pytest.mark.timeout(300)
 def test_broadcast_optimizer_state(ranks):

@@ -188,6 +188,29 @@ def _scenario_overlap(hvd) -> dict[str, Any]:
             "names": sorted(n for n, _ in model.named_parameters())}
 
 
+def _scenario_process_set(hvd) -> dict[str, Any]:
+    """A process set of rank 0 alone: rank 0 (a set of one) and rank 1 (not a member)
+    both step on their own gradients, with nothing to wait for."""
+    rank, size = hvd.rank(), hvd.size()
+    ps = hvd.add_process_set([0])
+    try:
+        model = make_mlp(seed=0)
+        opt = hvd.DistributedOptimizer(make_optimizer("sgd", model.parameters()),
+                                       named_parameters=model.named_parameters(), process_set=ps)
+        local = make_mlp(seed=0)
+        lopt = make_optimizer("sgd", local.parameters())
+        for step in range(STEPS):
+            x, y = make_data(step)
+            x, y = _my_half(x, rank, size), _my_half(y, rank, size)
+            for m, o in ((model, opt), (local, lopt)):
+                o.zero_grad()
+                torch.nn.functional.mse_loss(m(x), y).backward()
+                o.step()
+        return {"distributed": state(model), "local": state(local)}
+    finally:
+        hvd.remove_process_set(ps)
+
+
 def _scenario_optimizer_state(hvd) -> dict[str, Any]:
     rank = hvd.rank()
     out: dict[str, Any] = {}
@@ -291,6 +314,7 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "fp16": lambda hvd: _train_distributed(hvd, "sgd", compression=hvd.Compression.fp16),
     "bf16": lambda hvd: _train_distributed(hvd, "sgd", compression=hvd.Compression.bf16),
     "two_heads": _scenario_two_heads,
+    "process_set": _scenario_process_set,
     "overlap": _scenario_overlap,
     "optimizer_state": _scenario_optimizer_state,
     "sync_bn": _scenario_sync_bn,
