@@ -41,6 +41,8 @@ class FitResult:
         output_shapes: per-row shape of each model output, one per label.
         dataset: the DatasetInfo trained on.
         num_proc: ranks that trained.
+        extra: rank 0's extra results and ``timings`` (seconds: ``prepare_s``, ``materialize_s``,
+            ``train_s`` (the whole worker job, start to end), ``epochs_s`` (inside epochs), ``collect_s``).
     """
 
     model: Any
@@ -222,7 +224,9 @@ def fit(
 
     engine = engine_of(df)
     backend = backend or ("local" if engine == "pandas" else engine)
+    t_prepare = time.monotonic()
     checked = prepare(df, config, trainer)
+    timings = {"prepare_s": time.monotonic() - t_prepare}
     num_proc = config.num_proc or default_num_proc(engine, spark, client)
     seed = config.random_seed if config.random_seed is not None else 0
     run_id = config.run_id or new_run_id()
@@ -242,6 +246,7 @@ def fit(
         num_proc=num_proc,
         seed=seed,
     )
+    timings["materialize_s"] = time.monotonic() - t0
     logger.info(
         "dataset %s (%d train rows, %d val rows) %s in %.1f s",
         info.fingerprint, info.train_rows, info.val_rows, "reused" if info.reused else "materialized", time.monotonic() - t0,
@@ -291,11 +296,16 @@ def fit(
         spark=spark,
         client=client,
     )
-    logger.info("training on %d ranks took %.1f s", num_proc, time.monotonic() - t1)
+    timings["train_s"] = time.monotonic() - t1
+    logger.info("training on %d ranks took %.1f s", num_proc, timings["train_s"])
     first = results[0] if results else None
     if not isinstance(first, dict) or "weights" not in first:
         raise WorkerFailedError(f"rank 0 returned no trained weights (got {type(first).__name__})", rank=0)
+    t2 = time.monotonic()
     model = trainer.load_model(spec.payload, first["weights"])
+    timings["collect_s"] = time.monotonic() - t2
+    epoch_times = [h.get("epoch_time_s", 0.0) for h in first["history"][first.get("start_epoch", 0):]]
+    timings["epochs_s"] = float(sum(epoch_times))
     return FitResult(
         model=model,
         history=list(first["history"]),
@@ -303,7 +313,7 @@ def fit(
         output_shapes=[tuple(s) for s in checked["output_shapes"]],
         dataset=info,
         num_proc=num_proc,
-        extra={k: v for k, v in first.items() if k not in ("weights", "history")},
+        extra={**{k: v for k, v in first.items() if k not in ("weights", "history")}, "timings": timings},
     )
 
 

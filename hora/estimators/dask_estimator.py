@@ -133,10 +133,18 @@ class DaskModelBase:
         self.history_ = [dict(h) for h in (history or [])]
         self.run_id_ = run_id
         self.batch_size = batch_size
+        #: seconds spent in each phase of the fit that produced this model (not persisted)
+        self.fit_timings_: dict[str, float] = {}
         self._files: dict[str, bytes] | None = None
 
     @classmethod
     def _from_result(cls, result: core.FitResult, config: EstimatorConfig, trainer: Trainer) -> "DaskModelBase":
+        model = cls._build(result, config)
+        model.fit_timings_ = dict(result.extra.get("timings", {}))
+        return model
+
+    @classmethod
+    def _build(cls, result: core.FitResult, config: EstimatorConfig) -> "DaskModelBase":
         return cls(
             model=result.model,
             feature_cols=config.feature_cols,

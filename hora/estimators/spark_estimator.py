@@ -204,11 +204,19 @@ class SparkModelBase(Model, MLWritable, MLReadable, *_MODEL_MIXINS):  # type: ig
                          batch_size=DEFAULT_PREDICT_BATCH)
         model = kwargs.pop("model", None)
         self._model = model
+        #: seconds spent in each phase of the fit that produced this model (not persisted)
+        self.fit_timings_: dict[str, float] = {}
         self._files: dict[str, bytes] | None = None
         self._set(**kwargs)
 
     @classmethod
     def _from_result(cls, result: core.FitResult, config: EstimatorConfig, trainer: Trainer) -> "SparkModelBase":
+        model = cls._build(result, config)
+        model.fit_timings_ = dict(result.extra.get("timings", {}))
+        return model
+
+    @classmethod
+    def _build(cls, result: core.FitResult, config: EstimatorConfig) -> "SparkModelBase":
         return cls(
             model=result.model,
             feature_cols=list(config.feature_cols),

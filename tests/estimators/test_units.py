@@ -1,0 +1,90 @@
+"""Engine-free parts: pandas prediction with several outputs, persistence, history plots, config."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hora.errors import ConfigError, DataError, StoreError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(4, 8)
+        self.a = torch.nn.Linear(8, 1)
+        self.b = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return self.a(h), self.b(h)
+
+
+def _model(**kw):
+    from hora.dask import TorchModel
+
+    torch.manual_seed(0)
+    args = dict(model=TwoHeads(), feature_cols=["x"], label_cols=["p", "q"], output_shapes=[(1,), (3,)])
+    args.update(kw)
+    return TorchModel(**args)
+
+
+def test_predict_several_outputs_default_names_and_types():
+    df = pd.DataFrame({"x": list(np.random.default_rng(0).normal(size=(7, 4)).astype("float32"))})
+    model = _model(batch_size=3)  # several forward passes
+    out = model.transform(df)
+    assert list(out.columns) == ["x", "p__output", "q__output"]
+    assert out["p__output"].dtype == np.float64 and len(out["q__output"].iloc[0]) == 3
+    a, b = model.model_(torch.tensor(np.stack(df["x"])))
+    np.testing.assert_allclose(out["p__output"], a.detach().numpy().ravel(), rtol=1e-6)
+    np.testing.assert_allclose(np.stack(out["q__output"]), b.detach().numpy(), rtol=1e-6)
+    named = _model(output_cols=["score", "probs"]).predict(df)
+    assert list(named.columns) == ["score", "probs"]
+    with pytest.raises(DataError, match=r"feature column\(s\) \['x'\] not in"):
+        model.transform(df.rename(columns={"x": "z"}))
+
+
+def test_save_load_round_trip_and_missing(tmp_path):
+    from hora.dask import TorchModel
+
+    model = _model(history=[{"epoch": 0, "loss": 1.0}], run_id="r1")
+    model.save(str(tmp_path / "m"))
+    loaded = TorchModel.load(str(tmp_path / "m"))
+    assert loaded.history_ == model.history_ and loaded.output_cols_ == model.output_cols_
+    for p, q in zip(loaded.model_.parameters(), model.model_.parameters()):
+        assert torch.equal(p, q)
+    with pytest.raises(StoreError, match="holds no saved hora model"):
+        TorchModel.load(str(tmp_path / "nothing"))
+    with pytest.raises(StoreError, match="already holds a saved model"):
+        model.save(str(tmp_path / "m"), overwrite=False)
+
+
+def test_plot_history():
+    model = _model(history=[{"epoch": 0, "loss": 2.0, "val_loss": 2.5, "val_acc": 0.5},
+                            {"epoch": 1, "loss": 1.0, "val_loss": 1.5, "val_acc": 0.7}])
+    fig = model.plot_history()
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "acc"]
+    assert [len(line.get_xdata()) for line in fig.axes[0].lines] == [2, 2]
+    with pytest.raises(ConfigError, match="not in the history"):
+        model.plot_history(["f1"])
+    with pytest.raises(ConfigError, match="no training history"):
+        _model().plot_history()
+
+
+def test_config_rejects_unknown_and_checks_types(tmp_path):
+    from hora.estimators.params import EstimatorConfig
+
+    with pytest.raises(ConfigError, match="unknown estimator parameters"):
+        EstimatorConfig.from_params({"batchsize": 3})
+    base = dict(store=str(tmp_path), model=object(), optimizer=object(), loss=torch.nn.MSELoss(),
+                feature_cols=["x"], label_cols=["y"])
+    cfg = EstimatorConfig(**base, validation=0.0)
+    assert cfg.validation is None and cfg.store.url.startswith("file://")
+    with pytest.raises(ConfigError, match="both in feature_cols and label_cols"):
+        EstimatorConfig(**{**base, "label_cols": ["x"]})
+    with pytest.raises(ConfigError, match="batch_size"):
+        EstimatorConfig(**base, batch_size=True)
