@@ -16,7 +16,7 @@ The collectives (``allreduce``, ``allgather``, ``broadcast``, ``alltoall``,
 ``reducescatter``, their ``_async`` and in-place ``_`` variants, ``barrier``, ``join``,
 process sets, ``Compression``) come from :mod:`hora.native` and act on torch tensors;
 this package adds :func:`DistributedOptimizer`, :func:`broadcast_parameters`,
-:func:`broadcast_optimizer_state` and :class:`SyncBatchNorm`.
+:func:`broadcast_optimizer_state`, :class:`SyncBatchNorm` and ``elastic.TorchState``.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ from hora.torch.functions import (
 )
 from hora.torch.optimizer import DistributedOptimizer, is_distributed_optimizer
 from hora.torch.sync_batch_norm import SyncBatchNorm
+from hora.torch import elastic  # noqa: E402  (hvd.elastic.TorchState, as in Horovod)
 
 __all__ = [
     "Average", "Compression", "Max", "Min", "ProcessSet", "Product", "ReduceOp", "Sum",
@@ -80,7 +81,7 @@ __all__ = [
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
     "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "cross_rank",
-    "cross_size", "DistributedOptimizer", "global_process_set", "grouped_allreduce",
+    "cross_size", "DistributedOptimizer", "elastic", "global_process_set", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "init",
     "is_distributed_optimizer", "is_initialized", "join", "local_rank", "local_size", "poll",
     "rank", "reducescatter", "reducescatter_async", "remove_process_set", "shutdown", "size",

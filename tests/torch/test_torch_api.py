@@ -123,6 +123,24 @@ def test_broadcast_and_allgather_object(ranks):
     assert r0["allgather"] == r1["allgather"] == [("rank", 0), ("rank", 1)]
 
 
+@pytest.mark.timeout(300)
+def test_elastic_torch_state_sync_commit_restore(ranks):
+    r0, r1 = result(ranks, "elastic_state")
+    want = W.make_mlp(seed=0).state_dict()
+    for res in (r0, r1):
+        weights, epoch, history = res["synced"]
+        assert_states_close(weights, dict(want), 0.0, "synced")
+        assert (epoch, history) == (10, [0])
+        c_weights, c_opt, c_epoch, c_hist = res["committed"]
+        r_weights, r_opt, r_epoch, r_hist = res["restored"]
+        assert_states_close(r_weights, c_weights, 0.0, "restored")
+        assert (r_epoch, r_hist) == (c_epoch, c_hist) == (11, [0, "a"])
+        for pid, st in c_opt["state"].items():
+            assert float(r_opt["state"][pid]["step"]) == float(st["step"]) == 1.0
+            assert torch.equal(r_opt["state"][pid]["exp_avg"], st["exp_avg"])
+    assert_ranks_identical([r0["restored"][0], r1["restored"][0]], "elastic")
+
+
 # ---------------------------------------------------------------------------- SyncBatchNorm
 @pytest.mark.timeout(300)
 def test_sync_batch_norm_matches_batch_norm_on_whole_batch(ranks):

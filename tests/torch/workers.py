@@ -8,6 +8,7 @@ the tests report failures one by one.
 
 from __future__ import annotations
 
+import copy
 import pickle
 import traceback
 from collections.abc import Callable
@@ -294,6 +295,37 @@ def _scenario_misuse(hvd) -> dict[str, Any]:
     return out
 
 
+def _scenario_elastic_state(hvd) -> dict[str, Any]:
+    from hora.torch.elastic import TorchState
+
+    rank, size = hvd.rank(), hvd.size()
+    model = make_mlp(seed=rank)
+    opt = hvd.DistributedOptimizer(make_optimizer("adam", model.parameters()),
+                                   named_parameters=model.named_parameters())
+    st = TorchState(model, opt, epoch=10 + rank, history=[rank])
+    st.sync()  # rank 0's weights, (empty) optimizer state and attributes everywhere
+
+    def train(step: int) -> None:
+        x, y = make_data(step)
+        x, y = _my_half(x, rank, size), _my_half(y, rank, size)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    out: dict[str, Any] = {"synced": (state(model), st.epoch, list(st.history))}
+    train(0)
+    st.epoch += 1
+    st.history.append("a")
+    st.commit()
+    out["committed"] = (state(model), copy.deepcopy(opt.state_dict()), st.epoch, list(st.history))
+    train(1)
+    st.epoch += 1
+    st.history.append("b")
+    st.restore()
+    out["restored"] = (state(model), opt.state_dict(), st.epoch, list(st.history))
+    return out
+
+
 def _scenario_objects(hvd) -> dict[str, Any]:
     rank = hvd.rank()
     return {
@@ -320,6 +352,7 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "sync_bn": _scenario_sync_bn,
     "misuse": _scenario_misuse,
     "objects": _scenario_objects,
+    "elastic_state": _scenario_elastic_state,
 }
 
 
