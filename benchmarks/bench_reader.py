@@ -80,8 +80,9 @@ def main() -> None:
         from hora.store import Store, load_dataset_info, make_reader
         store = Store.create({tmp!r}); info = load_dataset_info(store, {info.fingerprint!r})
         base = hwm_kb()
-        if sys.argv[1] == "read":
-            for b in make_reader(store, info, batch_size={args.batch}, shuffle=True, shuffle_buffer_size={buffer_rows}):
+        if sys.argv[1].startswith("read"):
+            buffer = int(sys.argv[1].split(":")[1])
+            for b in make_reader(store, info, batch_size={args.batch}, shuffle=True, shuffle_buffer_size=buffer):
                 pass
         elif sys.argv[1] == "raw":
             import pyarrow.parquet as pq
@@ -90,7 +91,8 @@ def main() -> None:
         """
     )
     rss = {}
-    for mode in ("read", "raw"):
+    modes = (f"read:{buffer_rows}", f"read:{buffer_rows // 2}", "raw")
+    for mode in modes:
         out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True, timeout=300, check=True)
         base_kb, peak_kb = map(int, out.stdout.split())
         rss[mode] = (base_kb / 1024, peak_kb / 1024)
@@ -108,7 +110,12 @@ def main() -> None:
           f"{buffer_rows * args.cols * 4 / 2**20:.0f} MiB)\n")
     print("| process | RSS after imports (MiB) | peak RSS (MiB) | peak - imports (MiB) |")
     print("|---|---:|---:|---:|")
-    for mode, label in (("read", "hora reader, shuffled, one epoch"), ("raw", "baseline: whole table in memory")):
+    labels = (
+        f"hora reader, shuffled, buffer {buffer_rows:,} rows (dataset = 4 x buffer)",
+        f"hora reader, shuffled, buffer {buffer_rows // 2:,} rows (dataset = 8 x buffer)",
+        "baseline: pq.read_table + to_numpy (whole table)",
+    )
+    for mode, label in zip(modes, labels):
         base, peak = rss[mode]
         print(f"| {label} | {base:.0f} | {peak:.0f} | {peak - base:.0f} |")
     import shutil
