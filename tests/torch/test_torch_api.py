@@ -143,9 +143,10 @@ def test_elastic_torch_state_sync_commit_restore(ranks):
 
 # ---------------------------------------------------------------------------- SyncBatchNorm
 @pytest.mark.timeout(300)
-def test_sync_batch_norm_matches_batch_norm_on_whole_batch(ranks):
-    r0, r1 = result(ranks, "sync_bn")
-    want = W.reference_sync_bn()
+@pytest.mark.parametrize("scenario", ["sync_bn", "sync_bn2d"])
+def test_sync_batch_norm_matches_batch_norm_on_whole_batch(ranks, scenario):
+    r0, r1 = result(ranks, scenario)
+    want = W.reference_sync_bn(two_d=scenario == "sync_bn2d")
     for key in ("y", "x_grad", "eval_y"):
         got = torch.cat([r0[key], r1[key]])
         diff = (got - want[key]).abs().max().item()

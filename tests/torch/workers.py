@@ -98,20 +98,25 @@ def reference_two_heads(steps: int = STEPS) -> dict[str, torch.Tensor]:
     return state(model)
 
 
-def sync_bn_input() -> tuple[torch.Tensor, torch.Tensor]:
+def sync_bn_input(shape: tuple[int, ...] = (3, 5)) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
-    x = torch.randn(GLOBAL_BATCH, 3, 5, generator=g) * 3 + 1.5
-    w = torch.randn(GLOBAL_BATCH, 3, 5, generator=g)
+    x = torch.randn(GLOBAL_BATCH, *shape, generator=g) * 3 + 1.5
+    w = torch.randn(GLOBAL_BATCH, *shape, generator=g)
     return x, w
 
 
-def reference_sync_bn() -> dict[str, torch.Tensor]:
+def make_bn(two_d: bool) -> torch.nn.Module:
+    """BatchNorm1d on (N, 3, 5), or BatchNorm2d with cumulative averaging on (N, 3, 4, 2)."""
+    return torch.nn.BatchNorm2d(3, momentum=None) if two_d else torch.nn.BatchNorm1d(3)
+
+
+def reference_sync_bn(two_d: bool = False) -> dict[str, torch.Tensor]:
     torch.manual_seed(3)
-    bn = torch.nn.BatchNorm1d(3)
+    bn = make_bn(two_d)
     with torch.no_grad():
         bn.weight.uniform_(0.5, 1.5)
         bn.bias.uniform_(-0.5, 0.5)
-    x, w = sync_bn_input()
+    x, w = sync_bn_input((3, 4, 2) if two_d else (3, 5))
     x = x.clone().requires_grad_(True)
     y = None
     for _ in range(2):
@@ -242,16 +247,16 @@ def _scenario_optimizer_state(hvd) -> dict[str, Any]:
     return out
 
 
-def _scenario_sync_bn(hvd) -> dict[str, Any]:
+def _scenario_sync_bn(hvd, two_d: bool = False) -> dict[str, Any]:
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(3)
-    ref = torch.nn.BatchNorm1d(3)
+    ref = make_bn(two_d)
     with torch.no_grad():
         ref.weight.uniform_(0.5, 1.5)
         ref.bias.uniform_(-0.5, 0.5)
     bn = hvd.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(ref))[0]
     assert isinstance(bn, hvd.SyncBatchNorm), type(bn)
-    x, w = sync_bn_input()
+    x, w = sync_bn_input((3, 4, 2) if two_d else (3, 5))
     x = _my_half(x, rank, size).clone().requires_grad_(True)
     w = _my_half(w, rank, size)
     y = None
@@ -350,6 +355,7 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "overlap": _scenario_overlap,
     "optimizer_state": _scenario_optimizer_state,
     "sync_bn": _scenario_sync_bn,
+    "sync_bn2d": lambda hvd: _scenario_sync_bn(hvd, two_d=True),
     "misuse": _scenario_misuse,
     "objects": _scenario_objects,
     "elastic_state": _scenario_elastic_state,
