@@ -500,3 +500,7 @@ def big_allreduce(numel: int) -> bool:
         bool(torch.all(t == float(sum(range(n))))) for t in small)
     hn.shutdown()
     return ok
+
+
+def small_cache_and_big_tensor() -> dict[str, Any]:
+    return {"cache": cache_counters(4, 12), "big": big_allreduce(50_000)}
