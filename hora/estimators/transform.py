@@ -140,10 +140,8 @@ def spark_transform(
     for c, h in zip(feature_cols, hidden):
         col = F.col(f"`{c}`")
         work = work.withColumn(h, vector_to_array(col, "float32") if isinstance(df.schema[c].dataType, VectorUDT) else col)
-    # Python sees only plain columns: drop vectors (rejoined below by position is not
-    # possible in Spark, so vector columns are carried as arrays and rebuilt afterwards)
-    for c in vector_cols:
-        work = work.withColumn(c, vector_to_array(F.col(f"`{c}`"), "float64"))
+    # other vector columns pass through Python as Arrow structs (dicts in pandas) and are
+    # rebuilt as Dense/SparseVectors on the way out, sparsity kept
     out_fields = [
         StructField(name, DoubleType() if is_scalar_shape(shape) else ArrayType(DoubleType(), containsNull=False), False)
         for name, shape in zip(output_cols, output_shapes)
@@ -159,17 +157,26 @@ def spark_transform(
     def _predict(batches: Iterator[Any]) -> Iterator[Any]:
         model = _load_cached(key, lambda: trainer.deserialize_model(bc.value))
         for pdf in batches:
-            yield predict_frame(
+            out = predict_frame(
                 trainer, model, pdf, feature_cols, input_shapes, output_cols, output_shapes, batch_size, source_cols=hidden
             )
+            for c in vector_cols:
+                out[c] = out[c].map(_as_vector)
+            yield out
 
     result = work.mapInPandas(_predict, schema).drop(*hidden)
-    if vector_cols:
-        from pyspark.ml.functions import array_to_vector
-
-        for c in vector_cols:
-            result = result.withColumn(c, array_to_vector(F.col(f"`{c}`")))
     return result.select(*[F.col(f"`{c}`") for c in df.columns], *[F.col(f"`{c}`") for c in output_cols])
+
+
+def _as_vector(value: Any) -> Any:
+    """A Spark ML vector from its Arrow struct form (``{"type", "size", "indices", "values"}``)."""
+    if value is None or hasattr(value, "toArray"):
+        return value
+    from pyspark.ml.linalg import DenseVector, SparseVector
+
+    if int(value["type"]) == 0:
+        return SparseVector(int(value["size"]), list(value["indices"]), list(value["values"]))
+    return DenseVector(value["values"])
 
 
 # ---------------------------------------------------------------------------------------

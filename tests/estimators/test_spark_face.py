@@ -135,3 +135,20 @@ def test_cross_validator_grid_over_batch_size_epochs_lr(spark, store):
     # a learning rate of 1e-5 for one epoch barely moves: the larger one must win
     assert cv_model.avgMetrics[1] < cv_model.avgMetrics[0]
     assert cv_model.bestModel.transform(df).select("prediction").count() == 192
+
+
+def test_transform_keeps_other_vector_columns_and_sparsity(spark):
+    from pyspark.ml.linalg import SparseVector, Vectors
+
+    from hora.spark import TorchModel
+
+    df = spark.createDataFrame(
+        [(Vectors.sparse(4, [1], [2.0]), Vectors.dense([1.0, 2.0]), 1.0),
+         (Vectors.dense([1.0, 2.0, 3.0, 4.0]), Vectors.dense([3.0, 4.0]), 2.0)], ["v", "f", "y"])
+    net = torch.nn.Linear(2, 2)
+    model = TorchModel(model=net, feature_cols=["f"], label_cols=["y"], output_shapes=[[2]], output_cols=["out"])
+    rows = model.transform(df).collect()
+    assert dict(model.transform(df).dtypes)["out"] == "array<double>"
+    assert isinstance(rows[0].v, SparseVector) and rows[0].v == Vectors.sparse(4, [1], [2.0])
+    expected = net(torch.tensor([[1.0, 2.0], [3.0, 4.0]])).detach().numpy()
+    np.testing.assert_allclose(np.array([r.out for r in rows]), expected, rtol=1e-6)
