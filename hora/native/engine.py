@@ -121,18 +121,22 @@ class Handle:
     raises :class:`~hora.errors.CollectiveError`.
     """
 
-    __slots__ = ("name", "kind", "_done", "_result", "_error", "_engine", "_post", "_done_value", "_finished")
+    # class-level defaults: a request (a subclass) sets only what differs, which keeps
+    # the submit path of thousands of small tensors per step cheap
+    name: str = ""
+    kind: str = ""
+    _done = False
+    _result: Any = None
+    _error: BaseException | None = None
+    _engine: Engine | None = None
+    _post: Callable[[Any], Any] | None = None
+    _finished = False
+    _done_value: Any = None
 
     def __init__(self, name: str, kind: str, engine: Engine | None) -> None:
         self.name = name
         self.kind = kind
-        self._done = False
-        self._result: Any = None
-        self._error: BaseException | None = None
         self._engine = engine
-        self._post: Callable[[Any], Any] | None = None
-        self._finished = False
-        self._done_value: Any = None
 
     def poll(self) -> bool:
         """True when the op has finished (successfully or not); never blocks."""
@@ -191,14 +195,31 @@ class Handle:
         return f"<hora Handle {self.kind} '{self.name}' {'done' if self._done else 'pending'}>"
 
 
-class Request:
-    """One op as submitted on this rank (internal)."""
+class Request(Handle):
+    """One op as submitted on this rank; it is also the :class:`Handle` returned to the caller."""
 
-    __slots__ = (
-        "kind", "name", "ps_id", "tensor", "output", "op", "root", "prescale", "postscale", "compressor",
-        "comp_name", "splits", "extra", "handle", "key", "local", "entry", "reported", "t_submit", "t_ready",
-        "ready_event",
-    )
+    ps_id = 0
+    tensor: torch.Tensor | None = None
+    output: torch.Tensor | None = None
+    op: ReduceOp = ReduceOp.Sum
+    root = -1
+    prescale = 1.0
+    postscale = 1.0
+    compressor: Any = NoneCompressor
+    comp_name = "none"
+    splits: tuple[int, ...] | None = None
+    extra: Any = None
+    entry: CacheEntry | None = None
+    reported = False
+    t_submit = 0.0
+    t_ready = 0.0
+    ready_event: Any = None
+    key: tuple = ()
+    local: Any = None
+
+    @property
+    def handle(self) -> Request:
+        return self
 
     def __init__(
         self,
@@ -229,12 +250,6 @@ class Request:
         self.comp_name = comp_name
         self.splits = splits
         self.extra = extra
-        self.handle: Handle | None = None
-        self.entry: CacheEntry | None = None
-        self.reported = False
-        self.t_submit = 0.0
-        self.t_ready = 0.0
-        self.ready_event: Any = None
         t = tensor
         if t is None:
             shape: tuple = ()
@@ -268,21 +283,15 @@ def fast_allreduce_request(name: str, tensor: torch.Tensor, output: torch.Tensor
     r = Request.__new__(Request)
     r.kind = ALLREDUCE
     r.name = name
-    r.ps_id = 0
     r.tensor = tensor
     r.output = output
     r.op = op
-    r.root = -1
-    r.prescale = prescale
-    r.postscale = postscale
-    r.compressor = NoneCompressor
-    r.comp_name = "none"
-    r.splits = r.extra = r.handle = r.entry = r.ready_event = None
-    r.reported = False
-    r.t_submit = r.t_ready = 0.0
+    if prescale != 1.0:
+        r.prescale = prescale
+    if postscale != 1.0:
+        r.postscale = postscale
     r.key = (ALLREDUCE, _DTYPE_NAMES[tensor.dtype], tuple(tensor.shape), tensor.dim(), op.value, -1, 0, prescale,
              postscale, "none", "cpu", None)
-    r.local = None
     return r
 
 
@@ -498,9 +507,9 @@ class Engine:
             CollectiveError: the engine has failed or shut down, or a request with the
                 same name is still in flight on this rank.
         """
-        handle = Handle(req.name, req.kind, self)
-        req.handle = handle
-        req.t_submit = self.timeline.now() if self.timeline.enabled else 0.0
+        req._engine = self
+        if self.timeline.enabled:
+            req.t_submit = self.timeline.now()
         with self._lock:
             if self._broken is not None:
                 raise CollectiveError(f"the hora engine has stopped: {self._broken}") from self._broken
@@ -516,7 +525,7 @@ class Engine:
             if self._idle and not self._woken:
                 self._woken = True
                 self._waker.signal(self._epoch)
-        return handle
+        return req
 
     def request_flush(self) -> None:
         """A caller is about to block on a handle: stop waiting for more submissions."""
@@ -1069,9 +1078,8 @@ class Engine:
                 torch._foreach_copy_([_flat(q.output) for q in reqs], list(parts))
             completed = self._completed
             for q in reqs:
-                h = q.handle
-                h._result = q.output
-                completed.append(h)
+                q._result = q.output
+                completed.append(q)
             st = self.stats
             st["fused_batches"] += 1
             st["fused_tensors"] += len(reqs)
@@ -1185,9 +1193,9 @@ class Engine:
                     tl.span(resp.name, "FUSE_COPY_OUT", t_start, t1)
         completed = self._completed
         for req in reqs:
-            if req is not None and req.handle is not None:
-                req.handle._result = req.output
-                completed.append(req.handle)
+            if req is not None:
+                req._result = req.output
+                completed.append(req)
 
     def _reduce_buffer(self, buf: torch.Tensor, op: ReduceOp, pre: float, post: float, compressor: Any,
                        group: Group, backend: Backend | None = None) -> None:

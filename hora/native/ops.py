@@ -325,7 +325,8 @@ def _allreduce_request(tensor: Any, op: Any, name: str | None, prescale_factor: 
 
 def _submit(req: Request, post: Any) -> Handle:
     h = _state_or_raise().engine.submit(req)
-    h._post = post
+    if post is not None:
+        h._post = post
     return h
 
 
