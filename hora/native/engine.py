@@ -635,7 +635,16 @@ class Engine:
                 self._woken = True
                 self._waker.signal(self._epoch)
         while True:
-            woken = self._waker.wait(self._epoch, IDLE_POLL)
+            try:
+                woken = self._waker.wait(self._epoch, IDLE_POLL)
+            except Exception as exc:
+                with self._lock:
+                    if self._shutdown:
+                        return False
+                raise CollectiveError(
+                    f"rank {self.rank}: lost the job's coordination store while idle ({exc}); "
+                    "did another rank exit or crash?"
+                ) from None
             with self._lock:
                 if self._shutdown and not self._names:
                     self._idle = False

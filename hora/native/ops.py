@@ -15,8 +15,8 @@ count in the Average's divisor) until every rank has joined.
 
 from __future__ import annotations
 
+import atexit
 import logging
-import os
 import pickle
 import threading
 from collections.abc import Sequence
@@ -84,6 +84,7 @@ class _State:
 
 _state: _State | None = None
 _init_lock = threading.Lock()
+_atexit_registered = False
 
 
 def _state_or_raise() -> _State:
@@ -110,7 +111,7 @@ def init(process_sets: Sequence[ProcessSet | Sequence[int]] | None = None) -> No
         ConfigError: unknown backend or malformed environment.
         RendezvousError: peers never arrived within ``HORA_START_TIMEOUT``.
     """
-    global _state
+    global _state, _atexit_registered
     with _init_lock:
         if _state is not None:
             return
@@ -125,6 +126,9 @@ def init(process_sets: Sequence[ProcessSet | Sequence[int]] | None = None) -> No
         timeline = Timeline.from_environ(backend.rank)
         engine = Engine(backend, config, timeline, _device_factories(backend, placement[0]))
         _state = _State(backend, engine, *placement, extras=extras)
+        if not _atexit_registered:
+            atexit.register(shutdown)  # drain and stop the engine even if the script forgets
+            _atexit_registered = True
         log.info("hora initialized: rank %d of %d on %s (fusion %d B, cycle %.2f ms, cache %d)",
                  backend.rank, backend.size, backend.name, config.fusion_threshold, config.cycle_time * 1e3,
                  config.cache_capacity)
