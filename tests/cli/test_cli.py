@@ -229,3 +229,26 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
     assert "received SIGTERM; stopping all ranks" in err
     pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(2)]
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.timeout(180)
+def test_timeline_filename_reaches_the_engine_and_summarize_reads_it(tmp_path):
+    script = write_script(tmp_path, "allreduce.py", """
+        import numpy as np
+        import hora.native as hn
+        hn.init()
+        for i in range(3):
+            out = hn.allreduce(np.ones(16, dtype=np.float32), op=hn.Sum, name=f"t{i}")
+            assert float(out[0]) == hn.size()
+        hn.shutdown()
+        print("ok", hn.__name__)
+    """)
+    timeline = tmp_path / "timeline.json"
+    res = hora("run", "-np", "2", "--timeline-filename", str(timeline), "--cycle-time-ms", "2",
+               sys.executable, script)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("<stdout>:ok hora.native") == 2
+    assert timeline.exists()
+    res = hora("timeline", "summarize", str(timeline))
+    assert res.returncode == 0, res.stderr
+    assert "COLLECTIVE" in res.stdout
