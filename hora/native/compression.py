@@ -73,6 +73,11 @@ class Compression:
     bf16 = BF16Compressor
 
 
+# module-level aliases: hora.native.compression.fp16 reads like Compression.fp16
+none = NoneCompressor
+fp16 = FP16Compressor
+bf16 = BF16Compressor
+
 _BY_NAME = {"none": NoneCompressor, "fp16": FP16Compressor, "bf16": BF16Compressor}
 
 
@@ -99,4 +104,4 @@ def name_of(compressor: Any) -> str:
     return getattr(compressor, "name", None) or f"{compressor.__module__}.{compressor.__qualname__}"
 
 
-__all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor", "resolve", "name_of"]
+__all__ = ["none", "fp16", "bf16", "Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor", "resolve", "name_of"]
