@@ -154,6 +154,27 @@ def _run(eager_fn, inputs: Sequence, tout: Sequence, shapes: Sequence):
     return outs
 
 
+def _may_record() -> bool:
+    """Whether a gradient tape could record an op now (always, when tracing a graph).
+
+    Eager calls outside any ``tf.GradientTape`` skip ``tf.custom_gradient``, whose
+    per-call bookkeeping costs more than a small collective.
+    """
+    tf = _tf()
+    if not tf.executing_eagerly():
+        return True
+    try:
+        from tensorflow.python.eager import record
+    except ImportError:  # a TensorFlow without this internal: always go through custom_gradient
+        return True
+    return bool(record.could_possibly_record())
+
+
+def _differentiable(fwd, raw):
+    """``fwd`` (a ``tf.custom_gradient`` function) when a tape may record, else the plain ``raw`` op."""
+    return fwd if _may_record() else raw
+
+
 def _wide(t):
     """bfloat16 has no numpy/DLPack form the backends reduce: compute it in float32."""
     tf = _tf()
@@ -311,7 +332,7 @@ def grouped_allreduce(
 
         return ys, grad
 
-    outs = _fwd(*tensors)
+    outs = _fwd(*tensors) if _may_record() else raw(tensors)
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
 
@@ -404,7 +425,7 @@ def allgather(tensor: Any, name: str | None = None, process_set=None):
     def raw_sizes(d):
         return _run(lambda z: _eager_allgather(z, None, process_set), [d], [d.dtype], [None])[0]
 
-    return _fwd(tensor)
+    return _differentiable(_fwd, raw)(tensor)
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, process_set=None):
@@ -437,7 +458,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, process_set=
 
         return y, grad
 
-    return _fwd(tensor)
+    return _differentiable(_fwd, raw)(tensor)
 
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, process_set=None):
@@ -474,6 +495,9 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, process_s
 
         return (y, received), grad
 
+    if not _may_record():
+        out, received = raw(tensor, splits_t)
+        return out, received
     out, received = _fwd(tensor)
     return out, tf.stop_gradient(received)
 
@@ -514,7 +538,7 @@ def reducescatter(tensor: Any, op=None, name: str | None = None, process_set=Non
 
         return y, grad
 
-    return _fwd(tensor)
+    return _differentiable(_fwd, raw)(tensor)
 
 
 def barrier(process_set=None) -> None:
