@@ -39,7 +39,6 @@ def _train_rank(steps: int, warmup: int, batch_size: int) -> dict:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import keras
-    import numpy as np
     from sklearn.datasets import load_digits
 
     import hora.keras as hk

@@ -67,7 +67,6 @@ def dask_client():
 
 def digits_frame(n: int | None = None):
     """scikit-learn's digits as a pandas frame: ``features`` (64 float32 per row), ``label`` (int64)."""
-    import numpy as np
     import pandas as pd
     from sklearn.datasets import load_digits
 
