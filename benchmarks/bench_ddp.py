@@ -8,7 +8,9 @@ head, batch 64 per rank, SGD, one torch thread per rank. Throughput is samples/s
 over ranks: ``np * batch * steps / wall time`` of the measured steps, after warm-up steps,
 timed between two barriers on rank 0. Each configuration runs ``--rounds`` times,
 interleaved so that machine noise hits all of them alike; the table shows the median and
-ratios against DDP and against one process.
+ratios against DDP and against one process. The last column is the CPU time per step
+of one rank's process, all its threads together (compute, hora's engine thread, Gloo's
+threads): on a machine shared with other work it shows the cost that wall time hides.
 """
 
 from __future__ import annotations
@@ -45,18 +47,24 @@ def _batches(rank: int, n: int = 8):
     return [(torch.randn(BATCH, WIDTH, generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g)) for _ in range(n)]
 
 
+_cpu_ms_per_step: list[float] = []  # of the last measured _loop in this process
+
+
 def _loop(model, opt, data, steps: int, barrier) -> float:
     import torch
 
     loss_fn = torch.nn.CrossEntropyLoss()
     barrier()
     t0 = time.perf_counter()
+    c0 = time.process_time()  # every thread of this process: compute, engine, gloo
     for i in range(steps):
         x, y = data[i % len(data)]
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
+    c1 = time.process_time()
     barrier()
+    _cpu_ms_per_step[:] = [(c1 - c0) / steps * 1e3]
     return time.perf_counter() - t0
 
 
@@ -68,7 +76,7 @@ def run_single(steps: int, warmup: int) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = _batches(0)
     _loop(model, opt, data, warmup, lambda: None)
-    return BATCH * steps / _loop(model, opt, data, steps, lambda: None)
+    return BATCH * steps / _loop(model, opt, data, steps, lambda: None), _cpu_ms_per_step[0]
 
 
 def _ddp_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> float:
@@ -86,7 +94,7 @@ def _ddp_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> flo
         elapsed = _loop(model, opt, data, steps, dist.barrier)
     finally:
         dist.destroy_process_group()
-    return size * BATCH * steps / elapsed
+    return size * BATCH * steps / elapsed, _cpu_ms_per_step[0]
 
 
 def _hora_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> float:
@@ -106,7 +114,7 @@ def _hora_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> fl
         elapsed = _loop(model, opt, data, steps, hvd.barrier)
     finally:
         hvd.shutdown()
-    return size * BATCH * steps / elapsed
+    return size * BATCH * steps / elapsed, _cpu_ms_per_step[0]
 
 
 def _child(target, rank, size, port, env, args, results) -> None:
@@ -123,8 +131,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0) -> float:
-    """Start ``size`` spawn processes on ``target``; return rank 0's samples/s."""
+def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0) -> tuple[float, float]:
+    """Start ``size`` spawn processes on ``target``; return rank 0's samples/s and the
+    mean over ranks of CPU ms per step."""
     from hora.native.rendezvous import RendezvousServer, WorkerEnv, make_secret
 
     ctx = mp.get_context("spawn")
@@ -154,7 +163,7 @@ def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0) 
             if not ok:
                 raise RuntimeError(f"{target.__name__} rank {rank} failed:\n{value}")
             out[rank] = value
-        return out[0]
+        return out[0][0], statistics.mean(v[1] for v in out.values())
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -174,6 +183,7 @@ def main() -> int:
     args = parser.parse_args()
     configs = args.only or ["single", "ddp", "hora"]
     runs: dict[str, list[float]] = {c: [] for c in configs}
+    cpu: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(args.rounds):
         for c in configs:
             if c == "single":
@@ -182,20 +192,23 @@ def main() -> int:
                 v = run_job(_ddp_worker, args.np, args.steps, args.warmup)
             else:
                 v = run_job(_hora_worker, args.np, args.steps, args.warmup)
+            v, cpu_ms = v
             runs[c].append(v)
-            print(f"round {r + 1}/{args.rounds} {c}: {v:,.0f} samples/s", file=sys.stderr, flush=True)
+            cpu[c].append(cpu_ms)
+            print(f"round {r + 1}/{args.rounds} {c}: {v:,.0f} samples/s, {cpu_ms:.1f} CPU ms/step/rank",
+                  file=sys.stderr, flush=True)
     med = {c: statistics.median(v) for c, v in runs.items()}
     labels = {"single": "one process (1 rank)", "ddp": f"torch DDP gloo ({args.np} ranks)",
               "hora": f"hora DistributedOptimizer ({args.np} ranks)"}
     print(f"\nMLP {DEPTH}x Linear({WIDTH},{WIDTH}), batch {BATCH}/rank, 1 thread/rank, "
           f"{args.steps} steps x {args.rounds} rounds (median)\n")
-    print("| configuration | samples/s (sum over ranks) | runs | vs DDP | vs one process |")
-    print("|---|---:|---|---:|---:|")
+    print("| configuration | samples/s (sum over ranks) | runs | vs DDP | vs one process | CPU ms/step/rank |")
+    print("|---|---:|---|---:|---:|---:|")
     for c in configs:
         vs_ddp = f"{med[c] / med['ddp']:.2f}x" if "ddp" in med else "-"
         vs_one = f"{med[c] / med['single']:.2f}x" if "single" in med else "-"
         runs_s = ", ".join(f"{v / 1000:.1f}k" for v in runs[c])
-        print(f"| {labels[c]} | {med[c]:,.0f} | {runs_s} | {vs_ddp} | {vs_one} |")
+        print(f"| {labels[c]} | {med[c]:,.0f} | {runs_s} | {vs_ddp} | {vs_one} | {statistics.median(cpu[c]):.1f} |")
     return 0
 
 

@@ -341,11 +341,11 @@ class _DistributedMixin:
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-    compression: Any = None,
+    compression: Any = _hn.Compression.none,
     backward_passes_per_step: int = 1,
-    op: Any = None,
+    op: Any = _hn.Average,
     gradient_predivide_factor: float = 1.0,
-    process_set: Any = None,
+    process_set: Any = _hn.global_process_set,
     bucket_cap_mb: float | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged across ranks before each step.
