@@ -61,6 +61,7 @@ ENV_STALL_SHUTDOWN_TIME = "HORA_STALL_SHUTDOWN_TIME"
 ENV_OP_TIMEOUT = "HORA_OP_TIMEOUT"
 ENV_AUTOTUNE = "HORA_AUTOTUNE"
 ENV_SHUTDOWN_TIMEOUT = "HORA_SHUTDOWN_TIMEOUT"
+ENV_LINGER_ROUNDS = "HORA_LINGER_ROUNDS"
 
 DEFAULT_CYCLE_TIME_MS = 1.0
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024
@@ -69,6 +70,7 @@ DEFAULT_STALL_CHECK_TIME = 60.0
 DEFAULT_STALL_SHUTDOWN_TIME = 0.0
 DEFAULT_OP_TIMEOUT = 600.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+DEFAULT_LINGER_ROUNDS = 5
 IDLE_POLL = 60.0  # seconds an idle thread blocks before re-checking (shutdown wakes it at once)
 
 # request kinds
@@ -109,6 +111,8 @@ class EngineConfig:
         self.op_timeout = _env_number(ENV_OP_TIMEOUT, DEFAULT_OP_TIMEOUT, allow_zero=False)
         self.shutdown_timeout = _env_number(ENV_SHUTDOWN_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, allow_zero=False)
         self.autotune = os.environ.get(ENV_AUTOTUNE, "").strip().lower() in ("1", "true", "yes", "on")
+        # empty rounds before the engine goes idle (job-wide decision, see Engine._round)
+        self.linger_rounds = int(_env_number(ENV_LINGER_ROUNDS, DEFAULT_LINGER_ROUNDS, allow_zero=False))
 
 
 # ---------------------------------------------------------------------------------------
@@ -492,6 +496,7 @@ class Engine:
         self._fusion: dict[tuple, torch.Tensor] = {}
         self._plans: dict[bytes, tuple[tuple, list[Any]]] = {}
         self._to_forget: list[int] = []
+        self._empty_rounds = 0
         self._ps_version = 0
         self._t_start = time.monotonic()
         self.stats: dict[str, int] = collections.Counter()
@@ -737,8 +742,22 @@ class Engine:
             tuner.apply(int(ctrl[2 * C + 4]))  # rank 0's choice, so grouping agrees everywhere
         any_work = ctrl[2 * C + 2] == 0
         if not any_work:
-            self._go_idle()
-            return False
+            # linger a few empty rounds (the flag is global, so every rank counts alike):
+            # back-to-back ops then skip the wake-up through the store
+            self._empty_rounds += 1
+            if self._empty_rounds >= self.config.linger_rounds:
+                self._empty_rounds = 0
+                self._go_idle()
+                return False
+            left = self.config.cycle_time - (time.perf_counter() - t0)
+            if left > 0:
+                with self._lock:
+                    if not self._incoming and not self._flush:
+                        self._gathering = True
+                        self._gather_cond.wait(left)  # a caller blocking on a handle ends it early
+                        self._gathering = False
+            return True
+        self._empty_rounds = 0
         now = int(-ctrl[2 * C + 3])
         ready_entries = [slots[s] for s in np.flatnonzero(ctrl[:C] == 1).tolist()] if C else []
         partial = np.flatnonzero((ctrl[C : 2 * C] == 0) & (ctrl[:C] == 0)) if C else ()

@@ -402,7 +402,9 @@ def stall(late_rank: int, delay: float, shutdown_time: bool) -> dict[str, Any]:
         time.sleep(max(0.0, t0 + delay - time.monotonic()))
     hn.barrier()
     out["warnings"] = [m for m in handler.messages if "stall" in m]
+    t1 = time.monotonic()
     hn.shutdown()
+    out["t"] = (round(t1 - t0, 2), round(time.monotonic() - t1, 2))
     return out
 
 
