@@ -8,7 +8,8 @@
    ``model.fit`` and ``hora.keras.DistributedOptimizer`` on 2 ranks with one TensorFlow
    thread each, against the same program on 1 rank with one thread (both launched the
    same way, by ``hora.runners.run``, in this run). Scaling efficiency =
-   throughput(2 ranks) / (2 x throughput(1 rank)).
+   throughput(2 ranks) / (2 x throughput(1 rank)). A third row runs the 2 ranks without
+   exchanging gradients, to separate CPU sharing from communication.
 2. **Bridge.** ``hora.tensorflow.allreduce`` of a ``tf.Tensor`` against
    ``hora.native.allreduce`` of a torch tensor of the same bytes, on 2 ranks. The tf path
    hands TensorFlow's buffer to the backend without a copy and takes the result back
@@ -30,7 +31,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def _train_rank(steps: int, warmup: int, batch_size: int) -> dict:
+def _train_rank(steps: int, warmup: int, batch_size: int, exchange: bool = True) -> dict:
     import os
 
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -62,11 +63,11 @@ def _train_rank(steps: int, warmup: int, batch_size: int) -> dict:
         keras.layers.Dense(10),
     ])
     opt = keras.optimizers.SGD(0.01 * size, momentum=0.9)
-    if size > 1:
+    if size > 1 and exchange:
         opt = hk.DistributedOptimizer(opt)
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   jit_compile=False)
-    callbacks = [hk.callbacks.BroadcastGlobalVariablesCallback(0)] if size > 1 else []
+    callbacks = [hk.callbacks.BroadcastGlobalVariablesCallback(0)] if size > 1 and exchange else []
     model.fit(ds, epochs=1, steps_per_epoch=warmup, verbose=0, callbacks=callbacks)  # trace, build, warm
     hn.barrier()
     t0 = time.perf_counter()
@@ -135,14 +136,22 @@ def main(argv: list[str] | None = None) -> None:
                            backend="local", env=env, verbose=0)
     two = hora.runners.run(_train_rank, args=(args.steps, args.warmup, args.batch_size), num_proc=2,
                            backend="local", env=env, verbose=0)
+    alone = hora.runners.run(_train_rank, args=(args.steps, args.warmup, args.batch_size, False), num_proc=2,
+                             backend="local", env=env, verbose=0)
     tput1 = one[0]["samples"] / one[0]["seconds"]
     tput2 = sum(r["samples"] for r in two) / max(r["seconds"] for r in two)
+    tput0 = sum(r["samples"] for r in alone) / max(r["seconds"] for r in alone)
     eff = tput2 / (2 * tput1)
     print("## Keras digits CNN, model.fit, 1 TensorFlow thread per rank\n")
     print("| ranks | batch/rank | steps | samples/s | scaling efficiency |")
     print("|---:|---:|---:|---:|---:|")
     print(f"| 1 | {args.batch_size} | {args.steps} | {tput1:,.0f} | 1.00 (baseline) |")
     print(f"| 2 | {args.batch_size} | {args.steps} | {tput2:,.0f} | {eff:.2f} |")
+    print(f"| 2, no gradient exchange (CPU sharing only) | {args.batch_size} | {args.steps} | {tput0:,.0f} | "
+          f"{tput0 / (2 * tput1):.2f} |")
+    print(f"\nms per step: 1 rank {one[0]['seconds'] / args.steps * 1e3:.1f}, 2 ranks "
+          f"{max(r['seconds'] for r in two) / args.steps * 1e3:.1f}, 2 ranks without exchange "
+          f"{max(r['seconds'] for r in alone) / args.steps * 1e3:.1f}")
     print()
 
     sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 22]
