@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     store = Store.create(workdir)
 
     with LocalCluster(n_workers=args.num_proc, threads_per_worker=1, processes=True,
-                      dashboard_address=None, silence_logs=40) as cluster, Client(cluster):
+                      dashboard_address=":0", silence_logs=40) as cluster, Client(cluster):
         with dask.config.set({"dataframe.convert-string": False}):  # keep array columns as objects
             train_ddf = dd.from_pandas(train_pdf, npartitions=4)
             test_ddf = dd.from_pandas(test_pdf, npartitions=2)

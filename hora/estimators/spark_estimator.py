@@ -256,6 +256,10 @@ class SparkModelBase(Model, MLWritable, MLReadable, *_MODEL_MIXINS):  # type: ig
     def _transform(self, dataset: Any) -> Any:
         if self._model is None:
             raise ConfigError(f"{type(self).__name__} holds no trained model")
+        if not self.getOrDefault("output_shapes") or not self.getOrDefault("feature_cols"):
+            raise ConfigError(
+                f"{type(self).__name__} needs feature_cols and output_shapes (per-row shape of each output) to transform"
+            )
         return spark_transform(
             dataset,
             self.trainer_class(),

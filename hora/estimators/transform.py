@@ -69,6 +69,12 @@ def predict_frame(
             out[name] = np.zeros((0,), dtype=np.float64) if is_scalar_shape(shape) else []
         return out
     inputs = [series_to_numpy(pdf[c]) for c in source_cols]
+    for c, arr in zip(source_cols, inputs):
+        if arr.dtype.kind in "USO":
+            raise DataError(
+                f"feature column {c!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays "
+                "(Dask turns object columns into strings unless dask.config 'dataframe.convert-string' is False)"
+            )
     preds = trainer.predict(model, inputs, input_shapes, batch_size)
     if len(preds) != len(output_cols):
         raise DataError(f"the model returned {len(preds)} outputs for {len(output_cols)} output columns {list(output_cols)}")
