@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from hora.errors import ConfigError, HoraError
@@ -392,7 +392,34 @@ def run_command(args: argparse.Namespace) -> int:
         server.stop()
 
 
-_MPI_LINE = re.compile(r"^\[(\d+)\](.*)$")
+# mpiexec (hydra) prepends its pattern to every *chunk* a rank writes, not to every line,
+# so a line written in pieces arrives as "part one[1] part two". Marking chunks with
+# ASCII separators that program output does not contain lets the launcher put each
+# rank's pieces back together into whole lines.
+_CHUNK_START, _CHUNK_RANK_END = "\x1e", "\x1f"
+
+
+class _ChunkJoiner:
+    """Reassembles per-rank lines from one mpiexec stream of marked chunks."""
+
+    def __init__(self, emit: Callable[[int, str], None]) -> None:
+        self._emit = emit
+        self._rank = -1  # rank of the chunk being read; -1: mpiexec's own output
+        self._partial: dict[int, str] = collections.defaultdict(str)
+
+    def feed_line(self, line: str) -> None:
+        """Take one newline-terminated line of the stream (without the newline)."""
+        head, *chunks = line.split(_CHUNK_START)
+        self._partial[self._rank] += head
+        for chunk in chunks:
+            rank, sep, text = chunk.partition(_CHUNK_RANK_END)
+            if sep and rank.isdigit():
+                self._rank = int(rank)
+                self._partial[self._rank] += text
+            else:  # not a marker after all: keep the text as it was
+                self._partial[self._rank] += _CHUNK_START + chunk
+        # the newline belongs to the chunk read last
+        self._emit(self._rank, self._partial.pop(self._rank))
 
 
 def _run_mpi(args: argparse.Namespace, command: list[str], base_env: dict[str, str], output_dir: str | None,
@@ -407,13 +434,10 @@ def _run_mpi(args: argparse.Namespace, command: list[str], base_env: dict[str, s
     files: dict[tuple[int, str], IO[str]] = {}
     lock = threading.Lock()
 
-    def on_line(_launcher_rank: int, stream: str, line: str) -> None:
-        m = _MPI_LINE.match(line)
-        if not m:
-            printer(-1, stream, line)
-            return
-        rank, text = int(m.group(1)), m.group(2)
+    def on_rank_line(stream: str, rank: int, text: str) -> None:
         printer(rank, stream, text)
+        if rank < 0:
+            return
         with lock:
             if stream == "stderr":
                 tails[rank].append(text)
@@ -425,10 +449,15 @@ def _run_mpi(args: argparse.Namespace, command: list[str], base_env: dict[str, s
                 fh.write(text + "\n")
                 fh.flush()
 
+    joiners = {name: _ChunkJoiner(functools.partial(on_rank_line, name)) for name in ("stdout", "stderr")}
+
+    def on_line(_launcher_rank: int, stream: str, line: str) -> None:
+        joiners[stream].feed_line(line)
+
     env = dict(base_env)
     env["HORA_BACKEND"] = "mpi"
     env["PATH"] = os.path.dirname(mpiexec) + os.pathsep + env.get("PATH", "")
-    argv = [mpiexec, "-n", str(args.np), "-prepend-pattern", "[%r]", *command]
+    argv = [mpiexec, "-n", str(args.np), "-prepend-pattern", f"{_CHUNK_START}%r{_CHUNK_RANK_END}", *command]
     launcher = ProcessLauncher(on_line)
     flag: dict[str, int] = {}
     previous = _install_signal_handlers(flag)

@@ -189,7 +189,9 @@ def test_run_mpi_through_mpiexec(tmp_path):
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
         total = comm.allreduce(comm.Get_rank() + 1)
-        print("mpi rank", comm.Get_rank(), "of", comm.Get_size(), "sum", total, os.environ["HORA_BACKEND"])
+        sys.stdout.write(f"mpi rank {comm.Get_rank()} of {comm.Get_size()}")
+        sys.stdout.flush()  # one line in two writes: mpiexec sees two chunks
+        print(" sum", total, os.environ["HORA_BACKEND"], flush=True)
         if comm.Get_rank() == 1 and len(sys.argv) > 1:
             raise SystemExit(int(sys.argv[1]))
     """)
@@ -252,3 +254,31 @@ def test_timeline_filename_reaches_the_engine_and_summarize_reads_it(tmp_path):
     res = hora("timeline", "summarize", str(timeline))
     assert res.returncode == 0, res.stderr
     assert "COLLECTIVE" in res.stdout
+
+
+def test_mpi_chunks_are_joined_into_whole_lines_per_rank():
+    """mpiexec marks chunks, not lines: pieces of one rank's line must be put back together."""
+    from hora.cli import _CHUNK_RANK_END as E
+    from hora.cli import _CHUNK_START as S
+    from hora.cli import _ChunkJoiner
+
+    got: list[tuple[int, str]] = []
+    j = _ChunkJoiner(lambda rank, text: got.append((rank, text)))
+    j.feed_line("a message of mpiexec itself")  # before any chunk: the launcher's own line
+    j.feed_line(f"{S}0{E}mpi rank 0 of 2 sum 3")
+    j.feed_line(f"{S}1{E}mpi rank 1 of 2{S}1{E} sum 3")  # one line written in two pieces
+    j.feed_line(f"{S}0{E}first of two lines")  # one chunk holding two lines
+    j.feed_line("second of two lines")
+    j.feed_line(f"{S}1{E}half [1] with brackets{S}0{E}rank 0 line")  # rank 1's half stays pending
+    j.feed_line(f"{S}1{E} and the rest")
+    j.feed_line(f"{S}x{E}not a marker")
+    assert got == [
+        (-1, "a message of mpiexec itself"),
+        (0, "mpi rank 0 of 2 sum 3"),
+        (1, "mpi rank 1 of 2 sum 3"),
+        (0, "first of two lines"),
+        (0, "second of two lines"),
+        (0, "rank 0 line"),
+        (1, "half [1] with brackets and the rest"),
+        (1, f"{S}x{E}not a marker"),
+    ]

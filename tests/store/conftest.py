@@ -1,5 +1,4 @@
-"""Fixtures of the store tests: a moto S3 server on 127.0.0.1, one SparkSession, one Dask cluster,
-and ``any_store``, the same test over file://, memory:// and s3://."""
+"""Fixtures of the store tests: a moto S3 server on 127.0.0.1 and ``any_store``, the same test over file://, memory:// and s3://."""
 
 from __future__ import annotations
 
@@ -76,36 +75,3 @@ def file_store(tmp_path):
 @pytest.fixture
 def s3_store(request, tmp_path):
     return _make_store("s3", request, tmp_path)
-
-
-@pytest.fixture(scope="session")
-def spark():
-    """One SparkSession local[2] for the whole run (UI off, 4 shuffle partitions)."""
-    pytest.importorskip("pyspark")
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("hora-store-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="session")
-def dask_client():
-    """One Dask LocalCluster (2 worker processes, 1 thread each) and its Client."""
-    pytest.importorskip("distributed")
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
-    client = Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
