@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/hora run -np 2 $(BIN)/python examples/torch_synthetic.py
+	$(BIN)/python examples/spark_torch_digits.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
