@@ -37,7 +37,9 @@ def _interleaved(fns: dict, reps: int, barrier) -> dict[str, float]:
             t = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out.update({f"{k}_best": min(v) for k, v in times.items()})
+    return out
 
 
 def gloo_worker(numel: int, reps: int, small_n: int) -> dict[str, float]:
@@ -110,7 +112,10 @@ def mpi_worker(numel: int, reps: int, small_n: int) -> None:
 def _rows(res: dict[str, float], numel: int, small_n: int, lib: str, raw_name: str) -> list[tuple]:
     gb = numel * 4 / 1e9
     raw = res["raw"]
+    rb, hb = res["raw_best"], res["hora_inplace_sum_best"]
     rows = [
+        (f"{numel * 4 // MIB} MiB float32, {lib} (best of N)", raw_name, f"{gb / rb:.2f} GB/s",
+         "hora allreduce_ (Sum, in place)", f"{gb / hb:.2f} GB/s", f"{rb / hb:.3f}"),
         (f"{numel * 4 // MIB} MiB float32, {lib}", raw_name, f"{gb / raw:.2f} GB/s", "hora allreduce_ (Sum, in place)",
          f"{gb / res['hora_inplace_sum']:.2f} GB/s", f"{raw / res['hora_inplace_sum']:.3f}"),
         (f"{numel * 4 // MIB} MiB float32, {lib}", raw_name, f"{gb / raw:.2f} GB/s",
@@ -125,7 +130,7 @@ def _rows(res: dict[str, float], numel: int, small_n: int, lib: str, raw_name: s
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--mpi", action="store_true", help="also run the MPI comparison under mpiexec")
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--small", type=int, default=1000)
     ap.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
@@ -150,9 +155,9 @@ def main() -> None:
             print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
             raise SystemExit("the MPI run failed")
         rows += _rows(json.loads(line[7:]), numel, a.small, "MPI", "mpi4py Allreduce")
-    print(f"## bench_allreduce: 2 ranks, loopback ({note}), median of {a.reps}\n")
+    print(f"## bench_allreduce: 2 ranks, loopback ({note}), median of {a.reps} unless marked best\n")
     print(table(rows, ("case", "baseline", "baseline speed", "hora", "hora speed", "hora / baseline")))
-    big = [r for r in rows if "MiB" in r[0] and "in place" in r[3]]
+    big = [r for r in rows if "MiB" in r[0] and "in place" in r[3] and "best" not in r[0]]
     ok = all(float(r[5]) >= 0.95 for r in big)
     print(f"\ngoal 64 MiB in place >= 0.95 x baseline: {'met' if ok else 'NOT met'} "
           f"({', '.join(r[5] for r in big)})")
