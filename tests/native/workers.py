@@ -391,7 +391,7 @@ def stall(late_rank: int, delay: float, shutdown_time: bool) -> dict[str, Any]:
     h = hn.allreduce_async(torch.ones(2), op=hn.Sum, name="late.tensor")
     if not shutdown_time and r != late_rank:
         try:  # a synchronize timeout names the tensor and who never submitted it
-            h.synchronize(timeout=0.5)
+            h.synchronize(timeout=1.5)
         except CollectiveError as exc:
             out["timeout"] = str(exc)
     try:
