@@ -131,7 +131,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0) -> tuple[float, float]:
+def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0,
+            extra_env: dict[str, str] | None = None) -> tuple[float, float]:
     """Start ``size`` spawn processes on ``target``; return rank 0's samples/s and the
     mean over ranks of CPU ms per step."""
     from hora.native.rendezvous import RendezvousServer, WorkerEnv, make_secret
@@ -149,6 +150,7 @@ def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0) 
                             rendezvous_addr=server.addr, secret=secret, job_id="bench", hostname="127.0.0.1",
                             backend="gloo").to_environ()
             env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"})
+            env.update(extra_env or {})
             p = ctx.Process(target=_child, args=(target, rank, size, port, env, (steps, warmup), results), daemon=True)
             p.start()
             procs.append(p)
@@ -180,8 +182,11 @@ def main() -> int:
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--only", choices=["single", "ddp", "hora"], action="append",
                         help="run only these configurations (repeatable)")
+    parser.add_argument("--cycle-time-ms", type=float, action="append", default=[],
+                        help="also run hora with HORA_CYCLE_TIME set to this (repeatable)")
     args = parser.parse_args()
     configs = args.only or ["single", "ddp", "hora"]
+    configs += [f"hora@{ms:g}" for ms in args.cycle_time_ms]
     runs: dict[str, list[float]] = {c: [] for c in configs}
     cpu: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(args.rounds):
@@ -190,8 +195,11 @@ def main() -> int:
                 v = run_single(args.steps, args.warmup)
             elif c == "ddp":
                 v = run_job(_ddp_worker, args.np, args.steps, args.warmup)
-            else:
+            elif c == "hora":
                 v = run_job(_hora_worker, args.np, args.steps, args.warmup)
+            else:
+                ms = c.split("@", 1)[1]
+                v = run_job(_hora_worker, args.np, args.steps, args.warmup, extra_env={"HORA_CYCLE_TIME": ms})
             v, cpu_ms = v
             runs[c].append(v)
             cpu[c].append(cpu_ms)
@@ -200,6 +208,7 @@ def main() -> int:
     med = {c: statistics.median(v) for c, v in runs.items()}
     labels = {"single": "one process (1 rank)", "ddp": f"torch DDP gloo ({args.np} ranks)",
               "hora": f"hora DistributedOptimizer ({args.np} ranks)"}
+    labels.update({c: f"hora, HORA_CYCLE_TIME={c.split('@')[1]} ms ({args.np} ranks)" for c in configs if "@" in c})
     print(f"\nMLP {DEPTH}x Linear({WIDTH},{WIDTH}), batch {BATCH}/rank, 1 thread/rank, "
           f"{args.steps} steps x {args.rounds} rounds (median)\n")
     print("| configuration | samples/s (sum over ranks) | runs | vs DDP | vs one process | CPU ms/step/rank |")
