@@ -28,7 +28,14 @@ Environment: ``HORA_CYCLE_TIME`` (ms between rounds while active, default 1),
 ``HORA_CACHE_CAPACITY`` (response-cache slots, default 1024; 0 disables it),
 ``HORA_STALL_CHECK_TIME`` (s, default 60; 0 disables), ``HORA_STALL_SHUTDOWN_TIME``
 (s, default 0 = never), ``HORA_OP_TIMEOUT`` (s a ``synchronize`` waits, default 600),
-``HORA_AUTOTUNE=1``, ``HORA_TIMELINE``.
+``HORA_SHUTDOWN_TIMEOUT`` (s, default 30), ``HORA_LINGER_ROUNDS`` (empty rounds before
+going idle, default 5), ``HORA_AUTOTUNE=1`` (``HORA_AUTOTUNE_WINDOW`` working rounds per
+candidate, default 20), ``HORA_TIMELINE``. The backends' own collective timeout is
+``HORA_COLLECTIVE_TIMEOUT`` (s, default 300).
+
+Semantics worth knowing: integer Average floors; a name may be in flight only once per
+rank; a burst of submissions is gathered (up to 10 cycles, ended early by any caller
+that blocks on a handle) before it is negotiated, so it is fused.
 """
 
 from __future__ import annotations
