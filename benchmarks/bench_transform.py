@@ -9,8 +9,8 @@ to completion with the ``noop`` sink:
 * baseline (the way Horovod 0.28's ``TorchModel`` predicts): ``df.rdd.mapPartitions``
   deserializes the model once per partition and calls it on one row at a time,
   yielding a ``Row`` with the prediction; ``spark.createDataFrame(rdd, schema)``;
-* hora: ``TorchModel.transform(df)``: ``mapInPandas`` over Arrow batches, model loaded
-  once per task, batched forward passes.
+* hora: ``TorchModel.transform(df)``: ``mapInArrow`` over Arrow batches (features
+  straight from Arrow to numpy), model loaded once per task, batched forward passes.
 
 Prints a markdown table with the speed-up (baseline seconds / hora seconds).
 """
@@ -100,7 +100,7 @@ def main() -> None:
     print("| path | seconds | rows/s | speed-up |")
     print("|---|---:|---:|---:|")
     print(f"| rdd.mapPartitions row at a time (Horovod 0.28 way) | {base:.1f} | {args.rows / base:,.0f} | 1.0 |")
-    print(f"| hora TorchModel.transform (mapInPandas, batched) | {hora_s:.1f} | {args.rows / hora_s:,.0f} | {base / hora_s:.1f} |")
+    print(f"| hora TorchModel.transform (mapInArrow, batched) | {hora_s:.1f} | {args.rows / hora_s:,.0f} | {base / hora_s:.1f} |")
     spark.stop()
 
 

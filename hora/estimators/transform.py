@@ -1,4 +1,4 @@
-"""Batched inference of a fitted model over Spark (``mapInPandas``), Dask (``map_partitions``) and pandas.
+"""Batched inference of a fitted model over Spark (``mapInArrow``), Dask (``map_partitions``) and pandas.
 
 One output column per model output (label). A model output whose per-row shape
 is ``()`` or ``(1,)`` becomes a float64 column (Spark ``double``); any other shape
@@ -6,9 +6,10 @@ becomes a column of float64 arrays, flattened per row (Spark ``array<double>``).
 
 Spark: the serialized model is broadcast once; each task deserializes it once
 (cached per Python worker process, so reused Python workers load it once) and
-predicts Arrow batch by Arrow batch in chunks of ``batch_size`` rows. Spark ML
-vector feature columns are converted with ``vector_to_array`` into hidden
-columns first, so only plain arrays cross into Python.
+predicts Arrow batch by Arrow batch (``mapInArrow``: feature columns go from Arrow
+to numpy without pandas, other columns pass through untouched) in chunks of
+``batch_size`` rows. Spark ML vector feature columns are converted with
+``vector_to_array`` into hidden columns first, read by the model, not returned.
 """
 
 from __future__ import annotations
@@ -121,7 +122,10 @@ def spark_transform(
     output_shapes: Sequence[Sequence[int]],
     batch_size: int = DEFAULT_PREDICT_BATCH,
 ) -> Any:
-    """``df`` with prediction columns, computed on the executors with ``mapInPandas``.
+    """``df`` with prediction columns, computed on the executors over Arrow batches (``mapInArrow``).
+
+    Feature columns are read from the Arrow batches straight into numpy (no pandas
+    conversion); every other column, vectors included, passes through untouched.
 
     Raises:
         DataError: a feature column is missing or an output column already exists.
@@ -139,50 +143,85 @@ def spark_transform(
     if clash:
         raise DataError(f"output column(s) {clash} already exist in the DataFrame; set output_cols to other names")
 
-    # vectors -> hidden array columns; the original columns travel on untouched
-    hidden = [_HIDDEN.format(i) for i in range(len(feature_cols))]
-    vector_cols = [c for c in df.columns if isinstance(df.schema[c].dataType, VectorUDT)]
+    # vector features -> hidden array columns (read by the model, not returned)
     work = df
-    for c, h in zip(feature_cols, hidden):
-        col = F.col(f"`{c}`")
-        work = work.withColumn(h, vector_to_array(col, "float32") if isinstance(df.schema[c].dataType, VectorUDT) else col)
-    # other vector columns pass through Python as Arrow structs (dicts in pandas) and are
-    # rebuilt as Dense/SparseVectors on the way out, sparsity kept
+    sources, hidden = [], []
+    for i, c in enumerate(feature_cols):
+        if isinstance(df.schema[c].dataType, VectorUDT):
+            h = _HIDDEN.format(i)
+            work = work.withColumn(h, vector_to_array(F.col(f"`{c}`"), "float32"))
+            sources.append(h)
+            hidden.append(h)
+        else:
+            sources.append(c)
     out_fields = [
         StructField(name, DoubleType() if is_scalar_shape(shape) else ArrayType(DoubleType(), containsNull=False), False)
         for name, shape in zip(output_cols, output_shapes)
     ]
-    schema = StructType(list(work.schema.fields) + out_fields)
-    sc = df.sparkSession.sparkContext
-    bc = sc.broadcast(model_files)
+    schema = StructType(list(df.schema.fields) + out_fields)
+    keep = list(df.columns)
+    bc = df.sparkSession.sparkContext.broadcast(model_files)
     key = ("spark", _files_key(model_files))
-    feature_cols = list(feature_cols)
     output_cols = list(output_cols)
     output_shapes = [tuple(s) for s in output_shapes]
 
     def _predict(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
         model = _load_cached(key, lambda: trainer.deserialize_model(bc.value))
-        for pdf in batches:
-            out = predict_frame(
-                trainer, model, pdf, feature_cols, input_shapes, output_cols, output_shapes, batch_size, source_cols=hidden
-            )
-            for c in vector_cols:
-                out[c] = out[c].map(_as_vector)
-            yield out
+        for batch in batches:
+            n = batch.num_rows
+            columns = [batch.column(name) for name in keep]
+            if n:
+                inputs = [arrow_to_numpy(batch.column(name), name) for name in sources]
+                preds = trainer.predict(model, inputs, input_shapes, batch_size)
+            else:
+                preds = [np.zeros((0,) + tuple(shape)) for shape in output_shapes]
+            for shape, pred in zip(output_shapes, preds):
+                columns.append(_arrow_output(np.asarray(pred, dtype=np.float64), n, shape, pa))
+            yield pa.RecordBatch.from_arrays(columns, names=keep + output_cols)
 
-    result = work.mapInPandas(_predict, schema).drop(*hidden)
-    return result.select(*[F.col(f"`{c}`") for c in df.columns], *[F.col(f"`{c}`") for c in output_cols])
+    return work.mapInArrow(_predict, schema)
 
 
-def _as_vector(value: Any) -> Any:
-    """A Spark ML vector from its Arrow struct form (``{"type", "size", "indices", "values"}``)."""
-    if value is None or hasattr(value, "toArray"):
-        return value
-    from pyspark.ml.linalg import DenseVector, SparseVector
+def arrow_to_numpy(column: Any, name: str = "feature") -> np.ndarray:
+    """An Arrow array of numbers or (nested) fixed-size lists of numbers -> a numpy array ``(rows, *shape)``.
 
-    if int(value["type"]) == 0:
-        return SparseVector(int(value["size"]), list(value["indices"]), list(value["values"]))
-    return DenseVector(value["values"])
+    Raises:
+        DataError: nulls, or lists of different lengths (names the column).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column.null_count:
+        raise DataError(f"feature column {name!r} has {column.null_count} null values")
+    n = len(column)
+    shape: list[int] = []
+    values = column
+    while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or pa.types.is_fixed_size_list(values.type):
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        rows = len(values)
+        flat = values.flatten()
+        if rows and len(flat) % rows:
+            raise DataError(f"feature column {name!r} holds arrays of different lengths; hora needs fixed-size arrays")
+        width = len(flat) // rows if rows else 0
+        lengths = values.value_lengths() if hasattr(values, "value_lengths") else None
+        if lengths is not None and rows and (pc.min(lengths).as_py() != width or pc.max(lengths).as_py() != width):
+            raise DataError(f"feature column {name!r} holds arrays of different lengths; hora needs fixed-size arrays")
+        shape.append(width)
+        values = flat
+    arr = values.to_numpy(zero_copy_only=False)
+    return arr.reshape((n, *shape)) if shape else arr
+
+
+def _arrow_output(pred: np.ndarray, n: int, shape: Sequence[int], pa: Any) -> Any:
+    if is_scalar_shape(shape):
+        return pa.array(pred.reshape(n), type=pa.float64())
+    flat = pred.reshape(n, -1)
+    width = flat.shape[1]
+    offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(flat.reshape(-1), type=pa.float64()))
 
 
 # ---------------------------------------------------------------------------------------
