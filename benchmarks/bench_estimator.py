@@ -74,7 +74,7 @@ def ddp_train(source: str, cols: int, epochs: int, batch_size: int, lr: float) -
             opt.step()
     t_train = time.perf_counter() - t1
     dist.destroy_process_group()
-    return {"read_s": t_read, "epochs_s": t_train, "loss": float(loss)}
+    return {"read_s": t_read, "epochs_s": t_train, "loss": float(loss.detach())}
 
 
 def main() -> None:
