@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -25,7 +26,9 @@ def _child(fn, rank, env, args, kwargs, results):
     os.environ.update(env)
     try:
         value = fn(*args, **kwargs)
-        results.put((rank, True, value))
+        # plain pickle, by value: a multiprocessing queue would send torch tensors as
+        # shared-memory handles that die with this process
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException as exc:  # report every failure, including SystemExit
         results.put((rank, False, (repr(exc), traceback.format_exc())))
 
@@ -90,7 +93,7 @@ def run_ranks(
                     continue
             if not ok:
                 raise WorkerFailedError(f"rank {rank} raised {value[0]}", rank=rank, remote_traceback=value[1])
-            out[rank] = value
+            out[rank] = pickle.loads(value)
         return [out[r] for r in range(size)]
     finally:
         for p in procs:
