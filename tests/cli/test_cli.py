@@ -137,12 +137,6 @@ def test_a_rank_that_never_arrives_is_named(tmp_path):
     assert "--start-timeout" in res.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hora.native.init builds the Gloo group (bounded by HORA_COLLECTIVE_TIMEOUT) before it meets the "
-    "start barrier (bounded by HORA_START_TIMEOUT), so a missing rank is reported as a Gloo connect timeout; "
-    "reported to the native engineer",
-)
 @pytest.mark.timeout(180)
 def test_native_init_names_the_missing_rank(tmp_path):
     script = write_script(tmp_path, "native_late.py", """

@@ -94,6 +94,28 @@ def test_single_process_job_without_launcher(no_launcher_env):
     hn.shutdown()  # idempotent
 
 
+@pytest.mark.timeout(40)
+def test_init_names_a_rank_that_never_arrives_after_the_start_timeout(no_launcher_env, monkeypatch):
+    # rank 1 of 2 never starts: init must give up after HORA_START_TIMEOUT (3 s) naming it,
+    # not after the Gloo connect timeout (HORA_COLLECTIVE_TIMEOUT, set far beyond the test's)
+    from hora.errors import RendezvousError
+    from hora.native.rendezvous import RendezvousServer, make_secret
+
+    secret = make_secret()
+    server = RendezvousServer(secret, "127.0.0.1")
+    server.start()
+    try:
+        for k, v in {"HORA_RANK": "0", "HORA_SIZE": "2", "HORA_RENDEZVOUS_ADDR": server.addr,
+                     "HORA_SECRET": secret.hex(), "HORA_JOB_ID": "late", "HORA_HOSTNAME": "127.0.0.1",
+                     "HORA_START_TIMEOUT": "3", "HORA_COLLECTIVE_TIMEOUT": "600"}.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(RendezvousError, match=r"rank\(s\) \[1\] never arrived at rendezvous '[^']*/init'"):
+            hn.init()
+        assert not hn.is_initialized()
+    finally:
+        server.stop()
+
+
 @pytest.mark.timeout(60)
 def test_bad_input_gets_clear_errors(no_launcher_env):
     hn.init()

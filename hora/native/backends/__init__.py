@@ -89,12 +89,20 @@ def create_backend() -> tuple[Backend, tuple[int, int, int, int], list[Any]]:
     _INIT_COUNT += 1
     env = WorkerEnv.from_environ()
     kv = KVClient(env.rendezvous_addr, env.secret)
-    key = f"hora/native/{env.job_id}/{_INIT_COUNT}/collective_store"
-    store, wait_store = make_stores(env.rank, env.size, env.hostname, kv, key, env.start_timeout)
-    be = GlooBackend(env.rank, env.size, store=store, wait_store=wait_store, hostname=env.hostname,
-                     timeout=timeout)
-    barrier(kv, f"hora/native/{env.job_id}/{_INIT_COUNT}/init", env.rank, env.size, env.start_timeout)
+    # Meet every rank first, bounded by HORA_START_TIMEOUT: a rank that never starts is
+    # then named by the barrier (RendezvousError) instead of surfacing, much later, as a
+    # Gloo connect timeout (HORA_COLLECTIVE_TIMEOUT) while the group is being built.
+    try:
+        barrier(kv, f"hora/native/{env.job_id}/{_INIT_COUNT}/init", env.rank, env.size, env.start_timeout)
+        key = f"hora/native/{env.job_id}/{_INIT_COUNT}/collective_store"
+        store, wait_store = make_stores(env.rank, env.size, env.hostname, kv, key, env.start_timeout)
+        be = GlooBackend(env.rank, env.size, store=store, wait_store=wait_store, hostname=env.hostname,
+                         timeout=timeout)
+    except BaseException:
+        kv.close()
+        raise
     if env.rank == 0:
+        # every rank has read the key: building the Gloo group needed all of them
         try:
             kv.delete(key)
         except Exception:  # the key is only a hint; a later init publishes a new one
