@@ -8,57 +8,41 @@
 See :mod:`hora.native.ops` for the ops, :mod:`hora.native.engine` for how ranks agree
 on named ops in the background, and :mod:`hora.native.rendezvous` for the environment
 contract.
+
+The package is lazy (PEP 562): importing it, or :mod:`hora.native.rendezvous` (which
+launchers, Spark/Dask task supervisors and drivers need), does not import torch. The
+op layer is imported the first time one of its names is used (``hn.allreduce``,
+``from hora.native import allreduce``).
 """
 
-from hora.native.backends.base import ReduceOp
-from hora.native.compression import Compression, Compressor
-from hora.native.engine import Handle
-from hora.native.ops import (
-    Average,
-    GroupHandle,
-    Max,
-    Min,
-    Product,
-    Sum,
-    add_process_set,
-    allgather,
-    allgather_async,
-    allgather_object,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    alltoall,
-    alltoall_async,
-    backend_name,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    broadcast_object,
-    cross_rank,
-    cross_size,
-    engine_stats,
-    grouped_allreduce,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-    init,
-    is_initialized,
-    join,
-    local_rank,
-    local_size,
-    poll,
-    rank,
-    reducescatter,
-    reducescatter_async,
-    remove_process_set,
-    shutdown,
-    size,
-    synchronize,
-)
-from hora.native.process_sets import ProcessSet, global_process_set
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the submodule that defines it
+_EXPORTS: dict[str, str] = {
+    "ReduceOp": "hora.native.backends.base",
+    "Compression": "hora.native.compression",
+    "Compressor": "hora.native.compression",
+    "Handle": "hora.native.engine",
+    "ProcessSet": "hora.native.process_sets",
+    "global_process_set": "hora.native.process_sets",
+}
+for _name in (
+    "Average", "GroupHandle", "Max", "Min", "Product", "Sum", "add_process_set", "allgather", "allgather_async",
+    "allgather_object", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
+    "alltoall_async", "backend_name", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "broadcast_object", "cross_rank", "cross_size", "engine_stats", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank",
+    "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "remove_process_set", "shutdown", "size",
+    "synchronize",
+):
+    _EXPORTS[_name] = "hora.native.ops"
+del _name
+
+# submodules reachable as attributes (``hn.engine``) even before anything imported them
+_SUBMODULES = ("backends", "compression", "engine", "ops", "process_sets", "rendezvous", "timeline")
 
 __all__ = [
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Compression", "Compressor", "Handle", "GroupHandle",
@@ -71,3 +55,76 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
     "broadcast_object", "allgather_object", "synchronize", "poll",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the defining submodule on first use of a public name (PEP 562).
+
+    Raises:
+        AttributeError: ``name`` is not part of :mod:`hora.native`.
+    """
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    dunders = {n for n in globals() if n.startswith("__") and n.endswith("__")}
+    return sorted(dunders | set(__all__) | set(_SUBMODULES))
+
+
+if TYPE_CHECKING:  # what static tools see; at run time __getattr__ provides these
+    from hora.native.backends.base import ReduceOp
+    from hora.native.compression import Compression, Compressor
+    from hora.native.engine import Handle
+    from hora.native.ops import (
+        Average,
+        GroupHandle,
+        Max,
+        Min,
+        Product,
+        Sum,
+        add_process_set,
+        allgather,
+        allgather_async,
+        allgather_object,
+        allreduce,
+        allreduce_,
+        allreduce_async,
+        allreduce_async_,
+        alltoall,
+        alltoall_async,
+        backend_name,
+        barrier,
+        broadcast,
+        broadcast_,
+        broadcast_async,
+        broadcast_async_,
+        broadcast_object,
+        cross_rank,
+        cross_size,
+        engine_stats,
+        grouped_allreduce,
+        grouped_allreduce_,
+        grouped_allreduce_async,
+        grouped_allreduce_async_,
+        init,
+        is_initialized,
+        join,
+        local_rank,
+        local_size,
+        poll,
+        rank,
+        reducescatter,
+        reducescatter_async,
+        remove_process_set,
+        shutdown,
+        size,
+        synchronize,
+    )
+    from hora.native.process_sets import ProcessSet, global_process_set

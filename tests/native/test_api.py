@@ -205,3 +205,28 @@ def test_compression_roundtrip():
 
 def test_collective_error_is_a_runtime_error():
     assert issubclass(CollectiveError, RuntimeError)
+
+
+@pytest.mark.timeout(120)
+def test_rendezvous_import_does_not_import_torch():
+    # launchers, Spark/Dask task supervisors and drivers import the rendezvous module only:
+    # they must not pay for importing torch
+    import subprocess
+    import sys
+
+    code = ("import hora.native.rendezvous, hora.native, sys; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert res.returncode == 0, res.stderr
+    # the lazy package still offers the whole API, by attribute, from-import, star-import and dir()
+    code = ("import hora.native as hn; from hora.native import allreduce, Sum; from hora.native import *; "
+            "import hora.native.ops as ops; "
+            "assert allreduce is ops.allreduce is hn.allreduce and Sum is hn.ReduceOp.Sum; "
+            "assert grouped_allreduce_async is ops.grouped_allreduce_async; "
+            "assert set(hn.__all__) <= set(dir(hn)) and 'rendezvous' in dir(hn); "
+            "assert hn.engine.Handle is hn.Handle; "
+            "print('ok')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+    with pytest.raises(AttributeError, match="no_such_op"):
+        hn.no_such_op  # noqa: B018
