@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--store", default=None, help="Store URL (default: a fresh temporary directory)")
     args = p.parse_args(argv)
 
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: keep every socket on loopback
     spark = (SparkSession.builder.master(f"local[{args.num_proc}]").appName("hora-keras-digits")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.bindAddress", "127.0.0.1").config("spark.sql.shuffle.partitions", "4")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

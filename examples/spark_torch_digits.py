@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-accuracy", type=float, default=0.95)
     args = parser.parse_args(argv)
 
-    from pyspark.ml.linalg import Vectors
+    from pyspark.ml.functions import array_to_vector
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from sklearn.datasets import load_digits
@@ -61,10 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     from hora.store import Store
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local[2]: keep every socket on loopback
     spark = (
         SparkSession.builder.master("local[2]").appName("hora-digits")
         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.host", "127.0.0.1").getOrCreate()
+        .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.showConsoleProgress", "false")  # hora draws its own progress bar
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     workdir = args.store or tempfile.mkdtemp(prefix="hora-digits-")
@@ -79,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     test_idx, train_idx = order[:n_test], order[n_test:]
 
     def frame(idx: np.ndarray):
-        rows = [(Vectors.dense(x[i]), int(y[i])) for i in idx]
-        return spark.createDataFrame(rows, ["features", "label"])
+        # through Arrow from pandas, then the 64 pixels as an ML vector (what VectorAssembler gives)
+        pdf = pd.DataFrame({"pixels": list(x[idx]), "label": y[idx]})
+        return spark.createDataFrame(pdf).select(array_to_vector("pixels").alias("features"), "label")
 
     train_df, test_df = frame(train_idx), frame(test_idx)
     torch.manual_seed(0)

@@ -37,8 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     from hora.store import Store
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local[2]: keep every socket on loopback
     spark = (SparkSession.builder.master("local[2]").appName("hora-tabular")
-             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
+             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     workdir = args.store or tempfile.mkdtemp(prefix="hora-tabular-")
 
