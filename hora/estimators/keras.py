@@ -21,8 +21,10 @@ column. A label whose values per row match its output's (``(n,)`` vs ``(n, 1)``)
 reshaped to it; integer labels for an ``(n, classes)`` output stay as class ids
 (``SparseCategoricalCrossentropy``).
 
-Each worker trains with the shared loop (:mod:`hora.estimators.worker`), one compiled
-``train_on_batch`` per batch; rank 0's checkpoints are the model (with its optimizer
+Each worker trains with the shared loop (:mod:`hora.estimators.worker`), reading its
+batches through the store reader's ``tf.data`` adapter
+(:func:`hora.store.tf_adapter.make_tf_dataset`, see :meth:`KerasTrainer.batches`), one
+compiled ``train_on_batch`` per batch of tensors; rank 0's checkpoints are the model (with its optimizer
 state) in the ``.keras`` format, written to bytes through a temporary file, and so is
 the fit's result and a saved model. ``transform`` runs batched ``predict_on_batch`` on
 the executors / Dask workers.
@@ -36,7 +38,7 @@ import os
 import pickle
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -137,6 +139,24 @@ def to_inputs(arrays: Sequence[np.ndarray], input_shapes: Any) -> Any:
     return out[0] if len(out) == 1 else out
 
 
+def _label_target(row: tuple, kind: str, out_shape: tuple, name: str) -> tuple | None:
+    """How a label of per-row shape ``row`` (numpy dtype kind ``kind``) meets an output of
+    per-row shape ``out_shape``: None (as it is) or the per-row shape to reshape it to.
+
+    Raises:
+        ConfigError: incompatible per-row shapes (names the label and both shapes).
+    """
+    if row == out_shape:
+        return None
+    if kind in "iu" and len(out_shape) >= 1 and out_shape[-1] > 1 and row == out_shape[:-1]:
+        return None  # class ids for a (classes,) output
+    if int(np.prod(row)) == int(np.prod(out_shape)):
+        return out_shape
+    raise ConfigError(
+        f"label {name!r} has per-row shape {row} but the model's output for it has per-row shape {out_shape}"
+    )
+
+
 def align_label(label: np.ndarray, out_shape: Sequence[int], name: str) -> np.ndarray:
     """``label`` shaped for an output of per-row shape ``out_shape`` (see the module docstring).
 
@@ -144,17 +164,8 @@ def align_label(label: np.ndarray, out_shape: Sequence[int], name: str) -> np.nd
         ConfigError: incompatible per-row shapes (names the label and both shapes).
     """
     label = _stack(label)
-    out_shape = tuple(out_shape)
-    row = tuple(label.shape[1:])
-    if row == out_shape:
-        return label
-    if label.dtype.kind in "iu" and len(out_shape) >= 1 and out_shape[-1] > 1 and row == out_shape[:-1]:
-        return label  # class ids for a (classes,) output
-    if int(np.prod(row)) == int(np.prod(out_shape)):
-        return label.reshape((label.shape[0], *out_shape))
-    raise ConfigError(
-        f"label {name!r} has per-row shape {row} but the model's output for it has per-row shape {out_shape}"
-    )
+    target = _label_target(tuple(label.shape[1:]), label.dtype.kind, tuple(out_shape), name)
+    return label if target is None else label.reshape((label.shape[0], *target))
 
 
 def _outputs_list(out: Any) -> list:
@@ -401,8 +412,120 @@ class KerasTrainer(Trainer):
     def size(self, state: KerasState) -> int:
         return state.hvd.size()
 
-    def train_step(self, state: KerasState, batch: dict[str, np.ndarray], step: int) -> float:
-        x, y, w = self._xy(state, batch)
+    def batches(self, state: KerasState, reader: Any, transform: Any) -> Iterator[tuple]:
+        """One pass of ``reader`` through :func:`hora.store.tf_adapter.make_tf_dataset`: ``(x, y[, w])`` tensors.
+
+        ``transform`` runs on the numpy batches inside the adapter; the tensors are then
+        shaped for the model by a ``tf.data`` map (float features to float32, the
+        ``input_shapes`` reshapes, labels aligned to the outputs, weights to a float32
+        vector) and prefetched with ``tf.data.AUTOTUNE``. Exactly ``len(reader)`` batches
+        (no ``batch``/``filter``/``repeat`` stage can drop or add one).
+
+        Raises:
+            ConfigError: a label that cannot meet its output, a failing ``transform``.
+            DataError: a feature whose rows cannot take its ``input_shapes`` entry; reading failed.
+        """
+        import tensorflow as tf
+
+        from hora.store.tf_adapter import make_tf_dataset
+
+        ds = make_tf_dataset(reader, x_cols=list(state.feature_cols), y_cols=list(state.label_cols),
+                             sample_weight_col=state.sample_weight_col, transform=transform)
+        convert = self._tf_converter(state, ds.element_spec)
+        ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+        return self._iterate(state, reader, ds)
+
+    def _tf_converter(self, state: KerasState, element_spec: Any) -> Any:
+        """The ``tf.data`` map turning the adapter's ``(x, y[, w])`` into the model's inputs, planned from the static spec."""
+        import tensorflow as tf
+
+        parts = list(element_spec) if isinstance(element_spec, tuple) else [element_spec]
+        fcols, lcols = list(state.feature_cols), list(state.label_cols)
+
+        def split(spec: Any, cols: list) -> list:
+            return [spec] if len(cols) == 1 else [spec[c] for c in cols]
+
+        def row_of(spec: Any) -> tuple:
+            return tuple(int(d) for d in spec.shape[1:])
+
+        x_plan = []
+        for i, (name, spec) in enumerate(zip(fcols, split(parts[0], fcols))):
+            cast = tf.float32 if (spec.dtype.is_floating and spec.dtype != tf.float32) or spec.dtype == tf.bool else None
+            shape = None
+            if state.input_shapes is not None:
+                shape = [int(d) for d in state.input_shapes[i]]
+                if shape and shape[0] == -1 and all(d >= 0 for d in shape[1:]) and \
+                        int(np.prod(shape[1:])) != int(np.prod(row_of(spec))):
+                    raise DataError(f"feature {name!r} with per-row shape {row_of(spec)} cannot be reshaped to "
+                                    f"input_shapes[{i}]={shape}")
+            x_plan.append((cast, shape))
+        y_plan = []
+        for i, (name, spec) in enumerate(zip(lcols, split(parts[1], lcols) if lcols else [])):
+            target = None
+            if i < len(state.output_shapes):
+                kind = np.dtype(spec.dtype.as_numpy_dtype).kind
+                target = _label_target(row_of(spec), kind, tuple(state.output_shapes[i]), name)
+            y_plan.append(target)
+        weighted = state.sample_weight_col is not None
+
+        def one_or_tuple(items: list) -> Any:
+            return items[0] if len(items) == 1 else tuple(items)
+
+        def convert(*batch: Any) -> tuple:
+            xs = []
+            for t, (cast, shape) in zip([batch[0]] if len(fcols) == 1 else [batch[0][c] for c in fcols], x_plan):
+                if cast is not None:
+                    t = tf.cast(t, cast)
+                if shape is not None:
+                    t = tf.reshape(t, shape)
+                xs.append(t)
+            ys = []
+            for t, target in zip([batch[1]] if len(lcols) == 1 else [batch[1][c] for c in lcols], y_plan):
+                ys.append(t if target is None else tf.reshape(t, [-1, *target]))
+            out = (one_or_tuple(xs), one_or_tuple(ys))
+            if weighted:
+                out += (tf.reshape(tf.cast(batch[2], tf.float32), [-1]),)
+            return out
+
+        return convert
+
+    def _iterate(self, state: KerasState, reader: Any, ds: Any) -> Iterator[tuple]:
+        """Iterate ``ds``; a TensorFlow error from reading becomes the original exception (or a DataError)."""
+        import tensorflow as tf
+
+        from hora.store.tf_adapter import reader_error
+
+        it = iter(ds)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except tf.errors.OpError as exc:
+                original = reader_error(reader)
+                if original is not None:
+                    raise original from exc
+                raise DataError(
+                    f"rank {state.hvd.rank()}: preparing a {reader.split!r} batch for the Keras model failed: "
+                    f"{type(exc).__name__}: {exc.message}"
+                ) from exc
+            yield batch
+
+    def _unpack(self, state: KerasState, batch: Any) -> tuple[Any, Any, Any]:
+        """``(x, y, w)`` for Keras from a :meth:`batches` item (or, for other callers, a numpy batch dict)."""
+        if isinstance(batch, dict):
+            return self._xy(state, batch)
+        x, y = batch[0], batch[1]
+        w = batch[2] if len(batch) > 2 else None
+        return (list(x) if isinstance(x, tuple) else x), (list(y) if isinstance(y, tuple) else y), w
+
+    def train_step(self, state: KerasState, batch: Any, step: int) -> float:
+        """One ``train_on_batch`` on a :meth:`batches` item ``(x, y[, w])``; returns this batch's loss.
+
+        Raises:
+            DataError: the loss is not finite (names the step and the rank).
+        """
+        x, y, w = self._unpack(state, batch)
         state.model.reset_metrics()  # the returned loss is this batch's, not a running mean
         logs = state.model.train_on_batch(x, y, sample_weight=w, return_dict=True)
         value = float(logs["loss"])
@@ -413,9 +536,11 @@ class KerasTrainer(Trainer):
     def eval_keys(self, state: KerasState) -> list[str]:
         return ["loss", "_n", *state.metric_keys]
 
-    def eval_batch(self, state: KerasState, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        x, y, w = self._xy(state, batch)
-        n = len(batch[state.feature_cols[0]])
+    def eval_batch(self, state: KerasState, batch: Any) -> dict[str, float]:
+        """``test_on_batch`` on a :meth:`batches` item; loss and metrics as sums over its rows."""
+        x, y, w = self._unpack(state, batch)
+        first = y[0] if isinstance(y, list) else y
+        n = int(first.shape[0])
         state.model.reset_metrics()
         logs = state.model.test_on_batch(x, y, sample_weight=w, return_dict=True)
         out = {"loss": float(logs["loss"]) * n, "_n": float(n)}

@@ -18,13 +18,15 @@ Driver side:
 
 Worker side (every rank, in this order): :meth:`setup`, :meth:`load_state` (resume),
 :meth:`broadcast_initial`, then per epoch :meth:`train_step` per batch and
-:meth:`eval_batch` per validation batch, :meth:`allreduce_sum` for cross-rank
+:meth:`eval_batch` per validation batch (the batches are what :meth:`batches` makes
+of each pass of the store reader: numpy dicts by default, ``tf.data`` batches for
+Keras), :meth:`allreduce_sum` for cross-rank
 averages, :meth:`state_bytes` for checkpoints and :meth:`weights_bytes` for the result.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -87,11 +89,26 @@ class Trainer:
         """Make every rank start from rank 0's model and optimizer state."""
         raise NotImplementedError
 
-    def train_step(self, state: Any, batch: dict[str, np.ndarray], step: int) -> float:
+    def batches(
+        self, state: Any, reader: Any, transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None
+    ) -> Iterable[Any]:
+        """What the worker loop iterates for one pass of ``reader`` (a :class:`hora.store.reader.Reader`).
+
+        Each item is handed as is to :meth:`train_step` or :meth:`eval_batch`. It must
+        yield exactly ``len(reader)`` items (the reader gives every rank the same
+        number of batches; the worker checks that the hook keeps it so). ``transform``
+        (the estimator's ``transformation_fn``, or None) must be applied to every numpy
+        batch dict before anything else. The default yields the reader's numpy dicts.
+        """
+        if transform is None:
+            return reader
+        return (transform(batch) for batch in reader)
+
+    def train_step(self, state: Any, batch: Any, step: int) -> float:
         """One training batch (forward, backward, optimizer step when due); returns the loss."""
         raise NotImplementedError
 
-    def eval_batch(self, state: Any, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    def eval_batch(self, state: Any, batch: Any) -> dict[str, float]:
         """One validation batch: ``{"loss": sum of losses, "<metric>": sum, ..., "_n": rows}``."""
         raise NotImplementedError
 

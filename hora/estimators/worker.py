@@ -7,8 +7,10 @@
 2. resumes from the run's last checkpoint in the store when there is one,
 3. broadcasts rank 0's model and optimizer state to every rank,
 4. per epoch: trains on this rank's batches from :func:`hora.store.make_reader`
-   (the same number of batches on every rank), validates, averages the epoch metrics
-   across ranks, runs the callbacks, and on rank 0 checkpoints (model, optimizer,
+   (the same number of batches on every rank), each reader pass turned into the
+   framework's batches by the trainer's ``batches`` hook (numpy dicts for torch, the
+   ``tf.data`` adapter for Keras; ``transformation_fn`` applied first), validates,
+   averages the epoch metrics across ranks, runs the callbacks, and on rank 0 checkpoints (model, optimizer,
    epoch, history) atomically, writes TensorBoard scalars and reports progress,
 5. returns (rank 0) the history and the final weights.
 """
@@ -26,7 +28,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, DataError
 from hora.estimators.callbacks import CallbackContext
 from hora.estimators.spec import TrainSpec, thaw
 
@@ -92,9 +94,18 @@ class _TensorBoard:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-def _batches(spec: TrainSpec, split: str, rank: int, size: int, epoch: int, steps: int | None) -> Iterator[dict]:
-    """This rank's batches of ``split`` for ``epoch``; with ``steps`` larger than one pass,
-    further passes (differently shuffled) follow until ``steps`` batches were given."""
+def _batches(
+    spec: TrainSpec, trainer: Any, state: Any, transform: Any, split: str, rank: int, size: int, epoch: int,
+    steps: int | None,
+) -> Iterator[Any]:
+    """This rank's batches of ``split`` for ``epoch``, as the trainer's :meth:`~Trainer.batches` hook
+    makes them from each reader pass; with ``steps`` larger than one pass, further passes
+    (differently shuffled) follow until ``steps`` batches were given.
+
+    Raises:
+        DataError: the hook gave a different number of batches than the reader holds
+            (ranks would fall out of step in their collectives).
+    """
     from hora.store import make_reader
 
     train = split == "train"
@@ -114,13 +125,24 @@ def _batches(spec: TrainSpec, split: str, rank: int, size: int, epoch: int, step
             shuffle=spec.shuffle and train,
             shuffle_buffer_size=spec.shuffle_buffer_size,
         )
-        if len(reader) == 0:
+        expected = len(reader)
+        if expected == 0:
             return
-        for batch in reader:
+        in_pass = 0
+        for batch in trainer.batches(state, reader, transform):
             if steps is not None and given >= steps:
                 return
+            in_pass += 1
+            if in_pass > expected:
+                break
             yield batch
             given += 1
+        if in_pass != expected:
+            got = f"more than {expected}" if in_pass > expected else str(in_pass)
+            raise DataError(
+                f"rank {rank}: {type(trainer).__name__}.batches gave {got} batches for one pass of the {split!r} "
+                f"reader, which holds {expected} (every rank must step the same number of times)"
+            )
         sub += 1
         if steps is None or given >= steps or not train:
             return
@@ -171,9 +193,9 @@ def train_worker(spec: TrainSpec) -> dict[str, Any] | None:
                 t0 = time.monotonic()
                 trainer.set_train(state, True)
                 loss_sum, steps = 0.0, 0
-                for step, batch in enumerate(_batches(spec, "train", rank, size, epoch, spec.train_steps_per_epoch)):
-                    if transformation_fn is not None:
-                        batch = transformation_fn(batch)
+                train_batches = _batches(spec, trainer, state, transformation_fn, "train", rank, size, epoch,
+                                         spec.train_steps_per_epoch)
+                for step, batch in enumerate(train_batches):
                     loss = trainer.train_step(state, batch, step)
                     loss_sum += loss
                     steps += 1
@@ -230,9 +252,8 @@ def _epoch_logs(spec, trainer, state, rank, size, epoch, loss_sum, steps, transf
     sums: dict[str, float] = {}
     if spec.has_val:
         trainer.set_train(state, False)
-        for batch in _batches(spec, "val", rank, size, epoch, spec.validation_steps_per_epoch):
-            if transformation_fn is not None:
-                batch = transformation_fn(batch)
+        for batch in _batches(spec, trainer, state, transformation_fn, "val", rank, size, epoch,
+                              spec.validation_steps_per_epoch):
             for key, value in trainer.eval_batch(state, batch).items():
                 sums[key] = sums.get(key, 0.0) + value
         for key, value in trainer.eval_finish(state).items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, DataError
 from tests.tensorflow.conftest import digits_frame
 
 keras = pytest.importorskip("keras")
@@ -184,3 +184,96 @@ def test_fit_resumes_from_keras_checkpoint(tmp_path):
     assert second.history_[:2] == first.history_  # epochs 0-1 came from the checkpoint, not retrained
     assert store.list_checkpoints("keras-resume") == [0, 1, 2]
     assert second.history_[2]["loss"] < first.history_[0]["loss"]
+
+
+# ---------------------------------------------------------------------------------------
+# Keras workers read their batches through the store reader's tf.data adapter
+# ---------------------------------------------------------------------------------------
+from hora.estimators.callbacks import Callback  # noqa: E402
+
+
+class AdapterProbe(Callback):
+    """Per rank and epoch: batches the tf.data adapter served (per split) and training steps the loop took."""
+
+    def on_epoch_begin(self, ctx, epoch):
+        from hora.store.tf_adapter import batches_served
+
+        self._before, self._steps = batches_served(), 0
+
+    def on_batch_end(self, ctx, step, logs):
+        self._steps += 1
+
+    def on_epoch_end(self, ctx, epoch, logs):
+        from hora.store.tf_adapter import batches_served
+
+        after = batches_served()
+        served = {s: after.get(s, 0) - self._before.get(s, 0) for s in ("train", "val")}
+        ctx.store.write_json(ctx.store.layout.run_dir(ctx.run_id) + f"/probe-{ctx.rank}-{epoch}.json",
+                             {"steps": self._steps, **served})
+
+
+def _to_zero_labels(batch):
+    # float64 features (the adapter's map casts them to float32) and every label 0
+    return {**batch, "features": batch["features"].astype("float64"), "label": np.zeros_like(batch["label"])}
+
+
+def test_keras_workers_read_batches_through_tf_adapter(tmp_path):
+    from hora.dask import KerasEstimator
+    from hora.store import Store
+    from tests.tensorflow.keras_models import digits_mlp
+
+    pdf, x, y = digits_frame(600)
+    pdf["w"] = np.where(y % 2 == 0, 1.0, 0.5)
+    pdf["is_val"] = np.arange(len(pdf)) % 5 == 0  # exactly 120 validation rows, 480 training rows
+    store = Store.create(str(tmp_path / "store"))
+    model = KerasEstimator(num_proc=2, store=store, model=digits_mlp(), optimizer=keras.optimizers.Adam(0.003),
+                           loss="sparse_categorical_crossentropy", metrics=["accuracy"], feature_cols=["features"],
+                           label_cols=["label"], sample_weight_col="w", batch_size=32, epochs=2, validation="is_val",
+                           random_seed=4, verbose=0, run_id="adapter", callbacks=[AdapterProbe()],
+                           transformation_fn=_to_zero_labels).fit(pdf)
+    run_dir = store.layout.run_dir("adapter")
+    for epoch in (0, 1):
+        r0, r1 = (store.read_json(f"{run_dir}/probe-{rank}-{epoch}.json") for rank in (0, 1))
+        # every trained batch came out of the adapter, none dropped or added, the same count on both ranks
+        assert r0["steps"] > 0 and r0["train"] == r0["steps"], r0
+        assert r0["val"] > 0 and r1 == r0, (r0, r1)
+    # 480 training rows, 240 per rank: ceil(240 / 32) batches
+    assert r0["steps"] == 8
+    # the transformation_fn ran inside the adapter on train and val batches: all labels are 0
+    assert model.history_[-1]["val_accuracy"] > 0.95
+
+
+def test_keras_batches_hook_shapes_tensors_for_the_model(tmp_path, hora_single):
+    import tensorflow as tf
+
+    from hora.estimators.keras import KerasState, KerasTrainer
+    from hora.store import Store, make_reader, materialize
+    from hora.store.tf_adapter import batches_served
+
+    rng = np.random.default_rng(0)
+    pdf = digits_frame(50)[0]
+    pdf["features"] = [row.astype("float64") for row in pdf["features"]]
+    pdf["w"] = rng.random(50)
+    store = Store.create(str(tmp_path / "store"))
+    info = materialize(pdf, store, feature_cols=["features"], label_cols=["label"], sample_weight_col="w",
+                       vector_dtype="float64")
+    reader = make_reader(store, info, batch_size=16, shuffle=False)
+    inputs = keras.Input((1, 8, 8))
+    net = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(inputs)))
+    state = KerasState(hvd=None, model=net, optimizer=None, feature_cols=("features",), label_cols=("label",),
+                       sample_weight_col="w", input_shapes=[[-1, 1, 8, 8]], output_shapes=[(1,)])
+    before = batches_served().get("train", 0)
+    got = list(KerasTrainer().batches(state, reader, None))
+    assert len(got) == len(reader) == 4 and batches_served()["train"] - before == 4
+    x, y, w = got[0]
+    assert isinstance(x, tf.Tensor) and x.dtype == tf.float32 and tuple(x.shape) == (16, 1, 8, 8)
+    assert tuple(y.shape) == (16, 1) and w.dtype == tf.float32 and tuple(w.shape) == (16,)
+    assert [int(b[0].shape[0]) for b in got] == [16, 16, 16, 2]
+    bad = KerasState(hvd=None, model=net, optimizer=None, feature_cols=("features",), label_cols=("label",),
+                     sample_weight_col=None, input_shapes=[[-1, 1, 7, 7]], output_shapes=[(1,)])
+    with pytest.raises(DataError, match="features"):
+        KerasTrainer().batches(bad, reader, None)
+    wrong = KerasState(hvd=None, model=net, optimizer=None, feature_cols=("features",), label_cols=("label",),
+                       sample_weight_col=None, input_shapes=None, output_shapes=[(2, 2)])
+    with pytest.raises(ConfigError, match="label 'label'"):
+        KerasTrainer().batches(wrong, reader, None)
