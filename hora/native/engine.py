@@ -19,17 +19,24 @@ Mismatched metadata becomes an error response on every rank that submitted the n
 scale and compression are packed into a reusable fusion buffer up to the fusion
 threshold and reduced by one backend call.
 
-When no rank has anything pending, the threads agree (in the same round) to go idle
-and block on a job-wide wake-up signal (:class:`~hora.native.backends.base.Waker`)
-instead of spinning; the first submission anywhere signals it.
+After a round every rank's thread goes idle (a decision every rank takes alike, from the
+round's job-wide results) and blocks on a job-wide wake-up signal
+(:class:`~hora.native.backends.base.Waker`); the next submission anywhere signals it.
+So a synchronous op costs one wake-up through the store plus its round, and ranks that
+wait for a late peer do not poll the job with collective rounds (each round is a
+collective: on a busy machine it costs more than a wake-up, and it takes CPU from the
+late rank). Rounds follow each other directly only while a rank has joined, after the
+response cache dropped a slot (its requests are renegotiated by name), or while
+``HORA_LINGER_ROUNDS`` asks for it. A caller blocked on a handle wakes the job every
+quarter of the stall check time, so stalls are still detected and reported.
 
 Environment: ``HORA_CYCLE_TIME`` (ms between rounds while active, default 1),
 ``HORA_FUSION_THRESHOLD`` (bytes, default 64 MiB; 0 disables fusion),
 ``HORA_CACHE_CAPACITY`` (response-cache slots, default 1024; 0 disables it),
 ``HORA_STALL_CHECK_TIME`` (s, default 60; 0 disables), ``HORA_STALL_SHUTDOWN_TIME``
 (s, default 0 = never), ``HORA_OP_TIMEOUT`` (s a ``synchronize`` waits, default 600),
-``HORA_SHUTDOWN_TIMEOUT`` (s, default 30), ``HORA_LINGER_ROUNDS`` (empty rounds before
-going idle, default 5), ``HORA_AUTOTUNE=1`` (``HORA_AUTOTUNE_WINDOW`` working rounds per
+``HORA_SHUTDOWN_TIMEOUT`` (s, default 30), ``HORA_LINGER_ROUNDS`` (rounds without results,
+one per cycle, before going idle; default 0), ``HORA_AUTOTUNE=1`` (``HORA_AUTOTUNE_WINDOW`` working rounds per
 candidate, default 20), ``HORA_TIMELINE``. The backends' own collective timeout is
 ``HORA_COLLECTIVE_TIMEOUT`` (s, default 300).
 
@@ -77,8 +84,9 @@ DEFAULT_STALL_CHECK_TIME = 60.0
 DEFAULT_STALL_SHUTDOWN_TIME = 0.0
 DEFAULT_OP_TIMEOUT = 600.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
-DEFAULT_LINGER_ROUNDS = 5
+DEFAULT_LINGER_ROUNDS = 0
 IDLE_POLL = 60.0  # seconds an idle thread blocks before re-checking (shutdown wakes it at once)
+MIN_STALL_POLL = 0.05  # seconds: the fastest a blocked caller re-runs the stall checks
 
 # request kinds
 ALLREDUCE = "allreduce"
@@ -118,8 +126,19 @@ class EngineConfig:
         self.op_timeout = _env_number(ENV_OP_TIMEOUT, DEFAULT_OP_TIMEOUT, allow_zero=False)
         self.shutdown_timeout = _env_number(ENV_SHUTDOWN_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, allow_zero=False)
         self.autotune = os.environ.get(ENV_AUTOTUNE, "").strip().lower() in ("1", "true", "yes", "on")
-        # empty rounds before the engine goes idle (job-wide decision, see Engine._round)
-        self.linger_rounds = int(_env_number(ENV_LINGER_ROUNDS, DEFAULT_LINGER_ROUNDS, allow_zero=False))
+        # rounds without results the engine runs (one per cycle) before it goes idle; 0 (the
+        # default): idle after every round, so every round starts from a wake-up through the
+        # store, which costs less than one more collective round (job-wide, see Engine._round)
+        self.linger_rounds = int(_env_number(ENV_LINGER_ROUNDS, DEFAULT_LINGER_ROUNDS))
+
+    @property
+    def stall_poll(self) -> float | None:
+        """Seconds between the wake-ups a blocked caller sends so that idle engines run
+        the stall checks; None when stall checks are off."""
+        times = [t for t in (self.stall_check_time, self.stall_shutdown_time) if t > 0]
+        if self.stall_check_time <= 0 or not times:
+            return None
+        return min(IDLE_POLL, max(MIN_STALL_POLL, min(times) / 4))
 
 
 # ---------------------------------------------------------------------------------------
@@ -168,6 +187,7 @@ class Handle:
         limit = timeout if timeout is not None else engine.config.op_timeout
         engine.request_flush()
         deadline = time.monotonic() + limit
+        poll = engine.config.stall_poll
         cond = engine._done_cond
         with cond:
             while not self._done:
@@ -178,7 +198,11 @@ class Handle:
                         f"{self.kind} '{self.name}' did not complete within {limit:g}s{detail} "
                         f"(raise {ENV_OP_TIMEOUT} to wait longer)"
                     )
-                cond.wait(left)
+                if poll is None or left <= poll:
+                    cond.wait(left)
+                elif not cond.wait(poll) and not self._done:
+                    # the job may be idle with this op pending: a round runs the stall checks
+                    engine.poke()
 
     def synchronize(self, timeout: float | None = None) -> Any:
         """Wait for the op and return its result.
@@ -396,6 +420,7 @@ class ResponseCache:
         self.lru: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.free = list(range(capacity - 1, -1, -1))
         self.version = 0  # bumped on every insertion or removal (execution plans depend on it)
+        self.evictions = 0  # removals only (a request may hold a dropped slot: renegotiate it)
 
     def lookup(self, req: Request, rank: int) -> CacheEntry | None:
         e = self.by_name.get(req.name)
@@ -410,6 +435,7 @@ class ResponseCache:
         e = self.by_name.pop(name, None)
         if e is not None:
             self.version += 1
+            self.evictions += 1
             self.slots[e.slot] = None
             self.lru.pop(e.slot, None)
             self.free.append(e.slot)
@@ -426,6 +452,7 @@ class ResponseCache:
             old = self.slots[victim]
             if old is not None:
                 self.by_name.pop(old.name, None)
+                self.evictions += 1
             self.slots[victim] = None
             self.free.append(victim)
         self.version += 1
@@ -503,7 +530,7 @@ class Engine:
         self._fusion: dict[tuple, torch.Tensor] = {}
         self._plans: dict[bytes, tuple[tuple, list[Any]]] = {}
         self._to_forget: list[int] = []
-        self._empty_rounds = 0
+        self._quiet_rounds = 0
         self._ps_version = 0
         self._t_start = time.monotonic()
         self.stats: dict[str, int] = collections.Counter()
@@ -538,6 +565,13 @@ class Engine:
                 self._woken = True
                 self._waker.signal(self._epoch)
         return req
+
+    def poke(self) -> None:
+        """Wake every rank's idle engine for one round (stall checks while callers wait)."""
+        with self._lock:
+            if self._idle and not self._woken:
+                self._woken = True
+                self._waker.signal(self._epoch)
 
     def request_flush(self) -> None:
         """A caller is about to block on a handle: stop waiting for more submissions."""
@@ -646,6 +680,12 @@ class Engine:
             if self._incoming:
                 self._woken = True
                 self._waker.signal(self._epoch)
+        if self._to_forget and (not self._woken or len(self._to_forget) > 64):
+            # this rank's wake-up keys of epochs it has left (one store call each): done
+            # while nothing waits, so a burst of ops does not pay for them
+            forget, self._to_forget = self._to_forget, []
+            for e in forget:
+                self._waker.forget(e)
         while True:
             try:
                 woken = self._waker.wait(self._epoch, IDLE_POLL)
@@ -677,10 +717,6 @@ class Engine:
         cache = self.cache
         C = cache.capacity
         cycle = self.config.cycle_time
-        if self._to_forget and (not self._flush or len(self._to_forget) > 16):
-            forget, self._to_forget = self._to_forget, []
-            for e in forget:
-                self._waker.forget(e)
         with self._lock:
             if self._incoming and not self._flush and cycle > 0:
                 # let a burst of submissions (a backward pass, a loop of allreduce_async)
@@ -749,22 +785,8 @@ class Engine:
             tuner.apply(int(ctrl[2 * C + 4]))  # rank 0's choice, so grouping agrees everywhere
         any_work = ctrl[2 * C + 2] == 0
         if not any_work:
-            # linger a few empty rounds (the flag is global, so every rank counts alike):
-            # back-to-back ops then skip the wake-up through the store
-            self._empty_rounds += 1
-            if self._empty_rounds >= self.config.linger_rounds:
-                self._empty_rounds = 0
-                self._go_idle()
-                return False
-            left = self.config.cycle_time - (time.perf_counter() - t0)
-            if left > 0:
-                with self._lock:
-                    if not self._incoming and not self._flush:
-                        self._gathering = True
-                        self._gather_cond.wait(left)  # a caller blocking on a handle ends it early
-                        self._gathering = False
-            return True
-        self._empty_rounds = 0
+            return self._after_round(t0, False, False)
+        evictions = cache.evictions
         now = int(-ctrl[2 * C + 3])
         ready_entries = [slots[s] for s in np.flatnonzero(ctrl[:C] == 1).tolist()] if C else []
         partial = np.flatnonzero((ctrl[C : 2 * C] == 0) & (ctrl[:C] == 0)) if C else ()
@@ -807,14 +829,35 @@ class Engine:
             self._notify_done()
         if tuner is not None and self.rank == 0:
             tuner.observe(responses)
+        return self._after_round(t0, bool(responses or errors), cache.evictions != evictions)
+
+    def _after_round(self, t0: float, progressed: bool, evicted: bool) -> bool:
+        """Decide, identically on every rank, whether another round follows (True) or the
+        job goes idle until the next submission anywhere (False).
+
+        Every input is job-wide: the round's results, cache evictions (requests whose
+        slot was dropped must be renegotiated by name in a next round), joined ranks
+        (they stand in for cached allreduces from the round after their join on) and the
+        count of rounds without results (``HORA_LINGER_ROUNDS``). Pending work needs no
+        polling: a rank that submits wakes the job, and a caller blocked on a handle wakes
+        it every :attr:`EngineConfig.stall_poll` seconds for the stall checks.
+        """
+        self._quiet_rounds = 0 if progressed else self._quiet_rounds + 1
+        if not evicted and not self._joined and self._quiet_rounds >= self.config.linger_rounds:
+            self._quiet_rounds = 0
+            self._go_idle()
+            return False
         left = self.config.cycle_time - (time.perf_counter() - t0)
-        if left > 0 and not responses:
-            time.sleep(left)
+        if left > 0:
+            with self._lock:
+                if not self._incoming and not self._flush:
+                    self._gathering = True
+                    self._gather_cond.wait(left)  # a caller blocking on a handle ends it early
+                    self._gathering = False
         return True
 
     def _go_idle(self) -> None:
-        if self.rank == 0:
-            self._to_forget.append(self._epoch)  # deleted while waiting for the next burst
+        self._to_forget.append(self._epoch)  # this rank's key, deleted while idle
         self._epoch += 1
 
     def _exchange(self, payload: bytes, maxlen: int) -> list[list[tuple]]:

@@ -148,3 +148,14 @@ def test_autotune_picks_and_logs_a_setting():
     assert any("autotune: chose" in m for m in outs[0]["log"]), outs[0]
     # every rank applied rank 0's choice
     assert outs[0]["stats"]["fusion_threshold"] == outs[1]["stats"]["fusion_threshold"]
+
+
+@pytest.mark.timeout(120)
+def test_waiting_for_a_late_rank_costs_no_polling_rounds():
+    # rank 1 arrives 30 ms after rank 0 at every op: rank 0's engine must wait for it
+    # without running a collective round per cycle (each one takes CPU from the late
+    # rank), and nobody lingers in empty rounds after the op
+    outs = run_ranks(workers.rounds_per_op, 2, args=(15, 1, 0.03), timeout=110)
+    for o in outs:
+        assert o["ok"], outs
+        assert o["rounds_per_op"] <= 3.0, outs

@@ -506,3 +506,28 @@ def big_allreduce(numel: int) -> bool:
 
 def small_cache_and_big_tensor() -> dict[str, Any]:
     return {"cache": cache_counters(4, 12), "big": big_allreduce(50_000)}
+
+
+def rounds_per_op(ops: int, late_rank: int, delay: float) -> dict[str, Any]:
+    """Grouped synchronous allreduces where ``late_rank`` always arrives ``delay`` s late.
+
+    Returns the engine rounds spent per op: the engine must not poll the job in rounds
+    while ranks wait for a late peer, nor linger in empty rounds after every op.
+    """
+    import hora.native as hn
+
+    hn.init()
+    r = hn.rank()
+    ts = [torch.full((n,), float(r + 1)) for n in (256, 4096, 25000)]
+    hn.grouped_allreduce(ts, op=hn.Sum, name="warm")  # negotiated by name once, then cached
+    hn.barrier()
+    before = hn.engine_stats().get("rounds", 0)
+    ok = True
+    for _ in range(ops):
+        if r == late_rank:
+            time.sleep(delay)
+        outs = hn.grouped_allreduce(ts, op=hn.Sum, name="g")
+        ok = ok and all(float(o[0]) == sum(k + 1 for k in range(hn.size())) for o in outs)
+    rounds = hn.engine_stats().get("rounds", 0) - before
+    hn.shutdown()
+    return {"ok": ok, "rounds_per_op": rounds / ops}

@@ -76,7 +76,8 @@ class Waker(abc.ABC):
     def wait(self, epoch: int, timeout: float) -> bool: ...
 
     def forget(self, epoch: int) -> None:  # noqa: B027 - optional clean-up
-        """Drop the state of an epoch every rank has left (called by rank 0 only)."""
+        """Drop this rank's state of an epoch it has left (called by its engine thread,
+        never while it waits)."""
 
     def close(self) -> None:  # noqa: B027
         """Release connections (optional)."""
@@ -117,11 +118,12 @@ class StoreWaker(Waker):
             raise
 
     def forget(self, epoch: int) -> None:
-        for r in range(self._size):
-            try:
-                self._sig.delete_key(self._key(epoch, r))
-            except Exception:  # a store without delete_key: keys are tiny, keep them
-                return
+        # on the waiting client, which only the engine thread uses: a caller's signal on
+        # the other client never queues behind it
+        try:
+            self._wait.delete_key(self._key(epoch, self._rank))
+        except Exception:  # a store without delete_key: keys are tiny, keep them
+            pass
 
 
 class Backend(abc.ABC):
