@@ -277,3 +277,52 @@ def test_keras_batches_hook_shapes_tensors_for_the_model(tmp_path, hora_single):
                        sample_weight_col=None, input_shapes=None, output_shapes=[(2, 2)])
     with pytest.raises(ConfigError, match="label 'label'"):
         KerasTrainer().batches(wrong, reader, None)
+
+
+def _small_reader(tmp_path):
+    from hora.store import Store, make_reader, materialize
+
+    store = Store.create(str(tmp_path / "store"))
+    info = materialize(digits_frame(50)[0], store, feature_cols=["features"], label_cols=["label"])
+    return make_reader(store, info, batch_size=16, shuffle=False)
+
+
+def test_keras_batches_hook_reraises_the_readers_own_error(tmp_path, hora_single):
+    from hora.errors import StoreError
+    from hora.estimators.keras import KerasState, KerasTrainer
+
+    reader = _small_reader(tmp_path)
+    inputs = keras.Input((64,))
+    net = keras.Model(inputs, keras.layers.Dense(10)(inputs))
+    state = KerasState(hvd=hora_single, model=net, optimizer=None, feature_cols=("features",),
+                       label_cols=("label",), sample_weight_col=None, input_shapes=None, output_shapes=[(10,)])
+
+    def fail_on_last(batch):
+        if len(batch["label"]) == 2:  # the last batch of 50 rows by 16
+            raise StoreError("boom on the last batch")
+        return batch
+
+    got = []
+    with pytest.raises(StoreError, match="boom on the last batch"):  # not a bare tf OpError
+        for batch in KerasTrainer().batches(state, reader, fail_on_last):
+            got.append(batch)
+    assert len(got) == 3
+
+
+def test_worker_refuses_a_batches_hook_that_drops_a_batch(tmp_path):
+    import types
+
+    from hora.estimators.trainer import Trainer
+    from hora.estimators.worker import _batches
+
+    reader = _small_reader(tmp_path)
+
+    class DropsLast(Trainer):
+        def batches(self, state, reader, transform):
+            return list(reader)[:-1]
+
+    spec = types.SimpleNamespace(store=reader.store, dataset=reader.info, batch_size=16, val_batch_size=16, seed=0,
+                                 shuffle=False, shuffle_buffer_size=None)
+    assert len(list(_batches(spec, Trainer(), None, None, "train", 0, 1, 0, None))) == 4
+    with pytest.raises(DataError, match="DropsLast.batches gave 3 batches .* holds 4"):
+        list(_batches(spec, DropsLast(), None, None, "train", 0, 1, 0, None))
