@@ -3,6 +3,10 @@
 * 64 MiB float32: hora (Gloo) vs raw ``torch.distributed.all_reduce``; with ``--mpi``
   also hora (MPI) vs raw mpi4py ``Allreduce``, both under one ``mpiexec``.
 * 1000 tensors of 4 KiB reduced one by one (synchronous calls): reported only.
+* latency of one synchronous ``grouped_allreduce_`` of 8 tensors of 1-100 KB (a small
+  model's gradients), back to back and with ~5 ms of compute (matmuls) between ops,
+  against the hand-fused ``cat`` + ``all_reduce`` + copy back of the same tensors:
+  reported only (the engine adds a negotiation round and a wake-up per op).
 
 Bandwidth is bytes of the tensor / median seconds per call ("algorithm bandwidth").
 
@@ -24,6 +28,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _native_common import ROOT, machine_note, run_local, table  # noqa: E402
 
 MIB = 1024 * 1024
+GROUP_FLOATS = [256, 1024, 4096, 8192, 16384, 25000, 512, 2048]  # 1 KB .. 100 KB each
+
+
+def _grouped_latency(reps: int, barrier) -> dict[str, float]:
+    """Median seconds of one grouped op (8 small tensors), raw hand-fused vs hora, with and
+    without compute between ops (interleaved repetitions of 10 ops each)."""
+    import torch
+    import torch.distributed as dist
+
+    import hora.native as hn
+
+    ts = [torch.ones(n) for n in GROUP_FLOATS]
+    flat = torch.empty(sum(GROUP_FLOATS))
+    a = torch.randn(128, 128)
+
+    def raw() -> None:
+        torch.cat(ts, out=flat)
+        dist.all_reduce(flat)
+        torch._foreach_copy_(ts, list(flat.split(GROUP_FLOATS)))
+
+    def hora() -> None:
+        hn.grouped_allreduce_(ts, op=hn.Sum, name="grouped.small")
+
+    out: dict[str, list[float]] = {}
+    for _ in range(2):  # warm-up
+        raw()
+        hora()
+    for _ in range(reps):
+        for work in (0, 80):
+            for key, fn in (("raw", raw), ("hora", hora)):
+                barrier()
+                for _ in range(10):
+                    for _ in range(work):
+                        torch.mm(a, a)
+                    t = time.perf_counter()
+                    fn()
+                    out.setdefault(f"grouped{work}_{key}", []).append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def _interleaved(fns: dict, reps: int, barrier) -> dict[str, float]:
@@ -69,6 +111,7 @@ def gloo_worker(numel: int, reps: int, small_n: int) -> dict[str, float]:
 
     res.update({f"small_{k}": v for k, v in _interleaved({"raw": raw_small, "hora": hora_small}, 2,
                                                           dist.barrier).items()})
+    res.update(_grouped_latency(max(2, reps // 4), dist.barrier))
     hn.shutdown()
     dist.destroy_process_group()
     del store
@@ -124,6 +167,12 @@ def _rows(res: dict[str, float], numel: int, small_n: int, lib: str, raw_name: s
         (f"{small_n} x 4 KiB one by one, {lib}", raw_name, f"{res['small_raw'] * 1e3:.1f} ms",
          "hora allreduce_ per tensor", f"{res['small_hora'] * 1e3:.1f} ms", f"{res['small_raw'] / res['small_hora']:.3f}"),
     ]
+    for work, what in ((0, "back to back"), (80, "~5 ms compute between ops")):
+        if f"grouped{work}_raw" in res:
+            raw_s, hora_s = res[f"grouped{work}_raw"], res[f"grouped{work}_hora"]
+            rows.append((f"8 tensors 1-100 KB, one grouped op, {what}, {lib}", "hand-fused cat + all_reduce",
+                         f"{raw_s * 1e3:.2f} ms", "hora grouped_allreduce_", f"{hora_s * 1e3:.2f} ms",
+                         f"{raw_s / hora_s:.3f}"))
     return rows
 
 
