@@ -1,48 +1,9 @@
-"""Fixtures of the estimator tests: one SparkSession local[2], one Dask LocalCluster, small data."""
+"""Fixtures of the estimator tests: a Store and small data (Spark and Dask come from tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
-
-
-@pytest.fixture(scope="session")
-def spark():
-    pytest.importorskip("pyspark")
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("hora-estimator-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="session")
-def dask_client():
-    pytest.importorskip("distributed")
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0", silence_logs=40
-    )
-    client = Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
 
 
 @pytest.fixture()
