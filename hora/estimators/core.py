@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hora.errors import ConfigError, DataError, WorkerFailedError
+from hora.errors import DataError, WorkerFailedError
 from hora.estimators.params import EstimatorConfig, default_output_cols
 from hora.estimators.spec import TrainSpec, freeze
 from hora.estimators.trainer import Trainer

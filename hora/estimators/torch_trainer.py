@@ -21,7 +21,6 @@ import copy
 import io
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -396,8 +395,6 @@ class TorchTrainer(Trainer):
         return state.hvd.size()
 
     def _forward_loss(self, state: TorchState, batch: dict[str, np.ndarray]) -> tuple[Any, list, list]:
-        import torch
-
         inputs = to_inputs(state.model, [batch[c] for c in state.feature_cols], state.input_shapes, state.device)
         outs = as_outputs(state.model(*inputs), len(state.label_cols))
         labels = []
