@@ -168,12 +168,18 @@ class _Watchdog(threading.Thread):
 
 
 def _native_module() -> Any:
-    """``hora.native`` if it provides ``init``, else None."""
+    """``hora.native`` with its op layer loaded.
+
+    Raises:
+        ImportError: naming torch, which the collective engine's backends are built on.
+    """
+    import hora.native as hn
+
     try:
-        import hora.native as hn
-    except ImportError:
-        return None
-    return hn if callable(getattr(hn, "init", None)) else None
+        hn.init  # noqa: B018 - hora.native is lazy: this loads the op layer (and torch)
+    except ImportError as exc:
+        raise ImportError(f"hora.runners initialises hora.native in every rank, which needs torch: {exc}") from exc
+    return hn
 
 
 def _post_failure(client: KVClient | None, rank: int, host: str, exc: BaseException, tb: str, code: int | None) -> None:
@@ -242,8 +248,6 @@ def run_rank(spec: LaunchSpec, ctx: RankContext, result_path: str) -> int:
 
         fn, args, kwargs = cloudpickle.loads(spec.payload)
         hn = _native_module() if spec.init_native else None
-        if spec.init_native and hn is None:
-            log.warning("hora.native.init is not available; running %s without the collective engine", spec.fn_name)
         if hn is not None:
             hn.init()
         value = fn(*args, **kwargs)
