@@ -58,30 +58,26 @@ def _positive_int(name: str):
     return parse
 
 
-def _positive_float(name: str):
+def _float_at_least(name: str, minimum: float, strict: bool):
+    """An argparse type: a float > ``minimum`` (``strict``) or >= ``minimum``, naming the option."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        if not (value > minimum if strict else value >= minimum):
+            raise argparse.ArgumentTypeError(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {text}")
         return value
 
     return parse
+
+
+def _positive_float(name: str):
+    return _float_at_least(name, 0.0, strict=True)
 
 
 def _non_negative_float(name: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
-        return value
-
-    return parse
+    return _float_at_least(name, 0.0, strict=False)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1052,31 +1052,27 @@ class Engine:
                 req.t_ready = tl.now()
                 tl.span(resp.name, "NEGOTIATE", req.t_submit, req.t_ready)
             if kind == ALLREDUCE:
-                g = open_groups.get(resp.fkey)
-                nb = resp.nbytes
-                if g is None or (g.nbytes + nb > threshold and g.nbytes > 0):
-                    g = open_groups[resp.fkey] = _FusedGroup(ps)
-                    units.append(g)
-                g.resps.append(resp)
-                g.reqs.append(req)
-                g.nbytes += nb
+                _fuse_into(units, open_groups, threshold, resp, ps).reqs.append(req)
             else:
                 units.append((resp, req, ps))
         for unit in units:
             if type(unit) is _FusedGroup:
                 self._run_allreduce(unit.resps, unit.reqs, unit.ps)
-                continue
-            resp, req, ps = unit
-            try:
-                result = self._run_single(resp, req, ps)
-            except CollectiveError:
-                raise
-            except Exception as exc:
-                if req is not None:
-                    self._finish(req, error=CollectiveError(f"{resp.kind} '{resp.name}' failed: {exc}"))
-                continue
+            else:
+                self._run_single_and_finish(*unit)
+
+    def _run_single_and_finish(self, resp: _Response, req: Request | None, ps: ProcessSetInfo | None) -> None:
+        """Run one unfused response and complete its request (a backend failure fails only that request)."""
+        try:
+            result = self._run_single(resp, req, ps)
+        except CollectiveError:
+            raise
+        except Exception as exc:
             if req is not None:
-                self._finish(req, result=result)
+                self._finish(req, error=CollectiveError(f"{resp.kind} '{resp.name}' failed: {exc}"))
+            return
+        if req is not None:
+            self._finish(req, result=result)
 
     def _plan(self, responses: list[_Response]) -> list[Any]:
         """Group ``responses`` into execution units, as :meth:`_execute` would."""
@@ -1089,13 +1085,7 @@ class Engine:
             if ps is None or not ps.group.is_member:
                 continue
             if resp.kind == ALLREDUCE:
-                g = open_groups.get(resp.fkey)
-                nb = resp.nbytes
-                if g is None or (g.nbytes + nb > threshold and g.nbytes > 0):
-                    g = open_groups[resp.fkey] = _FusedGroup(ps)
-                    units.append(g)
-                g.resps.append(resp)
-                g.nbytes += nb
+                _fuse_into(units, open_groups, threshold, resp, ps)
             else:
                 units.append((resp, None, ps))
         for u in units:
@@ -1116,17 +1106,7 @@ class Engine:
         for unit in cached[1]:
             if type(unit) is not _FusedGroup:
                 resp, _, ps = unit
-                req = pop(resp.name, None)
-                try:
-                    result = self._run_single(resp, req, ps)
-                except CollectiveError:
-                    raise
-                except Exception as exc:
-                    if req is not None:
-                        self._finish(req, error=CollectiveError(f"{resp.kind} '{resp.name}' failed: {exc}"))
-                    continue
-                if req is not None:
-                    self._finish(req, result=result)
+                self._run_single_and_finish(resp, pop(resp.name, None), ps)
                 continue
             reqs = [pop(n, None) for n in unit.names]
             if len(reqs) == 1 or None in reqs or unit.resps[0].key[10] != "cpu":
@@ -1301,7 +1281,6 @@ class Engine:
 
     def _run_single(self, resp: _Response, req: Request | None, ps: ProcessSetInfo | None) -> Any:
         kind = resp.kind
-        key = resp.key
         tl = self.timeline
         t0 = tl.now() if tl.enabled else 0.0
         if tl.enabled and req is not None:
@@ -1402,6 +1381,19 @@ class _FusedGroup:
         self.resps: list[_Response] = []
         self.reqs: list[Request | None] = []
         self.nbytes = 0
+
+
+def _fuse_into(units: list[Any], open_groups: dict[tuple, _FusedGroup], threshold: int, resp: _Response,
+               ps: ProcessSetInfo) -> _FusedGroup:
+    """Add an allreduce response to the open fusion group of its key, opening a new group (a
+    new execution unit) when the threshold would be passed; return the group it joined."""
+    g = open_groups.get(resp.fkey)
+    if g is None or (g.nbytes + resp.nbytes > threshold and g.nbytes > 0):
+        g = open_groups[resp.fkey] = _FusedGroup(ps)
+        units.append(g)
+    g.resps.append(resp)
+    g.nbytes += resp.nbytes
+    return g
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hora.errors import CollectiveError, ConfigError, DataError, NotInitializedError
+from hora.errors import ConfigError, DataError, NotInitializedError
 from hora.native import compression as _comp
 from hora.native.backends.base import Backend, ReduceOp
 from hora.native.engine import (
@@ -683,7 +683,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister ``process_set`` (collective over every rank). Returns True if it was registered."""
-    st = _state_or_raise()
+    _state_or_raise()  # NotInitializedError before init()
     if not isinstance(process_set, ProcessSet) or process_set.process_set_id in (None, 0):
         return False
     ps_id = process_set.process_set_id
