@@ -13,11 +13,23 @@ every rank's thread runs *rounds* in lockstep; a round is itself a collective:
 
 Every rank then runs the same deterministic bookkeeping on the same inputs, so every
 rank derives the same ordered list of ready responses: a name is ready when every rank
-of its process set has submitted it. The order in which ranks submitted never matters.
+of its process set has submitted it (a rank outside the set votes "ready" for it). The order in which ranks submitted never matters.
 Mismatched metadata becomes an error response on every rank that submitted the name
 (and on those that submit it later). Ready allreduces of one dtype, op, process set,
 scale and compression are packed into a reusable fusion buffer up to the fusion
 threshold and reduced by one backend call.
+
+Predicted rounds: steady-state training repeats its rounds (the same gradients every
+step), so every rank records which round followed which and, once a successor has
+repeated, predicts the next one. A predicted round that is one fused float Sum/Average
+allreduce of the global set runs as ONE collective: the control vector, encoded as
+counts, rides at the end of the fusion buffer of one Sum allreduce; if some rank did not
+hold the whole prediction, the data part is discarded and the round goes on as a normal
+one (see ``Engine._spec_collective``). While a prediction stands, ranks wait for their own
+part locally, with no wake-up through the store. ``HORA_SPECULATE=0`` turns this off.
+
+Shutdown is collective: a rank that has shut down keeps answering rounds until every
+rank has (``HORA_SHUTDOWN_TIMEOUT``), so ranks still working are not cut off.
 
 After a round every rank's thread goes idle (a decision every rank takes alike, from the
 round's job-wide results) and blocks on a job-wide wake-up signal
@@ -35,7 +47,7 @@ Environment: ``HORA_CYCLE_TIME`` (ms between rounds while active, default 1),
 ``HORA_CACHE_CAPACITY`` (response-cache slots, default 1024; 0 disables it),
 ``HORA_STALL_CHECK_TIME`` (s, default 60; 0 disables), ``HORA_STALL_SHUTDOWN_TIME``
 (s, default 0 = never), ``HORA_OP_TIMEOUT`` (s a ``synchronize`` waits, default 600),
-``HORA_SHUTDOWN_TIMEOUT`` (s, default 30), ``HORA_LINGER_ROUNDS`` (rounds without results,
+``HORA_SHUTDOWN_TIMEOUT`` (s, default 30), ``HORA_SPECULATE`` (default 1), ``HORA_LINGER_ROUNDS`` (rounds without results,
 one per cycle, before going idle; default 0), ``HORA_AUTOTUNE=1`` (``HORA_AUTOTUNE_WINDOW`` working rounds per
 candidate, default 20), ``HORA_TIMELINE``. The backends' own collective timeout is
 ``HORA_COLLECTIVE_TIMEOUT`` (s, default 300).
@@ -76,6 +88,7 @@ ENV_OP_TIMEOUT = "HORA_OP_TIMEOUT"
 ENV_AUTOTUNE = "HORA_AUTOTUNE"
 ENV_SHUTDOWN_TIMEOUT = "HORA_SHUTDOWN_TIMEOUT"
 ENV_LINGER_ROUNDS = "HORA_LINGER_ROUNDS"
+ENV_SPECULATE = "HORA_SPECULATE"
 
 DEFAULT_CYCLE_TIME_MS = 1.0
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024
@@ -130,6 +143,8 @@ class EngineConfig:
         # default): idle after every round, so every round starts from a wake-up through the
         # store, which costs less than one more collective round (job-wide, see Engine._round)
         self.linger_rounds = int(_env_number(ENV_LINGER_ROUNDS, DEFAULT_LINGER_ROUNDS))
+        # predicted rounds carry their data in the negotiation's collective (Engine._spec_collective)
+        self.speculate = os.environ.get(ENV_SPECULATE, "1").strip().lower() not in ("0", "false", "no", "off")
 
     @property
     def stall_poll(self) -> float | None:
@@ -185,24 +200,27 @@ class Handle:
         if engine is None:  # pragma: no cover - handles always belong to an engine
             raise CollectiveError(f"{self.kind} '{self.name}' has no engine")
         limit = timeout if timeout is not None else engine.config.op_timeout
-        engine.request_flush()
-        deadline = time.monotonic() + limit
-        poll = engine.config.stall_poll
-        cond = engine._done_cond
-        with cond:
-            while not self._done:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    detail = engine.describe_waiting(self.name)
-                    raise CollectiveError(
-                        f"{self.kind} '{self.name}' did not complete within {limit:g}s{detail} "
-                        f"(raise {ENV_OP_TIMEOUT} to wait longer)"
-                    )
-                if poll is None or left <= poll:
-                    cond.wait(left)
-                elif not cond.wait(poll) and not self._done:
-                    # the job may be idle with this op pending: a round runs the stall checks
-                    engine.poke()
+        engine.request_flush(self)
+        try:
+            deadline = time.monotonic() + limit
+            poll = engine.config.stall_poll
+            cond = engine._done_cond
+            with cond:
+                while not self._done:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        detail = engine.describe_waiting(self.name)
+                        raise CollectiveError(
+                            f"{self.kind} '{self.name}' did not complete within {limit:g}s{detail} "
+                            f"(raise {ENV_OP_TIMEOUT} to wait longer)"
+                        )
+                    if poll is None or left <= poll:
+                        cond.wait(left)
+                    elif not cond.wait(poll) and not self._done:
+                        # the job may be idle with this op pending: a round runs the stall checks
+                        engine.poke()
+        finally:
+            engine.end_flush(self)
 
     def synchronize(self, timeout: float | None = None) -> Any:
         """Wait for the op and return its result.
@@ -509,7 +527,7 @@ class Engine:
         self._lock = threading.Lock()
         self._gather_cond = threading.Condition(self._lock)  # engine waits here for submissions to settle
         self._done_cond = threading.Condition(threading.Lock())  # callers wait here for their handles
-        self._flush = False
+        self._blocked: list[Handle] = []  # handles callers block on: rounds stop waiting for more work
         self._gathering = False
         self._completed: list[Handle] = []
         self._incoming: list[Request] = []
@@ -532,6 +550,18 @@ class Engine:
         self._to_forget: list[int] = []
         self._quiet_rounds = 0
         self._ps_version = 0
+        self._nm_key: tuple = ()
+        self._nm_slots: list[int] = []
+        self._quit_announced = False
+        self._all_quit = False
+        # speculation (identical on every rank: only changed from rounds' job-wide results)
+        self._spec: _Spec | None = None
+        self._spec_allowed = False
+        self._prev_bits: bytes | None = None
+        self._succ: dict[bytes, list] = {}
+        self._spec_missing: set[str] | None = None
+        self._spec_memo: tuple | None = None
+        self._spec_foreign = False
         self._t_start = time.monotonic()
         self.stats: dict[str, int] = collections.Counter()
         self._autotuner = _Autotuner(self) if self.config.autotune else None
@@ -561,6 +591,15 @@ class Engine:
                 )
             self._names[req.name] = req
             self._incoming.append(req)
+            missing = self._spec_missing
+            if missing is not None:
+                if req.name in missing:
+                    missing.discard(req.name)
+                    if not missing:
+                        self._gather_cond.notify()  # this rank now has the whole predicted round
+                elif req.name not in self._spec.name_set:
+                    self._spec_foreign = True  # not predicted: negotiate it soon
+                    self._gather_cond.notify()
             if self._idle and not self._woken:
                 self._woken = True
                 self._waker.signal(self._epoch)
@@ -573,12 +612,23 @@ class Engine:
                 self._woken = True
                 self._waker.signal(self._epoch)
 
-    def request_flush(self) -> None:
-        """A caller is about to block on a handle: stop waiting for more submissions."""
-        self._flush = True
-        if self._gathering:
-            with self._lock:
+    def request_flush(self, handle: Handle) -> None:
+        """A caller is about to block on ``handle``: stop waiting for more submissions
+        while it is pending (until :meth:`end_flush`)."""
+        with self._lock:
+            self._blocked.append(handle)
+            if self._gathering:
                 self._gather_cond.notify()
+
+    def end_flush(self, handle: Handle) -> None:
+        """The caller of :meth:`request_flush` stopped blocking."""
+        with self._lock:
+            self._blocked.remove(handle)
+
+    @property
+    def _flush(self) -> bool:
+        """(Under the lock.) Whether a caller is blocked on a handle that is not done."""
+        return any(not h._done for h in self._blocked)
 
     def supports_device(self, device: str) -> bool:
         """Whether tensors on ``device`` ("cpu", "cuda") can be communicated."""
@@ -622,20 +672,31 @@ class Engine:
         return s
 
     def shutdown(self) -> None:
-        """Stop the engine thread once this rank has nothing in flight.
+        """Stop the engine once this rank has nothing in flight and every rank has shut down.
 
-        Waits up to ``HORA_SHUTDOWN_TIMEOUT`` seconds for the thread; pending handles are
-        failed with CollectiveError if it does not stop in time.
+        Shutdown is collective, like ``MPI_Finalize``: until every rank has called it, this
+        rank's engine keeps taking part in rounds, so ranks still working (say, on a
+        process set this rank is not in) are not cut off. Waits up to
+        ``HORA_SHUTDOWN_TIMEOUT`` seconds; then pending handles are failed with
+        CollectiveError and this rank leaves anyway.
         """
         with self._lock:
             self._shutdown = True
+            if self._gathering:
+                self._gather_cond.notify()
             if self._idle and not self._woken:
                 self._woken = True
-                self._waker.wake_self(self._epoch)
+                if self.size == 1:
+                    self._waker.wake_self(self._epoch)
+                else:  # a round in which every rank learns that this one is done
+                    self._quit_announced = True
+                    self._waker.signal(self._epoch)
         self._thread.join(self.config.shutdown_timeout)
         if self._thread.is_alive():
-            log.warning("rank %d: the hora engine thread did not stop within %gs; abandoning it",
-                        self.rank, self.config.shutdown_timeout)
+            log.warning("rank %d: the hora engine did not stop within %gs (%s); leaving without the other ranks "
+                        "(raise %s to wait longer)", self.rank, self.config.shutdown_timeout,
+                        "collectives still in flight here" if self._names else "other ranks have not shut down",
+                        ENV_SHUTDOWN_TIMEOUT)
             self._fail_all(CollectiveError(f"rank {self.rank}: hora was shut down with collectives in flight"))
         self.timeline.close()
         self._waker.close()
@@ -648,6 +709,8 @@ class Engine:
                     break
                 while self._round():
                     pass
+                if self._all_quit:
+                    break
         except BaseException as exc:  # noqa: BLE001 - reported to every waiting handle
             if not isinstance(exc, CollectiveError):
                 log.exception("rank %d: the hora engine failed", self.rank)
@@ -673,10 +736,17 @@ class Engine:
     def _active_wait(self) -> bool:
         """Block while the whole job is idle. False: shut down."""
         with self._lock:
-            if self._shutdown and not self._names:
-                return False
             self._idle = True
             self._woken = False
+            if self._shutdown and not self._names:
+                if self.size == 1:
+                    return False
+                if not self._quit_announced:
+                    # one round tells every rank this one is done; the engine then keeps
+                    # answering rounds until the round in which every rank is done
+                    self._quit_announced = True
+                    self._woken = True
+                    self._waker.signal(self._epoch)
             if self._incoming:
                 self._woken = True
                 self._waker.signal(self._epoch)
@@ -698,12 +768,19 @@ class Engine:
                     "did another rank exit or crash?"
                 ) from None
             with self._lock:
-                if self._shutdown and not self._names:
-                    self._idle = False
-                    return False
                 if woken:
                     self._idle = False
                     return True
+
+    def _nonmember_slots(self) -> list[int]:
+        """Cache slots of ops whose process set this rank is not a member of."""
+        key = (self.cache.version, self._ps_version)
+        if key != self._nm_key:
+            self._nm_key = key
+            pss = self.process_sets
+            self._nm_slots = [e.slot for e in self.cache.by_name.values()
+                              if e.ps_id and (e.ps_id not in pss or not pss[e.ps_id].group.is_member)]
+        return self._nm_slots
 
     def _now_ms(self) -> int:
         return int((time.monotonic() - self._t_start) * 1000)
@@ -717,8 +794,11 @@ class Engine:
         cache = self.cache
         C = cache.capacity
         cycle = self.config.cycle_time
+        spec = self._spec
         with self._lock:
-            if self._incoming and not self._flush and cycle > 0:
+            if spec is not None:
+                self._gather_predicted(spec)
+            elif self._incoming and not self._flush and cycle > 0:
                 # let a burst of submissions (a backward pass, a loop of allreduce_async)
                 # land before negotiating, instead of competing with it for the GIL
                 self._gathering = True
@@ -731,7 +811,6 @@ class Engine:
                         break
                     seen = n
                 self._gathering = False
-            self._flush = False
             fresh, self._incoming = self._incoming, []
         waiting = self._waiting
         by_name = cache.by_name
@@ -768,23 +847,39 @@ class Engine:
                 if e.kind == ALLREDUCE and ps is not None and self.rank in ps.ranks:
                     bits.append(e.slot)
         payload = pickle.dumps(uncached, protocol=pickle.HIGHEST_PROTOCOL) if uncached else b""
-        ctrl = np.zeros(2 * C + 5, dtype=np.int32)
+        ctrl = np.zeros(2 * C + 7, dtype=np.int32)
         ctrl[C : 2 * C] = 1
         if bits:
             ctrl[bits] = 1
             ctrl[C : 2 * C] = 1 - ctrl[:C]
+        if C:
+            nm = self._nonmember_slots()
+            if nm:
+                # a rank outside a cached op's process set stands for "ready" (MIN) and
+                # "has not submitted" (inverted), so readiness is decided by the members
+                ctrl[nm] = 1
         ctrl[2 * C] = 0 if uncached else 1
         ctrl[2 * C + 1] = -len(payload)
         ctrl[2 * C + 2] = 0 if (self._waiting or uncached) else 1
         ctrl[2 * C + 3] = -self._now_ms()
         tuner = self._autotuner
         ctrl[2 * C + 4] = tuner.index if (tuner is not None and self.rank == 0) else np.iinfo(np.int32).max
-        ctrl_t = torch.from_numpy(ctrl)
-        self.backend.allreduce(ctrl_t, ReduceOp.Min, self.backend.world)
+        ctrl[2 * C + 5] = 1 if (self._shutdown and not self._names) else 0
+        ctrl[2 * C + 6] = 1 if (self.config.speculate and tuner is None) else 0
+        spec_ok = False
+        if spec is not None:
+            spec_ok = self._spec_collective(spec, ctrl, bits)
+        else:
+            self.backend.allreduce(torch.from_numpy(ctrl), ReduceOp.Min, self.backend.world)
+        self._spec_allowed = ctrl[2 * C + 6] == 1
         if tuner is not None:
             tuner.apply(int(ctrl[2 * C + 4]))  # rank 0's choice, so grouping agrees everywhere
         any_work = ctrl[2 * C + 2] == 0
+        if ctrl[2 * C + 5] == 1:
+            self._all_quit = True  # every rank has shut down with nothing in flight
+            return False
         if not any_work:
+            self._spec = None  # (a predicted round nobody had anything for)
             return self._after_round(t0, False, False)
         evictions = cache.evictions
         now = int(-ctrl[2 * C + 3])
@@ -804,6 +899,16 @@ class Engine:
         for e in responses:
             touch(e.slot)
         self.stats["cache_hits"] += len(responses)
+        plan_key = ctrl[:C].tobytes()
+        round_bits = plan_key
+        if spec_ok:
+            # the predicted responses were reduced by the negotiation's own collective
+            done = spec.slot_set
+            responses = [e for e in responses if e.slot not in done]
+            if responses:
+                rest = ctrl[:C].copy()
+                rest[spec.slots] = 0
+                plan_key = rest.tobytes()
         new_ready.sort(key=lambda r: r.seq)
         responses.extend(new_ready)
         self.stats["cache_misses"] += sum(1 for r in new_ready if r.error is None and r.kind not in _UNCACHEABLE)
@@ -818,7 +923,7 @@ class Engine:
             if responses and not new_ready and not self.timeline.enabled and not self._joined:
                 # steady state: only cached responses; reuse the execution plan of the
                 # last round with exactly these bits
-                self._execute_planned(ctrl[:C].tobytes(), responses)
+                self._execute_planned(plan_key, responses)
             elif responses:
                 self._execute(responses)
                 if C:
@@ -829,7 +934,175 @@ class Engine:
             self._notify_done()
         if tuner is not None and self.rank == 0:
             tuner.observe(responses)
+        if new_ready or errors:
+            self._learn(None)
+        elif responses or spec_ok:
+            self._learn(round_bits)
+        elif spec is not None:
+            self._spec = None  # predicted, and nothing came: wait through the store again
         return self._after_round(t0, bool(responses or errors), cache.evictions != evictions)
+
+    # -- speculation ----------------------------------------------------------------------
+    # Steady-state training repeats the same rounds: every step the same gradients become
+    # ready together. Every rank records, alike, which round (its cached-response bits)
+    # followed which; once a successor has repeated SPEC_MIN_HITS times, the next round is
+    # *predicted*. A predicted round that is one fused float32/float64 Sum/Average
+    # allreduce of the global set runs as ONE collective: each rank waits until it holds
+    # every predicted tensor (or a caller blocks, or it shuts down), packs them into the
+    # fusion buffer and appends its control vector, encoded as counts, and one Sum
+    # allreduce reduces data and negotiation together. When every rank held the whole
+    # prediction (a count in the control part says so), the data part is the result;
+    # otherwise it is discarded and the round continues as a normal one, from the decoded
+    # control vector. Either way nothing else changes: the same responses, errors, stall
+    # checks and cache updates follow on every rank.
+    SPEC_MIN_HITS = 2
+
+    def _gather_predicted(self, spec: _Spec) -> None:
+        """(Under the lock.) Wait until this rank has submitted every tensor of the
+        predicted round, a caller blocks on a handle, or shutdown."""
+        if self._flush or self._shutdown:
+            return
+        names = self._names
+        missing = {n for n in spec.names if n not in names}
+        if not missing:
+            return
+        self._spec_missing = missing
+        self._spec_foreign = any(r.name not in spec.name_set for r in self._incoming)
+        self._gathering = True
+        # a rank may never submit the predicted tensors (its program went elsewhere): the
+        # round then starts after the stall poll interval, so stall checks still run
+        deadline = time.monotonic() + (self.config.stall_poll or IDLE_POLL)
+        settle = 10 * self.config.cycle_time
+        try:
+            while missing and not self._flush and not self._shutdown:
+                now = time.monotonic()
+                if self._spec_foreign:  # something unpredicted is pending: gather it briefly, go
+                    deadline = min(deadline, now + settle)
+                    self._spec_foreign = False
+                left = deadline - now
+                if left <= 0:
+                    break
+                self._gather_cond.wait(left)
+        finally:
+            self._spec_missing = None
+            self._gathering = False
+
+    def _spec_collective(self, spec: _Spec, ctrl: np.ndarray, bits: list[int]) -> bool:
+        """Run the predicted round's data and the control vector ``ctrl`` (MIN form) as one
+        Sum allreduce; rewrite ``ctrl`` with the job-wide (MIN form) result. True when the
+        prediction held on every rank (its requests are then finished)."""
+        C = self.cache.capacity
+        size = self.size
+        n = spec.numel
+        have_bits = set(bits)
+        have = all(s in have_bits for s in spec.slots)
+        tail = np.zeros(2 * C + 8, dtype=np.float64 if spec.dtype == torch.float64 else np.float32)
+        tail[:C] = ctrl[:C]  # ready votes (members that have it, and non-members)
+        tail[C : 2 * C] = 1 - ctrl[C : 2 * C]  # members that have it
+        tail[2 * C] = 1 - ctrl[2 * C]  # ranks with uncached requests
+        tail[2 * C + 1] = -(-int(-ctrl[2 * C + 1]) // 1024)  # payload KiB, rounded up
+        tail[2 * C + 2] = 1 - ctrl[2 * C + 2]  # ranks with work
+        # rank 0's clock, in ms (exact in float32 for 4.6 hours, then to a few ms)
+        tail[2 * C + 3] = -ctrl[2 * C + 3] if self.rank == 0 else 0
+        tail[2 * C + 4] = ctrl[2 * C + 5]  # ranks done (shutdown)
+        tail[2 * C + 5] = ctrl[2 * C + 6]  # ranks that allow speculation
+        tail[2 * C + 6] = 1 if have else 0  # ranks that hold the whole prediction
+        buf = self._fusion_buffer(spec.dtype, n + tail.size, torch.device("cpu"))
+        data = buf[:n]
+        reqs: list[Request] = []
+        if have:
+            waiting = self._waiting
+            reqs = [waiting[name] for name in spec.names]
+            parts = data.split(spec.sizes)
+            torch._foreach_copy_(parts, [_flat(q.tensor) for q in reqs])
+            if spec.prescale != 1.0:
+                _scale_(data, spec.prescale)
+        buf[n:].copy_(torch.from_numpy(tail))
+        self.backend.allreduce(buf, ReduceOp.Sum, self.backend.world)
+        out = buf[n:].numpy()  # float32 or float64: counts are exact in either
+        np.equal(out[:C], size, out=ctrl[:C], casting="unsafe")
+        np.equal(out[C : 2 * C], 0, out=ctrl[C : 2 * C], casting="unsafe")
+        ctrl[2 * C] = 0 if out[2 * C] > 0 else 1
+        ctrl[2 * C + 1] = -int(round(out[2 * C + 1])) * 1024
+        ctrl[2 * C + 2] = 0 if out[2 * C + 2] > 0 else 1
+        ctrl[2 * C + 3] = -int(round(out[2 * C + 3]))
+        ctrl[2 * C + 4] = np.iinfo(np.int32).max
+        ctrl[2 * C + 5] = 1 if round(out[2 * C + 4]) == size else 0
+        ctrl[2 * C + 6] = 1 if round(out[2 * C + 5]) == size else 0
+        st = self.stats
+        if round(out[2 * C + 6]) != size:
+            st["speculation_misses"] += 1
+            return False
+        post = spec.postscale / size if spec.average else spec.postscale  # (``parts``: set above, as have)
+        if post == 1.0:
+            torch._foreach_copy_([_flat(q.output) for q in reqs], list(parts))
+        elif len(reqs) <= 64:  # scale while copying out: one pass over the data, not two
+            mul = torch.mul
+            for q, part in zip(reqs, parts):
+                mul(part, post, out=_flat(q.output))
+        else:
+            _scale_(data, post)
+            torch._foreach_copy_([_flat(q.output) for q in reqs], list(parts))
+        pop = self._waiting.pop
+        completed = self._completed
+        for q in reqs:
+            pop(q.name, None)
+            q._result = q.output
+            completed.append(q)
+        st["speculation_hits"] += 1
+        st["fused_batches"] += 1
+        st["fused_tensors"] += len(reqs)
+        st["allreduce_tensors"] += len(reqs)
+        st["allreduce_calls"] += 1
+        st["allreduce_bytes"] += n * buf.element_size()
+        return True
+
+    def _learn(self, bits: bytes | None) -> None:
+        """Record that a round with cached-response ``bits`` followed the previous one
+        (None: a round that negotiated by name; the chain starts over) and predict the
+        next round. Runs alike on every rank, from job-wide results only."""
+        self._spec = None
+        if bits is None:
+            self._prev_bits = None
+            return
+        prev = self._prev_bits
+        if prev is not None:
+            succ = self._succ.get(prev)
+            if succ is not None and succ[0] == bits:
+                succ[1] += 1
+            else:
+                if len(self._succ) >= 256:
+                    self._succ.clear()
+                self._succ[prev] = [bits, 1]
+        self._prev_bits = bits
+        nxt = self._succ.get(bits)
+        if nxt is None or nxt[1] < self.SPEC_MIN_HITS or not self._spec_allowed or self._joined:
+            return
+        version = (nxt[0], self.cache.version, self._ps_version, self.config.fusion_threshold)
+        if self._spec_memo is not None and self._spec_memo[0] == version:
+            self._spec = self._spec_memo[1]
+        else:
+            self._spec = self._make_spec(nxt[0])
+            self._spec_memo = (version, self._spec)
+
+    def _make_spec(self, bits: bytes) -> _Spec | None:
+        """The prediction for a round with ``bits``, when it can run as one collective."""
+        C = self.cache.capacity
+        slots = np.flatnonzero(np.frombuffer(bits, dtype=np.int32)[:C]).tolist()
+        entries = [self.cache.slots[s] for s in slots]
+        if not entries or None in entries:
+            return None
+        units = self._plan(entries)
+        if len(units) != 1 or type(units[0]) is not _FusedGroup or len(units[0].resps) != len(entries):
+            return None
+        key = entries[0].key
+        # key: kind, dtype, shape, ndim, op, root, ps, prescale, postscale, compression, device, extra
+        if (key[0] != ALLREDUCE or key[1] not in ("float32", "float64") or key[6] != 0 or key[9] != "none"
+                or key[10] != "cpu" or ReduceOp(key[4]) not in (ReduceOp.Sum, ReduceOp.Average)):
+            return None
+        unit = units[0]
+        return _Spec(slots, unit.names, unit.sizes, getattr(torch, key[1]), key[7], key[8],
+                     ReduceOp(key[4]) == ReduceOp.Average)
 
     def _after_round(self, t0: float, progressed: bool, evicted: bool) -> bool:
         """Decide, identically on every rank, whether another round follows (True) or the
@@ -845,6 +1118,10 @@ class Engine:
         self._quiet_rounds = 0 if progressed else self._quiet_rounds + 1
         if not evicted and not self._joined and self._quiet_rounds >= self.config.linger_rounds:
             self._quiet_rounds = 0
+            if self._spec is not None:
+                # every rank knows what comes next: each waits for its own part of it in
+                # the next round's gather, with no wake-up through the store
+                return True
             self._go_idle()
             return False
         left = self.config.cycle_time - (time.perf_counter() - t0)
@@ -1371,6 +1648,26 @@ class Engine:
                     out.div_(n, rounding_mode="floor")
             return out
         raise CollectiveError(f"unknown collective kind {kind!r}")
+
+
+class _Spec:
+    """A predicted round: one fused allreduce, identical on every rank."""
+
+    __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
+                 "average")
+
+    def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype, prescale: float,
+                 postscale: float, average: bool) -> None:
+        self.slots = slots
+        self.slot_set = frozenset(slots)
+        self.names = names
+        self.name_set = frozenset(names)
+        self.sizes = sizes
+        self.numel = sum(sizes)
+        self.dtype = dtype
+        self.prescale = prescale
+        self.postscale = postscale
+        self.average = average
 
 
 class _FusedGroup:

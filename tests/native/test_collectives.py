@@ -159,3 +159,44 @@ def test_waiting_for_a_late_rank_costs_no_polling_rounds():
     for o in outs:
         assert o["ok"], outs
         assert o["rounds_per_op"] <= 3.0, outs
+
+
+@pytest.mark.timeout(120)
+def test_cached_process_set_op_and_a_rank_outside_it_shutting_down_first():
+    # a cached op on a process set is ready when its *members* have it (a rank outside
+    # the set never submits it), and shutdown is collective: rank 2 keeps answering
+    # rounds until ranks 0 and 1 are done, instead of cutting their Gloo connections
+    outs = run_ranks(workers.process_set_repeated_and_early_shutdown, 3, args=(5,),
+                     env={"HORA_STALL_CHECK_TIME": "20"}, timeout=110)
+    for r in (0, 1):
+        assert outs[r]["values"] == [1.0 + 2 * i for i in range(5)], outs[r]
+        assert outs[r]["late"] == 2.0
+        # served from the cache (before the fix, every repeat waited for the stall logic
+        # to drop the slot and renegotiate the name)
+        assert outs[r]["cache_hits"] >= 4, outs[r]
+
+
+@pytest.mark.timeout(120)
+def test_predicted_rounds_run_as_one_collective_and_survive_a_misprediction():
+    outs = run_ranks(workers.speculation_job, 2, args=(6,), timeout=110)
+    for r, o in enumerate(outs):
+        assert o["fails"] == [], (r, o["fails"])
+        steady, s = o["steady"], o["stats"]
+        # the two fused groups alternate; once each successor was seen twice, rounds are
+        # predicted and carry their negotiation in the data's collective
+        assert steady.get("speculation_hits", 0) >= 4, steady
+        assert steady.get("speculation_misses", 0) == 0, steady
+        # the split step misses at least once (rank 1 lacked the prediction) ...
+        assert s.get("speculation_misses", 0) >= 1, s
+        # ... and prediction resumes afterwards
+        assert s["speculation_hits"] >= steady["speculation_hits"] + 4, s
+    assert outs[0]["stats"]["speculation_hits"] == outs[1]["stats"]["speculation_hits"]
+
+
+@pytest.mark.timeout(120)
+def test_speculation_can_be_switched_off():
+    outs = run_ranks(workers.speculation_job, 2, args=(4,), env={"HORA_SPECULATE": "0"}, timeout=110)
+    for o in outs:
+        assert o["fails"] == []
+        assert o["stats"].get("speculation_hits", 0) == 0
+        assert o["stats"].get("speculation_misses", 0) == 0

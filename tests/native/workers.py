@@ -531,3 +531,71 @@ def rounds_per_op(ops: int, late_rank: int, delay: float) -> dict[str, Any]:
     rounds = hn.engine_stats().get("rounds", 0) - before
     hn.shutdown()
     return {"ok": ok, "rounds_per_op": rounds / ops}
+
+
+def process_set_repeated_and_early_shutdown(steps: int) -> dict:
+    """3 ranks: ranks 0 and 1 reduce the same name on a process set ``steps`` times
+    (cached after the first) while rank 2, outside the set, shuts down at once."""
+    import time
+
+    import hora.native as hn
+
+    hn.init()
+    pair = hn.add_process_set([0, 1])
+    out: dict = {"values": [], "seconds": []}
+    if hn.rank() in (0, 1):
+        for i in range(steps):
+            t0 = time.perf_counter()
+            v = hn.allreduce(torch.tensor([float(hn.rank() + i)]), op=hn.Sum, name="pair.x", process_set=pair)
+            out["seconds"].append(time.perf_counter() - t0)
+            out["values"].append(v.item())
+        time.sleep(1.0)  # rank 2 has long called shutdown by now
+        v = hn.allreduce(torch.tensor([1.0]), op=hn.Sum, name="pair.late", process_set=pair)
+        out["late"] = v.item()
+    out["cache_hits"] = hn.engine_stats().get("cache_hits", 0)
+    hn.shutdown()
+    return out
+
+
+def speculation_job(steps: int) -> dict[str, Any]:
+    """Steady rounds of a fused Average (float32) and a fused Sum (float64), then a step in
+    which rank 1 submits the predicted set in pieces (blocking in between): the round is
+    mispredicted on one rank and must still give exact results; then steady again."""
+    import hora.native as hn
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    fails: list[str] = []
+
+    def step(i: int, split: bool) -> None:
+        a = [torch.full((5, 3), float(r + i + k)) for k in range(4)]
+        b = [torch.full((7,), float(10 * r + i + k), dtype=torch.float64) for k in range(3)]
+        if split and r == 1:
+            # rank 1 blocks on the first tensor before submitting the rest: rank 0 holds
+            # the whole prediction, rank 1 does not
+            first = hn.allreduce_async_(a[0], op=hn.Average, name="sp.a.0")
+            first.synchronize()
+            hs = [hn.allreduce_async_(t, op=hn.Average, name=f"sp.a.{k}") for k, t in enumerate(a) if k]
+        else:
+            hs = [hn.allreduce_async_(t, op=hn.Average, name=f"sp.a.{k}") for k, t in enumerate(a)]
+        [h.synchronize() for h in hs]
+        hs = [hn.allreduce_async_(t, op=hn.Sum, name=f"sp.b.{k}") for k, t in enumerate(b)]
+        [h.synchronize() for h in hs]
+        for k, t in enumerate(a):
+            want = sum(q + i + k for q in range(n)) / n
+            if not torch.equal(t, torch.full((5, 3), float(want))):
+                fails.append(f"step {i} a.{k}: {t.flatten()[:3].tolist()} != {want}")
+        for k, t in enumerate(b):
+            want = float(sum(10 * q + i + k for q in range(n)))
+            if not torch.equal(t, torch.full((7,), want, dtype=torch.float64)):
+                fails.append(f"step {i} b.{k}: {t[:3].tolist()} != {want}")
+
+    for i in range(steps):
+        step(i, split=False)
+    steady = hn.engine_stats()
+    step(steps, split=True)
+    for i in range(steps + 1, 2 * steps + 1):
+        step(i, split=False)
+    s = hn.engine_stats()
+    hn.shutdown()
+    return {"fails": fails, "steady": steady, "stats": s}
