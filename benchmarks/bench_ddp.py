@@ -180,7 +180,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--only", choices=["single", "ddp", "hora"], action="append",
+    parser.add_argument("--only", choices=["single", "ddp", "hora", "hora-nospec"], action="append",
                         help="run only these configurations (repeatable)")
     parser.add_argument("--cycle-time-ms", type=float, action="append", default=[],
                         help="also run hora with HORA_CYCLE_TIME set to this (repeatable)")
@@ -197,6 +197,8 @@ def main() -> int:
                 v = run_job(_ddp_worker, args.np, args.steps, args.warmup)
             elif c == "hora":
                 v = run_job(_hora_worker, args.np, args.steps, args.warmup)
+            elif c == "hora-nospec":
+                v = run_job(_hora_worker, args.np, args.steps, args.warmup, extra_env={"HORA_SPECULATE": "0"})
             else:
                 ms = c.split("@", 1)[1]
                 v = run_job(_hora_worker, args.np, args.steps, args.warmup, extra_env={"HORA_CYCLE_TIME": ms})
@@ -207,7 +209,8 @@ def main() -> int:
                   file=sys.stderr, flush=True)
     med = {c: statistics.median(v) for c, v in runs.items()}
     labels = {"single": "one process (1 rank)", "ddp": f"torch DDP gloo ({args.np} ranks)",
-              "hora": f"hora DistributedOptimizer ({args.np} ranks)"}
+              "hora": f"hora DistributedOptimizer ({args.np} ranks)",
+              "hora-nospec": f"hora, HORA_SPECULATE=0 ({args.np} ranks)"}
     labels.update({c: f"hora, HORA_CYCLE_TIME={c.split('@')[1]} ms ({args.np} ranks)" for c in configs if "@" in c})
     print(f"\nMLP {DEPTH}x Linear({WIDTH},{WIDTH}), batch {BATCH}/rank, 1 thread/rank, "
           f"{args.steps} steps x {args.rounds} rounds (median)\n")

@@ -269,6 +269,7 @@ class Request(Handle):
     ready_event: Any = None
     key: tuple = ()
     local: Any = None
+    staged = 0  # the engine's staging token when the tensor was copied into the fusion buffer at submit
 
     @property
     def handle(self) -> Request:
@@ -562,6 +563,13 @@ class Engine:
         self._spec_missing: set[str] | None = None
         self._spec_memo: tuple | None = None
         self._spec_foreign = False
+        self._spec_stage: torch.Tensor | None = None
+        self._gather_spec: _Spec | None = None
+        self._burst_end = False
+        self._claim = _NO_CLAIM
+        self._claim_args: tuple | None = None
+        self._inline_result: Any = None
+        self._stage_token = 1
         self._t_start = time.monotonic()
         self.stats: dict[str, int] = collections.Counter()
         self._autotuner = _Autotuner(self) if self.config.autotune else None
@@ -595,9 +603,20 @@ class Engine:
             if missing is not None:
                 if req.name in missing:
                     missing.discard(req.name)
+                    if not missing and self._claim == _NO_CLAIM:
+                        self._claim = _OFFERED
+                    stage = self._spec_stage
+                    if stage is not None:
+                        # copy it into its place in the fusion buffer now, while it is hot in
+                        # the cache (and while backward still runs), not after the last one
+                        off, cnt = self._gather_spec.offsets[req.name]
+                        t = req.tensor
+                        if t is not None and t.dtype == stage.dtype and t.numel() == cnt and t.is_cpu:
+                            stage[off : off + cnt].copy_(_flat(t))
+                            req.staged = self._stage_token
                     if not missing:
                         self._gather_cond.notify()  # this rank now has the whole predicted round
-                elif req.name not in self._spec.name_set:
+                elif req.name not in self._gather_spec.name_set:
                     self._spec_foreign = True  # not predicted: negotiate it soon
                     self._gather_cond.notify()
             if self._idle and not self._woken:
@@ -614,9 +633,31 @@ class Engine:
 
     def request_flush(self, handle: Handle) -> None:
         """A caller is about to block on ``handle``: stop waiting for more submissions
-        while it is pending (until :meth:`end_flush`)."""
+        while it is pending (until :meth:`end_flush`). When the engine offers a predicted
+        round (:meth:`_offer_round`), the caller runs it here, in its own thread."""
         with self._lock:
             self._blocked.append(handle)
+            if self._claim != _OFFERED:
+                if self._gathering:
+                    self._gather_cond.notify()
+                return
+            self._claim = _CLAIMED
+            args = self._claim_args
+            self.stats["rounds_run_by_caller"] += 1
+        try:
+            result: Any = self._round_body(*args)
+        except BaseException as exc:  # noqa: BLE001 - the engine thread raises it
+            result = exc
+        with self._lock:
+            self._inline_result = result
+            self._claim = _RAN
+            self._gather_cond.notify_all()
+
+    def end_burst(self) -> None:
+        """The caller has submitted a complete group (a bucket of gradients): negotiate
+        what is gathered now instead of waiting for the burst to settle."""
+        with self._lock:
+            self._burst_end = True
             if self._gathering:
                 self._gather_cond.notify()
 
@@ -791,26 +832,37 @@ class Engine:
         tl0 = self.timeline.now() if self.timeline.enabled else 0.0
         self._round_no += 1
         self.stats["rounds"] += 1
-        cache = self.cache
-        C = cache.capacity
         cycle = self.config.cycle_time
         spec = self._spec
         with self._lock:
             if spec is not None:
-                self._gather_predicted(spec)
-            elif self._incoming and not self._flush and cycle > 0:
+                if self._gather_predicted(spec, t0, tl0):
+                    # a caller that blocked on a handle ran this round in its own thread
+                    result, self._inline_result = self._inline_result, None
+                    if isinstance(result, BaseException):
+                        raise result
+                    return bool(result)
+            elif self._incoming and not self._flush and not self._burst_end and cycle > 0:
                 # let a burst of submissions (a backward pass, a loop of allreduce_async)
                 # land before negotiating, instead of competing with it for the GIL
                 self._gathering = True
                 deadline = time.monotonic() + 10 * cycle
                 seen = len(self._incoming)
-                while not self._flush and not self._shutdown:
+                while not self._flush and not self._shutdown and not self._burst_end:
                     self._gather_cond.wait(cycle)
                     n = len(self._incoming)
                     if n == seen or time.monotonic() >= deadline:
                         break
                     seen = n
                 self._gathering = False
+        return self._round_body(t0, tl0, spec)
+
+    def _round_body(self, t0: float, tl0: float, spec: _Spec | None) -> bool:
+        """The round after its gather: negotiate, execute, decide what comes next."""
+        cache = self.cache
+        C = cache.capacity
+        with self._lock:
+            self._burst_end = False
             fresh, self._incoming = self._incoming, []
         waiting = self._waiting
         by_name = cache.by_name
@@ -957,24 +1009,36 @@ class Engine:
     # checks and cache updates follow on every rank.
     SPEC_MIN_HITS = 2
 
-    def _gather_predicted(self, spec: _Spec) -> None:
+    def _gather_predicted(self, spec: _Spec, t0: float, tl0: float) -> bool:
         """(Under the lock.) Wait until this rank has submitted every tensor of the
-        predicted round, a caller blocks on a handle, or shutdown."""
+        predicted round, a caller blocks on a handle, or shutdown. True: a caller ran the
+        round in its own thread.
+
+        Once this rank holds the whole prediction the round is *offered*: a caller that
+        blocks on a handle (``request_flush``) runs it in its thread, as DDP's hooks
+        launch their reductions, sparing two hand-overs between threads. Nobody claims
+        it within one cycle: this thread runs it.
+        """
         if self._flush or self._shutdown:
-            return
+            return False
         names = self._names
         missing = {n for n in spec.names if n not in names}
-        if not missing:
-            return
+        self._claim_args = (t0, tl0, spec)
+        self._claim = _NO_CLAIM if missing else _OFFERED
         self._spec_missing = missing
+        self._gather_spec = spec
+        if missing:
+            self._spec_stage = self._fusion_buffer(spec.dtype, spec.numel + self._tail_size(),
+                                                   torch.device("cpu"))[: spec.numel]
         self._spec_foreign = any(r.name not in spec.name_set for r in self._incoming)
         self._gathering = True
         # a rank may never submit the predicted tensors (its program went elsewhere): the
         # round then starts after the stall poll interval, so stall checks still run
         deadline = time.monotonic() + (self.config.stall_poll or IDLE_POLL)
         settle = 10 * self.config.cycle_time
+        cond = self._gather_cond
         try:
-            while missing and not self._flush and not self._shutdown:
+            while missing and not self._flush and not self._shutdown and self._claim == _NO_CLAIM:
                 now = time.monotonic()
                 if self._spec_foreign:  # something unpredicted is pending: gather it briefly, go
                     deadline = min(deadline, now + settle)
@@ -982,9 +1046,23 @@ class Engine:
                 left = deadline - now
                 if left <= 0:
                     break
-                self._gather_cond.wait(left)
+                cond.wait(left)
+            if self._claim == _OFFERED and not self._shutdown:
+                grace = time.monotonic() + self.config.cycle_time
+                while self._claim == _OFFERED and not self._shutdown:
+                    left = grace - time.monotonic()
+                    if left <= 0:
+                        break
+                    cond.wait(left)
+            while self._claim == _CLAIMED:
+                cond.wait(1.0)
+            return self._claim == _RAN
         finally:
+            self._claim = _NO_CLAIM
+            self._claim_args = None
             self._spec_missing = None
+            self._gather_spec = None
+            self._spec_stage = None
             self._gathering = False
 
     def _spec_collective(self, spec: _Spec, ctrl: np.ndarray, bits: list[int]) -> bool:
@@ -996,7 +1074,7 @@ class Engine:
         n = spec.numel
         have_bits = set(bits)
         have = all(s in have_bits for s in spec.slots)
-        tail = np.zeros(2 * C + 8, dtype=np.float64 if spec.dtype == torch.float64 else np.float32)
+        tail = np.zeros(self._tail_size(), dtype=np.float64 if spec.dtype == torch.float64 else np.float32)
         tail[:C] = ctrl[:C]  # ready votes (members that have it, and non-members)
         tail[C : 2 * C] = 1 - ctrl[C : 2 * C]  # members that have it
         tail[2 * C] = 1 - ctrl[2 * C]  # ranks with uncached requests
@@ -1010,11 +1088,17 @@ class Engine:
         buf = self._fusion_buffer(spec.dtype, n + tail.size, torch.device("cpu"))
         data = buf[:n]
         reqs: list[Request] = []
+        token = self._stage_token
+        self._stage_token += 1  # what was staged is consumed (or overwritten) by this collective
         if have:
             waiting = self._waiting
             reqs = [waiting[name] for name in spec.names]
             parts = data.split(spec.sizes)
-            torch._foreach_copy_(parts, [_flat(q.tensor) for q in reqs])
+            todo = [i for i, q in enumerate(reqs) if q.staged != token]
+            if len(todo) == len(reqs):
+                torch._foreach_copy_(parts, [_flat(q.tensor) for q in reqs])
+            elif todo:
+                torch._foreach_copy_([parts[i] for i in todo], [_flat(reqs[i].tensor) for i in todo])
             if spec.prescale != 1.0:
                 _scale_(data, spec.prescale)
         buf[n:].copy_(torch.from_numpy(tail))
@@ -1056,6 +1140,10 @@ class Engine:
         st["allreduce_calls"] += 1
         st["allreduce_bytes"] += n * buf.element_size()
         return True
+
+    def _tail_size(self) -> int:
+        """Elements of the control vector at the end of a predicted round's buffer."""
+        return 2 * self.cache.capacity + 8
 
     def _learn(self, bits: bytes | None) -> None:
         """Record that a round with cached-response ``bits`` followed the previous one
@@ -1650,11 +1738,14 @@ class Engine:
         raise CollectiveError(f"unknown collective kind {kind!r}")
 
 
+_NO_CLAIM, _OFFERED, _CLAIMED, _RAN = range(4)  # a predicted round offered to a blocking caller
+
+
 class _Spec:
     """A predicted round: one fused allreduce, identical on every rank."""
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
-                 "average")
+                 "average", "offsets")
 
     def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype, prescale: float,
                  postscale: float, average: bool) -> None:
@@ -1664,6 +1755,11 @@ class _Spec:
         self.name_set = frozenset(names)
         self.sizes = sizes
         self.numel = sum(sizes)
+        self.offsets: dict[str, tuple[int, int]] = {}
+        off = 0
+        for name, n in zip(names, sizes):
+            self.offsets[name] = (off, n)
+            off += n
         self.dtype = dtype
         self.prescale = prescale
         self.postscale = postscale

@@ -327,6 +327,14 @@ def _allreduce_request(tensor: Any, op: Any, name: str | None, prescale_factor: 
     return req, post
 
 
+def end_burst() -> None:
+    """Tell the engine that a group of submissions is complete (a bucket of gradients):
+    it negotiates what it has gathered now rather than waiting for the burst to settle."""
+    st = _state
+    if st is not None:
+        st.engine.end_burst()
+
+
 def _submit(req: Request, post: Any) -> Handle:
     h = _state_or_raise().engine.submit(req)
     if post is not None:

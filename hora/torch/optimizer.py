@@ -34,13 +34,15 @@ from typing import Any
 import torch
 
 import hora.native as _hn
+from hora.native import ops as _ops
 from hora.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 _GRAD_PREFIX = "grad."
 ENV_BUCKET_CAP_MB = "HORA_BUCKET_CAP_MB"
-DEFAULT_BUCKET_CAP_MB = 0.0
+DEFAULT_BUCKET_CAP_MB = 25.0  # as DDP
+FIRST_BUCKET_BYTES = 1024 * 1024  # as DDP: the first bucket is small, so its reduction starts early
 
 
 def _normalize_named_parameters(
@@ -183,14 +185,18 @@ class _DistributedMixin:
                 self._hora_hooks.append(p.register_hook(self._hora_guard(p)))
                 self._hora_hooks.append(p.register_post_accumulate_grad_hook(self._hora_on_grad))
         # Buckets: consecutive parameters in reverse registration order (roughly the order
-        # backward produces their gradients), each up to cap_bytes; a bucket is submitted
-        # when all its gradients are ready, so the engine receives them in one burst.
+        # backward produces their gradients), the first up to 1 MiB, the others up to
+        # cap_bytes; a bucket is submitted when all its gradients are ready and the engine
+        # is told it is complete, so each bucket is negotiated (and, once the engine
+        # predicts the step, reduced) while backward computes the next ones.
+        self._hora_bucketed = cap_bytes > 0
         self._hora_buckets: list[list[torch.Tensor]] = []
         self._hora_bucket_of: dict[torch.Tensor, int] = {}
         size = cap_bytes + 1  # force a new bucket first
         for p in reversed(self._hora_requires_update):
             nbytes = p.numel() * p.element_size()
-            if not self._hora_buckets or size + nbytes > cap_bytes:
+            limit = min(cap_bytes, FIRST_BUCKET_BYTES) if len(self._hora_buckets) <= 1 else cap_bytes
+            if not self._hora_buckets or size + nbytes > limit:
                 self._hora_buckets.append([])
                 size = 0
             self._hora_buckets[-1].append(p)
@@ -241,6 +247,8 @@ class _DistributedMixin:
                 for q in bucket:
                     if q not in self._hora_handles:
                         self._hora_handles[q] = self._hora_submit(q)
+                if self._hora_bucketed:
+                    _ops.end_burst()
 
     def _hora_submit(self, p: torch.Tensor) -> Any:
         """Start the allreduce of ``p.grad`` (zeros when it has none)."""
@@ -366,13 +374,13 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         gradient_predivide_factor: with ``Average``, scale by ``1/f`` before the sum and
             by ``f/size`` after it (guards fp16 sums against overflow).
         process_set: the ranks that reduce together (default: all).
-        bucket_cap_mb: 0 (default, or ``HORA_BUCKET_CAP_MB``) submits each gradient the
-            moment backward produces it. A positive value groups consecutive parameters
-            (in reverse registration order) into buckets of up to this many MiB and
-            submits a bucket once all of its gradients are ready, DDP style. With
-            hora's engine, which gathers a burst of submissions before negotiating and
-            fuses them, one-by-one submission measured fastest here; buckets are for
-            experiments and other engines.
+        bucket_cap_mb: groups consecutive parameters (in reverse registration order, about
+            the order backward produces their gradients) into buckets, DDP style: the
+            first of up to 1 MiB, the others of up to this many MiB (default 25, or
+            ``HORA_BUCKET_CAP_MB``). A bucket is submitted once all its gradients are
+            ready and negotiated as one group, so the first bucket is reduced while
+            backward still computes the rest. 0 submits each gradient the moment
+            backward produces it and lets the engine gather them.
 
     Raises:
         ConfigError: bad ``named_parameters`` (duplicate names, a parameter missing),

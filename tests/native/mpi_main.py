@@ -1,8 +1,11 @@
-"""Entry point run under ``mpiexec -n N python -m tests.native.mpi_main``: prints one JSON line per rank."""
+"""Entry point run under ``mpiexec -n N python -m tests.native.mpi_main``: each rank writes its
+results as JSON to ``$HORA_TEST_RESULT_DIR/rank<r>.json`` (ranks that print at the same moment
+can interleave their lines on mpiexec's shared stdout)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from tests.native import workers
@@ -24,7 +27,10 @@ def main() -> None:
     out["rank"], out["size"] = hn.rank(), hn.size()
     out["local"] = (hn.local_rank(), hn.local_size(), hn.cross_rank(), hn.cross_size())
     hn.shutdown()
-    print("RESULT " + json.dumps(out), flush=True)
+    path = os.path.join(os.environ["HORA_TEST_RESULT_DIR"], f"rank{out['rank']}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(out, f)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -200,3 +200,16 @@ def test_speculation_can_be_switched_off():
         assert o["fails"] == []
         assert o["stats"].get("speculation_hits", 0) == 0
         assert o["stats"].get("speculation_misses", 0) == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_caller_blocking_on_a_handle_runs_the_predicted_round_itself():
+    # the engine offers a complete predicted round for one cycle (100 ms here, so the
+    # caller is surely in time) to a caller that blocks on a handle; it runs it in its own
+    # thread, sparing two hand-overs between threads
+    outs = run_ranks(workers.caller_runs_predicted_round, 2, args=(8,), env={"HORA_CYCLE_TIME": "100"},
+                     timeout=110)
+    for o in outs:
+        assert o["fails"] == []
+        assert o["stats"].get("speculation_hits", 0) >= 4, o["stats"]
+        assert o["stats"].get("rounds_run_by_caller", 0) >= 4, o["stats"]

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,13 +32,16 @@ def _run(n: int, env_extra: dict[str, str], timeout: float) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HORA_")}
     env.update(env_extra)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [mpiexec, "-n", str(n), sys.executable, "-m", "tests.native.mpi_main"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(results) == n, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with tempfile.TemporaryDirectory(prefix="hora-mpi-") as out_dir:
+        env["HORA_TEST_RESULT_DIR"] = out_dir
+        proc = subprocess.run(
+            [mpiexec, "-n", str(n), sys.executable, "-m", "tests.native.mpi_main"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        files = sorted(Path(out_dir).glob("rank*.json"))
+        assert len(files) == n, [f.name for f in files] + [proc.stdout[-3000:] + proc.stderr[-3000:]]
+        results = [json.loads(f.read_text()) for f in files]
     return sorted(results, key=lambda r: r["rank"])
 
 

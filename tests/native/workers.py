@@ -599,3 +599,25 @@ def speculation_job(steps: int) -> dict[str, Any]:
     s = hn.engine_stats()
     hn.shutdown()
     return {"fails": fails, "steady": steady, "stats": s}
+
+
+def caller_runs_predicted_round(steps: int) -> dict[str, Any]:
+    """Steady submit-then-synchronize steps; returns the engine stats and any wrong result."""
+    import time
+
+    import hora.native as hn
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    fails = []
+    for i in range(steps):
+        time.sleep(0.05)  # the engine is back in its gather before this step submits
+        ts = [torch.full((100,), float(r + i + k)) for k in range(3)]
+        hs = [hn.allreduce_async_(t, op=hn.Sum, name=f"cr.{k}") for k, t in enumerate(ts)]
+        [h.synchronize() for h in hs]
+        for k, t in enumerate(ts):
+            if not torch.equal(t, torch.full((100,), float(sum(q + i + k for q in range(n))))):
+                fails.append((i, k, t[0].item()))
+    s = hn.engine_stats()
+    hn.shutdown()
+    return {"fails": fails, "stats": s}

@@ -182,7 +182,14 @@ def test_wrapper_is_an_instance_of_the_wrapped_class():
     assert dist.param_groups is opt.param_groups
     assert dist.state_dict()["param_groups"][0]["lr"] == 0.1
     assert hvd.is_distributed_optimizer(dist) and not hvd.is_distributed_optimizer(opt)
-    assert [len(b) for b in dist._hora_buckets] == [1, 1, 1, 1]  # default: one gradient at a time
+    assert [len(b) for b in dist._hora_buckets] == [4]  # default (DDP's): a first bucket of up to 1 MiB
+    one_by_one = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), bucket_cap_mb=0)
+    assert [len(b) for b in one_by_one._hora_buckets] == [1, 1, 1, 1]
+    big = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])
+    big_opt = hvd.DistributedOptimizer(torch.optim.SGD(big.parameters(), lr=0.1))
+    nbytes = [sum(p.numel() * 4 for p in b) for b in big_opt._hora_buckets]
+    assert len(nbytes) == 2 and nbytes[0] <= 1024 * 1024 < nbytes[0] + 257 * 1024  # then the rest (< 25 MiB)
+    assert big_opt._hora_buckets[0][0] is list(big.parameters())[-1]  # reverse order: backward's
     bucketed = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), bucket_cap_mb=0.0005)
     assert [len(b) for b in bucketed._hora_buckets] == [3, 1]  # 16+256+64 bytes, then 512 bytes
     with pytest.raises(ConfigError, match="already a DistributedOptimizer"):
