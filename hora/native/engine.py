@@ -98,6 +98,7 @@ DEFAULT_STALL_SHUTDOWN_TIME = 0.0
 DEFAULT_OP_TIMEOUT = 600.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 DEFAULT_LINGER_ROUNDS = 0
+STAGE_MIN_NUMEL = 16384  # elements: a predicted tensor at least this big is staged at submit
 IDLE_POLL = 60.0  # seconds an idle thread blocks before re-checking (shutdown wakes it at once)
 MIN_STALL_POLL = 0.05  # seconds: the fastest a blocked caller re-runs the stall checks
 
@@ -606,12 +607,13 @@ class Engine:
                     if not missing and self._claim == _NO_CLAIM:
                         self._claim = _OFFERED
                     stage = self._spec_stage
-                    if stage is not None:
+                    t = req.tensor
+                    if stage is not None and t is not None and t.numel() >= STAGE_MIN_NUMEL:
                         # copy it into its place in the fusion buffer now, while it is hot in
-                        # the cache (and while backward still runs), not after the last one
+                        # the cache (and while backward still runs), not after the last one;
+                        # small tensors are cheaper in the engine's one batched copy
                         off, cnt = self._gather_spec.offsets[req.name]
-                        t = req.tensor
-                        if t is not None and t.dtype == stage.dtype and t.numel() == cnt and t.is_cpu:
+                        if t.dtype == stage.dtype and t.numel() == cnt and t.is_cpu:
                             stage[off : off + cnt].copy_(_flat(t))
                             req.staged = self._stage_token
                     if not missing:
@@ -1093,10 +1095,10 @@ class Engine:
         if have:
             waiting = self._waiting
             reqs = [waiting[name] for name in spec.names]
-            parts = data.split(spec.sizes)
+            parts = spec.parts_of(data)
             todo = [i for i, q in enumerate(reqs) if q.staged != token]
             if len(todo) == len(reqs):
-                torch._foreach_copy_(parts, [_flat(q.tensor) for q in reqs])
+                torch.cat([_flat(q.tensor) for q in reqs], out=data)  # one batched copy
             elif todo:
                 torch._foreach_copy_([parts[i] for i in todo], [_flat(reqs[i].tensor) for i in todo])
             if spec.prescale != 1.0:
@@ -1119,14 +1121,14 @@ class Engine:
             return False
         post = spec.postscale / size if spec.average else spec.postscale  # (``parts``: set above, as have)
         if post == 1.0:
-            torch._foreach_copy_([_flat(q.output) for q in reqs], list(parts))
+            torch._foreach_copy_([_flat(q.output) for q in reqs], parts)
         elif len(reqs) <= 64:  # scale while copying out: one pass over the data, not two
             mul = torch.mul
             for q, part in zip(reqs, parts):
                 mul(part, post, out=_flat(q.output))
         else:
             _scale_(data, post)
-            torch._foreach_copy_([_flat(q.output) for q in reqs], list(parts))
+            torch._foreach_copy_([_flat(q.output) for q in reqs], parts)
         pop = self._waiting.pop
         completed = self._completed
         for q in reqs:
@@ -1745,7 +1747,7 @@ class _Spec:
     """A predicted round: one fused allreduce, identical on every rank."""
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
-                 "average", "offsets")
+                 "average", "offsets", "_parts")
 
     def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype, prescale: float,
                  postscale: float, average: bool) -> None:
@@ -1755,6 +1757,7 @@ class _Spec:
         self.name_set = frozenset(names)
         self.sizes = sizes
         self.numel = sum(sizes)
+        self._parts: tuple[Any, list[torch.Tensor]] | None = None
         self.offsets: dict[str, tuple[int, int]] = {}
         off = 0
         for name, n in zip(names, sizes):
@@ -1764,6 +1767,15 @@ class _Spec:
         self.prescale = prescale
         self.postscale = postscale
         self.average = average
+
+
+    def parts_of(self, data: torch.Tensor) -> list[torch.Tensor]:
+        """Views of ``data`` (the fusion buffer's data part), one per tensor, kept while
+        the buffer stays the same (splitting a thousand views costs more than a copy)."""
+        key = (data.data_ptr(), data.numel())
+        if self._parts is None or self._parts[0] != key:
+            self._parts = (key, list(data.split(self.sizes)))
+        return self._parts[1]
 
 
 class _FusedGroup:
