@@ -562,7 +562,9 @@ class Engine:
         self._prev_bits: bytes | None = None
         self._succ: dict[bytes, list] = {}
         self._spec_missing: set[str] | None = None
-        self._spec_memo: tuple | None = None
+        self._used_key: tuple = ()
+        self._used = 0
+        self._spec_memo: dict[tuple, _Spec | None] = {}  # predictions by bits and cache version
         self._spec_foreign = False
         self._spec_stage: torch.Tensor | None = None
         self._gather_spec: _Spec | None = None
@@ -1049,12 +1051,13 @@ class Engine:
                 if left <= 0:
                     break
                 cond.wait(left)
-            if self._claim == _OFFERED and not self._shutdown:
+            if self._claim == _OFFERED and not self._shutdown and spec.offer:
                 grace = time.monotonic() + self.config.cycle_time
                 while self._claim == _OFFERED and not self._shutdown:
                     left = grace - time.monotonic()
                     if left <= 0:
-                        break
+                        spec.offer = False  # nobody blocks on this round (say, the first bucket
+                        break  # of a backward pass): from now on this thread runs it at once
                     cond.wait(left)
             while self._claim == _CLAIMED:
                 cond.wait(1.0)
@@ -1076,17 +1079,21 @@ class Engine:
         n = spec.numel
         have_bits = set(bits)
         have = all(s in have_bits for s in spec.slots)
-        tail = np.zeros(self._tail_size(), dtype=np.float64 if spec.dtype == torch.float64 else np.float32)
-        tail[:C] = ctrl[:C]  # ready votes (members that have it, and non-members)
-        tail[C : 2 * C] = 1 - ctrl[C : 2 * C]  # members that have it
-        tail[2 * C] = 1 - ctrl[2 * C]  # ranks with uncached requests
-        tail[2 * C + 1] = -(-int(-ctrl[2 * C + 1]) // 1024)  # payload KiB, rounded up
-        tail[2 * C + 2] = 1 - ctrl[2 * C + 2]  # ranks with work
+        # only the slots up to the highest one in use travel (the cache, so this bound, is
+        # the same on every rank); a slot beyond it has no entry: nobody votes for it
+        U = self._slots_in_use()
+        F = 2 * U  # where the flags start
+        tail = np.zeros(F + 8, dtype=np.float64 if spec.dtype == torch.float64 else np.float32)
+        tail[:U] = ctrl[:U]  # ready votes (members that have it, and non-members)
+        tail[U:F] = 1 - ctrl[C : C + U]  # members that have it
+        tail[F] = 1 - ctrl[2 * C]  # ranks with uncached requests
+        tail[F + 1] = -(-int(-ctrl[2 * C + 1]) // 1024)  # payload KiB, rounded up
+        tail[F + 2] = 1 - ctrl[2 * C + 2]  # ranks with work
         # rank 0's clock, in ms (exact in float32 for 4.6 hours, then to a few ms)
-        tail[2 * C + 3] = -ctrl[2 * C + 3] if self.rank == 0 else 0
-        tail[2 * C + 4] = ctrl[2 * C + 5]  # ranks done (shutdown)
-        tail[2 * C + 5] = ctrl[2 * C + 6]  # ranks that allow speculation
-        tail[2 * C + 6] = 1 if have else 0  # ranks that hold the whole prediction
+        tail[F + 3] = -ctrl[2 * C + 3] if self.rank == 0 else 0
+        tail[F + 4] = ctrl[2 * C + 5]  # ranks done (shutdown)
+        tail[F + 5] = ctrl[2 * C + 6]  # ranks that allow speculation
+        tail[F + 6] = 1 if have else 0  # ranks that hold the whole prediction
         buf = self._fusion_buffer(spec.dtype, n + tail.size, torch.device("cpu"))
         data = buf[:n]
         reqs: list[Request] = []
@@ -1106,17 +1113,19 @@ class Engine:
         buf[n:].copy_(torch.from_numpy(tail))
         self.backend.allreduce(buf, ReduceOp.Sum, self.backend.world)
         out = buf[n:].numpy()  # float32 or float64: counts are exact in either
-        np.equal(out[:C], size, out=ctrl[:C], casting="unsafe")
-        np.equal(out[C : 2 * C], 0, out=ctrl[C : 2 * C], casting="unsafe")
-        ctrl[2 * C] = 0 if out[2 * C] > 0 else 1
-        ctrl[2 * C + 1] = -int(round(out[2 * C + 1])) * 1024
-        ctrl[2 * C + 2] = 0 if out[2 * C + 2] > 0 else 1
-        ctrl[2 * C + 3] = -int(round(out[2 * C + 3]))
+        np.equal(out[:U], size, out=ctrl[:U], casting="unsafe")
+        ctrl[U:C] = 0
+        np.equal(out[U:F], 0, out=ctrl[C : C + U], casting="unsafe")
+        ctrl[C + U : 2 * C] = 1
+        ctrl[2 * C] = 0 if out[F] > 0 else 1
+        ctrl[2 * C + 1] = -int(round(out[F + 1])) * 1024
+        ctrl[2 * C + 2] = 0 if out[F + 2] > 0 else 1
+        ctrl[2 * C + 3] = -int(round(out[F + 3]))
         ctrl[2 * C + 4] = np.iinfo(np.int32).max
-        ctrl[2 * C + 5] = 1 if round(out[2 * C + 4]) == size else 0
-        ctrl[2 * C + 6] = 1 if round(out[2 * C + 5]) == size else 0
+        ctrl[2 * C + 5] = 1 if round(out[F + 4]) == size else 0
+        ctrl[2 * C + 6] = 1 if round(out[F + 5]) == size else 0
         st = self.stats
-        if round(out[2 * C + 6]) != size:
+        if round(out[F + 6]) != size:
             st["speculation_misses"] += 1
             return False
         post = spec.postscale / size if spec.average else spec.postscale  # (``parts``: set above, as have)
@@ -1144,8 +1153,16 @@ class Engine:
         return True
 
     def _tail_size(self) -> int:
-        """Elements of the control vector at the end of a predicted round's buffer."""
+        """Elements of the control vector at the end of a predicted round's buffer, at most."""
         return 2 * self.cache.capacity + 8
+
+    def _slots_in_use(self) -> int:
+        """One past the highest cache slot in use (identical on every rank)."""
+        key = (self.cache.version, "used")
+        if self._used_key != key:
+            self._used_key = key
+            self._used = max((e.slot for e in self.cache.by_name.values()), default=-1) + 1
+        return self._used
 
     def _learn(self, bits: bytes | None) -> None:
         """Record that a round with cached-response ``bits`` followed the previous one
@@ -1169,11 +1186,13 @@ class Engine:
         if nxt is None or nxt[1] < self.SPEC_MIN_HITS or not self._spec_allowed or self._joined:
             return
         version = (nxt[0], self.cache.version, self._ps_version, self.config.fusion_threshold)
-        if self._spec_memo is not None and self._spec_memo[0] == version:
-            self._spec = self._spec_memo[1]
+        memo = self._spec_memo
+        if version in memo:
+            self._spec = memo[version]
         else:
-            self._spec = self._make_spec(nxt[0])
-            self._spec_memo = (version, self._spec)
+            if len(memo) >= 64:
+                memo.clear()
+            self._spec = memo[version] = self._make_spec(nxt[0])
 
     def _make_spec(self, bits: bytes) -> _Spec | None:
         """The prediction for a round with ``bits``, when it can run as one collective."""
@@ -1747,7 +1766,7 @@ class _Spec:
     """A predicted round: one fused allreduce, identical on every rank."""
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
-                 "average", "offsets", "_parts")
+                 "average", "offsets", "_parts", "offer")
 
     def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype, prescale: float,
                  postscale: float, average: bool) -> None:
@@ -1758,6 +1777,7 @@ class _Spec:
         self.sizes = sizes
         self.numel = sum(sizes)
         self._parts: tuple[Any, list[torch.Tensor]] | None = None
+        self.offer = True  # offer it to a blocking caller (see Engine._gather_predicted)
         self.offsets: dict[str, tuple[int, int]] = {}
         off = 0
         for name, n in zip(names, sizes):
