@@ -26,7 +26,11 @@ allreduce of the global set runs as ONE collective: the control vector, encoded 
 counts, rides at the end of the fusion buffer of one Sum allreduce; if some rank did not
 hold the whole prediction, the data part is discarded and the round goes on as a normal
 one (see ``Engine._spec_collective``). While a prediction stands, ranks wait for their own
-part locally, with no wake-up through the store. ``HORA_SPECULATE=0`` turns this off.
+part locally, with no wake-up through the store; a big predicted tensor is copied into its
+place in the fusion buffer when it is submitted (hot in the cache); and once a rank holds
+the whole prediction, a caller that blocks on a handle runs the round in its own thread.
+``HORA_SPECULATE=0`` turns this off. ``ops.end_burst()`` (called by DistributedOptimizer
+after each bucket) ends a burst's gathering at once, so buckets become rounds of their own.
 
 Shutdown is collective: a rank that has shut down keeps answering rounds until every
 rank has (``HORA_SHUTDOWN_TIMEOUT``), so ranks still working are not cut off.
