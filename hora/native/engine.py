@@ -102,6 +102,7 @@ DEFAULT_STALL_SHUTDOWN_TIME = 0.0
 DEFAULT_OP_TIMEOUT = 600.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 DEFAULT_LINGER_ROUNDS = 0
+SPEC_SINGLE_MAX_BYTES = 1 << 20  # a predicted round of one tensor above this runs as a normal round
 STAGE_MIN_NUMEL = 16384  # elements: a predicted tensor at least this big is staged at submit
 IDLE_POLL = 60.0  # seconds an idle thread blocks before re-checking (shutdown wakes it at once)
 MIN_STALL_POLL = 0.05  # seconds: the fastest a blocked caller re-runs the stall checks
@@ -1214,6 +1215,10 @@ class Engine:
                 or key[10] != "cpu" or ReduceOp(key[4]) not in (ReduceOp.Sum, ReduceOp.Average)):
             return None
         unit = units[0]
+        if len(unit.names) == 1 and unit.nbytes > SPEC_SINGLE_MAX_BYTES:
+            # a lone tensor is reduced in place by a normal round; a prediction would copy it
+            # in and out of the fusion buffer, which costs more than the negotiation it saves
+            return None
         return _Spec(slots, unit.names, unit.sizes, getattr(torch, key[1]), key[7], key[8],
                      ReduceOp(key[4]) == ReduceOp.Average)
 

@@ -213,3 +213,14 @@ def test_a_caller_blocking_on_a_handle_runs_the_predicted_round_itself():
         assert o["fails"] == []
         assert o["stats"].get("speculation_hits", 0) >= 4, o["stats"]
         assert o["stats"].get("rounds_run_by_caller", 0) >= 4, o["stats"]
+
+
+@pytest.mark.timeout(120)
+def test_a_lone_big_tensor_is_not_predicted_but_reduced_in_place():
+    # predicting a round copies its data through the fusion buffer; for one tensor above
+    # 1 MiB that costs more than the negotiation it saves, so it stays a normal round
+    outs = run_ranks(workers.lone_tensor_predictions, 2, args=(6,), timeout=110)
+    for o in outs:
+        assert o["ok"]
+        assert o["small"] >= 2, o
+        assert o["big"] == 0, o

@@ -621,3 +621,22 @@ def caller_runs_predicted_round(steps: int) -> dict[str, Any]:
     s = hn.engine_stats()
     hn.shutdown()
     return {"fails": fails, "stats": s}
+
+
+def lone_tensor_predictions(steps: int) -> dict[str, Any]:
+    """The same single small tensor, then the same single 2 MiB tensor, reduced ``steps`` times."""
+    import hora.native as hn
+
+    hn.init()
+    n = hn.size()
+    small, big = torch.ones(1024), torch.ones(512 * 1024)
+    for _ in range(steps):
+        hn.allreduce_(small, op=hn.Sum, name="lone.small")
+    after_small = hn.engine_stats().get("speculation_hits", 0)
+    for _ in range(steps):
+        hn.allreduce_(big, op=hn.Sum, name="lone.big")
+    after_big = hn.engine_stats().get("speculation_hits", 0)
+    ok = torch.equal(small, torch.full((1024,), float(n**steps))) and torch.equal(
+        big, torch.full((512 * 1024,), float(n**steps)))
+    hn.shutdown()
+    return {"small": after_small, "big": after_big - after_small, "ok": ok}
