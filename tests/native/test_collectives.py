@@ -224,3 +224,15 @@ def test_a_lone_big_tensor_is_not_predicted_but_reduced_in_place():
         assert o["ok"]
         assert o["small"] >= 2, o
         assert o["big"] == 0, o
+
+
+@pytest.mark.timeout(120)
+def test_each_optimizer_bucket_is_a_predicted_round_of_its_own():
+    # two DDP-style buckets, backward pausing between them: the first bucket is reduced
+    # during the pause, the second after backward, each as one predicted round per step
+    outs = run_ranks(workers.optimizer_buckets_become_rounds, 2, args=(8,), timeout=110)
+    for o in outs:
+        assert o["buckets"] == 2
+        assert o["per_step"][-4:] == [2, 2, 2, 2], o["per_step"]  # predicted rounds completed per step
+        assert o["stats"].get("speculation_misses", 0) == 0, o["stats"]
+    assert outs[0]["checksum"] == outs[1]["checksum"]  # the ranks stay in step

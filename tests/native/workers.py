@@ -640,3 +640,48 @@ def lone_tensor_predictions(steps: int) -> dict[str, Any]:
         big, torch.full((512 * 1024,), float(n**steps)))
     hn.shutdown()
     return {"small": after_small, "big": after_big - after_small, "ok": ok}
+
+
+def optimizer_buckets_become_rounds(steps: int) -> dict[str, Any]:
+    """DistributedOptimizer over a model of two DDP-style buckets (1 MiB, then the rest);
+    backward pauses 50 ms between them, as a long backward would."""
+    import time
+
+    import hora.torch as hvd
+
+    class _SlowBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            time.sleep(0.05)
+            return g
+
+    class _Pause(torch.nn.Module):
+        def forward(self, x):
+            return _SlowBackward.apply(x)
+
+    hvd.init()
+    torch.manual_seed(0)
+    layers: list = [torch.nn.Linear(256, 256) for _ in range(8)]
+    model = torch.nn.Sequential(*layers[:4], _Pause(), *layers[4:])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x = torch.randn(16, 256, generator=torch.Generator().manual_seed(hvd.rank()))
+    per_step = []
+    import hora.native as hn
+
+    for _ in range(steps):
+        before = hn.engine_stats().get("speculation_hits", 0)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        per_step.append(hn.engine_stats().get("speculation_hits", 0) - before)
+    stats = hn.engine_stats()
+    weights = [p.detach().clone() for p in model.parameters()]
+    hvd.shutdown()
+    return {"buckets": len(opt._hora_buckets), "per_step": per_step, "stats": stats,
+            "checksum": float(sum(w.double().sum() for w in weights))}
