@@ -1144,17 +1144,10 @@ class Engine:
             _scale_(data, post)
             torch._foreach_copy_([_flat(q.output) for q in reqs], parts)
         pop = self._waiting.pop
-        completed = self._completed
         for q in reqs:
             pop(q.name, None)
-            q._result = q.output
-            completed.append(q)
+        self._finish_fused(reqs, n * buf.element_size())
         st["speculation_hits"] += 1
-        st["fused_batches"] += 1
-        st["fused_tensors"] += len(reqs)
-        st["allreduce_tensors"] += len(reqs)
-        st["allreduce_calls"] += 1
-        st["allreduce_bytes"] += n * buf.element_size()
         return True
 
     def _tail_size(self) -> int:
@@ -1529,16 +1522,21 @@ class Engine:
                 torch._foreach_copy_([q.output for q in reqs], list(parts))
             else:
                 torch._foreach_copy_([_flat(q.output) for q in reqs], list(parts))
-            completed = self._completed
-            for q in reqs:
-                q._result = q.output
-                completed.append(q)
-            st = self.stats
-            st["fused_batches"] += 1
-            st["fused_tensors"] += len(reqs)
-            st["allreduce_tensors"] += len(reqs)
-            st["allreduce_calls"] += 1
-            st["allreduce_bytes"] += unit.nbytes
+            self._finish_fused(reqs, unit.nbytes)
+
+    def _finish_fused(self, reqs: list[Request], nbytes: int) -> None:
+        """Complete in-place allreduces whose results were copied out of one fused
+        collective of ``nbytes``, and count it."""
+        completed = self._completed
+        for q in reqs:
+            q._result = q.output
+            completed.append(q)
+        st = self.stats
+        st["fused_batches"] += 1
+        st["fused_tensors"] += len(reqs)
+        st["allreduce_tensors"] += len(reqs)
+        st["allreduce_calls"] += 1
+        st["allreduce_bytes"] += nbytes
 
     def _fusion_buffer(self, dtype: torch.dtype, numel: int, device: torch.device) -> torch.Tensor:
         key = (dtype, device)
