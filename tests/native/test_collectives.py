@@ -236,3 +236,12 @@ def test_each_optimizer_bucket_is_a_predicted_round_of_its_own():
         assert o["per_step"][-4:] == [2, 2, 2, 2], o["per_step"]  # predicted rounds completed per step
         assert o["stats"].get("speculation_misses", 0) == 0, o["stats"]
     assert outs[0]["checksum"] == outs[1]["checksum"]  # the ranks stay in step
+
+
+@pytest.mark.timeout(120)
+def test_end_burst_negotiates_what_is_gathered_at_once():
+    outs = run_ranks(workers.end_burst_negotiates_at_once, 2, env={"HORA_CYCLE_TIME": "300"}, timeout=110)
+    for o in outs:
+        assert o["plain_ok"] and o["end_burst_ok"]
+        assert o["plain"] is False  # still gathering: a 300 ms cycle has not passed quietly
+        assert o["end_burst"] is True  # negotiated and reduced while the caller slept

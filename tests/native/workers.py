@@ -685,3 +685,30 @@ def optimizer_buckets_become_rounds(steps: int) -> dict[str, Any]:
     hvd.shutdown()
     return {"buckets": len(opt._hora_buckets), "per_step": per_step, "stats": stats,
             "checksum": float(sum(w.double().sum() for w in weights))}
+
+
+def end_burst_negotiates_at_once() -> dict[str, Any]:
+    """With a 300 ms cycle a burst is gathered until 300 ms pass without a submission;
+    ``ops.end_burst()`` ends the gathering at once."""
+    import time
+
+    import hora.native as hn
+    from hora.native import ops
+
+    hn.init()
+    hn.barrier()
+    out = {}
+    for mode in ("plain", "end_burst"):
+        a = torch.ones(8)
+        ha = hn.allreduce_async_(a, op=hn.Sum, name=f"eb.{mode}.a")
+        if mode == "end_burst":
+            ops.end_burst()
+        time.sleep(0.15)
+        out[mode] = ha.poll()  # reduced while the caller did other work?
+        hb = hn.allreduce_async_(torch.ones(8), op=hn.Sum, name=f"eb.{mode}.b")
+        ha.synchronize()
+        hb.synchronize()
+        out[f"{mode}_ok"] = a.tolist() == [float(hn.size())] * 8
+        hn.barrier()
+    hn.shutdown()
+    return out
