@@ -102,6 +102,7 @@ DEFAULT_STALL_SHUTDOWN_TIME = 0.0
 DEFAULT_OP_TIMEOUT = 600.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 DEFAULT_LINGER_ROUNDS = 0
+ROOM = "room"  # key extra of an allreduce whose tensor has spare room after it (see fast_allreduce_request)
 SPEC_SINGLE_MAX_BYTES = 1 << 20  # a predicted round of one tensor above this runs as a normal round
 STAGE_MIN_NUMEL = 16384  # elements: a predicted tensor at least this big is staged at submit
 IDLE_POLL = 60.0  # seconds an idle thread blocks before re-checking (shutdown wakes it at once)
@@ -276,6 +277,7 @@ class Request(Handle):
     key: tuple = ()
     local: Any = None
     staged = 0  # the engine's staging token when the tensor was copied into the fusion buffer at submit
+    room: torch.Tensor | None = None  # 1-D buffer starting with the tensor, with spare room after it
 
     @property
     def handle(self) -> Request:
@@ -337,9 +339,14 @@ class Request(Handle):
 
 
 def fast_allreduce_request(name: str, tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, prescale: float,
-                           postscale: float) -> Request:
+                           postscale: float, room: torch.Tensor | None = None) -> Request:
     """A :class:`Request` for the common case (contiguous CPU tensor, global set, no
-    compression), built without the general constructor's checks: the submit hot path."""
+    compression), built without the general constructor's checks: the submit hot path.
+
+    ``room``: an in-place request's tensor is the start of this 1-D buffer, which has
+    :meth:`Engine.room_elements` spare elements after it; a predicted round then runs in
+    place, with the control vector in the spare room (``room`` is part of the key: every
+    rank must pass it alike)."""
     r = Request.__new__(Request)
     r.kind = ALLREDUCE
     r.name = name
@@ -350,8 +357,10 @@ def fast_allreduce_request(name: str, tensor: torch.Tensor, output: torch.Tensor
         r.prescale = prescale
     if postscale != 1.0:
         r.postscale = postscale
+    if room is not None:
+        r.room = room
     r.key = (ALLREDUCE, _DTYPE_NAMES[tensor.dtype], tuple(tensor.shape), tensor.dim(), op.value, -1, 0, prescale,
-             postscale, "none", "cpu", None)
+             postscale, "none", "cpu", None if room is None else ROOM)
     return r
 
 
@@ -378,7 +387,9 @@ def _describe_key(key: tuple) -> str:
         parts.append(f"prescale={pre:g} postscale={post:g}")
     if comp != "none":
         parts.append(f"compression={comp}")
-    if extra is not None:
+    if extra == ROOM:
+        parts.append("with spare room (a DistributedOptimizer bucket)")
+    elif extra is not None:
         parts.append(f"ranks={list(extra)}")
     return " ".join(parts)
 
@@ -680,6 +691,10 @@ class Engine:
         """(Under the lock.) Whether a caller is blocked on a handle that is not done."""
         return any(not h._done for h in self._blocked)
 
+    def room_elements(self) -> int:
+        """Spare elements a tensor's ``room`` needs after it (the largest control tail)."""
+        return 2 * self.cache.capacity + 8 + self.size
+
     def supports_device(self, device: str) -> bool:
         """Whether tensors on ``device`` ("cpu", "cuda") can be communicated."""
         return device in self.device_backends or device in self._device_factories
@@ -928,7 +943,7 @@ class Engine:
         ctrl[2 * C + 5] = 1 if (self._shutdown and not self._names) else 0
         ctrl[2 * C + 6] = 1 if (self.config.speculate and tuner is None) else 0
         spec_ok = False
-        if spec is not None:
+        if spec is not None and spec.piggyback:
             spec_ok = self._spec_collective(spec, ctrl, bits)
         else:
             self.backend.allreduce(torch.from_numpy(ctrl), ReduceOp.Min, self.backend.world)
@@ -1036,7 +1051,7 @@ class Engine:
         self._claim = _NO_CLAIM if missing else _OFFERED
         self._spec_missing = missing
         self._gather_spec = spec
-        if missing:
+        if missing and spec.piggyback and not spec.inplace:
             self._spec_stage = self._fusion_buffer(spec.dtype, spec.numel + self._tail_size(),
                                                    torch.device("cpu"))[: spec.numel]
         self._spec_foreign = any(r.name not in spec.name_set for r in self._incoming)
@@ -1088,7 +1103,9 @@ class Engine:
         # the same on every rank); a slot beyond it has no entry: nobody votes for it
         U = self._slots_in_use()
         F = 2 * U  # where the flags start
-        tail = np.zeros(F + 8, dtype=np.float64 if spec.dtype == torch.float64 else np.float32)
+        inplace = spec.inplace
+        tail = np.zeros(F + 8 + (size if inplace else 0),
+                        dtype=np.float64 if spec.dtype == torch.float64 else np.float32)
         tail[:U] = ctrl[:U]  # ready votes (members that have it, and non-members)
         tail[U:F] = 1 - ctrl[C : C + U]  # members that have it
         tail[F] = 1 - ctrl[2 * C]  # ranks with uncached requests
@@ -1099,22 +1116,33 @@ class Engine:
         tail[F + 4] = ctrl[2 * C + 5]  # ranks done (shutdown)
         tail[F + 5] = ctrl[2 * C + 6]  # ranks that allow speculation
         tail[F + 6] = 1 if have else 0  # ranks that hold the whole prediction
-        buf = self._fusion_buffer(spec.dtype, n + tail.size, torch.device("cpu"))
-        data = buf[:n]
         reqs: list[Request] = []
-        token = self._stage_token
-        self._stage_token += 1  # what was staged is consumed (or overwritten) by this collective
         if have:
             waiting = self._waiting
             reqs = [waiting[name] for name in spec.names]
-            parts = spec.parts_of(data)
-            todo = [i for i, q in enumerate(reqs) if q.staged != token]
-            if len(todo) == len(reqs):
-                torch.cat([_flat(q.tensor) for q in reqs], out=data)  # one batched copy
-            elif todo:
-                torch._foreach_copy_([parts[i] for i in todo], [_flat(reqs[i].tensor) for i in todo])
-            if spec.prescale != 1.0:
-                _scale_(data, spec.prescale)
+        if inplace:
+            # the tensor itself, the tail in its room; a rank without it sends zeros
+            if have:
+                tail[F + 8 + self.rank] = 1  # which ranks hold it
+                buf = reqs[0].room[: n + tail.size]
+            else:
+                buf = self._fusion_buffer(spec.dtype, n + tail.size, torch.device("cpu"))
+                buf[:n].zero_()
+            data = buf[:n]
+        else:
+            buf = self._fusion_buffer(spec.dtype, n + tail.size, torch.device("cpu"))
+            data = buf[:n]
+            token = self._stage_token
+            self._stage_token += 1  # what was staged is consumed (or overwritten) by this collective
+            if have:
+                parts = spec.parts_of(data)
+                todo = [i for i, q in enumerate(reqs) if q.staged != token]
+                if len(todo) == len(reqs):
+                    torch.cat([_flat(q.tensor) for q in reqs], out=data)  # one batched copy
+                elif todo:
+                    torch._foreach_copy_([parts[i] for i in todo], [_flat(reqs[i].tensor) for i in todo])
+                if spec.prescale != 1.0:
+                    _scale_(data, spec.prescale)
         buf[n:].copy_(torch.from_numpy(tail))
         self.backend.allreduce(buf, ReduceOp.Sum, self.backend.world)
         out = buf[n:].numpy()  # float32 or float64: counts are exact in either
@@ -1132,9 +1160,21 @@ class Engine:
         st = self.stats
         if round(out[F + 6]) != size:
             st["speculation_misses"] += 1
+            if inplace and have:
+                # Some rank did not have the tensor yet: this rank's tensor now holds the sum
+                # over the ranks that had it (the others sent zeros). The lowest of those
+                # ranks keeps that sum, the others zero their tensor, so the tensors of all
+                # ranks still add up to the true sum, which the normal round that reduces
+                # the tensor later (in place, prescale 1) produces.
+                holders = np.flatnonzero(out[F + 8 : F + 8 + size] > 0.5)
+                if self.rank != int(holders[0]):
+                    data.zero_()
             return False
-        post = spec.postscale / size if spec.average else spec.postscale  # (``parts``: set above, as have)
-        if post == 1.0:
+        post = spec.postscale / size if spec.average else spec.postscale
+        if inplace:
+            if post != 1.0:
+                _scale_(data, post)
+        elif post == 1.0:  # (``parts``: set above, as have)
             torch._foreach_copy_([_flat(q.output) for q in reqs], parts)
         elif len(reqs) <= 64:  # scale while copying out: one pass over the data, not two
             mul = torch.mul
@@ -1146,7 +1186,7 @@ class Engine:
         pop = self._waiting.pop
         for q in reqs:
             pop(q.name, None)
-        self._finish_fused(reqs, n * buf.element_size())
+        self._finish_fused(reqs, n * buf.element_size(), fused=not inplace)
         st["speculation_hits"] += 1
         return True
 
@@ -1193,25 +1233,36 @@ class Engine:
             self._spec = memo[version] = self._make_spec(nxt[0])
 
     def _make_spec(self, bits: bytes) -> _Spec | None:
-        """The prediction for a round with ``bits``, when it can run as one collective."""
+        """The prediction for a round with ``bits``. When the round is one fused
+        float32/float64 Sum/Average allreduce of the global set on the CPU, it runs as one
+        collective (``piggyback``); any other predicted round is only waited for locally
+        (no wake-up through the store) and then negotiated and run as a normal round."""
         C = self.cache.capacity
         slots = np.flatnonzero(np.frombuffer(bits, dtype=np.int32)[:C]).tolist()
         entries = [self.cache.slots[s] for s in slots]
         if not entries or None in entries:
             return None
+        names = [e.name for e in entries]
+        local = _Spec(slots, names, [0] * len(names), None, 1.0, 1.0, False, piggyback=False)
         units = self._plan(entries)
         if len(units) != 1 or type(units[0]) is not _FusedGroup or len(units[0].resps) != len(entries):
-            return None
+            return local
         key = entries[0].key
         # key: kind, dtype, shape, ndim, op, root, ps, prescale, postscale, compression, device, extra
         if (key[0] != ALLREDUCE or key[1] not in ("float32", "float64") or key[6] != 0 or key[9] != "none"
                 or key[10] != "cpu" or ReduceOp(key[4]) not in (ReduceOp.Sum, ReduceOp.Average)):
-            return None
+            return local
         unit = units[0]
+        if len(unit.names) == 1 and key[11] == ROOM and key[7] == 1.0:
+            # a lone tensor with spare room after it: reduced in place, the control vector in
+            # the room (see _spec_collective for why a miss loses nothing)
+            return _Spec(slots, unit.names, unit.sizes, getattr(torch, key[1]), key[7], key[8],
+                         ReduceOp(key[4]) == ReduceOp.Average, inplace=True)
         if len(unit.names) == 1 and unit.nbytes > SPEC_SINGLE_MAX_BYTES:
-            # a lone tensor is reduced in place by a normal round; a prediction would copy it
-            # in and out of the fusion buffer, which costs more than the negotiation it saves
-            return None
+            # a lone tensor is reduced in place by a normal round; riding along with the
+            # negotiation would copy it in and out of the fusion buffer, which costs more
+            # than the negotiation's own small collective
+            return local
         return _Spec(slots, unit.names, unit.sizes, getattr(torch, key[1]), key[7], key[8],
                      ReduceOp(key[4]) == ReduceOp.Average)
 
@@ -1524,16 +1575,17 @@ class Engine:
                 torch._foreach_copy_([_flat(q.output) for q in reqs], list(parts))
             self._finish_fused(reqs, unit.nbytes)
 
-    def _finish_fused(self, reqs: list[Request], nbytes: int) -> None:
-        """Complete in-place allreduces whose results were copied out of one fused
-        collective of ``nbytes``, and count it."""
+    def _finish_fused(self, reqs: list[Request], nbytes: int, fused: bool = True) -> None:
+        """Complete allreduces whose results were copied out of one fused collective of
+        ``nbytes`` (or, ``fused=False``, reduced in place by it), and count it."""
         completed = self._completed
         for q in reqs:
             q._result = q.output
             completed.append(q)
         st = self.stats
-        st["fused_batches"] += 1
-        st["fused_tensors"] += len(reqs)
+        if fused:
+            st["fused_batches"] += 1
+            st["fused_tensors"] += len(reqs)
         st["allreduce_tensors"] += len(reqs)
         st["allreduce_calls"] += 1
         st["allreduce_bytes"] += nbytes
@@ -1770,13 +1822,17 @@ _NO_CLAIM, _OFFERED, _CLAIMED, _RAN = range(4)  # a predicted round offered to a
 
 
 class _Spec:
-    """A predicted round: one fused allreduce, identical on every rank."""
+    """A predicted round, identical on every rank: the cached ops every rank expects next
+    (see Engine._make_spec for the three kinds)."""
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
-                 "average", "offsets", "_parts", "offer")
+                 "average", "offsets", "_parts", "offer", "piggyback", "inplace")
 
-    def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype, prescale: float,
-                 postscale: float, average: bool) -> None:
+    def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype | None,
+                 prescale: float, postscale: float, average: bool, piggyback: bool = True,
+                 inplace: bool = False) -> None:
+        self.piggyback = piggyback  # False: only waited for locally, then a normal round
+        self.inplace = inplace  # one tensor with room: reduced in place (Engine._spec_collective)
         self.slots = slots
         self.slot_set = frozenset(slots)
         self.names = names

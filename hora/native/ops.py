@@ -369,6 +369,42 @@ def allreduce_async_(tensor: Any, op: Any = Average, name: str | None = None, pr
                                        compression, inplace=True))
 
 
+def room_elements() -> int:
+    """Spare elements a :func:`bucket_allreduce_async_` buffer needs after its tensor."""
+    return _state_or_raise().engine.room_elements()
+
+
+def bucket_allreduce_async_(room: torch.Tensor, numel: int, op: Any = Average, name: str | None = None,
+                            postscale_factor: float = 1.0) -> Handle:
+    """In-place allreduce of ``room[:numel]`` (global process set, CPU, no compression),
+    for buffers that keep :func:`room_elements` spare elements after the data: once the
+    engine predicts the round, it reduces the tensor in place with the negotiation riding
+    in the spare room, one collective and no copy (DistributedOptimizer's flat buckets).
+    Every rank must submit the name this way. The spare elements are overwritten.
+
+    Raises:
+        ConfigError: ``room`` is not a contiguous 1-D CPU float tensor with ``numel`` +
+            :func:`room_elements` elements, or the name is empty.
+    """
+    st = _state_or_raise()
+    need = numel + st.engine.room_elements()
+    if (type(room) is not torch.Tensor or room.dim() != 1 or not room.is_contiguous() or not room.is_cpu
+            or room.dtype not in (torch.float32, torch.float64) or room.numel() < need or numel < 1):
+        raise ConfigError(
+            f"bucket_allreduce_async_: room must be a contiguous 1-D CPU float32/float64 tensor of at least "
+            f"numel + room_elements() = {need} elements, got "
+            f"{tuple(room.shape) if isinstance(room, torch.Tensor) else type(room).__name__}"
+            f"{' ' + str(room.dtype) if isinstance(room, torch.Tensor) else ''} for numel={numel}"
+        )
+    if name is None:
+        name = st.auto_name(ALLREDUCE)
+    elif type(name) is not str or not name:
+        raise ConfigError(f"allreduce: name must be a non-empty string, got {name!r}")
+    tensor = room[:numel]
+    return st.engine.submit(fast_allreduce_request(name, tensor, tensor, _op(op, "allreduce"), 1.0,
+                                                   float(postscale_factor), room=room))
+
+
 def allreduce(tensor: Any, op: Any = Average, name: str | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, process_set: ProcessSet | None = None, compression: Any = None) -> Any:
     """Reduce ``tensor`` across the ranks of ``process_set`` and return the result.

@@ -238,6 +238,24 @@ def test_each_optimizer_bucket_is_a_predicted_round_of_its_own():
     assert outs[0]["checksum"] == outs[1]["checksum"]  # the ranks stay in step
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("size", [2, 3])
+def test_rounds_in_place_in_spare_room_survive_a_misprediction(size):
+    # with 3 ranks two of them hold the prediction and sum their tensors in place before
+    # the round turns out mispredicted: the lowest keeps that partial sum, the other
+    # zeroes its tensor, and the normal round that follows still gives the exact result
+    outs = run_ranks(workers.room_rounds_survive_a_misprediction, size, args=(6,), timeout=140)
+    for r, o in enumerate(outs):
+        assert o["fails"] == [], (r, o["fails"])
+        steady, s = o["steady"], o["stats"]
+        assert steady.get("speculation_hits", 0) >= 4, steady
+        assert steady.get("speculation_misses", 0) == 0, steady
+        assert s.get("speculation_misses", 0) >= 1, s
+        assert s["speculation_hits"] >= steady["speculation_hits"] + 4, s
+        assert s.get("fused_batches", 0) == steady.get("fused_batches", 0)  # in place: no fusion buffer
+        assert "room_elements() = " in o["refused"], o["refused"]
+
+
 @pytest.mark.timeout(120)
 def test_end_burst_negotiates_what_is_gathered_at_once():
     outs = run_ranks(workers.end_burst_negotiates_at_once, 2, env={"HORA_CYCLE_TIME": "300"}, timeout=110)

@@ -687,6 +687,57 @@ def optimizer_buckets_become_rounds(steps: int) -> dict[str, Any]:
             "checksum": float(sum(w.double().sum() for w in weights))}
 
 
+def room_rounds_survive_a_misprediction(steps: int) -> dict[str, Any]:
+    """Buckets with spare room (``ops.bucket_allreduce_async_``), Average then Sum, reduced
+    in place by predicted rounds; then a step in which the last rank runs another op
+    first, so the other ranks hold the prediction and it does not: the round misses
+    after the holders have already summed their tensors in place, and the results must
+    still be exact. Then steady again. Also: a room that is too small is refused."""
+    import hora.native as hn
+    from hora.errors import ConfigError
+    from hora.native import ops
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    numel = 1000
+    extra = ops.room_elements()
+    rooms = {op: torch.empty(numel + extra) for op in ("avg", "sum")}
+    fails: list[str] = []
+
+    def step(i: int, late: bool) -> None:
+        for op, room in rooms.items():  # one round each
+            room[:numel] = torch.arange(numel, dtype=torch.float32) + float(r + i)
+            late_here = late and op == "avg"
+            if late_here and r == n - 1:
+                hn.allreduce(torch.ones(3), op=hn.Sum, name="room.other")  # blocks until all ran it
+            h = ops.bucket_allreduce_async_(room, numel, op=hn.Average if op == "avg" else hn.Sum,
+                                            name=f"room.{op}")
+            if late_here and r != n - 1:
+                hn.allreduce(torch.ones(3), op=hn.Sum, name="room.other")
+            h.synchronize()
+        base = torch.arange(numel, dtype=torch.float32)
+        want_sum = base * n + float(sum(q + i for q in range(n)))
+        for op, want in (("sum", want_sum), ("avg", want_sum / n)):
+            got = rooms[op][:numel]
+            if not torch.equal(got, want):
+                fails.append(f"step {i} {op}: {got[:3].tolist()} != {want[:3].tolist()}")
+
+    for i in range(steps):
+        step(i, late=False)
+    steady = hn.engine_stats()
+    step(steps, late=True)
+    for i in range(steps + 1, 2 * steps + 1):
+        step(i, late=False)
+    s = hn.engine_stats()
+    try:
+        ops.bucket_allreduce_async_(torch.empty(numel + extra - 1), numel, name="room.small")
+        refused = ""
+    except ConfigError as exc:
+        refused = str(exc)
+    hn.shutdown()
+    return {"fails": fails, "steady": steady, "stats": s, "refused": refused}
+
+
 def end_burst_negotiates_at_once() -> dict[str, Any]:
     """With a 300 ms cycle a burst is gathered until 300 ms pass without a submission;
     ``ops.end_burst()`` ends the gathering at once."""
