@@ -113,12 +113,31 @@ def _resolve_compression(compression: Any) -> Any:
     return resolve(compression)
 
 
+def _viewable(p: torch.Tensor) -> bool:
+    """Whether ``p``'s gradient can be a view of a flat bucket: dense and contiguous
+    (a channels-last weight keeps a gradient of its own layout)."""
+    return p.layout == torch.strided and p.is_contiguous()
+
+
+def _first_difference(mine: list[Any] | None, theirs: list[Any] | None) -> str:
+    """Words for where two bucket layouts (lists of (name, shape, dtype)) part."""
+    if mine is None or theirs is None:
+        which = "this rank" if mine is None else "that rank"
+        return f"{which} has no flat buffer for it (mine: {mine!r:.200}, theirs: {theirs!r:.200})"
+    for i in range(max(len(mine), len(theirs))):
+        a = mine[i] if i < len(mine) else None
+        o = theirs[i] if i < len(theirs) else None
+        if a != o:
+            return f"entry {i} is {a} here and {o} there"
+    return "they differ"  # unreachable for unequal lists; kept total
+
+
 class _DistributedMixin:
     """Methods mixed in front of the wrapped optimizer class (see DistributedOptimizer)."""
 
     # set by _hora_setup; declared for type checkers
     _hora_names: dict[torch.Tensor, str]
-    _hora_handles: dict[torch.Tensor, Any]
+    _hora_handles: dict[Any, Any]  # parameter, or bucket index for a flat bucket
     _hora_delay: dict[torch.Tensor, int]
     _hora_hooks: list[Any]
 
@@ -131,6 +150,7 @@ class _DistributedMixin:
         gradient_predivide_factor: float,
         process_set: Any,
         bucket_cap_mb: float,
+        gradient_as_bucket_view: bool,
     ) -> None:
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
                 or backward_passes_per_step < 1:
@@ -158,6 +178,8 @@ class _DistributedMixin:
             raise ConfigError(f"bucket_cap_mb must be a number >= 0, got {bucket_cap_mb!r}") from None
         if not cap_bytes >= 0:
             raise ConfigError(f"bucket_cap_mb must be a number >= 0, got {bucket_cap_mb!r}")
+        if not isinstance(gradient_as_bucket_view, bool):
+            raise ConfigError(f"gradient_as_bucket_view must be True or False, got {gradient_as_bucket_view!r}")
         names = _normalize_named_parameters(named_parameters, self.param_groups)  # type: ignore[attr-defined]
         self._hora_names = names
         self._hora_compression = compression
@@ -187,22 +209,73 @@ class _DistributedMixin:
         # Buckets: consecutive parameters in reverse registration order (roughly the order
         # backward produces their gradients), the first up to 1 MiB, the others up to
         # cap_bytes; a bucket is submitted when all its gradients are ready and the engine
-        # is told it is complete, so each bucket is negotiated (and, once the engine
-        # predicts the step, reduced) while backward computes the next ones.
+        # is told it is complete, so each bucket is negotiated and reduced while backward
+        # computes the next ones. With gradient_as_bucket_view a bucket holds parameters
+        # of one dtype and device only, and owns one flat buffer that their .grad are
+        # views of: the bucket is reduced in place as one tensor (no copy in or out).
         self._hora_bucketed = cap_bytes > 0
         self._hora_buckets: list[list[torch.Tensor]] = []
         self._hora_bucket_of: dict[torch.Tensor, int] = {}
+        self._hora_views: dict[torch.Tensor, torch.Tensor] = {}
         size = cap_bytes + 1  # force a new bucket first
+        key: Any = None
         for p in reversed(self._hora_requires_update):
             nbytes = p.numel() * p.element_size()
             limit = min(cap_bytes, FIRST_BUCKET_BYTES) if len(self._hora_buckets) <= 1 else cap_bytes
-            if not self._hora_buckets or size + nbytes > limit:
+            p_key = (p.dtype, p.device, _viewable(p)) if gradient_as_bucket_view and self._hora_bucketed else None
+            if not self._hora_buckets or size + nbytes > limit or p_key != key:
                 self._hora_buckets.append([])
                 size = 0
+                key = p_key
             self._hora_buckets[-1].append(p)
             self._hora_bucket_of[p] = len(self._hora_buckets) - 1
             size += nbytes
+        # a bucket's flat buffer is made at its first gradient (it needs hora.init())
+        self._hora_flat_ok = [gradient_as_bucket_view and len(bucket) > 1 and all(_viewable(p) for p in bucket)
+                              for bucket in self._hora_buckets]
+        self._hora_flats = [None] * len(self._hora_buckets)
+        self._hora_numel = [sum(p.numel() for p in bucket) for bucket in self._hora_buckets]
+        self._hora_room = [False] * len(self._hora_buckets)
+        self._hora_fold = [0.0] * len(self._hora_buckets)  # 1/size folded into the copy into the bucket
+        self._hora_scaled: set[torch.Tensor] = set()  # parameters whose view holds grad * fold this step
+        self._hora_layout_checked = not any(self._hora_flat_ok)
         self._hora_bucket_ready = [0] * len(self._hora_buckets)
+        self._hora_submitted = [False] * len(self._hora_buckets)
+
+    def _hora_make_flat(self, b: int) -> None:
+        """Make bucket ``b``'s flat buffer and point each parameter's view into it.
+
+        On the CPU, with float32/float64 gradients, the global process set, no compression
+        and no predivide factor, the buffer keeps the engine's spare room after the
+        gradients, so that a predicted round reduces it in place (see
+        ``hora.native.ops.bucket_allreduce_async_``)."""
+        bucket = self._hora_buckets[b]
+        p0 = bucket[0]
+        from hora.native.compression import name_of
+
+        room = (p0.device.type == "cpu" and p0.dtype in (torch.float32, torch.float64)
+                and self._hora_process_set.process_set_id == 0 and name_of(self._hora_compression) == "none"
+                and self._hora_prescale == 1.0)
+        total = self._hora_numel[b]
+        flat = torch.zeros(total + (_ops.room_elements() if room else 0), dtype=p0.dtype, device=p0.device)
+        offset = 0
+        for p in bucket:
+            n = p.numel()
+            view = flat[offset:offset + n].view(p.shape)
+            if p.grad is not None:  # keep a gradient that is already there
+                view.copy_(p.grad)
+                p.grad = view
+            self._hora_views[p] = view
+            offset += n
+        self._hora_flats[b] = flat
+        self._hora_room[b] = room
+        size = self._hora_process_set.size()
+        if room and self._hora_op == _hn.Average and self._hora_bpps == 1 and size & (size - 1) == 0:
+            # The average's 1/size is applied while the gradient is copied into the bucket
+            # (autograd made it anew, the copy happens anyway) and the bucket is summed: one
+            # pass over the data fewer. Only for a power-of-two size, where it is exact:
+            # x * 2^-k rounds like x, so the result is bitwise that of scaling after the sum.
+            self._hora_fold[b] = 1.0 / size
 
     # ---------------------------------------------------------------- gradient hooks
     def _hora_guard(self, p: torch.Tensor) -> Any:
@@ -212,7 +285,7 @@ class _DistributedMixin:
         def guard(grad: torch.Tensor) -> None:
             if not self._hora_participates():
                 return
-            if p in self._hora_handles or self._hora_delay[p] <= 0:
+            if self._hora_submitted[self._hora_bucket_of[p]] or self._hora_delay[p] <= 0:
                 raise ConfigError(
                     f"gradient of {self._hora_names[p]!r} was computed more than "
                     f"backward_passes_per_step={self._hora_bpps} times before optimizer.step() "
@@ -235,20 +308,120 @@ class _DistributedMixin:
         return member
 
     def _hora_on_grad(self, p: torch.Tensor) -> None:
-        """Post-accumulate-grad hook: count the pass and submit when it is the k-th."""
+        """Post-accumulate-grad hook: count the pass, point ``p.grad`` at the bucket's
+        buffer, and submit the bucket when its last gradient is in."""
         if not self._hora_participates():
             return
+        b = self._hora_bucket_of[p]
+        if self._hora_flat_ok[b]:
+            view = self._hora_views.get(p)
+            if view is None:
+                self._hora_make_flat(b)
+                view = self._hora_views[p]
+            if p.grad is not view:
+                self._hora_adopt(p, view)
         self._hora_delay[p] -= 1
         if self._hora_delay[p] == 0:
-            b = self._hora_bucket_of[p]
             self._hora_bucket_ready[b] += 1
-            bucket = self._hora_buckets[b]
-            if self._hora_bucket_ready[b] == len(bucket):
-                for q in bucket:
-                    if q not in self._hora_handles:
-                        self._hora_handles[q] = self._hora_submit(q)
+            if self._hora_bucket_ready[b] == len(self._hora_buckets[b]):
+                self._hora_submit_bucket(b)
                 if self._hora_bucketed:
                     _ops.end_burst()
+
+    def _hora_adopt(self, p: torch.Tensor, view: torch.Tensor) -> None:
+        """Make ``p.grad`` the bucket view ``view``, keeping its value (zeros when
+        ``p`` has no gradient). Autograd then accumulates into the view in place."""
+        grad = p.grad
+        fold = self._hora_fold[self._hora_bucket_of[p]]
+        if grad is None:
+            view.zero_()
+        else:
+            if grad.is_sparse:
+                raise ConfigError(
+                    f"parameter {self._hora_names[p]!r} has a sparse gradient; hora reduces dense "
+                    "gradients only (use a dense embedding, sparse=False)"
+                )
+            if fold:
+                torch.mul(grad, fold, out=view)
+            else:
+                view.copy_(grad)
+        if fold:
+            self._hora_scaled.add(p)
+        p.grad = view
+
+    def _hora_submit_bucket(self, b: int) -> None:
+        """Start the reduction of bucket ``b``: its flat buffer as one tensor, or each
+        gradient by name when the bucket has no flat buffer."""
+        self._hora_submitted[b] = True
+        bucket = self._hora_buckets[b]
+        if not self._hora_flat_ok[b]:
+            for q in bucket:
+                self._hora_handles[q] = self._hora_submit(q)
+            return
+        if self._hora_flats[b] is None:
+            self._hora_make_flat(b)
+        flat = self._hora_flats[b]
+        views = self._hora_views
+        for q in bucket:  # gradients this rank did not compute, or replaced by the user
+            if q.grad is not views[q]:
+                self._hora_adopt(q, views[q])
+        if not self._hora_layout_checked:
+            self._hora_check_layout()
+        name = f"{_GRAD_PREFIX}bucket.{b}"
+        if self._hora_room[b]:
+            op = self._hora_op
+            fold = self._hora_fold[b]
+            if fold:  # every gradient of the bucket scaled by 1/size exactly once, then summed
+                scaled = self._hora_scaled
+                rest = [views[q] for q in bucket if q not in scaled]
+                if rest:  # accumulated in place by autograd (zero_grad(set_to_none=False))
+                    torch._foreach_mul_(rest, fold)
+                op = _hn.Sum
+            self._hora_handles[b] = _ops.bucket_allreduce_async_(
+                flat, self._hora_numel[b], op=op, name=name, postscale_factor=self._hora_postscale)
+            return
+        self._hora_handles[b] = _hn.allreduce_async_(
+            flat[: self._hora_numel[b]],
+            op=self._hora_op,
+            name=name,
+            prescale_factor=self._hora_prescale,
+            postscale_factor=self._hora_postscale,
+            process_set=self._hora_process_set,
+            compression=self._hora_compression,
+        )
+
+    def _hora_check_layout(self) -> None:
+        """Once, before the first flat bucket is reduced: every rank must pack the same
+        parameters into the same buckets in the same order, since a flat bucket is
+        matched across ranks as one tensor (a different order would add up gradients of
+        different parameters without any error).
+
+        Raises:
+            ConfigError: naming the first bucket and parameter where a rank differs.
+        """
+        from hora.torch.functions import allgather_object
+
+        mine = [
+            [(self._hora_names[p], tuple(p.shape), str(p.dtype)) for p in bucket] if ok else None
+            for bucket, ok in zip(self._hora_buckets, self._hora_flat_ok)
+        ]
+        ranks = sorted(self._hora_process_set.ranks or range(_hn.size()))
+        layouts = allgather_object(mine, name="hora.optimizer.bucket_layout", process_set=self._hora_process_set)
+        self._hora_layout_checked = True
+        for i, theirs in enumerate(layouts):
+            if theirs == mine:
+                continue
+            rank = ranks[i]
+            for b in range(max(len(mine), len(theirs))):
+                a = mine[b] if b < len(mine) else None
+                o = theirs[b] if b < len(theirs) else None
+                if a != o:
+                    raise ConfigError(
+                        f"DistributedOptimizer: gradient bucket {b} differs between this rank "
+                        f"({_hn.rank()}) and rank {rank}: {_first_difference(a, o)}. Every rank "
+                        "must build the same model and register its parameters in the same order "
+                        "(or pass gradient_as_bucket_view=False to match gradients by name)"
+                    )
 
     def _hora_submit(self, p: torch.Tensor) -> Any:
         """Start the allreduce of ``p.grad`` (zeros when it has none)."""
@@ -285,12 +458,12 @@ class _DistributedMixin:
         if not self._hora_participates():  # alone, or outside the process set: local step
             self._hora_synchronized = True
             return
-        for p in self._hora_requires_update:
-            if p not in self._hora_handles:
-                self._hora_handles[p] = self._hora_submit(p)
+        for b in range(len(self._hora_buckets)):
+            if not self._hora_submitted[b]:
+                self._hora_submit_bucket(b)
         try:
             for handle in self._hora_handles.values():
-                handle.synchronize()  # in place: the result is already in p.grad
+                handle.synchronize()  # in place: the result is already in p.grad (or its bucket)
         finally:
             self._hora_handles.clear()
             self._hora_reset_counts()
@@ -300,6 +473,8 @@ class _DistributedMixin:
         for p in self._hora_requires_update:
             self._hora_delay[p] = self._hora_bpps
         self._hora_bucket_ready = [0] * len(self._hora_buckets)
+        self._hora_submitted = [False] * len(self._hora_buckets)
+        self._hora_scaled.clear()
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -355,6 +530,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     gradient_predivide_factor: float = 1.0,
     process_set: Any = _hn.global_process_set,
     bucket_cap_mb: float | None = None,
+    gradient_as_bucket_view: bool = True,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged across ranks before each step.
 
@@ -385,8 +561,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     Raises:
         ConfigError: bad ``named_parameters`` (duplicate names, a parameter missing),
             ``backward_passes_per_step < 1``, an unknown ``op`` or compression,
-            ``gradient_predivide_factor`` with an op other than Average, or a negative
-            ``bucket_cap_mb``.
+            ``gradient_predivide_factor`` with an op other than Average, a negative
+            ``bucket_cap_mb``, or ranks whose buckets differ (first step).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(
@@ -407,6 +583,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         gradient_predivide_factor,
         _hn.global_process_set if process_set is None else process_set,
         _default_bucket_cap_mb() if bucket_cap_mb is None else bucket_cap_mb,
+        gradient_as_bucket_view,
     )
     return dist
 

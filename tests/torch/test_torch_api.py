@@ -56,6 +56,9 @@ def assert_ranks_identical(states: list[dict], what: str) -> None:
         ("buckets", "adam", 1.0),  # gradients submitted in 2 buckets instead of one by one
         ("predivide", "sgd", 1.0),
         ("sum_op", "plain_sgd", 2.0),  # Sum of two half-batch means = 2x the whole-batch mean
+        ("per_name", "sgd", 1.0),  # gradient_as_bucket_view=False: each gradient by its name
+        ("keep_grads", "sgd", 1.0),  # zero_grad(set_to_none=False): autograd adds into the views
+        ("adam_keep_grads_bpps2", "adam", 1.0),
     ],
 )
 def test_two_ranks_on_half_batches_match_one_process(ranks, scenario, opt_kind, loss_scale):
@@ -66,6 +69,29 @@ def test_two_ranks_on_half_batches_match_one_process(ranks, scenario, opt_kind, 
     # and training moved the weights (a no-op would also be "identical on both ranks")
     start = W.make_mlp(seed=0).state_dict()
     assert any((start[k] - want[k]).abs().max() > 1e-3 for k in want)
+
+
+@pytest.mark.timeout(300)
+def test_bucket_views_give_bitwise_the_per_name_result(ranks):
+    # flat buckets fold the average's 1/2 into the copy into the bucket and sum; matching
+    # by name sums, then scales: for a power-of-two size the two are bitwise equal
+    flat, by_name = result(ranks, "sgd"), result(ranks, "per_name")
+    for k in flat[0]:
+        assert torch.equal(flat[0][k], by_name[0][k]), k
+    for r, res in enumerate(result(ranks, "bucket_views")):
+        assert res["buckets"] == 1 and res["storages"] == 1, res  # every .grad a view of one buffer
+        if r:
+            for g0, g in zip(result(ranks, "bucket_views")[0]["grads"], res["grads"], strict=True):
+                assert torch.equal(g0, g)  # the averaged gradient, the same on both ranks
+
+
+@pytest.mark.timeout(300)
+def test_bucket_layout_that_differs_across_ranks_is_refused(ranks):
+    for r, res in enumerate(result(ranks, "layout_mismatch")):
+        msg = res[True]
+        assert "gradient bucket 0 differs between this rank" in msg, msg
+        assert f"rank {1 - r}" in msg and "gradient_as_bucket_view=False" in msg, msg
+        assert res[False] == "ok"  # matched by name, the order does not matter
 
 
 @pytest.mark.timeout(300)
@@ -222,6 +248,7 @@ def test_named_parameters_errors():
         ({"gradient_predivide_factor": 2.0, "op": "SUM"}, "op"),
         ({"compression": "zip"}, "compression"),
         ({"bucket_cap_mb": -1}, "bucket_cap_mb"),
+        ({"gradient_as_bucket_view": "yes"}, "gradient_as_bucket_view must be True or False"),
     ],
 )
 def test_bad_arguments(kwargs, match):

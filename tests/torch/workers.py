@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from hora.errors import ConfigError
+
 IN, HID, OUT = 8, 16, 4
 GLOBAL_BATCH = 16
 STEPS = 4
@@ -136,7 +138,8 @@ def _my_half(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     return t[rank * n : (rank + 1) * n]
 
 
-def _train_distributed(hvd, opt_kind: str, bpps: int = 1, **opt_kwargs) -> dict[str, torch.Tensor]:
+def _train_distributed(hvd, opt_kind: str, bpps: int = 1, set_to_none: bool = True,
+                       **opt_kwargs) -> dict[str, torch.Tensor]:
     rank, size = hvd.rank(), hvd.size()
     model = make_mlp(seed=rank)  # different start on purpose: broadcast_parameters fixes it
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -146,7 +149,7 @@ def _train_distributed(hvd, opt_kind: str, bpps: int = 1, **opt_kwargs) -> dict[
     for step in range(STEPS):
         x, y = make_data(step)
         x, y = _my_half(x, rank, size), _my_half(y, rank, size)
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         for mx, my in zip(x.chunk(bpps), y.chunk(bpps), strict=True):
             (torch.nn.functional.mse_loss(model(mx), my) / bpps).backward()
         opt.step()
@@ -187,8 +190,11 @@ def _scenario_overlap(hvd) -> dict[str, Any]:
         popt.step()
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
-        # every gradient was submitted by its hook during backward, before step()
-        in_flight_after_backward.append(sorted(opt._hora_names[p] for p in opt._hora_handles))
+        # every gradient was submitted by its hook during backward, before step() (a flat
+        # bucket's handle is keyed by the bucket's index)
+        in_flight_after_backward.append(sorted(
+            opt._hora_names[p] for key in opt._hora_handles
+            for p in (opt._hora_buckets[key] if isinstance(key, int) else [key])))
         opt.step()
     return {"overlapped": state(model), "manual": state(plain), "in_flight": in_flight_after_backward,
             "names": sorted(n for n, _ in model.named_parameters())}
@@ -273,6 +279,53 @@ def _scenario_sync_bn(hvd, two_d: bool = False) -> dict[str, Any]:
     }
 
 
+def _scenario_bucket_views(hvd) -> dict[str, Any]:
+    """After step() every .grad is a view of its bucket's one buffer, holding the average."""
+    rank, size = hvd.rank(), hvd.size()
+    model = make_mlp(seed=0)
+    opt = hvd.DistributedOptimizer(make_optimizer("plain_sgd", model.parameters()),
+                                   named_parameters=model.named_parameters())
+    x, y = make_data(0)
+    x, y = _my_half(x, rank, size), _my_half(y, rank, size)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    grads = [p.grad for p in model.parameters()]
+    return {"storages": len({g.untyped_storage().data_ptr() for g in grads}),
+            "grads": [g.clone() for g in grads], "buckets": len(opt._hora_buckets)}
+
+
+class _Pair(torch.nn.Module):
+    """Two same-shaped layers, registered in the order given (same names either way)."""
+
+    def __init__(self, order: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        layers = {"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 4)}
+        for name in order:
+            self.add_module(name, layers[name])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+def _scenario_layout_mismatch(hvd) -> dict[str, Any]:
+    """Rank 1 registers the layers in the other order: flat buckets would add up different
+    parameters, so the first step refuses; matching by name (the Horovod way) works."""
+    out: dict[str, Any] = {}
+    for by_view in (True, False):
+        model = _Pair("ab" if hvd.rank() == 0 else "ba")
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), gradient_as_bucket_view=by_view)
+        try:
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+            out[by_view] = "ok"
+        except ConfigError as exc:
+            out[by_view] = str(exc)
+    return out
+
+
 def _scenario_misuse(hvd) -> dict[str, Any]:
     """zero_grad between backward and step; more passes than backward_passes_per_step."""
     rank, size = hvd.rank(), hvd.size()
@@ -348,6 +401,9 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "buckets": lambda hvd: _train_distributed(hvd, "adam", bucket_cap_mb=0.0005),
     "predivide": lambda hvd: _train_distributed(hvd, "sgd", gradient_predivide_factor=2.0),
     "sum_op": lambda hvd: _train_distributed(hvd, "plain_sgd", op=hvd.Sum),
+    "per_name": lambda hvd: _train_distributed(hvd, "sgd", gradient_as_bucket_view=False),
+    "keep_grads": lambda hvd: _train_distributed(hvd, "sgd", set_to_none=False),
+    "adam_keep_grads_bpps2": lambda hvd: _train_distributed(hvd, "adam", bpps=2, set_to_none=False),
     "fp16": lambda hvd: _train_distributed(hvd, "sgd", compression=hvd.Compression.fp16),
     "bf16": lambda hvd: _train_distributed(hvd, "sgd", compression=hvd.Compression.bf16),
     "two_heads": _scenario_two_heads,
@@ -357,6 +413,8 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "sync_bn": _scenario_sync_bn,
     "sync_bn2d": lambda hvd: _scenario_sync_bn(hvd, two_d=True),
     "misuse": _scenario_misuse,
+    "bucket_views": _scenario_bucket_views,
+    "layout_mismatch": _scenario_layout_mismatch,
     "objects": _scenario_objects,
     "elastic_state": _scenario_elastic_state,
 }
