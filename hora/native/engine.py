@@ -25,7 +25,10 @@ repeated, predicts the next one. A predicted round that is one fused float Sum/A
 allreduce of the global set runs as ONE collective: the control vector, encoded as
 counts, rides at the end of the fusion buffer of one Sum allreduce; if some rank did not
 hold the whole prediction, the data part is discarded and the round goes on as a normal
-one (see ``Engine._spec_collective``). While a prediction stands, ranks wait for their own
+one (see ``Engine._spec_collective``). A lone tensor whose buffer keeps spare room after it
+(``ops.bucket_allreduce_async_``: DistributedOptimizer's flat buckets) is reduced in place,
+the control vector in its room: no copy at all. While a prediction stands (also one that
+cannot ride along and is negotiated as a normal round), ranks wait for their own
 part locally, with no wake-up through the store; a big predicted tensor is copied into its
 place in the fusion buffer when it is submitted (hot in the cache); and once a rank holds
 the whole prediction, a caller that blocks on a handle runs the round in its own thread.
@@ -1030,7 +1033,11 @@ class Engine:
     # prediction (a count in the control part says so), the data part is the result;
     # otherwise it is discarded and the round continues as a normal one, from the decoded
     # control vector. Either way nothing else changes: the same responses, errors, stall
-    # checks and cache updates follow on every rank.
+    # checks and cache updates follow on every rank. A lone tensor with spare room after
+    # it is reduced in place instead (ranks without it send zeros); after a miss the ranks
+    # that held it keep the partial sum on the lowest of them and zeros on the others, so
+    # nothing is lost. Any other predicted round is only waited for locally, then
+    # negotiated as a normal round.
     SPEC_MIN_HITS = 2
 
     def _gather_predicted(self, spec: _Spec, t0: float, tl0: float) -> bool:

@@ -7,11 +7,17 @@ The wrapper is a dynamic subclass of the wrapped optimizer's class (as in Horovo
 How a step goes:
 
 1. ``loss.backward()``: a *post-accumulate-grad hook* on every parameter fires as soon
-   as autograd has written that parameter's ``.grad``; the hook submits the gradient to
-   the collective engine with ``allreduce_async_`` under a stable name
-   (``"grad." + parameter name``). The engine reduces it (fused with other ready
-   gradients) in its background thread while autograd computes the remaining
-   gradients: communication overlaps the rest of backward.
+   as autograd has written that parameter's ``.grad``. Parameters are grouped into
+   buckets, DDP style (reverse registration order, the first of 1 MiB, then up to
+   ``bucket_cap_mb``). By default (``gradient_as_bucket_view``) each bucket owns one
+   flat buffer and every ``.grad`` is a view of it; the hook points ``.grad`` at its
+   view (copying a gradient autograd made anew, scaled by ``1/size`` on the way when
+   that is exact), and when the bucket's last gradient is in, the whole buffer is
+   submitted as one in-place allreduce (``"grad.bucket.<i>.<first name>"``). The engine
+   reduces it in its background thread while autograd computes the remaining
+   gradients: communication overlaps the rest of backward, and nothing is copied back.
+   With ``gradient_as_bucket_view=False`` each gradient is submitted under its own
+   name (``"grad." + parameter name``), as in Horovod, and the engine fuses them.
 2. ``optimizer.step()``: waits only for what is still in flight (``synchronize()``),
    then runs the wrapped optimizer's ``step``.
 
@@ -259,13 +265,9 @@ class _DistributedMixin:
         total = self._hora_numel[b]
         flat = torch.zeros(total + (_ops.room_elements() if room else 0), dtype=p0.dtype, device=p0.device)
         offset = 0
-        for p in bucket:
+        for p in bucket:  # (a gradient already there moves into its view at its hook or submit)
             n = p.numel()
-            view = flat[offset:offset + n].view(p.shape)
-            if p.grad is not None:  # keep a gradient that is already there
-                view.copy_(p.grad)
-                p.grad = view
-            self._hora_views[p] = view
+            self._hora_views[p] = flat[offset:offset + n].view(p.shape)
             offset += n
         self._hora_flats[b] = flat
         self._hora_room[b] = room
@@ -367,7 +369,9 @@ class _DistributedMixin:
                 self._hora_adopt(q, views[q])
         if not self._hora_layout_checked:
             self._hora_check_layout()
-        name = f"{_GRAD_PREFIX}bucket.{b}"
+        # named after its index and its first parameter (two optimizers over differently
+        # named models do not collide, as with names per gradient)
+        name = f"{_GRAD_PREFIX}bucket.{b}.{self._hora_names[bucket[0]]}"
         if self._hora_room[b]:
             op = self._hora_op
             fold = self._hora_fold[b]
