@@ -11,6 +11,12 @@ interleaved so that machine noise hits all of them alike; the table shows the me
 ratios against DDP and against one process. The last column is the CPU time per step
 of one rank's process, all its threads together (compute, hora's engine thread, Gloo's
 threads): on a machine shared with other work it shows the cost that wall time hides.
+
+``--only NAME`` (repeatable) picks configurations; besides the default three (single,
+ddp, hora) there are variants of each side, so a difference can be traced to its cause:
+hora-nospec (no predicted rounds), hora-first-1mb (DDP's small first bucket),
+hora-by-name (gradients matched by name, Horovod style), ddp-one-bucket and ddp-view
+(DDP's gradient_as_bucket_view=True).
 """
 
 from __future__ import annotations
@@ -83,11 +89,18 @@ def _ddp_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> flo
     import torch
     import torch.distributed as dist
 
+    ddp_kwargs = {}
+    variant = os.environ.get("BENCH_DDP_VARIANT", "")
+    if variant == "one-bucket":
+        ddp_kwargs["bucket_cap_mb_list"] = [25]  # no small first bucket
+    elif variant == "view":
+        ddp_kwargs["gradient_as_bucket_view"] = True
+
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, size, rank == 0, wait_for_workers=True)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
     try:
-        model = torch.nn.parallel.DistributedDataParallel(make_model())
+        model = torch.nn.parallel.DistributedDataParallel(make_model(), **ddp_kwargs)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         data = _batches(rank)
         _loop(model, opt, data, warmup, dist.barrier)
@@ -106,8 +119,11 @@ def _hora_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> fl
     hvd.init()
     try:
         model = make_model()
+        first = os.environ.get("BENCH_HORA_FIRST_BUCKET_MB")
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                       named_parameters=model.named_parameters())
+                                       named_parameters=model.named_parameters(),
+                                       first_bucket_mb=float(first) if first else None,
+                                       gradient_as_bucket_view=not os.environ.get("BENCH_HORA_BY_NAME"))
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         data = _batches(rank)
         _loop(model, opt, data, warmup, hvd.barrier)
@@ -174,13 +190,27 @@ def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0,
         server.stop()
 
 
+# name -> (label, worker, extra environment)
+CONFIGS: dict[str, tuple[str, Any, dict[str, str]]] = {
+    "single": ("one process", None, {}),
+    "ddp": ("torch DDP gloo", _ddp_worker, {}),
+    "hora": ("hora DistributedOptimizer", _hora_worker, {}),
+    "hora-nospec": ("hora, HORA_SPECULATE=0", _hora_worker, {"HORA_SPECULATE": "0"}),
+    "hora-first-1mb": ("hora, first_bucket_mb=1 (DDP's first bucket)", _hora_worker,
+                       {"BENCH_HORA_FIRST_BUCKET_MB": "1"}),
+    "hora-by-name": ("hora, gradient_as_bucket_view=False", _hora_worker, {"BENCH_HORA_BY_NAME": "1"}),
+    "ddp-one-bucket": ("torch DDP gloo, one bucket", _ddp_worker, {"BENCH_DDP_VARIANT": "one-bucket"}),
+    "ddp-view": ("torch DDP gloo, gradient_as_bucket_view=True", _ddp_worker, {"BENCH_DDP_VARIANT": "view"}),
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--only", choices=["single", "ddp", "hora", "hora-nospec"], action="append",
+    parser.add_argument("--only", choices=list(CONFIGS), action="append",
                         help="run only these configurations (repeatable)")
     parser.add_argument("--cycle-time-ms", type=float, action="append", default=[],
                         help="also run hora with HORA_CYCLE_TIME set to this (repeatable)")
@@ -193,24 +223,20 @@ def main() -> int:
         for c in configs:
             if c == "single":
                 v = run_single(args.steps, args.warmup)
-            elif c == "ddp":
-                v = run_job(_ddp_worker, args.np, args.steps, args.warmup)
-            elif c == "hora":
-                v = run_job(_hora_worker, args.np, args.steps, args.warmup)
-            elif c == "hora-nospec":
-                v = run_job(_hora_worker, args.np, args.steps, args.warmup, extra_env={"HORA_SPECULATE": "0"})
+            elif "@" in c:
+                v = run_job(_hora_worker, args.np, args.steps, args.warmup,
+                            extra_env={"HORA_CYCLE_TIME": c.split("@", 1)[1]})
             else:
-                ms = c.split("@", 1)[1]
-                v = run_job(_hora_worker, args.np, args.steps, args.warmup, extra_env={"HORA_CYCLE_TIME": ms})
+                target, env = CONFIGS[c][1:]
+                v = run_job(target, args.np, args.steps, args.warmup, extra_env=env)
             v, cpu_ms = v
             runs[c].append(v)
             cpu[c].append(cpu_ms)
             print(f"round {r + 1}/{args.rounds} {c}: {v:,.0f} samples/s, {cpu_ms:.1f} CPU ms/step/rank",
                   file=sys.stderr, flush=True)
     med = {c: statistics.median(v) for c, v in runs.items()}
-    labels = {"single": "one process (1 rank)", "ddp": f"torch DDP gloo ({args.np} ranks)",
-              "hora": f"hora DistributedOptimizer ({args.np} ranks)",
-              "hora-nospec": f"hora, HORA_SPECULATE=0 ({args.np} ranks)"}
+    labels = {c: f"{v[0]} ({args.np} ranks)" for c, v in CONFIGS.items()}
+    labels["single"] = "one process (1 rank)"
     labels.update({c: f"hora, HORA_CYCLE_TIME={c.split('@')[1]} ms ({args.np} ranks)" for c in configs if "@" in c})
     print(f"\nMLP {DEPTH}x Linear({WIDTH},{WIDTH}), batch {BATCH}/rank, 1 thread/rank, "
           f"{args.steps} steps x {args.rounds} rounds (median)\n")

@@ -668,7 +668,7 @@ def optimizer_buckets_become_rounds(steps: int) -> dict[str, Any]:
     layers: list = [torch.nn.Linear(256, 256) for _ in range(8)]
     model = torch.nn.Sequential(*layers[:4], _Pause(), *layers[4:])
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters())
+                                   named_parameters=model.named_parameters(), first_bucket_mb=1)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     x = torch.randn(16, 256, generator=torch.Generator().manual_seed(hvd.rank()))
     per_step = []

@@ -208,11 +208,13 @@ def test_wrapper_is_an_instance_of_the_wrapped_class():
     assert dist.param_groups is opt.param_groups
     assert dist.state_dict()["param_groups"][0]["lr"] == 0.1
     assert hvd.is_distributed_optimizer(dist) and not hvd.is_distributed_optimizer(opt)
-    assert [len(b) for b in dist._hora_buckets] == [4]  # default (DDP's): a first bucket of up to 1 MiB
+    assert [len(b) for b in dist._hora_buckets] == [4]  # default: buckets of up to 25 MiB
     one_by_one = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), bucket_cap_mb=0)
     assert [len(b) for b in one_by_one._hora_buckets] == [1, 1, 1, 1]
     big = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])
-    big_opt = hvd.DistributedOptimizer(torch.optim.SGD(big.parameters(), lr=0.1))
+    # on the CPU no small first bucket (it would buy no overlap, only a round per step)
+    assert len(hvd.DistributedOptimizer(torch.optim.SGD(big.parameters(), lr=0.1))._hora_buckets) == 1
+    big_opt = hvd.DistributedOptimizer(torch.optim.SGD(big.parameters(), lr=0.1), first_bucket_mb=1)
     nbytes = [sum(p.numel() * 4 for p in b) for b in big_opt._hora_buckets]
     assert len(nbytes) == 2 and nbytes[0] <= 1024 * 1024 < nbytes[0] + 257 * 1024  # then the rest (< 25 MiB)
     assert big_opt._hora_buckets[0][0] is list(big.parameters())[-1]  # reverse order: backward's
@@ -249,6 +251,7 @@ def test_named_parameters_errors():
         ({"compression": "zip"}, "compression"),
         ({"bucket_cap_mb": -1}, "bucket_cap_mb"),
         ({"gradient_as_bucket_view": "yes"}, "gradient_as_bucket_view must be True or False"),
+        ({"first_bucket_mb": 0}, "first_bucket_mb must be a number > 0"),
     ],
 )
 def test_bad_arguments(kwargs, match):
