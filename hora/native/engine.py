@@ -657,7 +657,7 @@ class Engine:
     def request_flush(self, handle: Handle) -> None:
         """A caller is about to block on ``handle``: stop waiting for more submissions
         while it is pending (until :meth:`end_flush`). When the engine offers a predicted
-        round (:meth:`_offer_round`), the caller runs it here, in its own thread."""
+        round (see :meth:`_gather_predicted`), the caller runs it here, in its own thread."""
         with self._lock:
             self._blocked.append(handle)
             if self._claim != _OFFERED:
@@ -1048,7 +1048,8 @@ class Engine:
         Once this rank holds the whole prediction the round is *offered*: a caller that
         blocks on a handle (``request_flush``) runs it in its thread, as DDP's hooks
         launch their reductions, sparing two hand-overs between threads. Nobody claims
-        it within one cycle: this thread runs it.
+        it within one cycle: this thread runs it (and after two such rounds in a row it
+        stops offering that round, trying again every 16th time).
         """
         if self._flush or self._shutdown:
             return False
@@ -1078,17 +1079,21 @@ class Engine:
                 if left <= 0:
                     break
                 cond.wait(left)
-            if self._claim == _OFFERED and not self._shutdown and spec.offer:
+            if self._claim == _OFFERED and not self._shutdown and spec.should_offer():
                 grace = time.monotonic() + self.config.cycle_time
                 while self._claim == _OFFERED and not self._shutdown:
                     left = grace - time.monotonic()
                     if left <= 0:
-                        spec.offer = False  # nobody blocks on this round (say, the first bucket
-                        break  # of a backward pass): from now on this thread runs it at once
+                        # nobody blocked on it in time (say, the first bucket of a backward pass)
+                        spec.unclaimed += 1
+                        break
                     cond.wait(left)
             while self._claim == _CLAIMED:
                 cond.wait(1.0)
-            return self._claim == _RAN
+            if self._claim == _RAN:
+                spec.unclaimed = 0
+                return True
+            return False
         finally:
             self._claim = _NO_CLAIM
             self._claim_args = None
@@ -1833,7 +1838,7 @@ class _Spec:
     (see Engine._make_spec for the three kinds)."""
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
-                 "average", "offsets", "_parts", "offer", "piggyback", "inplace")
+                 "average", "offsets", "_parts", "unclaimed", "skipped", "piggyback", "inplace")
 
     def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype | None,
                  prescale: float, postscale: float, average: bool, piggyback: bool = True,
@@ -1847,7 +1852,8 @@ class _Spec:
         self.sizes = sizes
         self.numel = sum(sizes)
         self._parts: tuple[Any, list[torch.Tensor]] | None = None
-        self.offer = True  # offer it to a blocking caller (see Engine._gather_predicted)
+        self.unclaimed = 0  # offers to a blocking caller in a row that nobody took
+        self.skipped = 0  # rounds not offered since (see Engine._gather_predicted)
         self.offsets: dict[str, tuple[int, int]] = {}
         off = 0
         for name, n in zip(names, sizes):
@@ -1858,6 +1864,16 @@ class _Spec:
         self.postscale = postscale
         self.average = average
 
+
+    def should_offer(self) -> bool:
+        """Offer the round to a blocking caller, unless the last two offers went
+        unclaimed; then offer again every 16th round (the caller may have sped up)."""
+        if self.unclaimed < 2:
+            return True
+        self.skipped += 1
+        if self.skipped >= 16:
+            self.skipped = self.unclaimed = 0
+        return False
 
     def parts_of(self, data: torch.Tensor) -> list[torch.Tensor]:
         """Views of ``data`` (the fusion buffer's data part), one per tensor, kept while

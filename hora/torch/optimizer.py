@@ -35,6 +35,7 @@ import os
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -140,13 +141,27 @@ def _first_difference(mine: list[Any] | None, theirs: list[Any] | None) -> str:
     return "they differ"  # unreachable for unequal lists; kept total
 
 
+class _Slot:
+    """A reduced parameter's state, reached from its hooks without hashing the tensor."""
+
+    __slots__ = ("p", "name", "bucket", "delay", "view", "scaled")
+
+    def __init__(self, p: torch.Tensor, name: str, delay: int) -> None:
+        self.p = p
+        self.name = name
+        self.bucket = 0
+        self.delay = delay  # backward passes still to come before the reduction
+        self.view: torch.Tensor | None = None  # its view of the bucket's flat buffer
+        self.scaled = False  # this step, the view holds the gradient times the bucket's fold
+
+
 class _DistributedMixin:
     """Methods mixed in front of the wrapped optimizer class (see DistributedOptimizer)."""
 
     # set by _hora_setup; declared for type checkers
     _hora_names: dict[torch.Tensor, str]
     _hora_handles: dict[Any, Any]  # parameter, or bucket index for a flat bucket
-    _hora_delay: dict[torch.Tensor, int]
+    _hora_slots: dict[torch.Tensor, _Slot]
     _hora_hooks: list[Any]
 
     def _hora_setup(
@@ -208,7 +223,7 @@ class _DistributedMixin:
         self._hora_process_set = process_set
         self._hora_member: bool | None = None  # decided at the first gradient (needs init)
         self._hora_handles = {}
-        self._hora_delay = {}
+        self._hora_slots = {}
         self._hora_should_sync = True
         self._hora_synchronized = False
         self._hora_requires_update: list[torch.Tensor] = []
@@ -217,12 +232,12 @@ class _DistributedMixin:
             for p in group["params"]:
                 if not p.requires_grad:
                     continue
-                if p in self._hora_delay:  # the same tensor in two groups: hook it once
+                if p in self._hora_slots:  # the same tensor in two groups: hook it once
                     continue
                 self._hora_requires_update.append(p)
-                self._hora_delay[p] = backward_passes_per_step
-                self._hora_hooks.append(p.register_hook(self._hora_guard(p)))
-                self._hora_hooks.append(p.register_post_accumulate_grad_hook(self._hora_on_grad))
+                slot = self._hora_slots[p] = _Slot(p, names[p], backward_passes_per_step)
+                self._hora_hooks.append(p.register_hook(self._hora_guard(slot)))
+                self._hora_hooks.append(p.register_post_accumulate_grad_hook(partial(self._hora_on_grad, slot)))
         # Buckets: consecutive parameters in reverse registration order (roughly the order
         # backward produces their gradients), the first up to 1 MiB, the others up to
         # cap_bytes; a bucket is submitted when all its gradients are ready and the engine
@@ -232,8 +247,6 @@ class _DistributedMixin:
         # views of: the bucket is reduced in place as one tensor (no copy in or out).
         self._hora_bucketed = cap_bytes > 0
         self._hora_buckets: list[list[torch.Tensor]] = []
-        self._hora_bucket_of: dict[torch.Tensor, int] = {}
-        self._hora_views: dict[torch.Tensor, torch.Tensor] = {}
         if first_bytes is None:
             on_cpu = all(p.device.type == "cpu" for p in self._hora_requires_update)
             first_bytes = cap_bytes if on_cpu else FIRST_BUCKET_BYTES
@@ -248,7 +261,7 @@ class _DistributedMixin:
                 size = 0
                 key = p_key
             self._hora_buckets[-1].append(p)
-            self._hora_bucket_of[p] = len(self._hora_buckets) - 1
+            self._hora_slots[p].bucket = len(self._hora_buckets) - 1
             size += nbytes
         # a bucket's flat buffer is made at its first gradient (it needs hora.init())
         self._hora_flat_ok = [gradient_as_bucket_view and len(bucket) > 1 and all(_viewable(p) for p in bucket)
@@ -257,10 +270,10 @@ class _DistributedMixin:
         self._hora_numel = [sum(p.numel() for p in bucket) for bucket in self._hora_buckets]
         self._hora_room = [False] * len(self._hora_buckets)
         self._hora_fold = [0.0] * len(self._hora_buckets)  # 1/size folded into the copy into the bucket
-        self._hora_scaled: set[torch.Tensor] = set()  # parameters whose view holds grad * fold this step
         self._hora_layout_checked = not any(self._hora_flat_ok)
         self._hora_bucket_ready = [0] * len(self._hora_buckets)
         self._hora_submitted = [False] * len(self._hora_buckets)
+        self._hora_bucket_slots = [[self._hora_slots[p] for p in bucket] for bucket in self._hora_buckets]
 
     def _hora_make_flat(self, b: int) -> None:
         """Make bucket ``b``'s flat buffer and point each parameter's view into it.
@@ -281,7 +294,7 @@ class _DistributedMixin:
         offset = 0
         for p in bucket:  # (a gradient already there moves into its view at its hook or submit)
             n = p.numel()
-            self._hora_views[p] = flat[offset:offset + n].view(p.shape)
+            self._hora_slots[p].view = flat[offset:offset + n].view(p.shape)
             offset += n
         self._hora_flats[b] = flat
         self._hora_room[b] = room
@@ -294,16 +307,16 @@ class _DistributedMixin:
             self._hora_fold[b] = 1.0 / size
 
     # ---------------------------------------------------------------- gradient hooks
-    def _hora_guard(self, p: torch.Tensor) -> Any:
+    def _hora_guard(self, s: _Slot) -> Any:
         """A hook run *before* autograd accumulates into ``p.grad``: refuse a gradient
         while ``p.grad`` is being reduced in place (it would corrupt the reduction)."""
 
         def guard(grad: torch.Tensor) -> None:
-            if not self._hora_participates():
+            if not (self._hora_member or self._hora_participates()):
                 return
-            if self._hora_submitted[self._hora_bucket_of[p]] or self._hora_delay[p] <= 0:
+            if self._hora_submitted[s.bucket] or s.delay <= 0:
                 raise ConfigError(
-                    f"gradient of {self._hora_names[p]!r} was computed more than "
+                    f"gradient of {s.name!r} was computed more than "
                     f"backward_passes_per_step={self._hora_bpps} times before optimizer.step() "
                     "or optimizer.synchronize(); raise backward_passes_per_step or call step() "
                     "more often"
@@ -323,46 +336,46 @@ class _DistributedMixin:
             member = self._hora_member = ps.included() and ps.size() > 1
         return member
 
-    def _hora_on_grad(self, p: torch.Tensor) -> None:
+    def _hora_on_grad(self, s: _Slot, p: torch.Tensor) -> None:
         """Post-accumulate-grad hook: count the pass, point ``p.grad`` at the bucket's
         buffer, and submit the bucket when its last gradient is in."""
-        if not self._hora_participates():
+        if not (self._hora_member or self._hora_participates()):
             return
-        b = self._hora_bucket_of[p]
+        b = s.bucket
         if self._hora_flat_ok[b]:
-            view = self._hora_views.get(p)
+            view = s.view
             if view is None:
                 self._hora_make_flat(b)
-                view = self._hora_views[p]
+                view = s.view
             if p.grad is not view:
-                self._hora_adopt(p, view)
-        self._hora_delay[p] -= 1
-        if self._hora_delay[p] == 0:
+                self._hora_adopt(s, view)
+        s.delay -= 1
+        if s.delay == 0:
             self._hora_bucket_ready[b] += 1
             if self._hora_bucket_ready[b] == len(self._hora_buckets[b]):
                 self._hora_submit_bucket(b)
                 if self._hora_bucketed:
                     _ops.end_burst()
 
-    def _hora_adopt(self, p: torch.Tensor, view: torch.Tensor) -> None:
+    def _hora_adopt(self, s: _Slot, view: torch.Tensor) -> None:
         """Make ``p.grad`` the bucket view ``view``, keeping its value (zeros when
         ``p`` has no gradient). Autograd then accumulates into the view in place."""
+        p = s.p
         grad = p.grad
-        fold = self._hora_fold[self._hora_bucket_of[p]]
+        fold = self._hora_fold[s.bucket]
         if grad is None:
             view.zero_()
         else:
             if grad.is_sparse:
                 raise ConfigError(
-                    f"parameter {self._hora_names[p]!r} has a sparse gradient; hora reduces dense "
+                    f"parameter {s.name!r} has a sparse gradient; hora reduces dense "
                     "gradients only (use a dense embedding, sparse=False)"
                 )
             if fold:
                 torch.mul(grad, fold, out=view)
             else:
                 view.copy_(grad)
-        if fold:
-            self._hora_scaled.add(p)
+        s.scaled = bool(fold)
         p.grad = view
 
     def _hora_submit_bucket(self, b: int) -> None:
@@ -377,10 +390,10 @@ class _DistributedMixin:
         if self._hora_flats[b] is None:
             self._hora_make_flat(b)
         flat = self._hora_flats[b]
-        views = self._hora_views
-        for q in bucket:  # gradients this rank did not compute, or replaced by the user
-            if q.grad is not views[q]:
-                self._hora_adopt(q, views[q])
+        slots = self._hora_bucket_slots[b]
+        for s in slots:  # gradients this rank did not compute, or replaced by the user
+            if s.p.grad is not s.view:
+                self._hora_adopt(s, s.view)
         if not self._hora_layout_checked:
             self._hora_check_layout()
         # named after its index and its first parameter (two optimizers over differently
@@ -390,8 +403,7 @@ class _DistributedMixin:
             op = self._hora_op
             fold = self._hora_fold[b]
             if fold:  # every gradient of the bucket scaled by 1/size exactly once, then summed
-                scaled = self._hora_scaled
-                rest = [views[q] for q in bucket if q not in scaled]
+                rest = [s.view for s in slots if not s.scaled]
                 if rest:  # accumulated in place by autograd (zero_grad(set_to_none=False))
                     torch._foreach_mul_(rest, fold)
                 op = _hn.Sum
@@ -488,11 +500,12 @@ class _DistributedMixin:
         self._hora_synchronized = True
 
     def _hora_reset_counts(self) -> None:
-        for p in self._hora_requires_update:
-            self._hora_delay[p] = self._hora_bpps
+        bpps = self._hora_bpps
+        for s in self._hora_slots.values():
+            s.delay = bpps
+            s.scaled = False
         self._hora_bucket_ready = [0] * len(self._hora_buckets)
         self._hora_submitted = [False] * len(self._hora_buckets)
-        self._hora_scaled.clear()
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
