@@ -942,12 +942,15 @@ class Engine:
         ctrl[2 * C + 2] = 0 if (self._waiting or uncached) else 1
         ctrl[2 * C + 3] = -self._now_ms()
         tuner = self._autotuner
-        ctrl[2 * C + 4] = tuner.index if (tuner is not None and self.rank == 0) else np.iinfo(np.int32).max
+        ctrl[2 * C + 4] = tuner.index if (tuner is not None and self.rank == 0) else _I32_MAX
         ctrl[2 * C + 5] = 1 if (self._shutdown and not self._names) else 0
         ctrl[2 * C + 6] = 1 if (self.config.speculate and tuner is None) else 0
         spec_ok = False
         if spec is not None and spec.piggyback:
-            spec_ok = self._spec_collective(spec, ctrl, bits)
+            outcome = self._spec_collective(spec, ctrl, bits)
+            if outcome == _PURE_HIT:
+                return self._end_pure_round(t0, tl0, spec)
+            spec_ok = outcome == _HIT
         else:
             self.backend.allreduce(torch.from_numpy(ctrl), ReduceOp.Min, self.backend.world)
         self._spec_allowed = ctrl[2 * C + 6] == 1
@@ -1102,10 +1105,12 @@ class Engine:
             self._spec_stage = None
             self._gathering = False
 
-    def _spec_collective(self, spec: _Spec, ctrl: np.ndarray, bits: list[int]) -> bool:
+    def _spec_collective(self, spec: _Spec, ctrl: np.ndarray, bits: list[int]) -> int:
         """Run the predicted round's data and the control vector ``ctrl`` (MIN form) as one
-        Sum allreduce; rewrite ``ctrl`` with the job-wide (MIN form) result. True when the
-        prediction held on every rank (its requests are then finished)."""
+        Sum allreduce; rewrite ``ctrl`` with the job-wide (MIN form) result. _HIT when the
+        prediction held on every rank (its requests are then finished), _MISS when not;
+        _PURE_HIT when it held and nothing else happened anywhere (``ctrl`` is then left
+        as it was: :meth:`_end_pure_round` ends the round)."""
         C = self.cache.capacity
         size = self.size
         n = spec.numel
@@ -1128,6 +1133,12 @@ class Engine:
         tail[F + 4] = ctrl[2 * C + 5]  # ranks done (shutdown)
         tail[F + 5] = ctrl[2 * C + 6]  # ranks that allow speculation
         tail[F + 6] = 1 if have else 0  # ranks that hold the whole prediction
+        # ranks with nothing but the prediction: no other op (so none ready or half-submitted
+        # anywhere once every rank says so), nothing uncached, not done, speculation on, and
+        # no stall tracking going on (job-wide state)
+        alone = (have and len(have_bits) == len(spec.slots) and ctrl[2 * C] == 1 and ctrl[2 * C + 5] == 0
+                 and ctrl[2 * C + 6] == 1 and not self._table and not self._slot_partial_since)
+        tail[F + 7] = 1 if alone else 0
         reqs: list[Request] = []
         if have:
             waiting = self._waiting
@@ -1156,21 +1167,15 @@ class Engine:
                 if spec.prescale != 1.0:
                     _scale_(data, spec.prescale)
         buf[n:].copy_(torch.from_numpy(tail))
+        out = buf[n:].numpy()  # (made before the collective: the less runs after it, the better)
         self.backend.allreduce(buf, ReduceOp.Sum, self.backend.world)
-        out = buf[n:].numpy()  # float32 or float64: counts are exact in either
-        np.equal(out[:U], size, out=ctrl[:U], casting="unsafe")
-        ctrl[U:C] = 0
-        np.equal(out[U:F], 0, out=ctrl[C : C + U], casting="unsafe")
-        ctrl[C + U : 2 * C] = 1
-        ctrl[2 * C] = 0 if out[F] > 0 else 1
-        ctrl[2 * C + 1] = -int(round(out[F + 1])) * 1024
-        ctrl[2 * C + 2] = 0 if out[F + 2] > 0 else 1
-        ctrl[2 * C + 3] = -int(round(out[F + 3]))
-        ctrl[2 * C + 4] = np.iinfo(np.int32).max
-        ctrl[2 * C + 5] = 1 if round(out[F + 4]) == size else 0
-        ctrl[2 * C + 6] = 1 if round(out[F + 5]) == size else 0
         st = self.stats
-        if round(out[F + 6]) != size:
+        # float32 or float64: the counts are exact in either
+        pure = out[F + 7] == size  # the prediction held and nothing else happened anywhere
+        held = pure or round(out[F + 6]) == size
+        if not pure:
+            self._decode_tail(out, ctrl, U, F)
+        if not held:
             st["speculation_misses"] += 1
             if inplace and have:
                 # Some rank did not have the tensor yet: this rank's tensor now holds the sum
@@ -1181,7 +1186,7 @@ class Engine:
                 holders = np.flatnonzero(out[F + 8 : F + 8 + size] > 0.5)
                 if self.rank != int(holders[0]):
                     data.zero_()
-            return False
+            return _MISS
         post = spec.postscale / size if spec.average else spec.postscale
         if inplace:
             if post != 1.0:
@@ -1200,7 +1205,40 @@ class Engine:
             pop(q.name, None)
         self._finish_fused(reqs, n * buf.element_size(), fused=not inplace)
         st["speculation_hits"] += 1
-        return True
+        return _PURE_HIT if pure else _HIT
+
+    def _decode_tail(self, out: np.ndarray, ctrl: np.ndarray, U: int, F: int) -> None:
+        """Rewrite ``ctrl`` (MIN form) from a predicted round's reduced tail ``out``."""
+        C = self.cache.capacity
+        size = self.size
+        np.equal(out[:U], size, out=ctrl[:U], casting="unsafe")
+        ctrl[U:C] = 0
+        np.equal(out[U:F], 0, out=ctrl[C : C + U], casting="unsafe")
+        ctrl[C + U : 2 * C] = 1
+        ctrl[2 * C] = 0 if out[F] > 0 else 1
+        ctrl[2 * C + 1] = -int(round(out[F + 1])) * 1024
+        ctrl[2 * C + 2] = 0 if out[F + 2] > 0 else 1
+        ctrl[2 * C + 3] = -int(round(out[F + 3]))
+        ctrl[2 * C + 4] = _I32_MAX
+        ctrl[2 * C + 5] = 1 if round(out[F + 4]) == size else 0
+        ctrl[2 * C + 6] = 1 if round(out[F + 5]) == size else 0
+
+    def _end_pure_round(self, t0: float, tl0: float, spec: _Spec) -> bool:
+        """The rest of a round whose prediction held with nothing else anywhere: exactly
+        what the general path does for it (the cache's LRU order, stats, waking callers,
+        learning), without decoding the control vector."""
+        self._spec_allowed = True
+        touch = self.cache.lru.move_to_end
+        for slot in spec.slots:
+            touch(slot)
+        st = self.stats
+        st["cache_hits"] += len(spec.slots)
+        st["speculation_alone"] += 1
+        if self.timeline.enabled:
+            self.timeline.cycle(tl0, self.timeline.now(), round=self._round_no, responses=len(spec.slots))
+        self._notify_done()
+        self._learn(spec.bits)
+        return self._after_round(t0, True, False)
 
     def _tail_size(self) -> int:
         """Elements of the control vector at the end of a predicted round's buffer, at most."""
@@ -1255,7 +1293,7 @@ class Engine:
         if not entries or None in entries:
             return None
         names = [e.name for e in entries]
-        local = _Spec(slots, names, [0] * len(names), None, 1.0, 1.0, False, piggyback=False)
+        local = _Spec(slots, names, [0] * len(names), None, 1.0, 1.0, False, piggyback=False, bits=bits)
         units = self._plan(entries)
         if len(units) != 1 or type(units[0]) is not _FusedGroup or len(units[0].resps) != len(entries):
             return local
@@ -1269,14 +1307,14 @@ class Engine:
             # a lone tensor with spare room after it: reduced in place, the control vector in
             # the room (see _spec_collective for why a miss loses nothing)
             return _Spec(slots, unit.names, unit.sizes, getattr(torch, key[1]), key[7], key[8],
-                         ReduceOp(key[4]) == ReduceOp.Average, inplace=True)
+                         ReduceOp(key[4]) == ReduceOp.Average, inplace=True, bits=bits)
         if len(unit.names) == 1 and unit.nbytes > SPEC_SINGLE_MAX_BYTES:
             # a lone tensor is reduced in place by a normal round; riding along with the
             # negotiation would copy it in and out of the fusion buffer, which costs more
             # than the negotiation's own small collective
             return local
         return _Spec(slots, unit.names, unit.sizes, getattr(torch, key[1]), key[7], key[8],
-                     ReduceOp(key[4]) == ReduceOp.Average)
+                     ReduceOp(key[4]) == ReduceOp.Average, bits=bits)
 
     def _after_round(self, t0: float, progressed: bool, evicted: bool) -> bool:
         """Decide, identically on every rank, whether another round follows (True) or the
@@ -1830,6 +1868,8 @@ class Engine:
         raise CollectiveError(f"unknown collective kind {kind!r}")
 
 
+_I32_MAX = int(np.iinfo(np.int32).max)
+_MISS, _HIT, _PURE_HIT = range(3)  # outcomes of Engine._spec_collective
 _NO_CLAIM, _OFFERED, _CLAIMED, _RAN = range(4)  # a predicted round offered to a blocking caller
 
 
@@ -1838,11 +1878,12 @@ class _Spec:
     (see Engine._make_spec for the three kinds)."""
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
-                 "average", "offsets", "_parts", "unclaimed", "skipped", "piggyback", "inplace")
+                 "average", "offsets", "_parts", "unclaimed", "skipped", "piggyback", "inplace", "bits")
 
     def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype | None,
                  prescale: float, postscale: float, average: bool, piggyback: bool = True,
-                 inplace: bool = False) -> None:
+                 inplace: bool = False, bits: bytes = b"") -> None:
+        self.bits = bits  # the cached-response bits of the round predicted
         self.piggyback = piggyback  # False: only waited for locally, then a normal round
         self.inplace = inplace  # one tensor with room: reduced in place (Engine._spec_collective)
         self.slots = slots

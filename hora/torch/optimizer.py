@@ -239,8 +239,8 @@ class _DistributedMixin:
                 self._hora_hooks.append(p.register_hook(self._hora_guard(slot)))
                 self._hora_hooks.append(p.register_post_accumulate_grad_hook(partial(self._hora_on_grad, slot)))
         # Buckets: consecutive parameters in reverse registration order (roughly the order
-        # backward produces their gradients), the first up to 1 MiB, the others up to
-        # cap_bytes; a bucket is submitted when all its gradients are ready and the engine
+        # backward produces their gradients), the first up to first_bytes, the others up
+        # to cap_bytes; a bucket is submitted when all its gradients are ready and the engine
         # is told it is complete, so each bucket is negotiated and reduced while backward
         # computes the next ones. With gradient_as_bucket_view a bucket holds parameters
         # of one dtype and device only, and owns one flat buffer that their .grad are

@@ -253,6 +253,8 @@ def test_rounds_in_place_in_spare_room_survive_a_misprediction(size):
         assert s.get("speculation_misses", 0) >= 1, s
         assert s["speculation_hits"] >= steady["speculation_hits"] + 4, s
         assert s.get("fused_batches", 0) == steady.get("fused_batches", 0)  # in place: no fusion buffer
+        # a hit with nothing else going on anywhere ends the round without decoding the rest
+        assert steady.get("speculation_alone", 0) == steady["speculation_hits"], steady
         assert "room_elements() = " in o["refused"], o["refused"]
 
 

@@ -692,7 +692,8 @@ def room_rounds_survive_a_misprediction(steps: int) -> dict[str, Any]:
     in place by predicted rounds; then a step in which the last rank runs another op
     first, so the other ranks hold the prediction and it does not: the round misses
     after the holders have already summed their tensors in place, and the results must
-    still be exact. Then steady again. Also: a room that is too small is refused."""
+    still be exact. Then steady again, twice with another op submitted alongside (the
+    round is then no longer "alone"). Also: a room that is too small is refused."""
     import hora.native as hn
     from hora.errors import ConfigError
     from hora.native import ops
@@ -704,10 +705,13 @@ def room_rounds_survive_a_misprediction(steps: int) -> dict[str, Any]:
     rooms = {op: torch.empty(numel + extra) for op in ("avg", "sum")}
     fails: list[str] = []
 
-    def step(i: int, late: bool) -> None:
+    def step(i: int, late: bool, extra: bool = False) -> None:
         for op, room in rooms.items():  # one round each
             room[:numel] = torch.arange(numel, dtype=torch.float32) + float(r + i)
             late_here = late and op == "avg"
+            if extra and op == "sum":  # ready with the prediction: the round is not "alone"
+                x = torch.full((5,), float(r))
+                hx = hn.allreduce_async_(x, op=hn.Sum, name="room.extra")
             if late_here and r == n - 1:
                 hn.allreduce(torch.ones(3), op=hn.Sum, name="room.other")  # blocks until all ran it
             h = ops.bucket_allreduce_async_(room, numel, op=hn.Average if op == "avg" else hn.Sum,
@@ -715,6 +719,10 @@ def room_rounds_survive_a_misprediction(steps: int) -> dict[str, Any]:
             if late_here and r != n - 1:
                 hn.allreduce(torch.ones(3), op=hn.Sum, name="room.other")
             h.synchronize()
+            if extra and op == "sum":
+                hx.synchronize()
+                if not torch.equal(x, torch.full((5,), float(sum(range(n))))):
+                    fails.append(f"step {i} extra: {x.tolist()}")
         base = torch.arange(numel, dtype=torch.float32)
         want_sum = base * n + float(sum(q + i for q in range(n)))
         for op, want in (("sum", want_sum), ("avg", want_sum / n)):
@@ -727,7 +735,7 @@ def room_rounds_survive_a_misprediction(steps: int) -> dict[str, Any]:
     steady = hn.engine_stats()
     step(steps, late=True)
     for i in range(steps + 1, 2 * steps + 1):
-        step(i, late=False)
+        step(i, late=False, extra=i in (steps + 2, steps + 3))
     s = hn.engine_stats()
     try:
         ops.bucket_allreduce_async_(torch.empty(numel + extra - 1), numel, name="room.small")
