@@ -1040,7 +1040,8 @@ class Engine:
     # it is reduced in place instead (ranks without it send zeros); after a miss the ranks
     # that held it keep the partial sum on the lowest of them and zeros on the others, so
     # nothing is lost. Any other predicted round is only waited for locally, then
-    # negotiated as a normal round.
+    # negotiated as a normal round. When every rank had nothing but the prediction (one
+    # more count in the tail), a hit ends the round at once (Engine._end_pure_round).
     SPEC_MIN_HITS = 2
 
     def _gather_predicted(self, spec: _Spec, t0: float, tl0: float) -> bool:
