@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -557,6 +558,20 @@ def process_set_repeated_and_early_shutdown(steps: int) -> dict:
     return out
 
 
+def _steady_disrupted_steady(step: Callable[[int, bool], None], steps: int) -> tuple[dict, dict]:
+    """``steps`` steady steps, one disrupted step (``step(i, True)``), ``steps`` more; the
+    engine stats after the first steady ones and at the end."""
+    import hora.native as hn
+
+    for i in range(steps):
+        step(i, False)
+    steady = hn.engine_stats()
+    step(steps, True)
+    for i in range(steps + 1, 2 * steps + 1):
+        step(i, False)
+    return steady, hn.engine_stats()
+
+
 def speculation_job(steps: int) -> dict[str, Any]:
     """Steady rounds of a fused Average (float32) and a fused Sum (float64), then a step in
     which rank 1 submits the predicted set in pieces (blocking in between): the round is
@@ -590,13 +605,7 @@ def speculation_job(steps: int) -> dict[str, Any]:
             if not torch.equal(t, torch.full((7,), want, dtype=torch.float64)):
                 fails.append(f"step {i} b.{k}: {t[:3].tolist()} != {want}")
 
-    for i in range(steps):
-        step(i, split=False)
-    steady = hn.engine_stats()
-    step(steps, split=True)
-    for i in range(steps + 1, 2 * steps + 1):
-        step(i, split=False)
-    s = hn.engine_stats()
+    steady, s = _steady_disrupted_steady(step, steps)
     hn.shutdown()
     return {"fails": fails, "steady": steady, "stats": s}
 
@@ -705,7 +714,8 @@ def room_rounds_survive_a_misprediction(steps: int) -> dict[str, Any]:
     rooms = {op: torch.empty(numel + extra) for op in ("avg", "sum")}
     fails: list[str] = []
 
-    def step(i: int, late: bool, extra: bool = False) -> None:
+    def step(i: int, late: bool) -> None:
+        extra = i in (steps + 2, steps + 3)
         for op, room in rooms.items():  # one round each
             room[:numel] = torch.arange(numel, dtype=torch.float32) + float(r + i)
             late_here = late and op == "avg"
@@ -730,13 +740,7 @@ def room_rounds_survive_a_misprediction(steps: int) -> dict[str, Any]:
             if not torch.equal(got, want):
                 fails.append(f"step {i} {op}: {got[:3].tolist()} != {want[:3].tolist()}")
 
-    for i in range(steps):
-        step(i, late=False)
-    steady = hn.engine_stats()
-    step(steps, late=True)
-    for i in range(steps + 1, 2 * steps + 1):
-        step(i, late=False, extra=i in (steps + 2, steps + 3))
-    s = hn.engine_stats()
+    steady, s = _steady_disrupted_steady(step, steps)
     try:
         ops.bucket_allreduce_async_(torch.empty(numel + extra - 1), numel, name="room.small")
         refused = ""
