@@ -8,7 +8,8 @@ head, batch 64 per rank, SGD, one torch thread per rank. Throughput is samples/s
 over ranks: ``np * batch * steps / wall time`` of the measured steps, after warm-up steps,
 timed between two barriers on rank 0. Each configuration runs ``--rounds`` times,
 interleaved so that machine noise hits all of them alike; the table shows the median and
-ratios against DDP and against one process. The last column is the CPU time per step
+ratios against DDP (of the medians, and the median of each round's ratio to the DDP run
+of the same round) and against one process. The last column is the CPU time per step
 of one rank's process, all its threads together (compute, hora's engine thread, Gloo's
 threads): on a machine shared with other work it shows the cost that wall time hides.
 
@@ -240,13 +241,19 @@ def main() -> int:
     labels.update({c: f"hora, HORA_CYCLE_TIME={c.split('@')[1]} ms ({args.np} ranks)" for c in configs if "@" in c})
     print(f"\nMLP {DEPTH}x Linear({WIDTH},{WIDTH}), batch {BATCH}/rank, 1 thread/rank, "
           f"{args.steps} steps x {args.rounds} rounds (median)\n")
-    print("| configuration | samples/s (sum over ranks) | runs | vs DDP | vs one process | CPU ms/step/rank |")
-    print("|---|---:|---|---:|---:|---:|")
+    print("| configuration | samples/s (sum over ranks) | runs | vs DDP | vs DDP, paired | vs one process "
+          "| CPU ms/step/rank |")
+    print("|---|---:|---|---:|---:|---:|---:|")
     for c in configs:
         vs_ddp = f"{med[c] / med['ddp']:.2f}x" if "ddp" in med else "-"
+        # the median of each round's ratio to the DDP run of the same round: the rounds are
+        # interleaved, so a slow drift of the machine cancels out
+        paired = (f"{statistics.median(a / b for a, b in zip(runs[c], runs['ddp'])):.2f}x"
+                  if "ddp" in runs else "-")
         vs_one = f"{med[c] / med['single']:.2f}x" if "single" in med else "-"
         runs_s = ", ".join(f"{v / 1000:.1f}k" for v in runs[c])
-        print(f"| {labels[c]} | {med[c]:,.0f} | {runs_s} | {vs_ddp} | {vs_one} | {statistics.median(cpu[c]):.1f} |")
+        print(f"| {labels[c]} | {med[c]:,.0f} | {runs_s} | {vs_ddp} | {paired} | {vs_one} "
+              f"| {statistics.median(cpu[c]):.1f} |")
     return 0
 
 
