@@ -695,8 +695,9 @@ class Engine:
         return any(not h._done for h in self._blocked)
 
     def room_elements(self) -> int:
-        """Spare elements a tensor's ``room`` needs after it (the largest control tail)."""
-        return 2 * self.cache.capacity + 8 + self.size
+        """Spare elements a tensor's ``room`` needs after it: the largest control tail, and
+        one "holds it" count per rank (see :meth:`_spec_collective`)."""
+        return self._tail_size() + self.size
 
     def supports_device(self, device: str) -> bool:
         """Whether tensors on ``device`` ("cpu", "cuda") can be communicated."""

@@ -141,6 +141,13 @@ def _first_difference(mine: list[Any] | None, theirs: list[Any] | None) -> str:
     return "they differ"  # unreachable for unequal lists; kept total
 
 
+def _sparse_error(name: str) -> ConfigError:
+    return ConfigError(
+        f"parameter {name!r} has a sparse gradient; hora reduces dense gradients only (use a "
+        "dense embedding, sparse=False)"
+    )
+
+
 class _Slot:
     """A reduced parameter's state, reached from its hooks without hashing the tensor."""
 
@@ -367,10 +374,7 @@ class _DistributedMixin:
             view.zero_()
         else:
             if grad.is_sparse:
-                raise ConfigError(
-                    f"parameter {s.name!r} has a sparse gradient; hora reduces dense "
-                    "gradients only (use a dense embedding, sparse=False)"
-                )
+                raise _sparse_error(s.name)
             if fold:
                 torch.mul(grad, fold, out=view)
             else:
@@ -410,15 +414,7 @@ class _DistributedMixin:
             self._hora_handles[b] = _ops.bucket_allreduce_async_(
                 flat, self._hora_numel[b], op=op, name=name, postscale_factor=self._hora_postscale)
             return
-        self._hora_handles[b] = _hn.allreduce_async_(
-            flat[: self._hora_numel[b]],
-            op=self._hora_op,
-            name=name,
-            prescale_factor=self._hora_prescale,
-            postscale_factor=self._hora_postscale,
-            process_set=self._hora_process_set,
-            compression=self._hora_compression,
-        )
+        self._hora_handles[b] = self._hora_allreduce(flat[: self._hora_numel[b]], name)
 
     def _hora_check_layout(self) -> None:
         """Once, before the first flat bucket is reduced: every rank must pack the same
@@ -460,15 +456,17 @@ class _DistributedMixin:
             p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
         grad = p.grad
         if grad.is_sparse:
-            raise ConfigError(
-                f"parameter {self._hora_names[p]!r} has a sparse gradient; hora reduces dense "
-                "gradients only (use a dense embedding, sparse=False)"
-            )
+            raise _sparse_error(self._hora_names[p])
         # The engine fuses ready gradients and applies the compressor to the fused buffer.
+        return self._hora_allreduce(grad, _GRAD_PREFIX + self._hora_names[p])
+
+    def _hora_allreduce(self, tensor: torch.Tensor, name: str) -> Any:
+        """The in-place allreduce of a gradient or a flat bucket, with this optimizer's
+        op, scaling, process set and compression."""
         return _hn.allreduce_async_(
-            grad,
+            tensor,
             op=self._hora_op,
-            name=_GRAD_PREFIX + self._hora_names[p],
+            name=name,
             prescale_factor=self._hora_prescale,
             postscale_factor=self._hora_postscale,
             process_set=self._hora_process_set,
@@ -593,10 +591,11 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
             any parameter is on a GPU, where the reduction of the last layers then
             overlaps the rest of backward at no cost; ``bucket_cap_mb`` when all are on
             the CPU, where the reduction runs on the cores backward computes on, so an
-            early small bucket buys no overlap, only one more round per step (measured
-            on bench_ddp's MLP, 2 ranks on 2 cores: 0.93 x DDP with a 1 MiB first
-            bucket, 1.03 x with one bucket; DDP itself gains the same 4% from one
-            bucket). A bigger model still gets several buckets that overlap.
+            early small bucket buys no overlap, only one more round per step (bench_ddp's
+            MLP, 2 ranks on 2 cores, benchmarks/README.md: 0.93 x DDP with a 1 MiB first
+            bucket against 1.03 x with one in one run, 0.97 against 0.98 in another; DDP
+            itself is as fast or faster with one bucket). A bigger model still gets
+            several buckets that overlap.
 
     Raises:
         ConfigError: bad ``named_parameters`` (duplicate names, a parameter missing),
