@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.native import workers
 from tests.spawn_util import run_ranks
@@ -218,6 +219,20 @@ def test_a_caller_blocking_on_a_handle_runs_the_predicted_round_itself():
         assert o["fails"] == []
         assert o["stats"].get("speculation_hits", 0) >= 4, o["stats"]
         assert o["stats"].get("rounds_run_by_caller", 0) >= 4, o["stats"]
+
+
+@pytest.mark.timeout(10)
+def test_an_unclaimed_round_stops_being_offered_and_is_offered_again_later():
+    from hora.native.engine import _Spec
+
+    spec = _Spec([0], ["x"], [4], torch.float32, 1.0, 1.0, False)
+    assert spec.should_offer()
+    spec.unclaimed = 2  # two offers in a row nobody took
+    asked = [spec.should_offer() for _ in range(16)]
+    assert asked == [False] * 16  # the engine thread runs it at once meanwhile
+    assert spec.should_offer()  # the 17th: offered again (the caller may have sped up)
+    spec.unclaimed = 0  # a claim resets the count
+    assert spec.should_offer()
 
 
 @pytest.mark.timeout(120)
