@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int16", "int32", "int64"]
 
 
 def _tol(dtype: torch.dtype) -> dict[str, float]:

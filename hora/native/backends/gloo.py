@@ -29,6 +29,13 @@ _TORCH_OPS = {
     ReduceOp.Product: dist.ReduceOp.PRODUCT,
 }
 
+_GLOO_NO_REDUCE = frozenset({torch.int16})  # "Invalid scalar type" (torch 2.13)
+
+
+def _movable(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a dtype Gloo moves: int16 travels as float16 bits (moved, never computed on)."""
+    return t.view(torch.float16) if t.dtype == torch.int16 else t
+
 
 def torch_reduce_op(op: ReduceOp) -> Any:
     try:
@@ -100,6 +107,9 @@ class GlooBackend(Backend):
             ) from exc
         return group
 
+    def supports_reduce(self, dtype: torch.dtype, op: ReduceOp) -> bool:
+        return dtype not in _GLOO_NO_REDUCE
+
     def new_group(self, ranks: Sequence[int], group_id: int) -> Group:
         return self._make_group(ranks, f"ps{group_id}")
 
@@ -119,19 +129,20 @@ class GlooBackend(Backend):
         self._wait(group.handle.allreduce([buf], opts), "allreduce", group)
 
     def allgather(self, out: torch.Tensor, inp: torch.Tensor, group: Group) -> None:
-        self._wait(group.handle._allgather_base(out, inp), "allgather", group)
+        self._wait(group.handle._allgather_base(_movable(out), _movable(inp)), "allgather", group)
 
     def broadcast(self, buf: torch.Tensor, root: int, group: Group) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = root
         opts.rootTensor = 0
-        self._wait(group.handle.broadcast([buf], opts), "broadcast", group)
+        self._wait(group.handle.broadcast([_movable(buf)], opts), "broadcast", group)
 
     def alltoall(
         self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group
     ) -> None:
         opts = dist.AllToAllOptions()
-        self._wait(group.handle.alltoall_base(out, inp, list(out_splits), list(in_splits), opts), "alltoall", group)
+        self._wait(group.handle.alltoall_base(_movable(out), _movable(inp), list(out_splits), list(in_splits), opts),
+                   "alltoall", group)
 
     def reducescatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp, group: Group) -> None:
         opts = dist.ReduceScatterOptions()
