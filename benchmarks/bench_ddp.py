@@ -15,6 +15,7 @@ threads): on a machine shared with other work it shows the cost that wall time h
 
 ``--only NAME`` (repeatable) picks configurations; besides the default three (single,
 ddp, hora) there are variants of each side, so a difference can be traced to its cause:
+hora-gloo (allreduce through Gloo's TCP loopback, as DDP's, instead of shared memory),
 hora-nospec (no predicted rounds), hora-first-1mb (DDP's small first bucket),
 hora-by-name (gradients matched by name, Horovod style), ddp-one-bucket and ddp-view
 (DDP's gradient_as_bucket_view=True).
@@ -196,6 +197,8 @@ CONFIGS: dict[str, tuple[str, Any, dict[str, str]]] = {
     "single": ("one process", None, {}),
     "ddp": ("torch DDP gloo", _ddp_worker, {}),
     "hora": ("hora DistributedOptimizer", _hora_worker, {}),
+    "hora-gloo": ("hora, HORA_SHM_ALLREDUCE=0 (Gloo over loopback, as DDP)", _hora_worker,
+                  {"HORA_SHM_ALLREDUCE": "0"}),
     "hora-nospec": ("hora, HORA_SPECULATE=0", _hora_worker, {"HORA_SPECULATE": "0"}),
     "hora-first-1mb": ("hora, first_bucket_mb=1 (DDP's first bucket)", _hora_worker,
                        {"BENCH_HORA_FIRST_BUCKET_MB": "1"}),

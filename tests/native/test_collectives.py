@@ -12,9 +12,9 @@ from tests.spawn_util import run_ranks
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("size", [2, 3])
-def test_every_op_every_dtype_every_reduction_torch(size):
-    fails = run_ranks(workers.all_ops_all_dtypes, size, timeout=140)
+@pytest.mark.parametrize("size,shm", [(2, "1"), (3, "1"), (2, "0")])  # shm 0: allreduce over Gloo's TCP too
+def test_every_op_every_dtype_every_reduction_torch(size, shm):
+    fails = run_ranks(workers.all_ops_all_dtypes, size, env={"HORA_SHM_ALLREDUCE": shm}, timeout=140)
     assert fails == [[]] * size, fails
 
 

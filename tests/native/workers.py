@@ -775,3 +775,81 @@ def end_burst_negotiates_at_once() -> dict[str, Any]:
         hn.barrier()
     hn.shutdown()
     return out
+
+
+def shm_backend_job(mode: str) -> dict[str, Any]:
+    """The Gloo backend's shared-memory allreduce, driven directly (no engine).
+
+    mode "values": every dtype and reduce op at sizes around the chunk and piece
+    boundaries, against the exact result and against Gloo's; "late": rank 1 never calls,
+    rank 0 must fail naming it; "gone": rank 1 closes its end, rank 0 must fail at once.
+    """
+    from hora.errors import CollectiveError
+    from hora.native.backends import create_backend
+    from hora.native.backends.base import ReduceOp
+    from hora.native.backends.shm import DTYPES as SHM_DTYPES
+
+    be, _, closers = create_backend()
+    try:
+        r, n = be.rank, be.size
+        shm = be.world.shm
+        out: dict[str, Any] = {"shm": shm is not None}
+        if mode == "values":
+            fails: list[str] = []
+            ops = {ReduceOp.Sum: lambda v: v.sum(0), ReduceOp.Min: lambda v: v.min(0).values,
+                   ReduceOp.Max: lambda v: v.max(0).values, ReduceOp.Product: lambda v: v.prod(0)}
+            for dtype in sorted(SHM_DTYPES, key=str):
+                if shm is None and not be.supports_reduce(dtype, ReduceOp.Sum):
+                    continue  # Gloo alone cannot (the engine upcasts those)
+                for op, ref in ops.items():
+                    for numel in (0, 1, 7, 1000, 100_003):
+                        # small integers 1..4: every result is exact in every dtype
+                        vals = torch.stack([(torch.arange(numel, dtype=torch.float64) * (k + 1) + k) % 4 + 1
+                                            for k in range(n)])
+                        mine = vals[r].to(dtype, copy=True)
+                        via_gloo = mine.clone()
+                        be.allreduce(mine, op, be.world)
+                        want = ref(vals).to(dtype)
+                        if not torch.equal(mine, want):
+                            fails.append(f"{dtype} {op!r} {numel}: wrong values")
+                        if dtype == torch.int16:  # Gloo has no int16 reduction
+                            continue
+                        be._gloo_allreduce(via_gloo, op, be.world)
+                        if not torch.equal(mine, via_gloo):
+                            fails.append(f"{dtype} {op!r} {numel}: differs from Gloo")
+            out["fails"] = fails
+            out["pieces"] = shm.pieces if shm else 0
+            be.barrier(be.world)  # every member is long past its set-up
+            out["left_in_dev_shm"] = [f for p in (shm.paths if shm else []) for f in (p, p + ".sock")
+                                      if os.path.exists(f)]
+        elif mode == "late":
+            if r == 0:
+                t0 = time.monotonic()
+                try:
+                    be.allreduce(torch.ones(10), ReduceOp.Sum, be.world)
+                    out["error"] = None
+                except CollectiveError as exc:
+                    out["error"] = str(exc)
+                out["waited"] = time.monotonic() - t0
+            else:
+                time.sleep(float(os.environ["HORA_COLLECTIVE_TIMEOUT"]) + 3)
+        elif mode == "gone":
+            if r == 1:
+                shm.close()  # as a process that died: the kernel closes its sockets
+            else:
+                time.sleep(0.5)
+                try:
+                    be.allreduce(torch.ones(10), ReduceOp.Sum, be.world)
+                    out["error"] = None
+                except CollectiveError as exc:
+                    out["error"] = str(exc)
+                try:  # and every later call says so too, instead of reading stale bytes
+                    be.allreduce(torch.ones(10), ReduceOp.Sum, be.world)
+                    out["again"] = None
+                except CollectiveError as exc:
+                    out["again"] = str(exc)
+        return out
+    finally:
+        be.shutdown()
+        for c in closers:
+            c.close()

@@ -49,6 +49,7 @@ class Group:
         self.rank = self.ranks.index(my_global_rank) if my_global_rank in self.ranks else None
         self.size = len(self.ranks)
         self.handle = handle
+        self.shm: Any = None  # a ShmReducer when every member shares this host (Gloo)
 
     @property
     def is_member(self) -> bool:

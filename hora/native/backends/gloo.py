@@ -5,6 +5,10 @@ hora does not touch torch.distributed's default group: it builds its own
 publishes through the job's authenticated rendezvous store. The Gloo device is bound to
 the worker's advertised address (``HORA_HOSTNAME``), never to whatever the machine's
 hostname resolves to.
+
+Allreduce among ranks that share one host goes through shared memory instead of Gloo's
+TCP loopback (:mod:`hora.native.backends.shm`; ``HORA_SHM_ALLREDUCE=0`` turns it off):
+4-5x less CPU per byte, which a CPU-bound training job gets back as compute time.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch.distributed as dist
 
 from hora.errors import CollectiveError, RendezvousError
 from hora.native.backends.base import Backend, Group, ReduceOp, StoreWaker, Waker
+from hora.native.backends.shm import ShmReducer
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +75,8 @@ def make_stores(rank: int, size: int, hostname: str, kv: Any, key: str, timeout:
 
 
 class GlooBackend(Backend):
-    """Collectives on CPU tensors through ProcessGroupGloo."""
+    """Collectives on CPU tensors through ProcessGroupGloo (allreduce of host-local groups
+    through shared memory)."""
 
     name = "gloo"
 
@@ -105,15 +111,21 @@ class GlooBackend(Backend):
             raise CollectiveError(
                 f"rank {self.rank}: cannot connect Gloo group {tag} of ranks {list(ranks)}: {exc}"
             ) from exc
+        group.shm = ShmReducer.connect(group, dist.PrefixStore(f"hora/shm/{tag}/", self._store),
+                                       lambda flag: self._gloo_allreduce(flag, ReduceOp.Sum, group),
+                                       self._timeout.total_seconds())
         return group
 
     def supports_reduce(self, dtype: torch.dtype, op: ReduceOp) -> bool:
-        return dtype not in _GLOO_NO_REDUCE
+        return dtype not in _GLOO_NO_REDUCE  # shared memory could, but a group may not have it
 
     def new_group(self, ranks: Sequence[int], group_id: int) -> Group:
         return self._make_group(ranks, f"ps{group_id}")
 
     def destroy_group(self, group: Group) -> None:
+        if group.shm is not None:
+            group.shm.close()
+            group.shm = None
         group.handle = None
 
     @staticmethod
@@ -124,6 +136,15 @@ class GlooBackend(Backend):
             raise CollectiveError(f"gloo {what} over ranks {group.ranks} failed: {exc}") from exc
 
     def allreduce(self, buf: torch.Tensor, op: ReduceOp, group: Group) -> None:
+        """Through shared memory when every member is on this host (see
+        :mod:`hora.native.backends.shm`), else through Gloo."""
+        shm = group.shm
+        if shm is not None and shm.supports(buf, op):
+            shm.allreduce(buf, op)
+        else:
+            self._gloo_allreduce(buf, op, group)
+
+    def _gloo_allreduce(self, buf: torch.Tensor, op: ReduceOp, group: Group) -> None:
         opts = dist.AllreduceOptions()
         opts.reduceOp = torch_reduce_op(op)
         self._wait(group.handle.allreduce([buf], opts), "allreduce", group)
@@ -156,6 +177,6 @@ class GlooBackend(Backend):
         return StoreWaker(self._store, self._wait_store, self.rank, self.size)
 
     def shutdown(self) -> None:
-        self.world.handle = None
+        self.destroy_group(self.world)
         self._wait_store = None
         self._store = None

@@ -1,0 +1,57 @@
+"""The Gloo backend's shared-memory allreduce for ranks on one host (real processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hora.errors import ConfigError
+from tests.native import workers
+from tests.spawn_util import run_ranks
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("size,buffer_mb", [(2, "8"), (3, "0.001")])  # 0.001: 1 KiB pieces
+def test_values_equal_the_exact_result_and_gloos(size, buffer_mb):
+    outs = run_ranks(workers.shm_backend_job, size, args=("values",), env={"HORA_SHM_BUFFER_MB": buffer_mb},
+                     timeout=140)
+    for r, o in enumerate(outs):
+        assert o["shm"], r
+        assert o["fails"] == [], (r, o["fails"][:10])
+        assert o["left_in_dev_shm"] == [], (r, o["left_in_dev_shm"])
+    if buffer_mb == "0.001":  # big tensors really went through in many pieces
+        assert outs[0]["pieces"] > 1000, outs[0]["pieces"]
+
+
+@pytest.mark.timeout(120)
+def test_one_rank_without_shared_memory_makes_every_rank_use_gloo():
+    outs = run_ranks(workers.shm_backend_job, 2, args=("values",), rank_env={1: {"HORA_SHM_ALLREDUCE": "0"}},
+                     timeout=110)
+    assert [o["shm"] for o in outs] == [False, False]
+    assert [o["fails"] for o in outs] == [[], []]
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_never_arrives_is_named_after_the_timeout():
+    outs = run_ranks(workers.shm_backend_job, 2, args=("late",), env={"HORA_COLLECTIVE_TIMEOUT": "4"}, timeout=110)
+    err = outs[0]["error"]
+    assert err is not None and "rank 1 did not arrive within 4s" in err, err
+    assert 3.5 < outs[0]["waited"] < 30
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_is_gone_is_named_at_once_and_later_calls_fail_too():
+    outs = run_ranks(workers.shm_backend_job, 2, args=("gone",), timeout=110)
+    err = outs[0]["error"]
+    assert err is not None and "rank 1 closed its connection" in err, err
+    assert outs[0]["again"] is not None and "earlier shared-memory allreduce failed" in outs[0]["again"]
+
+
+def test_bad_settings_are_config_errors(monkeypatch):
+    from hora.native.backends import shm
+
+    monkeypatch.setenv("HORA_SHM_ALLREDUCE", "maybe")
+    with pytest.raises(ConfigError, match="HORA_SHM_ALLREDUCE"):
+        shm.enabled()
+    monkeypatch.setenv("HORA_SHM_BUFFER_MB", "-1")
+    with pytest.raises(ConfigError, match="HORA_SHM_BUFFER_MB"):
+        shm.buffer_bytes()
