@@ -179,7 +179,7 @@ class ShmReducer:
             self._listener.bind(socks[g])
             os.chmod(socks[g], 0o600)
             self._listener.listen(size)
-        except OSError as exc:
+        except Exception as exc:  # OSError; AttributeError where os lacks posix_fallocate
             log.info("rank %d: cannot create a shared-memory segment in %s: %s", self.group.ranks[g], SHM_DIR, exc)
             ok = False
         if not self._vote(store, "made", ok, td):
@@ -194,7 +194,7 @@ class ShmReducer:
                         self._maps[p] = mmap.mmap(fd, 2 * self.half)
                     finally:
                         os.close(fd)
-        except OSError as exc:  # another host, another /dev/shm
+        except Exception as exc:  # another host, another /dev/shm
             log.info("rank %d: cannot map the segments of ranks %s: %s", self.group.ranks[g], self.group.ranks, exc)
             ok = False
         if not self._vote(store, "mapped", ok, td):
