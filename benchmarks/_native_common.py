@@ -85,4 +85,7 @@ def machine_note() -> str:
         load = os.getloadavg()[0]
     except OSError:
         load = float("nan")
-    return f"{os.cpu_count()} CPUs, load average {load:.2f} at start"
+    shm = os.environ.get("HORA_SHM_ALLREDUCE", "1").strip().lower() not in ("0", "false", "no", "off")
+    transport = ("hora's allreduce through shared memory, baselines through Gloo" if shm
+                 else "hora's allreduce through Gloo too (HORA_SHM_ALLREDUCE=0)")
+    return f"{os.cpu_count()} CPUs, load average {load:.2f} at start; {transport}"

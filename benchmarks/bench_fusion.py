@@ -101,7 +101,7 @@ def main() -> None:
         ("hora first step (everything negotiated by name)", ms(r["hora_first_step"]),
          f"{r['hora_first_step'] / hand:.2f}"),
     ]
-    print(f"## bench_fusion: {a.tensors} x {a.numel * 4 // 1024} KiB float32, 2 ranks, Gloo loopback ({note})\n")
+    print(f"## bench_fusion: {a.tensors} x {a.numel * 4 // 1024} KiB float32, 2 ranks, loopback ({note})\n")
     print(table(rows, ("variant", "ms per step (median)", "x hand-fused")))
     print()
     tight_c = r["tight_c"]
