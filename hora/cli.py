@@ -529,6 +529,9 @@ def check_report() -> list[tuple[str, str, bool, str]]:
             nccl = bool(dist.is_available() and dist.is_nccl_available())
             add("backends", "nccl", nccl and n > 0,
                 f"{n} CUDA device(s)" + ("" if nccl else ", torch built without NCCL"))
+            from hora.native.backends.shm import availability
+
+            add("backends", "shm", *availability())
         except Exception as exc:  # a broken torch install must not break `hora check`
             add("backends", "gloo", False, f"torch.distributed unusable: {exc}")
     else:

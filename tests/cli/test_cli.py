@@ -161,6 +161,7 @@ def test_python_dash_m_hora_check_lists_what_is_usable():
 
     assert f"[x] torch              {torch.__version__}" in res.stdout
     assert "[x] gloo" in res.stdout
+    assert "[x] shm" in res.stdout and "/dev/shm" in res.stdout  # this machine has a writable /dev/shm
     assert "pyspark" in res.stdout and "dask/distributed" in res.stdout
     assert "[x] file://" in res.stdout
 

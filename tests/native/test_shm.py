@@ -56,6 +56,7 @@ def test_a_rank_that_is_gone_is_named_at_once_and_later_calls_fail_too():
     assert outs[0]["again"] is not None and "earlier shared-memory allreduce failed" in outs[0]["again"]
 
 
+@pytest.mark.timeout(30)
 def test_bad_settings_are_config_errors(monkeypatch):
     from hora.native.backends import shm
 
@@ -65,3 +66,39 @@ def test_bad_settings_are_config_errors(monkeypatch):
     monkeypatch.setenv("HORA_SHM_BUFFER_MB", "-1")
     with pytest.raises(ConfigError, match="HORA_SHM_BUFFER_MB"):
         shm.buffer_bytes()
+
+
+@pytest.mark.timeout(30)
+def test_segments_of_dead_processes_are_swept_and_nothing_else(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from hora.native.backends import shm
+
+    monkeypatch.setattr(shm, "SHM_DIR", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tok = "0123456789abcdef" * 2
+        names = {
+            f"hora-{tok}-0-{dead.pid}": False,  # old, its process gone: swept
+            f"hora-{tok}-0-{dead.pid}.sock": False,
+            f"hora-{tok}-1-{live.pid}": True,  # its process lives
+            f"hora-{tok}-2-{dead.pid}-x": True,  # not a hora name
+            "other-file": True,
+        }
+        old = time.time() - 3600
+        for n in names:
+            (tmp_path / n).write_bytes(b"x")
+            os.utime(tmp_path / n, (old, old))
+        fresh = tmp_path / f"hora-{tok}-3-{dead.pid}"  # its process gone, but too recent
+        fresh.write_bytes(b"x")
+        shm._sweep_stale(600.0)
+        assert {n: (tmp_path / n).exists() for n in names} == names
+        assert fresh.exists()
+    finally:
+        live.kill()
+        live.wait()

@@ -39,9 +39,11 @@ import datetime
 import logging
 import mmap
 import os
+import re
 import secrets
 import socket
 import struct
+import time
 from typing import Any
 
 import torch
@@ -94,6 +96,22 @@ def buffer_bytes() -> int:
 
     mb = env_float(ENV_SHM_BUFFER_MB, DEFAULT_BUFFER_MB)
     return max(_ALIGN, int(mb * (1 << 20)) // _ALIGN * _ALIGN)
+
+
+def availability() -> tuple[bool, str]:
+    """Whether this host can give ranks a shared-memory allreduce, and why (``hora check``)."""
+    try:
+        if not enabled():
+            return False, f"off ({ENV_SHM}=0)"
+        need = 2 * buffer_bytes()
+    except ConfigError as exc:
+        return False, str(exc)
+    if not (os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)):
+        return False, f"{SHM_DIR} is missing or not writable: ranks on one host use Gloo"
+    st = os.statvfs(SHM_DIR)
+    free = st.f_bavail * st.f_frsize
+    return free >= need, (f"{SHM_DIR}, {free / (1 << 30):.1f} GiB free, {need >> 20} MiB per rank and group "
+                          "(allreduce between ranks on one host)")
 
 
 class ShmReducer:
@@ -162,13 +180,17 @@ class ShmReducer:
             store.set("token", secrets.token_hex(16))
         store.wait(["token"], td)
         token = store.get("token").decode()
-        name = os.path.join(SHM_DIR, f"hora-{token}-{{}}")
-        self.paths = [name.format(p) for p in range(size)]
-        socks = [name.format(p) + ".sock" for p in range(size)]
-        self._files += [self.paths[g], socks[g]]
+        # the creator's pid is in the name, so a segment left by a killed process can be
+        # told from a live one and swept (see _sweep_stale)
+        def path_of(p: int, pid: int) -> str:
+            return os.path.join(SHM_DIR, f"hora-{token}-{p}-{pid}")
+
+        mine = path_of(g, os.getpid())
+        self._files += [mine, mine + ".sock"]
         ok = True
         try:
-            fd = os.open(self.paths[g], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            _sweep_stale(self.timeout + 60.0)
+            fd = os.open(mine, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             try:
                 os.posix_fallocate(fd, 0, 2 * self.half)  # ENOSPC now, never SIGBUS later
                 self._maps[g] = mmap.mmap(fd, 2 * self.half)
@@ -176,14 +198,17 @@ class ShmReducer:
                 os.close(fd)
             # a socket beside the segment: whoever can open one can reach the other
             self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._listener.bind(socks[g])
-            os.chmod(socks[g], 0o600)
+            self._listener.bind(mine + ".sock")
+            os.chmod(mine + ".sock", 0o600)
             self._listener.listen(size)
         except Exception as exc:  # OSError; AttributeError where os lacks posix_fallocate
             log.info("rank %d: cannot create a shared-memory segment in %s: %s", self.group.ranks[g], SHM_DIR, exc)
             ok = False
-        if not self._vote(store, "made", ok, td):
+        pids = self._vote(store, "made", ok, td, str(os.getpid()))
+        if pids is None:
             return False
+        self.paths = [path_of(p, int(pid)) for p, pid in enumerate(pids)]
+        socks = [path + ".sock" for path in self.paths]
         try:
             for p in range(size):
                 if p != g:
@@ -197,7 +222,7 @@ class ShmReducer:
         except Exception as exc:  # another host, another /dev/shm
             log.info("rank %d: cannot map the segments of ranks %s: %s", self.group.ranks[g], self.group.ranks, exc)
             ok = False
-        if not self._vote(store, "mapped", ok, td):
+        if self._vote(store, "mapped", ok, td) is None:
             return False
         # every member can reach every socket: connect to those before me, accept the rest
         for p in range(g):
@@ -221,12 +246,14 @@ class ShmReducer:
             self._bytes[p] = torch.frombuffer(m, dtype=torch.uint8)
         return True
 
-    def _vote(self, store: Any, stage: str, ok: bool, td: datetime.timedelta) -> bool:
-        """Publish whether this member got through ``stage``; True when every member did."""
-        store.set(f"{stage}/{self.group.rank}", b"1" if ok else b"0")
+    def _vote(self, store: Any, stage: str, ok: bool, td: datetime.timedelta, note: str = "") -> list[str] | None:
+        """Publish whether this member got through ``stage`` (with ``note``); every
+        member's note in group order when every member did, else None."""
+        store.set(f"{stage}/{self.group.rank}", ("1" + note) if ok else "0")
         keys = [f"{stage}/{p}" for p in range(self.group.size)]
         store.wait(keys, td)
-        return all(v == b"1" for v in store.multi_get(keys))
+        votes = [v.decode() for v in store.multi_get(keys)]
+        return [v[1:] for v in votes] if all(v.startswith("1") for v in votes) else None
 
     def _unlink(self) -> None:
         for path in self._files:
@@ -314,6 +341,31 @@ class ShmReducer:
             f"shared-memory allreduce over ranks {self.group.ranks} (rank {self.group.ranks[self.group.rank]}, "
             f"piece {self.pieces}): rank {self.group.ranks[peer]} {what}")
         return self._broken
+
+
+_SEGMENT_NAME = re.compile(r"^hora-[0-9a-f]{32}-\d+-(\d+)(\.sock)?$")
+
+
+def _sweep_stale(min_age: float) -> None:
+    """Remove this user's segments and sockets whose creating process is gone, older than
+    ``min_age`` seconds (a process killed during set-up, before it unlinked them)."""
+    now = time.time()
+    for entry in os.scandir(SHM_DIR):
+        m = _SEGMENT_NAME.match(entry.name)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if pid == os.getpid() or st.st_uid != os.getuid() or now - st.st_mtime < min_age:
+                continue
+            os.kill(pid, 0)  # alive (or another user's): keep
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                log.info("removed %s, left by process %d that no longer exists", entry.path, pid)
+        except OSError:
+            continue
 
 
 def _agree(gloo_allreduce: Any, ok: bool) -> bool:
