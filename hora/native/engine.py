@@ -57,7 +57,9 @@ Environment: ``HORA_CYCLE_TIME`` (ms between rounds while active, default 1),
 ``HORA_SHUTDOWN_TIMEOUT`` (s, default 30), ``HORA_SPECULATE`` (default 1), ``HORA_LINGER_ROUNDS`` (rounds without results,
 one per cycle, before going idle; default 0), ``HORA_AUTOTUNE=1`` (``HORA_AUTOTUNE_WINDOW`` working rounds per
 candidate, default 20), ``HORA_TIMELINE``. The backends' own collective timeout is
-``HORA_COLLECTIVE_TIMEOUT`` (s, default 300).
+``HORA_COLLECTIVE_TIMEOUT`` (s, default 300); ranks on one host allreduce through shared
+memory unless ``HORA_SHM_ALLREDUCE=0`` (``HORA_SHM_BUFFER_MB``, default 8: see
+:mod:`hora.native.backends.shm`).
 
 Semantics worth knowing: integer Average floors; a name may be in flight only once per
 rank; a burst of submissions is gathered (up to 10 cycles, ended early by any caller
