@@ -19,6 +19,15 @@ def test_every_op_every_dtype_every_reduction_torch(size, shm):
 
 
 @pytest.mark.timeout(150)
+def test_every_op_every_dtype_on_two_hosts_of_two_ranks():
+    # two "hosts" on loopback: allreduce per host through shared memory, then across hosts
+    hosts = {0: "127.0.0.1", 1: "127.0.0.1", 2: "127.0.0.2", 3: "127.0.0.2"}
+    fails = run_ranks(workers.all_ops_all_dtypes, 4, rank_env={r: {"HORA_HOSTNAME": h} for r, h in hosts.items()},
+                      timeout=140)
+    assert fails == [[]] * 4, fails
+
+
+@pytest.mark.timeout(150)
 def test_every_op_every_dtype_numpy():
     fails = run_ranks(workers.all_ops_all_dtypes, 2, args=(True,), timeout=140)
     assert fails == [[]] * 2, fails

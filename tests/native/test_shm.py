@@ -22,6 +22,29 @@ def test_values_equal_the_exact_result_and_gloos(size, buffer_mb):
         assert outs[0]["pieces"] > 1000, outs[0]["pieces"]
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("hosts", [("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"),
+                                   ("127.0.0.1", "127.0.0.2", "127.0.0.1")])  # the second: one alone, interleaved
+def test_ranks_on_several_hosts_reduce_per_host_then_across(hosts):
+    # two "hosts" on loopback: Gloo binds each rank to its advertised address
+    outs = run_ranks(workers.shm_backend_job, len(hosts), args=("values",),
+                     rank_env={r: {"HORA_HOSTNAME": h} for r, h in enumerate(hosts)}, timeout=140)
+    for r, o in enumerate(outs):
+        assert o["kind"] == "HierarchicalReducer", (r, o["kind"])
+        assert o["fails"] == [], (r, o["fails"][:10])
+        assert o["left_in_dev_shm"] == [], (r, o["left_in_dev_shm"])
+    alone = [r for r, h in enumerate(hosts) if hosts.count(h) == 1]
+    assert [o["pieces"] == 0 for o in outs] == [r in alone for r in range(len(hosts))]
+
+
+@pytest.mark.timeout(120)
+def test_one_member_per_host_uses_gloo_alone():
+    outs = run_ranks(workers.shm_backend_job, 2, args=("values",),
+                     rank_env={0: {"HORA_HOSTNAME": "127.0.0.1"}, 1: {"HORA_HOSTNAME": "127.0.0.2"}}, timeout=110)
+    assert [o["kind"] for o in outs] == ["NoneType", "NoneType"]
+    assert [o["fails"] for o in outs] == [[], []]
+
+
 @pytest.mark.timeout(120)
 def test_one_rank_without_shared_memory_makes_every_rank_use_gloo():
     outs = run_ranks(workers.shm_backend_job, 2, args=("values",), rank_env={1: {"HORA_SHM_ALLREDUCE": "0"}},
@@ -53,7 +76,7 @@ def test_a_rank_that_is_gone_is_named_at_once_and_later_calls_fail_too():
     outs = run_ranks(workers.shm_backend_job, 2, args=("gone",), timeout=110)
     err = outs[0]["error"]
     assert err is not None and "rank 1 closed its connection" in err, err
-    assert outs[0]["again"] is not None and "earlier shared-memory allreduce failed" in outs[0]["again"]
+    assert outs[0]["again"] is not None and "earlier shared-memory collective failed" in outs[0]["again"]
 
 
 @pytest.mark.timeout(30)

@@ -793,14 +793,15 @@ def shm_backend_job(mode: str) -> dict[str, Any]:
     try:
         r, n = be.rank, be.size
         shm = be.world.shm
-        out: dict[str, Any] = {"shm": shm is not None}
+        out: dict[str, Any] = {"shm": shm is not None, "kind": type(shm).__name__}
         if mode == "values":
             fails: list[str] = []
             ops = {ReduceOp.Sum: lambda v: v.sum(0), ReduceOp.Min: lambda v: v.min(0).values,
                    ReduceOp.Max: lambda v: v.max(0).values, ReduceOp.Product: lambda v: v.prod(0)}
             for dtype in sorted(SHM_DTYPES, key=str):
-                if shm is None and not be.supports_reduce(dtype, ReduceOp.Sum):
-                    continue  # Gloo alone cannot (the engine upcasts those)
+                if not (shm is not None and shm.supports(torch.ones(1, dtype=dtype), ReduceOp.Sum)
+                        or be.supports_reduce(dtype, ReduceOp.Sum)):
+                    continue  # Gloo cannot, on its own or across hosts (the engine upcasts those)
                 for op, ref in ops.items():
                     for numel in (0, 1, 7, 1000, 100_003):
                         # small integers 1..4: every result is exact in every dtype
@@ -818,9 +819,10 @@ def shm_backend_job(mode: str) -> dict[str, Any]:
                         if not torch.equal(mine, via_gloo):
                             fails.append(f"{dtype} {op!r} {numel}: differs from Gloo")
             out["fails"] = fails
-            out["pieces"] = shm.pieces if shm else 0
             be.barrier(be.world)  # every member is long past its set-up
-            out["left_in_dev_shm"] = [f for p in (shm.paths if shm else []) for f in (p, p + ".sock")
+            local = getattr(shm, "local", shm)  # a hierarchical reducer's on this host
+            out["pieces"] = local.pieces if local else 0
+            out["left_in_dev_shm"] = [f for p in (local.paths if local else []) for f in (p, p + ".sock")
                                       if os.path.exists(f)]
         elif mode == "late":
             if r == 0:

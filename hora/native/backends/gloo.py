@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 from hora.errors import CollectiveError, RendezvousError
 from hora.native.backends.base import Backend, Group, ReduceOp, StoreWaker, Waker
-from hora.native.backends.shm import ShmReducer
+from hora.native.backends import shm
 
 log = logging.getLogger(__name__)
 
@@ -101,20 +102,59 @@ class GlooBackend(Backend):
         group = Group(ranks, self.rank)
         if not group.is_member:
             return group
-        opts = dist.ProcessGroupGloo._Options()
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self._hostname)]
-        opts._timeout = self._timeout
         prefix = dist.PrefixStore(f"hora/pg/{tag}/", self._store)
         try:
-            group.handle = dist.ProcessGroupGloo(prefix, group.rank, group.size, opts)
+            group.handle = dist.ProcessGroupGloo(prefix, group.rank, group.size, self._gloo_options())
         except Exception as exc:
             raise CollectiveError(
                 f"rank {self.rank}: cannot connect Gloo group {tag} of ranks {list(ranks)}: {exc}"
             ) from exc
-        group.shm = ShmReducer.connect(group, dist.PrefixStore(f"hora/shm/{tag}/", self._store),
-                                       lambda flag: self._gloo_allreduce(flag, ReduceOp.Sum, group),
-                                       self._timeout.total_seconds())
+        group.shm = self._shared_memory(group, tag)
         return group
+
+    def _shared_memory(self, group: Group, tag: str) -> Any:
+        """The shared-memory allreduce of ``group``: flat when every member is on this
+        host, hierarchical when the members sit on several hosts and some share one, None
+        when no two members share a host or any member cannot (every member alike).
+        Members are placed by their advertised address (``HORA_HOSTNAME``)."""
+        if group.size < 2:
+            return None
+        store = dist.PrefixStore(f"hora/shm/{tag}/", self._store)
+        timeout = self._timeout.total_seconds()
+        store.set(f"host/{group.rank}", self._hostname)
+        keys = [f"host/{g}" for g in range(group.size)]
+        store.wait(keys, self._timeout)
+        hosts = [v.decode() for v in store.multi_get(keys)]
+        if len(set(hosts)) == group.size:
+            return None  # one member per host: nothing to share
+        agree = partial(self._gloo_allreduce, op=ReduceOp.Sum, group=group)
+        if len(set(hosts)) == 1:
+            return shm.connect(group, store, agree, timeout)[1]
+        order = list(dict.fromkeys(hosts))  # hosts in the order of their first member
+        mine = hosts[group.rank]
+        local = Group([r for r, h in zip(group.ranks, hosts) if h == mine], self.rank)
+        ok, reducer = shm.connect(local, dist.PrefixStore(f"local/{order.index(mine)}/", store), agree, timeout)
+        if not ok:
+            return None
+        leaders = Group([group.ranks[hosts.index(h)] for h in order], self.rank)
+        cross = None
+        if leaders.is_member:
+            try:
+                leaders.handle = dist.ProcessGroupGloo(dist.PrefixStore(f"hora/pg/{tag}/cross/", self._store),
+                                                       leaders.rank, leaders.size, self._gloo_options())
+            except Exception as exc:
+                raise CollectiveError(f"rank {self.rank}: cannot connect the Gloo group of one rank per host "
+                                      f"{leaders.ranks} (group {tag}): {exc}") from exc
+            cross = partial(self._gloo_allreduce, group=leaders)
+        log.debug("rank %d: hierarchical allreduce for ranks %s: on this host %s, across hosts %s",
+                  self.rank, group.ranks, local.ranks, leaders.ranks)
+        return shm.HierarchicalReducer(reducer, cross)
+
+    def _gloo_options(self) -> Any:
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self._hostname)]
+        opts._timeout = self._timeout
+        return opts
 
     def supports_reduce(self, dtype: torch.dtype, op: ReduceOp) -> bool:
         return dtype not in _GLOO_NO_REDUCE  # shared memory could, but a group may not have it
@@ -145,6 +185,7 @@ class GlooBackend(Backend):
             self._gloo_allreduce(buf, op, group)
 
     def _gloo_allreduce(self, buf: torch.Tensor, op: ReduceOp, group: Group) -> None:
+        """Through Gloo, whatever the group's shared memory."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = torch_reduce_op(op)
         self._wait(group.handle.allreduce([buf], opts), "allreduce", group)

@@ -22,6 +22,12 @@ The sockets (Unix sockets beside the segments, unlinked with them) carry one byt
 arrives is named in a :class:`CollectiveError`, and one whose process has died is noticed
 at once (the kernel closes its end).
 
+When the members of a group sit on several hosts (by their advertised address,
+``HORA_HOSTNAME``) and some share one, the allreduce is hierarchical
+(:class:`HierarchicalReducer`): through shared memory on each host, through Gloo among
+one member per host, and back through shared memory on each host. When no two members
+share a host, the group uses Gloo alone.
+
 Whether a group can use this is decided when the group is built, by every member at
 once: each creates its segment and its socket, then tries to map the segment and reach
 the socket of every peer; the members agree (an allreduce of a flag over Gloo) and use
@@ -117,8 +123,8 @@ def availability() -> tuple[bool, str]:
 class ShmReducer:
     """The shared-memory allreduce of one group (see the module docstring).
 
-    Build it with :meth:`connect`, which returns None when the group cannot use shared
-    memory. Used by one thread at a time (the engine's), like the backend.
+    Build it with :func:`connect`, which returns no reducer when the group cannot use
+    shared memory. Used by one thread at a time (the engine's), like the backend.
     """
 
     def __init__(self, group: Group, half: int, timeout: float) -> None:
@@ -135,42 +141,6 @@ class ShmReducer:
         self._broken: CollectiveError | None = None  # after a failure the steps are out of sync
 
     # -- set-up ---------------------------------------------------------------------------
-    @classmethod
-    def connect(cls, group: Group, store: Any, gloo_allreduce: Any, timeout: float,
-                half: int | None = None) -> ShmReducer | None:
-        """Set up shared memory among the members of ``group`` (every member calls this
-        at the same point); returns None, on every member alike, when any member cannot.
-
-        ``store`` is a torch Store private to this group; ``gloo_allreduce(tensor)`` sums
-        an int64 tensor over the group (the agreements).
-
-        Raises:
-            ConfigError: ``HORA_SHM_ALLREDUCE`` or ``HORA_SHM_BUFFER_MB`` is malformed.
-        """
-        if group.size < 2:
-            return None
-        me = cls(group, half if half is not None else buffer_bytes(), timeout)
-        if not _agree(gloo_allreduce, enabled()):  # one member turned it off: nobody tries
-            return None
-        try:
-            ok = me._setup(store)
-        except Exception as exc:  # any failure means: use Gloo (logged, not raised)
-            log.info("rank %d: no shared-memory allreduce for ranks %s: %s", group.ranks[group.rank],
-                     group.ranks, exc)
-            ok = False
-        try:
-            ok = _agree(gloo_allreduce, ok)
-        finally:
-            # every member has mapped every segment (or given up) before the agreement:
-            # the names are no longer needed, and nothing is left in /dev/shm on a crash
-            me._unlink()
-        if not ok:
-            me.close()
-            return None
-        log.debug("rank %d: shared-memory allreduce for ranks %s, %d bytes per piece",
-                  group.ranks[group.rank], group.ranks, me.half)
-        return me
-
     def _setup(self, store: Any) -> bool:
         """Segments, then mappings, then sockets; after each stage the members vote
         through the store, so one that failed never leaves the others waiting."""
@@ -289,7 +259,7 @@ class ShmReducer:
             CollectiveError: a member did not arrive within the timeout or has gone.
         """
         if self._broken is not None:
-            raise CollectiveError(f"{self._broken} (an earlier shared-memory allreduce failed)")
+            raise CollectiveError(f"{self._broken} (an earlier shared-memory collective failed)")
         flat = buf.view(-1)
         per_piece = self.half // flat.element_size()
         for lo in range(0, flat.numel(), per_piece):
@@ -318,6 +288,27 @@ class ShmReducer:
             if a < b:
                 x[a:b].copy_(seg[p][a:b])
 
+    def broadcast(self, buf: torch.Tensor) -> None:
+        """Copy ``buf`` of group rank 0 into ``buf`` of every member, in place.
+
+        Raises:
+            CollectiveError: a member did not arrive within the timeout or has gone.
+        """
+        if self._broken is not None:
+            raise CollectiveError(f"{self._broken} (an earlier shared-memory collective failed)")
+        flat = buf.view(-1)
+        per_piece = self.half // flat.element_size()
+        for lo in range(0, flat.numel(), per_piece):
+            x = flat[lo:lo + per_piece]
+            base = (self.pieces % 2) * self.half
+            self.pieces += 1
+            seg = self._bytes[0][base:base + x.numel() * x.element_size()].view(x.dtype)
+            if self.group.rank == 0:
+                seg.copy_(x)
+            self._exchange(_STEP_FILLED)
+            if self.group.rank != 0:
+                x.copy_(seg)
+
     def _exchange(self, step: bytes) -> None:
         """Tell every peer this member has done ``step``; wait until each has told me."""
         for p, s in self._socks.items():
@@ -341,6 +332,77 @@ class ShmReducer:
             f"shared-memory allreduce over ranks {self.group.ranks} (rank {self.group.ranks[self.group.rank]}, "
             f"piece {self.pieces}): rank {self.group.ranks[peer]} {what}")
         return self._broken
+
+
+def connect(group: Group, store: Any, gloo_allreduce: Any, timeout: float,
+            half: int | None = None) -> tuple[bool, ShmReducer | None]:
+    """Set up shared memory among the members of ``group``, who share one host (every
+    member calls this at the same point). Returns (ok, reducer): ok is the same on every
+    member of the *agreement* (``gloo_allreduce(tensor)`` sums an int64 tensor over it;
+    it may span more members than ``group``), reducer is None for a group of one.
+    Exactly two agreements are made whatever happens, so members of different groups
+    can agree together.
+
+    Raises:
+        ConfigError: ``HORA_SHM_ALLREDUCE`` or ``HORA_SHM_BUFFER_MB`` is malformed.
+    """
+    half = half if half is not None else buffer_bytes()
+    if not _agree(gloo_allreduce, enabled()):  # one member turned it off: nobody tries
+        _agree(gloo_allreduce, False)
+        return False, None
+    me = ShmReducer(group, half, timeout) if group.size > 1 else None
+    ok = True
+    if me is not None:
+        try:
+            ok = me._setup(store)
+        except Exception as exc:  # any failure means: use Gloo (logged, not raised)
+            log.info("rank %d: no shared-memory allreduce for ranks %s: %s", group.ranks[group.rank],
+                     group.ranks, exc)
+            ok = False
+    try:
+        ok = _agree(gloo_allreduce, ok)
+    finally:
+        # every member has mapped every segment (or given up) before the agreement:
+        # the names are no longer needed, and nothing is left in /dev/shm on a crash
+        if me is not None:
+            me._unlink()
+    if not ok:
+        if me is not None:
+            me.close()
+        return False, None
+    if me is not None:
+        log.debug("rank %d: shared-memory allreduce for ranks %s, %d bytes per piece",
+                  group.ranks[group.rank], group.ranks, me.half)
+    return True, me
+
+
+class HierarchicalReducer:
+    """Allreduce of a group whose members sit on several hosts, some with several
+    members: reduce on each host through shared memory, allreduce across hosts among one
+    member per host (Gloo), then spread the result on each host through shared memory.
+    Only one member per host sends over the network, with the bytes of one buffer.
+    """
+
+    def __init__(self, local: ShmReducer | None, cross_allreduce: Any) -> None:
+        self.local = local  # None: this member is alone on its host
+        self.cross_allreduce = cross_allreduce  # None: not this host's leader
+
+    @staticmethod
+    def supports(buf: torch.Tensor, op: ReduceOp) -> bool:
+        return ShmReducer.supports(buf, op) and buf.dtype != torch.int16  # Gloo crosses hosts
+
+    def allreduce(self, buf: torch.Tensor, op: ReduceOp) -> None:
+        if self.local is not None:
+            self.local.allreduce(buf, op)
+        if self.cross_allreduce is not None:
+            self.cross_allreduce(buf, op)
+        if self.local is not None:
+            self.local.broadcast(buf)
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
+        self.cross_allreduce = None
 
 
 _SEGMENT_NAME = re.compile(r"^hora-[0-9a-f]{32}-\d+-(\d+)(\.sock)?$")
