@@ -11,8 +11,30 @@ import sys
 from tests.native import workers
 
 
+def stuck() -> None:
+    """Rank 0 allreduces, rank 1 waits in a barrier, rank 2 never joins: the watchdog
+    (HORA_COLLECTIVE_TIMEOUT) must name rank 2 and abort the job."""
+    import time
+
+    import torch
+
+    from hora.native.backends import create_backend
+    from hora.native.backends.base import ReduceOp
+
+    be, _, _ = create_backend()
+    if be.rank == 0:
+        be.allreduce(torch.ones(4), ReduceOp.Sum, be.world)
+    elif be.rank == 1:
+        be.barrier(be.world)
+    time.sleep(120)
+
+
 def main() -> None:
     import hora.native as hn
+
+    if os.environ.get("HORA_TEST_MPI_MODE") == "stuck":
+        stuck()
+        return
 
     out: dict = {}
     out["dtypes"] = workers.all_ops_all_dtypes()

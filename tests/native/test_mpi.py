@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -24,14 +25,19 @@ def _mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
+def _env(env_extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORA_")}
+    env.update(env_extra)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 def _run(n: int, env_extra: dict[str, str], timeout: float) -> list[dict]:
     pytest.importorskip("mpi4py")
     mpiexec = _mpiexec()
     if mpiexec is None:
         pytest.skip("mpiexec not found")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HORA_")}
-    env.update(env_extra)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = _env(env_extra)
     with tempfile.TemporaryDirectory(prefix="hora-mpi-") as out_dir:
         env["HORA_TEST_RESULT_DIR"] = out_dir
         proc = subprocess.run(
@@ -43,6 +49,23 @@ def _run(n: int, env_extra: dict[str, str], timeout: float) -> list[dict]:
         assert len(files) == n, [f.name for f in files] + [proc.stdout[-3000:] + proc.stderr[-3000:]]
         results = [json.loads(f.read_text()) for f in files]
     return sorted(results, key=lambda r: r["rank"])
+
+
+@pytest.mark.timeout(90)
+def test_a_collective_some_rank_never_joins_is_named_and_the_job_aborted():
+    pytest.importorskip("mpi4py")
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        pytest.skip("mpiexec not found")
+    env = _env({"HORA_TEST_MPI_MODE": "stuck", "HORA_COLLECTIVE_TIMEOUT": "4"})
+    t0 = time.monotonic()
+    proc = subprocess.run([mpiexec, "-n", "3", sys.executable, "-m", "tests.native.mpi_main"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=80)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert time.monotonic() - t0 < 60  # the ranks would sleep 120 s: the watchdog ended the job
+    assert "did not complete within HORA_COLLECTIVE_TIMEOUT=4s: ranks [2] never joined it" in out, out[-3000:]
+    assert "rank 1 waits in call 1 (barrier)" in out or "rank 0 waits in call 1 (allreduce)" in out, out[-3000:]
 
 
 @pytest.mark.timeout(200)

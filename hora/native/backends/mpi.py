@@ -7,8 +7,13 @@ Buffers are handed to MPI as numpy views of the torch tensors (no copies). float
 bfloat16 have no portable MPI reduction, so the engine reduces them in float32
 (``supports_reduce`` says so); bfloat16 moves as int16 bits.
 
-MPI calls cannot be given a timeout; a dead peer is detected by the MPI runtime (mpiexec
-aborts the job). The idle engine threads wait on a TCPStore that rank 0 serves.
+MPI calls cannot be given a timeout, so a watchdog thread gives them one
+(``HORA_COLLECTIVE_TIMEOUT``, default 300 s): a collective still waiting after that long
+logs an error naming the ranks of its group that never joined it (each rank waiting in
+a collective for a few seconds notes which call it waits in, in the engine store) and
+aborts the job (``MPI_Abort``: mpiexec stops every rank), as torch's NCCL watchdog does.
+A dead peer is detected by the MPI runtime (mpiexec aborts the job). The idle engine
+threads wait on a TCPStore that rank 0 serves.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import datetime
 import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +59,7 @@ class MPIBackend(Backend):
 
     name = "mpi"
 
-    def __init__(self, comm: Any, store: Any, wait_store: Any) -> None:
+    def __init__(self, comm: Any, store: Any, wait_store: Any, timeout: float = 300.0) -> None:
         self.MPI = _import_mpi()
         super().__init__(comm.Get_rank(), comm.Get_size())
         self.comm = comm
@@ -65,6 +72,12 @@ class MPIBackend(Backend):
         self.placement = (local_rank, local_size, cross.Get_rank(), cross.Get_size())
         local.Free()
         cross.Free()
+        self.timeout = timeout
+        self._calls: dict[int, int] = {}  # id(group) -> collectives started on it
+        self._inflight: tuple[str, Group, float, int] | None = None  # what, group, since, call number
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="hora-mpi-watchdog", daemon=True)
+        self._watchdog.start()
         self._ops = {
             ReduceOp.Sum: self.MPI.SUM,
             ReduceOp.Min: self.MPI.MIN,
@@ -111,7 +124,7 @@ class MPIBackend(Backend):
             raise RendezvousError(f"rank {rank}: cannot reach the engine store at {host}:{port}: {exc}") from exc
         comm.Barrier()
         log.debug("mpi backend: rank %d of %d, store %s:%d", rank, size, host, port)
-        return cls(comm, store, wait_store)
+        return cls(comm, store, wait_store, timeout)
 
     def supports_reduce(self, dtype: torch.dtype, op: ReduceOp) -> bool:
         return dtype not in _NO_NATIVE_REDUCE
@@ -130,10 +143,66 @@ class MPIBackend(Backend):
         group.handle = None
 
     def _run(self, what: str, group: Group, fn: Any, *args: Any, **kw: Any) -> None:
+        n = self._calls[id(group)] = self._calls.get(id(group), 0) + 1
+        self._inflight = (what, group, time.monotonic(), n)
         try:
             fn(*args, **kw)
         except self.MPI.Exception as exc:
             raise CollectiveError(f"MPI {what} over ranks {group.ranks} failed: {exc}") from exc
+        finally:
+            self._inflight = None
+
+    # -- the watchdog ---------------------------------------------------------------------
+    def _stuck_key(self, group: Group, rank: int) -> str:
+        return f"hora/mpi/waiting/{'.'.join(map(str, group.ranks))}/{rank}"
+
+    def _watch(self) -> None:
+        """Note a collective that waits for long in the store; abort the job, naming the
+        ranks that never joined it, once it has waited ``timeout`` seconds."""
+        note_after = min(5.0, self.timeout / 2)
+        noted = None
+        while not self._stop.wait(min(1.0, note_after / 2)):
+            inflight = self._inflight
+            if inflight is None:
+                continue
+            what, group, since, n = inflight
+            waited = time.monotonic() - since
+            try:
+                if waited >= note_after and noted is not inflight:
+                    self._store.set(self._stuck_key(group, self.rank), f"{n} {what}")
+                    noted = inflight
+                if waited < self.timeout or self._inflight is not inflight:
+                    continue
+                time.sleep(note_after + 1.0)  # a rank that joined just now notes it too
+                if self._inflight is not inflight:
+                    continue
+                missing, elsewhere = self._absent(group, n, what)
+            except Exception as exc:  # the store is gone (shutdown): nothing to watch
+                log.debug("mpi watchdog stops: %s", exc)
+                return
+            detail = f"ranks {missing} never joined it" if missing else "every rank joined it"
+            if elsewhere:
+                detail += "; " + ", ".join(f"rank {r} waits in {w}" for r, w in elsewhere.items())
+            log.error("rank %d: MPI %s over ranks %s (call %d on that group) did not complete within "
+                      "HORA_COLLECTIVE_TIMEOUT=%gs: %s. Aborting the job.", self.rank, what, group.ranks, n,
+                      self.timeout, detail)
+            self.MPI.COMM_WORLD.Abort(1)
+            return
+
+    def _absent(self, group: Group, n: int, what: str) -> tuple[list[int], dict[int, str]]:
+        """(ranks that have not noted call ``n`` of ``group``, {rank: the call it waits in
+        instead}) from the notes in the store."""
+        missing: list[int] = []
+        elsewhere: dict[int, str] = {}
+        for r in group.ranks:
+            key = self._stuck_key(group, r)
+            note = self._store.get(key).decode() if self._store.check([key]) else ""
+            num, _, w = note.partition(" ")
+            if not note or int(num) < n:
+                missing.append(r)
+            elif int(num) > n or w != what:
+                elsewhere[r] = f"call {num} ({w})"
+        return missing, elsewhere
 
     def allreduce(self, buf: torch.Tensor, op: ReduceOp, group: Group) -> None:
         if buf.dtype in _NO_NATIVE_REDUCE:
@@ -173,6 +242,7 @@ class MPIBackend(Backend):
         return StoreWaker(self._store, self._wait_store, self.rank, self.size)
 
     def shutdown(self) -> None:
+        self._stop.set()
         comm, self.comm = self.comm, None
         if comm is not None:
             try:
