@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fusion-threshold-mb", type=_non_negative_float("--fusion-threshold-mb"), default=None)
     run.add_argument("--cache-capacity", type=int, default=None)
     run.add_argument("--autotune", action="store_true")
+    run.add_argument("--no-shm", action="store_true",
+                     help="ranks on one host allreduce through Gloo instead of shared memory (HORA_SHM_ALLREDUCE=0)")
     run.add_argument("--backend", default=None, choices=["auto", "gloo", "nccl", "mpi"],
                      help="collective backend (HORA_BACKEND); default auto")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command to run (e.g. python train.py)")
@@ -211,6 +213,7 @@ def _settings_env(args: argparse.Namespace) -> dict[str, str]:
             fusion_threshold_mb=args.fusion_threshold_mb,
             cache_capacity=args.cache_capacity,
             autotune=args.autotune,
+            shm=not args.no_shm,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

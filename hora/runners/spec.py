@@ -100,8 +100,10 @@ def native_settings_env(
     fusion_threshold_mb: float | None = None,
     cache_capacity: int | None = None,
     autotune: bool = False,
+    shm: bool = True,
 ) -> dict[str, str]:
-    """The ``HORA_*`` variables that tell the native engine its settings.
+    """The ``HORA_*`` variables that tell the native engine its settings (``shm=False``:
+    ranks on one host allreduce through Gloo, not shared memory).
 
     Raises:
         ConfigError: a value is out of range (named in the message).
@@ -123,6 +125,8 @@ def native_settings_env(
         out[ENV_CACHE_CAPACITY] = str(int(cache_capacity))
     if autotune:
         out[ENV_AUTOTUNE] = "1"
+    if not shm:
+        out["HORA_SHM_ALLREDUCE"] = "0"
     return out
 
 

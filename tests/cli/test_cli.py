@@ -39,6 +39,7 @@ def test_run_prefixes_output_and_writes_output_files(tmp_path):
         assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
         assert os.environ["HORA_CYCLE_TIME"] == "3" and os.environ["HORA_FUSION_THRESHOLD"] == str(2 * 1024 * 1024)
         assert os.environ["HORA_CACHE_CAPACITY"] == "10" and os.environ["HORA_AUTOTUNE"] == "1"
+        assert os.environ["HORA_SHM_ALLREDUCE"] == "0"
         assert os.environ["HORA_TIMELINE"].endswith("tl.json")
         if os.environ["HORA_RANK"] == "0":
             import time
@@ -48,7 +49,7 @@ def test_run_prefixes_output_and_writes_output_files(tmp_path):
     """)
     out_dir = tmp_path / "out"
     res = hora("run", "-np", "2", "--output-filename", str(out_dir), "--cycle-time-ms", "3",
-               "--fusion-threshold-mb", "2", "--cache-capacity", "10", "--autotune",
+               "--fusion-threshold-mb", "2", "--cache-capacity", "10", "--autotune", "--no-shm",
                "--timeline-filename", str(tmp_path / "tl.json"), sys.executable, script)
     assert res.returncode == 0, res.stderr
     assert "[0]<stdout>:hello from 0 of 2 127.0.0.1" in res.stdout
