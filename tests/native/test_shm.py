@@ -5,10 +5,14 @@ from __future__ import annotations
 import pytest
 
 from hora.errors import ConfigError
+from hora.native.backends.shm import availability
 from tests.native import workers
 from tests.spawn_util import run_ranks
 
+needs_shm = pytest.mark.skipif(not availability()[0], reason=f"no shared memory here: {availability()[1]}")
 
+
+@needs_shm
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("size,buffer_mb", [(2, "8"), (3, "0.001")])  # 0.001: 1 KiB pieces
 def test_values_equal_the_exact_result_and_gloos(size, buffer_mb):
@@ -22,6 +26,7 @@ def test_values_equal_the_exact_result_and_gloos(size, buffer_mb):
         assert outs[0]["pieces"] > 1000, outs[0]["pieces"]
 
 
+@needs_shm
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("hosts", [("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"),
                                    ("127.0.0.1", "127.0.0.2", "127.0.0.1")])  # the second: one alone, interleaved
@@ -63,6 +68,7 @@ def test_a_rank_whose_dev_shm_is_full_makes_every_rank_use_gloo_without_waiting(
     assert [o["fails"] for o in outs] == [[]] * 3
 
 
+@needs_shm
 @pytest.mark.timeout(120)
 def test_a_rank_that_never_arrives_is_named_after_the_timeout():
     outs = run_ranks(workers.shm_backend_job, 2, args=("late",), env={"HORA_COLLECTIVE_TIMEOUT": "4"}, timeout=110)
@@ -71,6 +77,7 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout():
     assert 3.5 < outs[0]["waited"] < 30
 
 
+@needs_shm
 @pytest.mark.timeout(120)
 def test_a_rank_that_is_gone_is_named_at_once_and_later_calls_fail_too():
     outs = run_ranks(workers.shm_backend_job, 2, args=("gone",), timeout=110)
