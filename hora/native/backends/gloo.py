@@ -176,11 +176,11 @@ class GlooBackend(Backend):
             raise CollectiveError(f"gloo {what} over ranks {group.ranks} failed: {exc}") from exc
 
     def allreduce(self, buf: torch.Tensor, op: ReduceOp, group: Group) -> None:
-        """Through shared memory when every member is on this host (see
-        :mod:`hora.native.backends.shm`), else through Gloo."""
-        shm = group.shm
-        if shm is not None and shm.supports(buf, op):
-            shm.allreduce(buf, op)
+        """Through shared memory among the members on one host (all of them, or per host
+        then across hosts: :mod:`hora.native.backends.shm`), else through Gloo."""
+        reducer = group.shm
+        if reducer is not None and reducer.supports(buf, op):
+            reducer.allreduce(buf, op)
         else:
             self._gloo_allreduce(buf, op, group)
 

@@ -50,6 +50,7 @@ import secrets
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -258,35 +259,26 @@ class ShmReducer:
         Raises:
             CollectiveError: a member did not arrive within the timeout or has gone.
         """
-        if self._broken is not None:
-            raise CollectiveError(f"{self._broken} (an earlier shared-memory collective failed)")
-        flat = buf.view(-1)
-        per_piece = self.half // flat.element_size()
-        for lo in range(0, flat.numel(), per_piece):
-            self._piece(flat[lo:lo + per_piece], op)
-
-    def _piece(self, x: torch.Tensor, op: ReduceOp) -> None:
         g, size = self.group.rank, self.group.size
-        base = (self.pieces % 2) * self.half
-        self.pieces += 1
-        nbytes = x.numel() * x.element_size()
-        seg = {p: b[base:base + nbytes].view(x.dtype) for p, b in self._bytes.items()}
-        seg[g].copy_(x)
-        self._exchange(_STEP_FILLED)
-        step = -(-x.numel() // size)
-        step = -(-step * x.element_size() // _ALIGN) * _ALIGN // x.element_size()
-        lo, hi = min(g * step, x.numel()), min((g + 1) * step, x.numel())
-        if lo < hi:
-            mine = seg[g][lo:hi]
-            fn = _REDUCE[op]
+        fn = _REDUCE[op]
+        for x, base in self._pieces(buf):
+            nbytes = x.numel() * x.element_size()
+            seg = {p: b[base:base + nbytes].view(x.dtype) for p, b in self._bytes.items()}
+            seg[g].copy_(x)
+            self._exchange(_STEP_FILLED)
+            step = -(-x.numel() // size)
+            step = -(-step * x.element_size() // _ALIGN) * _ALIGN // x.element_size()
+            lo, hi = min(g * step, x.numel()), min((g + 1) * step, x.numel())
+            if lo < hi:
+                mine = seg[g][lo:hi]
+                for p in range(size):
+                    if p != g:
+                        fn(mine, seg[p][lo:hi], out=mine)
+            self._exchange(_STEP_REDUCED)
             for p in range(size):
-                if p != g:
-                    fn(mine, seg[p][lo:hi], out=mine)
-        self._exchange(_STEP_REDUCED)
-        for p in range(size):
-            a, b = min(p * step, x.numel()), min((p + 1) * step, x.numel())
-            if a < b:
-                x[a:b].copy_(seg[p][a:b])
+                a, b = min(p * step, x.numel()), min((p + 1) * step, x.numel())
+                if a < b:
+                    x[a:b].copy_(seg[p][a:b])
 
     def broadcast(self, buf: torch.Tensor) -> None:
         """Copy ``buf`` of group rank 0 into ``buf`` of every member, in place.
@@ -294,20 +286,25 @@ class ShmReducer:
         Raises:
             CollectiveError: a member did not arrive within the timeout or has gone.
         """
-        if self._broken is not None:
-            raise CollectiveError(f"{self._broken} (an earlier shared-memory collective failed)")
-        flat = buf.view(-1)
-        per_piece = self.half // flat.element_size()
-        for lo in range(0, flat.numel(), per_piece):
-            x = flat[lo:lo + per_piece]
-            base = (self.pieces % 2) * self.half
-            self.pieces += 1
+        for x, base in self._pieces(buf):
             seg = self._bytes[0][base:base + x.numel() * x.element_size()].view(x.dtype)
             if self.group.rank == 0:
                 seg.copy_(x)
             self._exchange(_STEP_FILLED)
             if self.group.rank != 0:
                 x.copy_(seg)
+
+    def _pieces(self, buf: torch.Tensor) -> Iterator[tuple[torch.Tensor, int]]:
+        """``buf`` in pieces that fit a half, each with the byte offset of its half (the
+        halves alternate, piece by piece, on every member alike)."""
+        if self._broken is not None:
+            raise CollectiveError(f"{self._broken} (an earlier shared-memory collective failed)")
+        flat = buf.view(-1)
+        per_piece = self.half // flat.element_size()
+        for lo in range(0, flat.numel(), per_piece):
+            base = (self.pieces % 2) * self.half
+            self.pieces += 1
+            yield flat[lo:lo + per_piece], base
 
     def _exchange(self, step: bytes) -> None:
         """Tell every peer this member has done ``step``; wait until each has told me."""
