@@ -73,7 +73,7 @@ class MPIBackend(Backend):
         local.Free()
         cross.Free()
         self.timeout = timeout
-        self._calls: dict[int, int] = {}  # id(group) -> collectives started on it
+        self._calls: dict[tuple[int, ...], int] = {}  # group's ranks -> collectives started on them
         self._inflight: tuple[str, Group, float, int] | None = None  # what, group, since, call number
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="hora-mpi-watchdog", daemon=True)
@@ -143,7 +143,8 @@ class MPIBackend(Backend):
         group.handle = None
 
     def _run(self, what: str, group: Group, fn: Any, *args: Any, **kw: Any) -> None:
-        n = self._calls[id(group)] = self._calls.get(id(group), 0) + 1
+        key = tuple(group.ranks)  # as the notes in the store: the same on every member
+        n = self._calls[key] = self._calls.get(key, 0) + 1
         self._inflight = (what, group, time.monotonic(), n)
         try:
             fn(*args, **kw)
