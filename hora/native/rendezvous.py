@@ -233,7 +233,12 @@ def _send_frame(sock: socket.socket, secret: bytes, obj: Any) -> None:
     sock.sendall(_HEADER.pack(_MAGIC, len(body), _sign(secret, body)) + body)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from ``sock``.
+
+    Raises:
+        ConnectionError: the peer closed the connection first.
+    """
     chunks, left = [], n
     while left:
         chunk = sock.recv(min(left, 1 << 20))
@@ -249,12 +254,12 @@ class AuthenticationError(RendezvousError):
 
 
 def _recv_frame(sock: socket.socket, secret: bytes) -> Any:
-    magic, length, mac = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    magic, length, mac = _HEADER.unpack(recv_exact(sock, _HEADER.size))
     if magic != _MAGIC:
         raise AuthenticationError(f"bad frame magic {magic!r}")
     if length > _MAX_FRAME:
         raise AuthenticationError(f"frame of {length} bytes exceeds the {_MAX_FRAME} byte limit")
-    body = _recv_exact(sock, length)
+    body = recv_exact(sock, length)
     if not hmac.compare_digest(mac, _sign(secret, body)):
         raise AuthenticationError("frame failed HMAC authentication (wrong job secret?)")
     return pickle.loads(body)  # only after the HMAC check

@@ -8,7 +8,7 @@ hostname resolves to.
 
 Allreduce among ranks that share one host goes through shared memory instead of Gloo's
 TCP loopback (:mod:`hora.native.backends.shm`; ``HORA_SHM_ALLREDUCE=0`` turns it off):
-4-5x less CPU per byte, which a CPU-bound training job gets back as compute time.
+about 4x less CPU per byte (benchmarks/README.md), which a CPU-bound training job gets back as compute time.
 """
 
 from __future__ import annotations

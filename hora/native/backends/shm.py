@@ -18,9 +18,10 @@ piece while I fill the other one, and by the time I fill this half again, every 
 told me it finished the piece that read it (step 1 of the next piece comes after its
 step 3). Buffers larger than a half go through in pieces.
 
-The sockets (Unix sockets beside the segments, unlinked with them) carry one byte per step and have the collective timeout: a member that never
-arrives is named in a :class:`CollectiveError`, and one whose process has died is noticed
-at once (the kernel closes its end).
+The sockets (Unix sockets beside the segments, unlinked with them) carry one byte per
+step and have the collective timeout: a member that never arrives is named in a
+:class:`CollectiveError`, and one whose process has died is noticed at once (the kernel
+closes its end).
 
 When the members of a group sit on several hosts (by their advertised address,
 ``HORA_HOSTNAME``) and some share one, the allreduce is hierarchical
@@ -57,6 +58,7 @@ import torch
 
 from hora.errors import CollectiveError, ConfigError
 from hora.native.backends.base import Group, ReduceOp
+from hora.native.rendezvous import env_float, recv_exact
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +101,6 @@ def buffer_bytes() -> int:
     Raises:
         ConfigError: not a positive number.
     """
-    from hora.native.rendezvous import env_float
-
     mb = env_float(ENV_SHM_BUFFER_MB, DEFAULT_BUFFER_MB)
     return max(_ALIGN, int(mb * (1 << 20)) // _ALIGN * _ALIGN)
 
@@ -206,7 +206,7 @@ class ShmReducer:
         while len(self._socks) < size - 1:
             s, _ = self._listener.accept()
             s.settimeout(self.timeout)
-            tok, p = _HELLO.unpack(_recv_exact(s, _HELLO.size))
+            tok, p = _HELLO.unpack(recv_exact(s, _HELLO.size))
             if tok != token.encode() or not g < p < size or p in self._socks:
                 s.close()
                 raise OSError(f"unexpected connection on the shared-memory socket (group rank {p})")
@@ -433,12 +433,3 @@ def _agree(gloo_allreduce: Any, ok: bool) -> bool:
     gloo_allreduce(flag)
     return int(flag.item()) == 0
 
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = s.recv(n - len(data))
-        if not chunk:
-            raise OSError("the peer closed the connection during the hello")
-        data += chunk
-    return data
