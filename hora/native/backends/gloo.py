@@ -148,7 +148,7 @@ class GlooBackend(Backend):
             cross = partial(self._gloo_allreduce, group=leaders)
         log.debug("rank %d: hierarchical allreduce for ranks %s: on this host %s, across hosts %s",
                   self.rank, group.ranks, local.ranks, leaders.ranks)
-        return shm.HierarchicalReducer(reducer, cross)
+        return shm.HierarchicalReducer(reducer, cross, self.supports_reduce)
 
     def _gloo_options(self) -> Any:
         opts = dist.ProcessGroupGloo._Options()

@@ -380,13 +380,13 @@ class HierarchicalReducer:
     Only one member per host sends over the network, with the bytes of one buffer.
     """
 
-    def __init__(self, local: ShmReducer | None, cross_allreduce: Any) -> None:
+    def __init__(self, local: ShmReducer | None, cross_allreduce: Any, cross_supports: Any) -> None:
         self.local = local  # None: this member is alone on its host
         self.cross_allreduce = cross_allreduce  # None: not this host's leader
+        self.cross_supports = cross_supports  # (dtype, op) -> whether the hosts' link can reduce it
 
-    @staticmethod
-    def supports(buf: torch.Tensor, op: ReduceOp) -> bool:
-        return ShmReducer.supports(buf, op) and buf.dtype != torch.int16  # Gloo crosses hosts
+    def supports(self, buf: torch.Tensor, op: ReduceOp) -> bool:
+        return ShmReducer.supports(buf, op) and self.cross_supports(buf.dtype, op)
 
     def allreduce(self, buf: torch.Tensor, op: ReduceOp) -> None:
         if self.local is not None:
