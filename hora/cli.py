@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from hora.errors import ConfigError, HoraError
+from hora.native.build_info import find_mpiexec
 
 EXIT_USAGE = 2
 POLL_INTERVAL = 0.05
@@ -425,7 +426,7 @@ def _run_mpi(args: argparse.Namespace, command: list[str], base_env: dict[str, s
              start_timeout: float) -> int:
     from hora.runners.procs import ProcessLauncher, shell_exit_code
 
-    mpiexec = shutil.which("mpiexec") or shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    mpiexec = find_mpiexec()
     if mpiexec is None:
         raise UsageError("--mpi needs mpiexec on PATH (pip install mpich, or install an MPI)")
     printer = _Printer(str(base_env.get("HORA_RUN_ID", "hora")))
@@ -541,7 +542,7 @@ def check_report() -> list[tuple[str, str, bool, str]]:
         add("backends", "gloo", False, "needs torch")
         add("backends", "nccl", False, "needs torch")
     mpi4py_v = _version("mpi4py")
-    mpiexec = shutil.which("mpiexec") or shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    mpiexec = find_mpiexec()
     detail = f"mpi4py {mpi4py_v or 'not installed'}, mpiexec {mpiexec or 'not found'}"
     add("backends", "mpi", mpi4py_v is not None and mpiexec is not None, detail)
 

@@ -76,6 +76,50 @@ def _rebuild_worker_failed(message, rank, host, remote_traceback, exitcode):
     )
 
 
+# -- Horovod's exception names (``horovod.common.exceptions``), for programs migrated by renaming ----------
+
+#: Horovod raises ``HorovodInternalError`` when a collective fails; in hora that is a CollectiveError.
+#: ``hora.torch.elastic.run`` treats it as Horovod's elastic mode does: restore the last commit, retry.
+HorovodInternalError = CollectiveError
+
+
+class HostsUpdatedInterrupt(HoraError, RuntimeError):
+    """The set of hosts changed during elastic training (Horovod's name and meaning).
+
+    Attributes:
+        skip_sync: ``True`` when only hosts were added and the state need not be restored
+            before the next reset (Horovod's semantics).
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        self.skip_sync = skip_sync
+        super().__init__(f"hosts were updated (skip_sync={skip_sync})")
+
+    def __reduce__(self):
+        return (HostsUpdatedInterrupt, (self.skip_sync,))
+
+
+class HorovodVersionMismatchError(HoraError, ImportError):
+    """A framework was imported at a version other than the one the extension needs (Horovod's name).
+
+    hora builds no compiled extension, so it raises this only where a framework is older than
+    hora supports.
+    """
+
+    def __init__(self, name: str, version: str, installed_version: str) -> None:
+        self.name, self.version, self.installed_version = name, version, installed_version
+        super().__init__(get_version_mismatch_message(name, version, installed_version))
+
+    def __reduce__(self):
+        return (HorovodVersionMismatchError, (self.name, self.version, self.installed_version))
+
+
+def get_version_mismatch_message(name: str, version: str, installed_version: str) -> str:
+    """Horovod's message for :class:`HorovodVersionMismatchError`."""
+    return (f"Framework {name} installed with version {installed_version} but found version {version}; "
+            f"install a supported version of {name}")
+
+
 __all__ = [
     "HoraError",
     "ConfigError",
@@ -85,4 +129,8 @@ __all__ = [
     "RendezvousError",
     "StoreError",
     "WorkerFailedError",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
+    "HorovodVersionMismatchError",
+    "get_version_mismatch_message",
 ]

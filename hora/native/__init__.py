@@ -39,10 +39,15 @@ for _name in (
     "synchronize",
 ):
     _EXPORTS[_name] = "hora.native.ops"
+for _name in (
+    "gloo_built", "nccl_built", "mpi_built", "cuda_built", "rocm_built", "ccl_built", "ddl_built",
+    "gloo_enabled", "mpi_enabled", "mpi_threads_supported",
+):
+    _EXPORTS[_name] = "hora.native.build_info"
 del _name
 
 # submodules reachable as attributes (``hn.engine``) even before anything imported them
-_SUBMODULES = ("backends", "compression", "engine", "ops", "process_sets", "rendezvous", "timeline")
+_SUBMODULES = ("backends", "build_info", "compression", "engine", "ops", "process_sets", "rendezvous", "timeline")
 
 __all__ = [
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Compression", "Compressor", "Handle", "GroupHandle",
@@ -54,6 +59,8 @@ __all__ = [
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
     "broadcast_object", "allgather_object", "synchronize", "poll",
+    "gloo_built", "nccl_built", "mpi_built", "cuda_built", "rocm_built", "ccl_built", "ddl_built",
+    "gloo_enabled", "mpi_enabled", "mpi_threads_supported",
 ]
 
 
@@ -80,6 +87,18 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ provides these
     from hora.native.backends.base import ReduceOp
+    from hora.native.build_info import (
+        ccl_built,
+        cuda_built,
+        ddl_built,
+        gloo_built,
+        gloo_enabled,
+        mpi_built,
+        mpi_enabled,
+        mpi_threads_supported,
+        nccl_built,
+        rocm_built,
+    )
     from hora.native.compression import Compression, Compressor
     from hora.native.engine import Handle
     from hora.native.ops import (

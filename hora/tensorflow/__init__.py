@@ -47,6 +47,19 @@ from hora.native import (
     shutdown,
     size,
 )
+from hora.errors import HorovodInternalError, HostsUpdatedInterrupt
+from hora.native.build_info import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
 from hora.tensorflow.functions import (
     DistributedGradientTape,
     DistributedOptimizer,
@@ -68,6 +81,8 @@ from hora.tensorflow.mpi_ops import (
 )
 
 __all__ = [
+    "HorovodInternalError", "HostsUpdatedInterrupt", "ccl_built", "cuda_built", "ddl_built", "gloo_built",
+    "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built",
     "Average", "Compression", "Max", "Min", "ProcessSet", "Product", "ReduceOp", "Sum",
     "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",
     "broadcast", "broadcast_", "broadcast_object", "broadcast_variables", "cross_rank", "cross_size",

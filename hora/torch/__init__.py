@@ -65,6 +65,19 @@ from hora.native import (
     size,
     synchronize,
 )
+from hora.errors import HorovodInternalError, HostsUpdatedInterrupt
+from hora.native.build_info import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
 from hora.torch.functions import (
     allgather_object,
     broadcast_object,
@@ -76,6 +89,8 @@ from hora.torch.sync_batch_norm import SyncBatchNorm
 from hora.torch import elastic  # noqa: E402  (hvd.elastic.TorchState, as in Horovod)
 
 __all__ = [
+    "HorovodInternalError", "HostsUpdatedInterrupt", "ccl_built", "cuda_built", "ddl_built", "gloo_built",
+    "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built",
     "Average", "Compression", "Max", "Min", "ProcessSet", "Product", "ReduceOp", "Sum",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
