@@ -10,34 +10,46 @@
 >>> model = est.fit(ddf)            # hora.dask.TorchModel
 >>> model.predict(ddf).compute(); model.save("s3://bucket/models/m1")
 
-``KerasEstimator`` / ``KerasModel`` come from :mod:`hora.estimators.keras`, imported on
-first access (importing ``hora.dask`` never imports TensorFlow).
+A frame of many scalar columns feeds one model input through a feature group:
+``feature_cols=[["x0", "x1", ..., "x63"]]``. Array columns work under Dask's default
+``dataframe.convert-string``. ``KerasEstimator`` and ``LightningEstimator`` (and their
+models) are imported on first access (importing ``hora.dask`` imports neither TensorFlow
+nor Lightning).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from hora.estimators.callbacks import BestModelCheckpoint, Callback, EarlyStopping
-from hora.estimators.dask_estimator import TorchEstimator, TorchModel, active_client
+from hora.estimators import dask_face
+from hora.estimators.callbacks import BestModelCheckpoint, Callback, EarlyStopping, MLflowLogger
+from hora.estimators.dask_face import active_client
+from hora.estimators.torch import TORCH
 
-_LAZY = {"KerasEstimator": "DaskKerasEstimator", "KerasModel": "DaskKerasModel"}
+TorchEstimator, TorchModel = dask_face.build(TORCH, __name__, "TorchEstimator", "TorchModel")
+
+#: classes built on first access: name -> (framework module, descriptor, estimator name, model name)
+_LAZY = {
+    "KerasEstimator": ("hora.estimators.keras", "KERAS", "KerasEstimator", "KerasModel"),
+    "KerasModel": ("hora.estimators.keras", "KERAS", "KerasEstimator", "KerasModel"),
+    "LightningEstimator": ("hora.estimators.lightning", "LIGHTNING", "LightningEstimator", "LightningModel"),
+    "LightningModel": ("hora.estimators.lightning", "LIGHTNING", "LightningEstimator", "LightningModel"),
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
+        module, descriptor, est_name, model_name = _LAZY[name]
         try:
-            module = importlib.import_module("hora.estimators.keras")
+            framework = getattr(importlib.import_module(module), descriptor)
         except ImportError as exc:
-            raise ImportError(f"hora.dask.{name} needs hora.estimators.keras and TensorFlow/Keras: {exc}") from exc
-        for attr in (_LAZY[name], name):
-            if hasattr(module, attr):
-                return getattr(module, attr)
-        raise AttributeError(f"hora.estimators.keras defines neither {_LAZY[name]} nor {name}")
+            raise ImportError(f"hora.dask.{name} needs {module}, which cannot be imported: {exc}") from exc
+        est, model = dask_face.build(framework, __name__, est_name, model_name)
+        globals().update({est_name: est, model_name: model})
+        return globals()[name]
     raise AttributeError(f"module 'hora.dask' has no attribute {name!r}")
 
 
-__all__ = ["TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "Callback", "EarlyStopping",
-           "BestModelCheckpoint", "active_client"]
+__all__ = ["TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "LightningEstimator", "LightningModel",
+           "Callback", "EarlyStopping", "BestModelCheckpoint", "MLflowLogger", "active_client"]

@@ -6,8 +6,11 @@ takes the same decision; a callback that should act once (write a file) checks
 ``context.rank == 0``.
 
 A callback sees a :class:`CallbackContext` with the rank, the size, the run id, the
-store, ``stop_training`` (set it to True to end training after this epoch) and
-``state_bytes()`` (the current model weights, serialized by the framework trainer).
+store, the estimator's JSON params, ``stop_training`` (set it to True to end training
+after this epoch), ``state_bytes()`` (a checkpoint of the current model) and
+``model_files()`` (the model as a saved hora model holds it). Before anything is
+launched, the driver calls each callback's :meth:`Callback.prepare` with the config
+(:class:`MLflowLogger` checks its tracking server there).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ class CallbackContext:
         epoch: the current epoch (0-based); ``step``: the batch index in the epoch.
         stop_training: set to True to stop after the current epoch (all ranks agree,
             because every rank runs the same callbacks on the same averaged logs).
-        state_bytes: returns the serialized model state (framework trainer's format).
+        state_bytes: returns a checkpoint of the current model and optimizer (the session's format).
+        model_files: returns the current model as the framework codec saves it (``{name: bytes}``).
+        params: the estimator's JSON parameters.
         extra: free space for callbacks to share state.
     """
 
@@ -44,11 +49,16 @@ class CallbackContext:
     step: int = 0
     stop_training: bool = False
     state_bytes: Callable[[], bytes] | None = None
+    model_files: Callable[[], dict[str, bytes]] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Callback:
     """Base class of training callbacks; override the hooks you need (all are no-ops)."""
+
+    def prepare(self, config: Any) -> None:
+        """Called on the driver with the estimator's config before anything is launched (validate here)."""
 
     def on_train_begin(self, ctx: CallbackContext) -> None:
         """Called once before the first epoch (after a resume, before the resumed epoch)."""
@@ -64,6 +74,10 @@ class Callback:
 
     def on_train_end(self, ctx: CallbackContext, history: list[dict[str, float]]) -> None:
         """Called once after the last epoch."""
+
+    def on_train_result(self, ctx: CallbackContext, history: list[dict[str, float]]) -> None:
+        """Called once after :meth:`on_train_end` of every callback and any restore of a best state:
+        ``ctx.model_files()`` is then the model ``fit`` returns."""
 
 
 def _improved(mode: str, value: float, best: float, min_delta: float) -> bool:
@@ -178,4 +192,85 @@ class BestModelCheckpoint(Callback):
             ctx.extra["restored_epoch"] = self.best_epoch
 
 
-__all__ = ["Callback", "CallbackContext", "EarlyStopping", "BestModelCheckpoint"]
+class MLflowLogger(Callback):
+    """Log a fit to MLflow: the estimator's JSON params, per-epoch metrics and the fitted model.
+
+    Rank 0 logs, to one MLflow run: every JSON parameter of the estimator (as params),
+    the epoch logs (``loss``, ``val_loss``, ``val_<metric>``, ...) with ``step=epoch``,
+    and with ``log_model`` the fitted model's files (as a saved hora model holds them)
+    under the artifact path ``model``.
+
+    Args:
+        tracking_uri: the tracking server or store (``http://...``, ``sqlite:///...``);
+            default: the driver's (``mlflow.get_tracking_uri()``).
+        experiment: the experiment's name (created if missing); default: the active one.
+        run_id: an existing MLflow run to log to; default: the driver's active run when
+            ``tracking_uri`` is not given, else a new run (ended when training ends).
+        log_model: log the fitted model as an artifact.
+
+    Raises:
+        ConfigError: bad arguments; on the driver before launch (:meth:`prepare`),
+            mlflow missing, a tracking URI that cannot be reached, or an unknown run.
+
+    After ``fit``, ``run_id_`` and ``tracking_uri_`` say where the run was logged.
+    """
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_id: str | None = None,
+                 log_model: bool = True) -> None:
+        for name, value in (("tracking_uri", tracking_uri), ("experiment", experiment), ("run_id", run_id)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"MLflowLogger {name} must be a non-empty string or None, got {value!r}")
+        if not isinstance(log_model, bool):
+            raise ConfigError(f"MLflowLogger log_model must be True or False, got {log_model!r}")
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.run_id = run_id
+        self.log_model = log_model
+        self.tracking_uri_: str | None = None
+        self.run_id_: str | None = None
+        self._created = False
+
+    def prepare(self, config: Any) -> None:
+        from hora.estimators.mlflow_support import resolve_run
+
+        self.tracking_uri_, self.run_id_, self._created = resolve_run(
+            self.tracking_uri, self.experiment, self.run_id, run_name=getattr(config, "run_id", None))
+
+    def _client(self) -> Any:
+        if self.run_id_ is None:
+            raise ConfigError("MLflowLogger was not prepared on the driver (use it in an estimator's callbacks)")
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(self.tracking_uri_)
+
+    def on_train_begin(self, ctx: CallbackContext) -> None:
+        if ctx.rank != 0:
+            return
+        from hora.estimators.mlflow_support import log_params
+
+        log_params(self._client(), self.run_id_, {**ctx.params, "hora_run_id": ctx.run_id, "num_proc": ctx.size})
+
+    def on_epoch_end(self, ctx: CallbackContext, epoch: int, logs: dict[str, float]) -> None:
+        if ctx.rank != 0:
+            return
+        from mlflow.entities import Metric
+
+        import time as _time
+
+        now = int(_time.time() * 1000)
+        metrics = [Metric(k, float(v), now, epoch) for k, v in logs.items() if isinstance(v, (int, float))]
+        self._client().log_batch(self.run_id_, metrics=metrics)
+
+    def on_train_result(self, ctx: CallbackContext, history: list[dict[str, float]]) -> None:
+        if ctx.rank != 0:
+            return
+        client = self._client()
+        if self.log_model and ctx.model_files is not None:
+            from hora.estimators.mlflow_support import log_files
+
+            log_files(client, self.run_id_, ctx.model_files(), "model")
+        if self._created:
+            client.set_terminated(self.run_id_)
+
+
+__all__ = ["Callback", "CallbackContext", "EarlyStopping", "BestModelCheckpoint", "MLflowLogger"]

@@ -1,153 +1,133 @@
-"""The estimator configuration shared by both faces: one dataclass, validated in ``__post_init__``.
+"""Estimator parameters, each declared once: one dataclass field with its default, doc and persistence.
 
-``hora.spark.TorchEstimator`` (Spark Params) and ``hora.dask.TorchEstimator``
-(scikit-learn style arguments) both turn their parameters into an
-:class:`EstimatorConfig` at ``fit`` time; everything after that is engine-neutral.
+:class:`EstimatorConfig` declares the parameters every framework shares; a framework
+subclasses it for its own (``KerasConfig.custom_objects``). Each field is made by
+:func:`param` and carries a :class:`ParamInfo` (doc, how it is persisted, and for
+Horovod's petastorm knobs what hora does instead). Everything else is derived from
+the fields: the defaults and docs (:func:`param_defaults`, :func:`param_docs`), the
+Spark Params and the Dask constructor signature of the faces, the JSON metadata set
+(:func:`json_params`), and the workers' copy of the config (:meth:`EstimatorConfig.for_workers`).
 
 Learning-rate scaling policy
 ----------------------------
 With ``lr_scaling="linear"`` (the default, as in Horovod) every optimizer parameter
-group's learning rate is multiplied by the number of training processes
-(``num_proc``) on the workers, because the effective batch is ``num_proc`` times the
-per-rank ``batch_size``. ``lr_scaling="none"`` keeps the learning rate as given.
-``learning_rate``, when set, replaces the optimizer's learning rate (of every group)
-*before* scaling; it exists so ``ParamGridBuilder`` can search over it.
+group's learning rate is multiplied by the number of training processes on the
+workers, because the effective batch is ``num_proc`` times the per-rank
+``batch_size``. ``lr_scaling="none"`` keeps the learning rate as given.
+``learning_rate``, when set, replaces the optimizer's learning rate *before* scaling;
+it exists so ``ParamGridBuilder`` can search over it.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import logging
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from hora.errors import ConfigError
+from hora.estimators.data import Features
+
+logger = logging.getLogger(__name__)
 
 LR_SCALING_POLICIES = ("linear", "none")
+JSON, PICKLE, NONE = "json", "pickle", "none"
 
-#: Parameter names, in a stable order, with their defaults (what both faces expose).
-PARAM_DEFAULTS: dict[str, Any] = {
-    "num_proc": None,
-    "store": None,
-    "model": None,
-    "optimizer": None,
-    "loss": None,
-    "loss_weights": None,
-    "metrics": None,
-    "feature_cols": None,
-    "label_cols": None,
-    "sample_weight_col": None,
-    "validation": None,
-    "batch_size": 32,
-    "val_batch_size": None,
-    "epochs": 1,
-    "train_steps_per_epoch": None,
-    "validation_steps_per_epoch": None,
-    "shuffle": True,
-    "shuffle_buffer_size": None,
-    "random_seed": None,
-    "run_id": None,
-    "callbacks": None,
-    "gradient_compression": None,
-    "backward_passes_per_step": 1,
-    "transformation_fn": None,
-    "input_shapes": None,
-    "use_gpu": False,
-    "verbose": 1,
-    "backend_env": None,
-    "lr_scaling": "linear",
-    "learning_rate": None,
-    "output_cols": None,
-    "start_timeout": None,
+
+class ParamError(ConfigError, TypeError):
+    """A keyword the estimator does not take (a ConfigError, and a TypeError as Python raises for one)."""
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """What a parameter is, beyond its type and default.
+
+    Attributes:
+        doc: one line for users (Spark Param doc, docstrings).
+        persist: ``"json"`` (Spark metadata / saved JSON), ``"pickle"`` (a side file) or
+            ``"none"`` (never saved: recreated for each run, as Horovod's ``backend``).
+        ignored: for Horovod's petastorm knobs, what hora does instead; setting one logs
+            this once.
+    """
+
+    doc: str
+    persist: str = JSON
+    ignored: str | None = None
+
+
+def param(default: Any, doc: str, persist: str = JSON, ignored: str | None = None) -> Any:
+    """A dataclass field declaring one estimator parameter."""
+    return field(default=default, metadata={"hora": ParamInfo(doc, persist, ignored)})
+
+
+def param_fields(cls: type) -> list[dataclasses.Field]:
+    """The parameter fields of a config class, in declaration order."""
+    return [f for f in dataclasses.fields(cls) if "hora" in f.metadata]
+
+
+def param_defaults(cls: type) -> dict[str, Any]:
+    """``{name: default}`` of a config class."""
+    return {f.name: f.default for f in param_fields(cls)}
+
+
+def param_docs(cls: type) -> dict[str, str]:
+    """``{name: doc}`` of a config class."""
+    return {f.name: f.metadata["hora"].doc for f in param_fields(cls)}
+
+
+def json_params(cls: type) -> frozenset[str]:
+    """Names of the parameters persisted as JSON metadata (the others are pickled side files or not saved)."""
+    return frozenset(f.name for f in param_fields(cls) if f.metadata["hora"].persist == JSON)
+
+
+def unsaved_params(cls: type) -> frozenset[str]:
+    """Names of the parameters never persisted (recreated for each run)."""
+    return frozenset(f.name for f in param_fields(cls) if f.metadata["hora"].persist == NONE)
+
+
+#: Horovod estimator keywords hora does not take, with what to do instead.
+HOROVOD_UNSUPPORTED: dict[str, str] = {
+    "continuous_cols": "NVTabular's column roles are not used by hora: list the columns in feature_cols "
+                       "(a feature group, a list inside feature_cols, stacks scalar columns into one input)",
+    "categorical_cols": "NVTabular's column roles are not used by hora: index/encode categorical columns and list "
+                        "them in feature_cols",
+    "data_module": "hora reads the materialized Parquet with its own reader (hora.store); shape batches with "
+                   "transformation_fn",
+    "label_shapes": "hora reshapes each label to its model output when their values per row match; reshape other "
+                    "labels in transformation_fn",
+    "loss_constructors": "pass the losses themselves as loss=",
+    "tensorflow_dataset_prefetch_buffer_size": "only the Keras estimator takes it",
+    "custom_objects": "only the Keras estimator takes it",
+    "checkpoint_callback": "only the Keras and Lightning estimators take it",
+    "train_minibatch_fn": "only the Torch estimator takes it",
 }
 
-#: Params that are plain JSON values (persisted as Spark Params metadata); the others
-#: (model, optimizer, callables, the store...) are pickled into side files.
-JSON_PARAMS = frozenset(
-    {
-        "num_proc",
-        "loss_weights",
-        "feature_cols",
-        "label_cols",
-        "sample_weight_col",
-        "validation",
-        "batch_size",
-        "val_batch_size",
-        "epochs",
-        "train_steps_per_epoch",
-        "validation_steps_per_epoch",
-        "shuffle",
-        "shuffle_buffer_size",
-        "random_seed",
-        "run_id",
-        "backward_passes_per_step",
-        "input_shapes",
-        "use_gpu",
-        "verbose",
-        "backend_env",
-        "lr_scaling",
-        "learning_rate",
-        "output_cols",
-        "start_timeout",
-    }
-)
-
-PARAM_DOCS: dict[str, str] = {
-    "num_proc": "number of training processes (ranks); default: the engine's parallelism",
-    "store": "hora.store.Store (or a URL) where data is materialized and runs are kept",
-    "model": "the model to train (a torch.nn.Module for TorchEstimator)",
-    "optimizer": "an optimizer bound to the model's parameters, or a factory params -> optimizer",
-    "loss": "loss callable (output, label) -> scalar tensor, or a list with one per label",
-    "loss_weights": "weights of the per-label losses (one float per label)",
-    "metrics": "metric callables (output, label) -> tensor or torchmetrics Metrics; a list or a {name: metric} dict",
-    "feature_cols": "feature column names; the model is called as model(*features)",
-    "label_cols": "label column names; one model output per label",
-    "sample_weight_col": "column of per-row loss weights",
-    "validation": "fraction of rows held out for validation, or the name of a boolean column",
-    "batch_size": "rows per training batch on each rank",
-    "val_batch_size": "rows per validation batch (default: batch_size)",
-    "epochs": "number of passes over the training data",
-    "train_steps_per_epoch": "training batches per epoch (default: one pass over each rank's share)",
-    "validation_steps_per_epoch": "validation batches per epoch (default: all)",
-    "shuffle": "shuffle the training data every epoch",
-    "shuffle_buffer_size": "rows mixed in memory by the reader's shuffle",
-    "random_seed": "seed of model init on the workers, the validation split and the shuffles",
-    "run_id": "name of the run in the store; fitting with an existing run_id resumes from its last checkpoint",
-    "callbacks": "list of hora.estimators.callbacks.Callback objects",
-    "gradient_compression": "gradient compression for allreduce (e.g. hora.native.compression.fp16)",
-    "backward_passes_per_step": "gradient accumulation: backward passes per optimizer step",
-    "transformation_fn": "function applied to every batch (dict of numpy arrays -> dict) on the workers",
-    "input_shapes": "shape of each feature input including the batch dimension, e.g. [[-1, 1, 8, 8]]",
-    "use_gpu": "train on the GPU of each worker (one GPU per rank)",
-    "verbose": "0: quiet, 1: progress bar and epoch logs, 2: also batch logs",
-    "backend_env": "extra environment variables for the training workers",
-    "lr_scaling": "'linear' (default): multiply the learning rate by num_proc, as Horovod does; 'none'",
-    "learning_rate": "learning rate overriding the optimizer's (before scaling); for parameter searches",
-    "output_cols": "prediction column names (default 'prediction' for one label, '<label>__output' for several)",
-    "start_timeout": "seconds to wait for every worker to start",
-}
+_IGNORED = "Horovod's petastorm reader knob; hora's reader has none: "
+_warned: set[str] = set()
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _str_list(name: str, value: Any, allow_empty: bool = False) -> tuple[str, ...] | None:
+def _str_list(name: str, value: Any) -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, str):
         value = [value]
     try:
-        items = tuple(value)
+        items = list(value)
     except TypeError as exc:
         raise ConfigError(f"{name} must be a list of column names, got {value!r}") from exc
     for item in items:
         if not isinstance(item, str) or not item:
             raise ConfigError(f"{name} must hold non-empty column name strings, got {item!r}")
-    if not items and not allow_empty:
+    if not items:
         raise ConfigError(f"{name} must name at least one column")
     if len(set(items)) != len(items):
-        raise ConfigError(f"{name} has duplicate names: {list(items)}")
+        raise ConfigError(f"{name} has duplicate names: {items}")
     return items
 
 
@@ -159,85 +139,139 @@ def _positive_int(name: str, value: Any, allow_none: bool = True, minimum: int =
     return int(value)
 
 
+def _positive_number(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
+        raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 @dataclass
 class EstimatorConfig:
-    """Validated training configuration (see :data:`PARAM_DOCS` for each field).
+    """The validated parameters of one ``fit`` (both faces; see each field's doc, :func:`param_docs`).
 
-    Construction validates every field that can be checked without the data or
-    the framework; the framework trainer checks the model, optimizer and loss, and
-    the core checks columns and shapes against the DataFrame.
+    Construction checks every field that can be checked without the data or the
+    framework; the framework's codec checks the model, optimizer and loss, and the core
+    checks columns and shapes against the DataFrame.
 
     Raises:
         ConfigError: a field has a bad value; the message names the field.
     """
 
-    num_proc: int | None = None
-    store: Any = None
-    model: Any = None
-    optimizer: Any = None
-    loss: Any = None
-    loss_weights: Sequence[float] | None = None
-    metrics: Any = None
-    feature_cols: Sequence[str] | None = None
-    label_cols: Sequence[str] | None = None
-    sample_weight_col: str | None = None
-    validation: float | str | None = None
-    batch_size: int = 32
-    val_batch_size: int | None = None
-    epochs: int = 1
-    train_steps_per_epoch: int | None = None
-    validation_steps_per_epoch: int | None = None
-    shuffle: bool = True
-    shuffle_buffer_size: int | None = None
-    random_seed: int | None = None
-    run_id: str | None = None
-    callbacks: Sequence[Any] | None = None
-    gradient_compression: Any = None
-    backward_passes_per_step: int = 1
-    transformation_fn: Callable | None = None
-    input_shapes: Sequence[Sequence[int]] | None = None
-    use_gpu: bool = False
-    verbose: int = 1
-    backend_env: dict[str, str] | None = None
-    lr_scaling: str = "linear"
-    learning_rate: float | None = None
-    output_cols: Sequence[str] | None = None
-    start_timeout: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    num_proc: int | None = param(None, "number of training processes (ranks); default: the engine's parallelism")
+    backend: Any = param(None, "where the ranks run: hora.spark.common.backend.SparkBackend(num_proc=...) as in "
+                         "Horovod, a hora.runners Backend, or any object with Horovod's run()/num_processes()", NONE)
+    store: Any = param(None, "hora.store.Store (or a URL) where data is materialized and runs are kept", PICKLE)
+    model: Any = param(None, "the model to train", PICKLE)
+    optimizer: Any = param(None, "an optimizer bound to the model's parameters, or a factory params -> optimizer", PICKLE)
+    loss: Any = param(None, "loss callable (output, label) -> scalar, or a list with one per label", PICKLE)
+    loss_weights: Sequence[float] | None = param(None, "weights of the per-label losses (one float per label)")
+    metrics: Any = param(None, "metrics: callables (output, label) -> value or the framework's metric objects; a list "
+                         "or a {name: metric} dict", PICKLE)
+    feature_cols: Sequence[Any] | None = param(None, "one entry per model input: a column, or a list of scalar columns "
+                                               "stacked into one input (a feature group)")
+    label_cols: Sequence[str] | None = param(None, "label column names; one model output per label")
+    sample_weight_col: str | None = param(None, "column of per-row loss weights")
+    validation: float | str | None = param(None, "fraction of rows held out for validation, or a boolean column's name")
+    batch_size: int = param(32, "rows per training batch on each rank")
+    val_batch_size: int | None = param(None, "rows per validation batch (default: batch_size)")
+    epochs: int = param(1, "number of passes over the training data")
+    train_steps_per_epoch: int | None = param(None, "training batches per epoch (default: one pass over each rank's share)")
+    validation_steps_per_epoch: int | None = param(None, "validation batches per epoch (default: all)")
+    shuffle: bool = param(True, "shuffle the training data every epoch")
+    shuffle_buffer_size: int | None = param(None, "rows mixed in memory by the reader's shuffle")
+    random_seed: int | None = param(None, "seed of model init on the workers, the validation split and the shuffles")
+    run_id: str | None = param(None, "name of the run in the store; fitting with an existing run_id resumes from its "
+                               "last checkpoint")
+    callbacks: Sequence[Any] | None = param(None, "hora.estimators.callbacks.Callback objects (and the framework's own "
+                                            "callbacks where it has them)", PICKLE)
+    gradient_compression: Any = param(None, "gradient compression for allreduce (e.g. hora.native.compression.fp16)",
+                                      PICKLE)
+    backward_passes_per_step: int = param(1, "gradient accumulation: backward passes per optimizer step")
+    transformation_fn: Callable | None = param(None, "function applied to every batch (dict of numpy arrays -> dict) "
+                                               "on the workers", PICKLE)
+    input_shapes: Sequence[Sequence[int]] | None = param(None, "shape of each feature input including the batch "
+                                                         "dimension, e.g. [[-1, 1, 8, 8]]")
+    use_gpu: bool = param(False, "train on the GPU of each worker (one GPU per rank)")
+    verbose: int = param(1, "0: quiet, 1: progress bar and epoch logs, 2: also batch logs")
+    backend_env: dict[str, str] | None = param(None, "extra environment variables for the training workers")
+    lr_scaling: str = param("linear", "'linear' (default): multiply the learning rate by num_proc, as Horovod does; "
+                            "'none'")
+    learning_rate: float | None = param(None, "learning rate overriding the optimizer's (before scaling); for "
+                                        "parameter searches")
+    output_cols: Sequence[str] | None = param(None, "prediction column names (default 'prediction' for one label, "
+                                              "'<label>__output' for several)")
+    start_timeout: float | None = param(None, "seconds to wait for every worker to start")
+    partitions_per_process: int | None = param(None, "Parquet files of the materialized data per training process "
+                                               "(default: one)")
+    inmemory_cache_all: bool = param(False, "keep each rank's share of the data in memory after the first epoch "
+                                     "instead of reading it again")
+    train_reader_num_workers: int | None = param(None, "ignored (Horovod's petastorm knob)",
+                                                 ignored=_IGNORED + "each rank reads in one background thread")
+    val_reader_num_workers: int | None = param(None, "ignored (Horovod's petastorm knob)",
+                                               ignored=_IGNORED + "each rank reads in one background thread")
+    reader_pool_type: str | None = param(None, "ignored (Horovod's petastorm knob)",
+                                         ignored=_IGNORED + "each rank reads in one background thread")
+    mp_start_method: str | None = param(None, "ignored (Horovod's petastorm knob)",
+                                        ignored=_IGNORED + "it starts no reader processes")
+    compress_sparse_cols: bool | None = param(None, "ignored (Horovod's petastorm knob)",
+                                              ignored=_IGNORED + "ML vectors are stored dense")
+    transformation_edit_fields: Any = param(None, "ignored (Horovod's petastorm knob)",
+                                            ignored=_IGNORED + "it learns the transformed batch's fields from "
+                                            "transformation_fn's output")
+    transformation_removed_fields: Any = param(None, "ignored (Horovod's petastorm knob)",
+                                               ignored=_IGNORED + "it learns the transformed batch's fields from "
+                                               "transformation_fn's output")
 
     def __post_init__(self) -> None:
+        self._check_common()
+        self._check_training()
+        self._check_ignored()
+
+    # validation -------------------------------------------------------------------------
+    def _check_common(self) -> None:
+        from hora.store import Store
+
         self.num_proc = _positive_int("num_proc", self.num_proc)
+        if self.backend is not None:
+            from hora.runners import Backend
+
+            if not isinstance(self.backend, Backend) and not (hasattr(self.backend, "run") and
+                                                              hasattr(self.backend, "num_processes")):
+                raise ConfigError(f"backend must be a hora.spark.common.backend.SparkBackend, a hora.runners Backend or "
+                                  f"have Horovod's run()/num_processes(), got {type(self.backend).__name__}")
+            if self.num_proc is not None:
+                raise ConfigError("at most one of backend and num_proc may be given (as in Horovod): pass "
+                                  "num_proc to the backend, e.g. SparkBackend(num_proc=...)")
         if self.store is None:
             raise ConfigError("store is required: pass store=hora.store.Store.create(url) (or a store URL)")
         if isinstance(self.store, str):
-            from hora.store import Store
-
             self.store = Store.create(self.store)
-        else:
-            from hora.store import Store
-
-            if not isinstance(self.store, Store):
-                raise ConfigError(f"store must be a hora.store.Store or a URL string, got {type(self.store).__name__}")
+        elif not isinstance(self.store, Store):
+            raise ConfigError(f"store must be a hora.store.Store or a URL string, got {type(self.store).__name__}")
         if self.model is None:
             raise ConfigError("model is required")
-        if self.optimizer is None:
+        if self.optimizer is None and self.needs_optimizer():
             raise ConfigError("optimizer is required: an optimizer bound to the model's parameters, or a factory")
-        if self.loss is None:
+        if self.loss is None and self.needs_loss():
             raise ConfigError("loss is required: a callable (output, label) -> scalar, or one per label")
-        feats = _str_list("feature_cols", self.feature_cols)
-        if feats is None:
-            raise ConfigError("feature_cols is required: the names of the feature columns")
-        self.feature_cols = list(feats)
+        self.feature_cols = Features.parse(self.feature_cols).as_config()
         labels = _str_list("label_cols", self.label_cols)
         if labels is None:
             raise ConfigError("label_cols is required: the names of the label columns")
-        self.label_cols = list(labels)
-        overlap = set(self.feature_cols) & set(self.label_cols)
+        self.label_cols = labels
+        overlap = set(self.features.columns) & set(self.label_cols)
         if overlap:
             raise ConfigError(f"columns {sorted(overlap)} are both in feature_cols and label_cols")
         if self.sample_weight_col is not None and (not isinstance(self.sample_weight_col, str) or not self.sample_weight_col):
             raise ConfigError(f"sample_weight_col must be a column name, got {self.sample_weight_col!r}")
-
         n_labels = len(self.label_cols)
         if isinstance(self.loss, (list, tuple)):
             if len(self.loss) != n_labels:
@@ -245,7 +279,7 @@ class EstimatorConfig:
             for i, fn in enumerate(self.loss):
                 if not callable(fn):
                     raise ConfigError(f"loss[{i}] (for label {self.label_cols[i]!r}) is not callable: {fn!r}")
-        elif not callable(self.loss):
+        elif self.loss is not None and not callable(self.loss):
             raise ConfigError(f"loss must be callable or a list of callables, got {self.loss!r}")
         if self.loss_weights is not None:
             try:
@@ -255,14 +289,23 @@ class EstimatorConfig:
             if len(weights) != n_labels:
                 raise ConfigError(f"loss_weights has {len(weights)} entries but there are {n_labels} label_cols")
             self.loss_weights = weights
+        if self.output_cols is not None:
+            outs = _str_list("output_cols", self.output_cols)
+            if len(outs) != n_labels:
+                raise ConfigError(f"output_cols has {len(outs)} names but there are {n_labels} label_cols")
+            self.output_cols = outs
+        if self.run_id is not None:
+            from hora.runners.spec import check_run_id  # the one run id rule (store folders, task keys)
 
+            check_run_id(self.run_id)
+
+    def _check_training(self) -> None:
         if self.validation is not None and not isinstance(self.validation, str):
             if isinstance(self.validation, bool) or not isinstance(self.validation, numbers.Real):
                 raise ConfigError(f"validation must be a fraction in [0, 1) or a column name, got {self.validation!r}")
             if not 0.0 <= float(self.validation) < 1.0:
                 raise ConfigError(f"validation fraction must be in [0, 1), got {self.validation!r}")
             self.validation = float(self.validation) or None
-
         if not _is_int(self.batch_size) or self.batch_size <= 0:
             raise ConfigError(f"batch_size must be an integer > 0, got {self.batch_size!r}")
         self.val_batch_size = _positive_int("val_batch_size", self.val_batch_size)
@@ -270,21 +313,14 @@ class EstimatorConfig:
             raise ConfigError(f"epochs must be an integer >= 1, got {self.epochs!r}")
         self.train_steps_per_epoch = _positive_int("train_steps_per_epoch", self.train_steps_per_epoch)
         self.validation_steps_per_epoch = _positive_int("validation_steps_per_epoch", self.validation_steps_per_epoch)
-        if not isinstance(self.shuffle, bool):
-            raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}")
+        _flag("shuffle", self.shuffle)
         self.shuffle_buffer_size = _positive_int("shuffle_buffer_size", self.shuffle_buffer_size)
         if self.random_seed is not None and not _is_int(self.random_seed):
             raise ConfigError(f"random_seed must be an integer, got {self.random_seed!r}")
-        if self.run_id is not None:
-            from hora.store.layout import _check_name
-
-            _check_name("run_id", self.run_id)
         cbs = list(self.callbacks or [])
         for cb in cbs:
-            from hora.estimators.callbacks import Callback
-
-            if not isinstance(cb, Callback):
-                raise ConfigError(f"callbacks must be hora.estimators.callbacks.Callback instances, got {cb!r}")
+            if not self.accepts_callback(cb):
+                raise ConfigError(f"callbacks must be {self.callback_kinds()}, got {cb!r}")
         self.callbacks = cbs
         self.backward_passes_per_step = _positive_int("backward_passes_per_step", self.backward_passes_per_step, False)
         if self.transformation_fn is not None and not callable(self.transformation_fn):
@@ -293,51 +329,123 @@ class EstimatorConfig:
             shapes = []
             for shape in self.input_shapes:
                 try:
-                    dims = [int(d) for d in shape]
+                    shapes.append([int(d) for d in shape])
                 except (TypeError, ValueError) as exc:
                     raise ConfigError(f"input_shapes must be a list of shapes (lists of ints), got {self.input_shapes!r}") from exc
-                shapes.append(dims)
-            if len(shapes) != len(self.feature_cols):
-                raise ConfigError(
-                    f"input_shapes has {len(shapes)} shapes but there are {len(self.feature_cols)} feature_cols {self.feature_cols}"
-                )
+            n = len(self.feature_cols)
+            if len(shapes) != n:
+                raise ConfigError(f"input_shapes has {len(shapes)} shapes but there are {n} feature_cols {self.feature_cols}")
             self.input_shapes = shapes
-        if not isinstance(self.use_gpu, bool):
-            raise ConfigError(f"use_gpu must be True or False, got {self.use_gpu!r}")
+        _flag("use_gpu", self.use_gpu)
         if not _is_int(self.verbose) or self.verbose < 0:
             raise ConfigError(f"verbose must be an integer >= 0, got {self.verbose!r}")
-        if self.backend_env is not None:
-            if not isinstance(self.backend_env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.backend_env.items()
-            ):
-                raise ConfigError(f"backend_env must be a dict of str -> str, got {self.backend_env!r}")
+        if self.backend_env is not None and (not isinstance(self.backend_env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.backend_env.items())):
+            raise ConfigError(f"backend_env must be a dict of str -> str, got {self.backend_env!r}")
         if self.lr_scaling not in LR_SCALING_POLICIES:
             raise ConfigError(f"lr_scaling must be one of {LR_SCALING_POLICIES}, got {self.lr_scaling!r}")
-        if self.learning_rate is not None:
-            if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, numbers.Real) or self.learning_rate <= 0:
-                raise ConfigError(f"learning_rate must be a number > 0, got {self.learning_rate!r}")
-            self.learning_rate = float(self.learning_rate)
-        if self.output_cols is not None:
-            outs = _str_list("output_cols", self.output_cols)
-            if len(outs) != n_labels:
-                raise ConfigError(f"output_cols has {len(outs)} names but there are {n_labels} label_cols")
-            self.output_cols = list(outs)
-        if self.start_timeout is not None:
-            if isinstance(self.start_timeout, bool) or not isinstance(self.start_timeout, numbers.Real) or self.start_timeout <= 0:
-                raise ConfigError(f"start_timeout must be a number of seconds > 0, got {self.start_timeout!r}")
+        self.learning_rate = _positive_number("learning_rate", self.learning_rate)
+        self.start_timeout = _positive_number("start_timeout", self.start_timeout)
+        self.partitions_per_process = _positive_int("partitions_per_process", self.partitions_per_process)
+        _flag("inmemory_cache_all", self.inmemory_cache_all)
+
+    def _check_ignored(self) -> None:
+        for f in param_fields(type(self)):
+            info = f.metadata["hora"]
+            if info.ignored and getattr(self, f.name) is not None and f.name not in _warned:
+                _warned.add(f.name)
+                logger.warning("%s=%r is %s", f.name, getattr(self, f.name), info.ignored)
+
+    # hooks of framework subclasses --------------------------------------------------------
+    def needs_optimizer(self) -> bool:
+        """Whether ``optimizer`` is required (Lightning's modules configure their own)."""
+        return True
+
+    def needs_loss(self) -> bool:
+        """Whether ``loss`` is required."""
+        return True
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "EstimatorConfig":
-        """Build from a ``{name: value}`` dict; unknown names raise ConfigError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(params) - names
-        if unknown:
-            raise ConfigError(f"unknown estimator parameters: {sorted(unknown)}")
-        return cls(**params)
+    def accepts_callback(cls, cb: Any) -> bool:
+        """Whether ``cb`` may be in ``callbacks`` (hora's callbacks; frameworks add their own kinds)."""
+        from hora.estimators.callbacks import Callback
+
+        return isinstance(cb, Callback)
+
+    @classmethod
+    def callback_kinds(cls) -> str:
+        """What :meth:`accepts_callback` takes, for messages."""
+        return "hora.estimators.callbacks.Callback instances"
+
+    # derived ------------------------------------------------------------------------------
+    @property
+    def features(self) -> Features:
+        """The feature inputs (columns and feature groups)."""
+        return Features.parse(self.feature_cols)
+
+    @property
+    def seed(self) -> int:
+        """``random_seed`` or 0."""
+        return self.random_seed if self.random_seed is not None else 0
+
+    @property
+    def val_batch(self) -> int:
+        """``val_batch_size`` or ``batch_size``."""
+        return self.val_batch_size or self.batch_size
 
     def resolved_output_cols(self) -> list[str]:
         """The prediction column names: ``output_cols`` or the default naming."""
         return default_output_cols(self.label_cols, self.output_cols)
+
+    def json_values(self) -> dict[str, Any]:
+        """``{name: value}`` of the JSON parameters (what MLflow logs as params)."""
+        return {name: getattr(self, name) for name in sorted(json_params(type(self)))}
+
+    def for_workers(self, **resolved: Any) -> "EstimatorConfig":
+        """A copy for the training spec: the JSON parameters (and ``resolved`` values) only.
+
+        The pickled parameters (model, optimizer, callbacks, ...) travel frozen in the
+        spec's payload instead, and the unsaved ones (``backend``) stay on the driver.
+        """
+        clone = copy.copy(self)
+        keep = json_params(type(self))
+        for f in param_fields(type(self)):
+            if f.name not in keep:
+                setattr(clone, f.name, None)
+        for name, value in resolved.items():
+            setattr(clone, name, value)
+        return clone
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "EstimatorConfig":
+        """Build from a ``{name: value}`` dict.
+
+        Raises:
+            ParamError: an unknown name (Horovod's names say what to use instead).
+        """
+        check_param_names(cls, params, "estimator")
+        return cls(**params)
+
+
+def check_param_names(cls: type, names: Any, owner: str) -> None:
+    """Every name in ``names`` is a parameter of the config class ``cls``.
+
+    Raises:
+        ParamError: names the unknown parameters; for Horovod's keywords hora does not
+            take, what to use instead.
+    """
+    known = set(param_defaults(cls))
+    unknown = sorted(set(names) - known)
+    if not unknown:
+        return
+    horovod = [f"{n!r}: {HOROVOD_UNSUPPORTED[n]}" for n in unknown if n in HOROVOD_UNSUPPORTED]
+    others = [n for n in unknown if n not in HOROVOD_UNSUPPORTED]
+    parts = []
+    if horovod:
+        parts.append("Horovod parameter(s) hora does not take: " + "; ".join(horovod))
+    if others:
+        parts.append(f"it has no parameters {others} (unknown estimator parameters); its parameters are {sorted(known)}")
+    raise ParamError(f"{owner}: " + ". ".join(parts))
 
 
 def default_output_cols(label_cols: Sequence[str], output_cols: Sequence[str] | None = None) -> list[str]:
@@ -349,4 +457,11 @@ def default_output_cols(label_cols: Sequence[str], output_cols: Sequence[str] | 
     return [f"{c}__output" for c in label_cols]
 
 
-__all__ = ["EstimatorConfig", "PARAM_DEFAULTS", "PARAM_DOCS", "JSON_PARAMS", "LR_SCALING_POLICIES", "default_output_cols"]
+#: The shared parameters' defaults and docs, and the JSON set (derived from the fields above).
+PARAM_DEFAULTS: dict[str, Any] = param_defaults(EstimatorConfig)
+PARAM_DOCS: dict[str, str] = param_docs(EstimatorConfig)
+JSON_PARAMS: frozenset[str] = json_params(EstimatorConfig)
+
+__all__ = ["EstimatorConfig", "ParamInfo", "ParamError", "param", "param_fields", "param_defaults", "param_docs",
+           "json_params", "unsaved_params", "check_param_names", "HOROVOD_UNSUPPORTED", "PARAM_DEFAULTS",
+           "PARAM_DOCS", "JSON_PARAMS", "LR_SCALING_POLICIES", "default_output_cols"]

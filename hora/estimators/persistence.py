@@ -4,9 +4,9 @@ Layout of a saved fitted model (both faces; the Spark face adds Spark's own
 ``metadata/`` folder next to it so ``DefaultParamsReader`` and ``PipelineModel.load``
 find the class)::
 
-    <dir>/hora_model.json     format, framework, trainer class, JSON-able attributes
+    <dir>/hora_model.json     format, framework name, JSON-able attributes
     <dir>/model.pkl           the model definition (cloudpickle)   } written by the
-    <dir>/weights.pt          the weights (framework format)       } framework trainer
+    <dir>/weights.pt          the weights (framework format)       } framework's codec
     <dir>/objects.pkl         non-JSON params (callables, optimizer...), cloudpickled
 
 A saved estimator has ``hora_estimator.json`` and ``objects.pkl``.
@@ -67,8 +67,9 @@ def _json_safe(meta: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def save_fitted(url: str, trainer: Any, model: Any, meta: dict[str, Any], objects: dict[str, Any] | None = None, overwrite: bool = True) -> None:
-    """Write a fitted model to the folder ``url``.
+def save_fitted(url: str, codec: Any, model: Any, meta: dict[str, Any], objects: dict[str, Any] | None = None,
+                overwrite: bool = True) -> None:
+    """Write a fitted model to the folder ``url`` with the framework's ``codec``.
 
     Raises:
         StoreError: the folder exists and ``overwrite`` is False, or writing fails.
@@ -76,41 +77,41 @@ def save_fitted(url: str, trainer: Any, model: Any, meta: dict[str, Any], object
     store = open_store(url)
     if not overwrite and store.exists(MODEL_META):
         raise StoreError(f"{store.url} already holds a saved model; pass overwrite=True to replace it")
-    files = trainer.serialize_model(model)
+    files = codec.serialize(model)
     for name, data in files.items():
         store.write_bytes(name, data)
     store.write_bytes(OBJECTS, freeze(objects or {}))
     # the metadata goes last: a folder with it is complete
     store.write_json(
         MODEL_META,
-        _json_safe({"format": FORMAT, "framework": trainer.name, "trainer": class_path(trainer),
-                    "files": sorted(files), **meta}),
+        _json_safe({"format": FORMAT, "framework": codec.name, "files": sorted(files), **meta}),
     )
-    logger.info("saved %s model to %s", trainer.name, store.url)
+    logger.info("saved %s model to %s", codec.name, store.url)
 
 
 def load_fitted(url: str) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
-    """Read a fitted model written by :func:`save_fitted`: ``(trainer, model, meta, objects)``.
+    """Read a fitted model written by :func:`save_fitted`: ``(codec, model, meta, objects)``.
 
     Raises:
-        StoreError: no saved model there, an unsupported format, or unreadable files.
+        StoreError: no saved model there, an unsupported format, an unknown framework, or unreadable files.
     """
+    from hora.errors import ConfigError
+    from hora.estimators.framework import get_framework
+
     store = open_store(url)
     if not store.exists(MODEL_META):
         raise StoreError(f"{store.url} holds no saved hora model ({MODEL_META} is missing)")
     meta = store.read_json(MODEL_META)
     if meta.get("format") != FORMAT:
         raise StoreError(f"{store.url}: saved model format {meta.get('format')!r} is not supported (expected {FORMAT})")
-    trainer = import_class(meta["trainer"])()
+    try:
+        codec = get_framework(meta.get("framework", "")).codec
+    except ConfigError as exc:
+        raise StoreError(f"{store.url}: {exc}") from exc
     files = {name: store.read_bytes(name) for name in meta.get("files", [])}
-    model = trainer.deserialize_model(files)
+    model = codec.deserialize(files)
     objects = thaw(store.read_bytes(OBJECTS)) if store.exists(OBJECTS) else {}
-    return trainer, model, meta, objects
-
-
-def model_files(trainer: Any, model: Any) -> dict[str, bytes]:
-    """The side files of ``model`` (what transform ships to the executors)."""
-    return trainer.serialize_model(model)
+    return codec, model, meta, objects
 
 
 def save_objects(url: str, meta: dict[str, Any], objects: dict[str, Any], meta_name: str = ESTIMATOR_META) -> None:
@@ -134,4 +135,4 @@ def load_objects(url: str, meta_name: str = ESTIMATOR_META) -> tuple[dict[str, A
     return meta, objects
 
 
-__all__ = ["save_fitted", "load_fitted", "save_objects", "load_objects", "model_files", "open_store"]
+__all__ = ["save_fitted", "load_fitted", "save_objects", "load_objects", "open_store", "class_path", "import_class"]

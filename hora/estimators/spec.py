@@ -1,16 +1,17 @@
 """The frozen, picklable training spec: everything a training worker needs, and nothing else.
 
 The driver builds one :class:`TrainSpec` per ``fit`` and the runner ships it to every
-rank, which calls :func:`hora.estimators.worker.train_worker` on it. Framework objects
-(model, optimizer, loss, metrics, callbacks, transformation function, compression)
-are frozen into ``payload`` bytes with cloudpickle when the spec is built, so changes
-the user makes to them after ``fit`` starts cannot leak into the run, and every rank
-unpickles its own copy.
+rank, which calls :func:`hora.estimators.worker.train_worker` on it. The parameters
+travel as the config's worker copy (:meth:`EstimatorConfig.for_workers`: the JSON
+parameters, no field-by-field copy); the framework objects (model, optimizer, loss,
+metrics) are frozen by the framework's codec into ``payload``, and callbacks and the
+transformation function into ``common``, with cloudpickle when the spec is built, so
+changes the user makes to them after ``fit`` starts cannot leak into the run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
@@ -19,7 +20,11 @@ from hora.errors import ConfigError
 
 
 def freeze(obj: Any) -> bytes:
-    """cloudpickle ``obj`` (by value for ``__main__`` definitions)."""
+    """cloudpickle ``obj`` (by value for ``__main__`` definitions).
+
+    Raises:
+        ConfigError: ``obj`` cannot be pickled (names its type).
+    """
     try:
         return cloudpickle.dumps(obj)
     except Exception as exc:  # an unpicklable user object: name it
@@ -36,54 +41,39 @@ class TrainSpec:
     """What every training worker runs (frozen; pickled once per fit).
 
     Attributes:
-        trainer: the framework hooks object (e.g. :class:`~hora.estimators.torch_trainer.TorchTrainer`).
-        payload: frozen framework objects (``trainer.freeze_payload(config)``), opened
-            on the worker by ``trainer.setup``.
+        framework: the :class:`~hora.estimators.framework.Framework` (travels by name).
+        config: the worker copy of the configuration (JSON parameters; ``input_shapes``
+            as the codec resolved them).
+        payload: the framework objects frozen by the codec (``codec.freeze(config)``).
         common: frozen framework-neutral objects: ``{"callbacks": [...], "transformation_fn": fn}``.
         store: the hora Store; ``dataset``: the materialized :class:`~hora.store.DatasetInfo`.
         run_id: the run's id in the store; ``resume``: look for a checkpoint of this run first.
         num_proc: the number of ranks the driver asked for.
-        feature_cols, label_cols, sample_weight_col: column names.
-        input_shapes: per-feature shapes (with ``-1`` batch dimension) or None.
-        batch_size, val_batch_size, epochs, train_steps_per_epoch, validation_steps_per_epoch,
-        shuffle, shuffle_buffer_size, seed, backward_passes_per_step, use_gpu, verbose,
-        lr_scaling, learning_rate, loss_weights: see :mod:`hora.estimators.params`.
+        output_shapes: per-row shape of each model output (from the driver's check).
         report_every: training steps between progress reports from rank 0.
     """
 
-    trainer: Any
+    framework: Any
+    config: Any
     payload: bytes
     common: bytes
     store: Any
     dataset: Any
     run_id: str
     num_proc: int
-    feature_cols: tuple[str, ...]
-    label_cols: tuple[str, ...]
-    sample_weight_col: str | None = None
-    input_shapes: tuple[tuple[int, ...], ...] | None = None
-    batch_size: int = 32
-    val_batch_size: int = 32
-    epochs: int = 1
-    train_steps_per_epoch: int | None = None
-    validation_steps_per_epoch: int | None = None
-    shuffle: bool = True
-    shuffle_buffer_size: int | None = None
-    seed: int = 0
-    backward_passes_per_step: int = 1
-    use_gpu: bool = False
-    verbose: int = 1
-    lr_scaling: str = "linear"
-    learning_rate: float | None = None
-    loss_weights: tuple[float, ...] | None = None
+    output_shapes: tuple[tuple[int, ...], ...] = ()
     resume: bool = True
     report_every: int = 10
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has_val(self) -> bool:
         """Whether the dataset has a validation split."""
         return bool(self.dataset.has_val)
+
+    @property
+    def features(self) -> Any:
+        """The feature inputs (:class:`~hora.estimators.data.Features`)."""
+        return self.config.features
 
 
 __all__ = ["TrainSpec", "freeze", "thaw"]

@@ -4,6 +4,10 @@ One output column per model output (label). A model output whose per-row shape
 is ``()`` or ``(1,)`` becomes a float64 column (Spark ``double``); any other shape
 becomes a column of float64 arrays, flattened per row (Spark ``array<double>``).
 
+Each ``feature_cols`` entry is one model input: a column, or a feature group (a list of
+scalar columns stacked in order). The framework part, how one batch of inputs is
+predicted, is the codec's (:meth:`~hora.estimators.framework.ModelCodec.predict`).
+
 Spark: the serialized model is broadcast once; each task deserializes it once
 (cached per Python worker process, so reused Python workers load it once) and
 predicts Arrow batch by Arrow batch (``mapInArrow``: feature columns go from Arrow
@@ -40,28 +44,25 @@ def is_scalar_shape(shape: Sequence[int]) -> bool:
 
 
 def predict_frame(
-    trainer: Any,
+    codec: Any,
     model: Any,
     pdf: Any,
-    feature_cols: Sequence[str],
+    feature_cols: Sequence[Any],
     input_shapes: Any,
     output_cols: Sequence[str],
     output_shapes: Sequence[Sequence[int]],
     batch_size: int = DEFAULT_PREDICT_BATCH,
-    source_cols: Sequence[str] | None = None,
 ) -> Any:
-    """``pdf`` with one prediction column per model output appended.
-
-    Args:
-        source_cols: where to read each feature (default: ``feature_cols``).
+    """``pdf`` with one prediction column per model output appended (its rows and index as they are).
 
     Raises:
-        DataError: a feature column is missing, or the model returns another number of outputs.
+        DataError: a feature column is missing, holds strings, or the model returns another
+            number of outputs.
     """
-    from hora.estimators.core import series_to_numpy
+    from hora.estimators.data import Features, series_to_numpy
 
-    source_cols = list(source_cols or feature_cols)
-    missing = [c for c in source_cols if c not in pdf.columns]
+    features = Features.parse(feature_cols)
+    missing = [c for c in features.columns if c not in pdf.columns]
     if missing:
         raise DataError(f"feature column(s) {missing} not in the DataFrame to transform; its columns are {list(pdf.columns)}")
     out = pdf.copy()
@@ -69,24 +70,21 @@ def predict_frame(
         for name, shape in zip(output_cols, output_shapes):
             out[name] = np.zeros((0,), dtype=np.float64) if is_scalar_shape(shape) else []
         return out
-    inputs = [series_to_numpy(pdf[c]) for c in source_cols]
-    for c, arr in zip(source_cols, inputs):
+    arrays = {c: series_to_numpy(pdf[c]) for c in features.columns}
+    for c, arr in arrays.items():
         if arr.dtype.kind in "USO":
-            raise DataError(
-                f"feature column {c!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays "
-                "(Dask turns object columns into strings unless dask.config 'dataframe.convert-string' is False)"
-            )
-    preds = trainer.predict(model, inputs, input_shapes, batch_size)
-    if len(preds) != len(output_cols):
-        raise DataError(f"the model returned {len(preds)} outputs for {len(output_cols)} output columns {list(output_cols)}")
+            raise DataError(f"feature column {c!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays")
+    preds = codec.predict(model, features.inputs(arrays), input_shapes, batch_size)
+    _check_outputs(preds, output_cols)
     for name, shape, pred in zip(output_cols, output_shapes, preds):
         pred = np.asarray(pred, dtype=np.float64)
-        if is_scalar_shape(shape):
-            out[name] = pred.reshape(len(pdf))
-        else:
-            flat = pred.reshape(len(pdf), -1)
-            out[name] = list(flat)
+        out[name] = pred.reshape(len(pdf)) if is_scalar_shape(shape) else list(pred.reshape(len(pdf), -1))
     return out
+
+
+def _check_outputs(preds: Sequence[Any], output_cols: Sequence[str]) -> None:
+    if len(preds) != len(output_cols):
+        raise DataError(f"the model returned {len(preds)} outputs for {len(output_cols)} output columns {list(output_cols)}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -114,9 +112,9 @@ def _load_cached(key: Any, loader) -> Any:
 
 def spark_transform(
     df: Any,
-    trainer: Any,
+    codec: Any,
     model_files: dict[str, bytes],
-    feature_cols: Sequence[str],
+    feature_cols: Sequence[Any],
     input_shapes: Any,
     output_cols: Sequence[str],
     output_shapes: Sequence[Sequence[int]],
@@ -125,7 +123,8 @@ def spark_transform(
     """``df`` with prediction columns, computed on the executors over Arrow batches (``mapInArrow``).
 
     Feature columns are read from the Arrow batches straight into numpy (no pandas
-    conversion); every other column, vectors included, passes through untouched.
+    conversion; feature groups stacked); every other column, vectors included, passes
+    through untouched.
 
     Raises:
         DataError: a feature column is missing or an output column already exists.
@@ -135,8 +134,11 @@ def spark_transform(
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
+    from hora.estimators.data import Features
+
+    features = Features.parse(feature_cols)
     have = set(df.columns)
-    missing = [c for c in feature_cols if c not in have]
+    missing = [c for c in features.columns if c not in have]
     if missing:
         raise DataError(f"feature column(s) {missing} not in the DataFrame to transform; its columns are {sorted(have)}")
     clash = [c for c in output_cols if c in have]
@@ -145,15 +147,14 @@ def spark_transform(
 
     # vector features -> hidden array columns (read by the model, not returned)
     work = df
-    sources, hidden = [], []
-    for i, c in enumerate(feature_cols):
+    sources: dict[str, str] = {}
+    for i, c in enumerate(features.columns):
         if isinstance(df.schema[c].dataType, VectorUDT):
             h = _HIDDEN.format(i)
             work = work.withColumn(h, vector_to_array(F.col(f"`{c}`"), "float32"))
-            sources.append(h)
-            hidden.append(h)
+            sources[c] = h
         else:
-            sources.append(c)
+            sources[c] = c
     out_fields = [
         StructField(name, DoubleType() if is_scalar_shape(shape) else ArrayType(DoubleType(), containsNull=False), False)
         for name, shape in zip(output_cols, output_shapes)
@@ -168,13 +169,14 @@ def spark_transform(
     def _predict(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        model = _load_cached(key, lambda: trainer.deserialize_model(bc.value))
+        model = _load_cached(key, lambda: codec.deserialize(bc.value))
         for batch in batches:
             n = batch.num_rows
             columns = [batch.column(name) for name in keep]
             if n:
-                inputs = [arrow_to_numpy(batch.column(name), name) for name in sources]
-                preds = trainer.predict(model, inputs, input_shapes, batch_size)
+                arrays = {c: arrow_to_numpy(batch.column(src), c) for c, src in sources.items()}
+                preds = codec.predict(model, features.inputs(arrays), input_shapes, batch_size)
+                _check_outputs(preds, output_cols)
             else:
                 preds = [np.zeros((0,) + tuple(shape)) for shape in output_shapes]
             for shape, pred in zip(output_shapes, preds):
@@ -229,23 +231,28 @@ def _arrow_output(pred: np.ndarray, n: int, shape: Sequence[int], pa: Any) -> An
 # ---------------------------------------------------------------------------------------
 def dask_transform(
     ddf: Any,
-    trainer: Any,
+    codec: Any,
     model_files: dict[str, bytes],
-    feature_cols: Sequence[str],
+    feature_cols: Sequence[Any],
     input_shapes: Any,
     output_cols: Sequence[str],
     output_shapes: Sequence[Sequence[int]],
     batch_size: int = DEFAULT_PREDICT_BATCH,
 ) -> Any:
-    """``ddf`` with prediction columns, computed per partition with ``map_partitions``.
+    """``ddf`` with prediction columns, computed per partition with ``map_partitions``
+    (each partition keeps its rows, their order and its index).
 
     Raises:
         DataError: a feature column is missing or an output column already exists.
     """
     import pandas as pd
 
+    from hora.estimators.data import Features, dask_frame
+
+    columns = Features.parse(feature_cols).columns
+    ddf = dask_frame(ddf, columns)
     have = set(str(c) for c in ddf.columns)
-    missing = [c for c in feature_cols if c not in have]
+    missing = [c for c in columns if c not in have]
     if missing:
         raise DataError(f"feature column(s) {missing} not in the DataFrame to transform; its columns are {sorted(have)}")
     clash = [c for c in output_cols if c in have]
@@ -260,8 +267,8 @@ def dask_transform(
     output_shapes = [tuple(s) for s in output_shapes]
 
     def _predict(pdf: Any) -> Any:
-        model = _load_cached(key, lambda: trainer.deserialize_model(model_files))
-        return predict_frame(trainer, model, pdf, feature_cols, input_shapes, output_cols, output_shapes, batch_size)
+        model = _load_cached(key, lambda: codec.deserialize(model_files))
+        return predict_frame(codec, model, pdf, feature_cols, input_shapes, output_cols, output_shapes, batch_size)
 
     return ddf.map_partitions(_predict, meta=meta)
 

@@ -1,17 +1,19 @@
 """The training worker: one module-level function run on every rank with the frozen spec.
 
-:func:`train_worker` is framework-neutral: tensors are the business of
-``spec.trainer`` (see :class:`hora.estimators.trainer.Trainer`). Per rank it
+:func:`train_worker` is framework-neutral: tensors are the business of the framework's
+:class:`~hora.estimators.framework.TrainingSession`. Per rank it
 
-1. sets up the framework (collectives, model, optimizer) from the spec,
-2. resumes from the run's last checkpoint in the store when there is one,
+1. opens the session from the spec (collectives, model, optimizer),
+2. resumes from the run's last checkpoint in the store when there is one (at its epoch
+   and step, with its history and step count),
 3. broadcasts rank 0's model and optimizer state to every rank,
-4. per epoch: trains on this rank's batches from :func:`hora.store.make_reader`
-   (the same number of batches on every rank), each reader pass turned into the
-   framework's batches by the trainer's ``batches`` hook (numpy dicts for torch, the
-   ``tf.data`` adapter for Keras; ``transformation_fn`` applied first), validates,
-   averages the epoch metrics across ranks, runs the callbacks, and on rank 0 checkpoints (model, optimizer,
-   epoch, history) atomically, writes TensorBoard scalars and reports progress,
+4. per epoch: trains on this rank's batches from :func:`hora.store.make_reader` (the
+   same number on every rank; kept in memory after the first epoch with
+   ``inmemory_cache_all``), each reader pass turned into the framework's batches by
+   the session's ``batches`` hook (``transformation_fn`` and the feature groups
+   applied first), validates, averages the epoch metrics across ranks (the one metric
+   allreduce, :func:`allreduce_sum`), runs the callbacks, and on rank 0 checkpoints
+   atomically, writes TensorBoard scalars and reports progress (a bar per epoch),
 5. returns (rank 0) the history and the final weights.
 """
 
@@ -24,13 +26,15 @@ import sys
 import tempfile
 import time
 import types
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from hora.errors import ConfigError, DataError
 from hora.estimators.callbacks import CallbackContext
+from hora.estimators.framework import Resume, TrainingSession
 from hora.estimators.spec import TrainSpec, thaw
+from hora.store.reader import Reader
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,16 @@ def _report(**metrics: Any) -> None:
         logger.debug("progress report failed: %s", exc)
 
 
+def allreduce_sum(values: np.ndarray) -> np.ndarray:
+    """Sum a float64 vector across the ranks of the job (the estimators' only metric collective)."""
+    import hora.native as hn
+
+    arr = np.ascontiguousarray(values, dtype=np.float64)
+    if hn.size() == 1:
+        return arr.copy()
+    return np.asarray(hn.allreduce(arr, op=hn.Sum, name="hora.estimators.metrics"), dtype=np.float64).copy()
+
+
 class _TensorBoard:
     """Rank 0's TensorBoard writer; event files land in the store's ``runs/<run_id>/logs``."""
 
@@ -57,7 +71,6 @@ class _TensorBoard:
         self.writer = None
         self.store = spec.store
         self.remote_dir = spec.store.layout.logs_dir(spec.run_id)
-        self.local_dir: str | None = None
         self._tmp: str | None = None
         if "tensorflow" not in sys.modules:
             # tensorboard imports all of TensorFlow (seconds, GBs) to write event files
@@ -69,12 +82,11 @@ class _TensorBoard:
             logger.warning("TensorBoard logging is off (torch.utils.tensorboard unavailable: %s)", exc)
             return
         if spec.store.is_local:
-            self.local_dir = self.remote_dir
-            os.makedirs(self.local_dir, exist_ok=True)
+            local_dir = self.remote_dir
+            os.makedirs(local_dir, exist_ok=True)
         else:
-            self._tmp = tempfile.mkdtemp(prefix="hora-tb-")
-            self.local_dir = self._tmp
-        self.writer = SummaryWriter(log_dir=self.local_dir)
+            self._tmp = local_dir = tempfile.mkdtemp(prefix="hora-tb-")
+        self.writer = SummaryWriter(log_dir=local_dir)
 
     def log(self, epoch: int, logs: dict[str, float]) -> None:
         if self.writer is None:
@@ -94,13 +106,58 @@ class _TensorBoard:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
 
+class CachedReader(Reader):
+    """A :class:`~hora.store.Reader` that keeps its rank's rows after the first pass (``inmemory_cache_all``).
+
+    The first pass reads and keeps what the wrapped reader yields; later passes
+    (:meth:`set_epoch` for the next epoch) serve the same rows from memory, in a new
+    seeded order when shuffling, in as many batches as the first pass (the same on
+    every rank, as the reader guarantees).
+    """
+
+    def __init__(self, reader: Reader) -> None:  # shares the reader's plan; reads nothing yet
+        self.__dict__.update(reader.__dict__)
+        self._source = reader
+        self._cache: dict[str, np.ndarray] | None = None
+        self._sizes: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if getattr(self, "_cache", None) is None and hasattr(self, "_source"):
+            self._source.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self._sizes) if self._cache is not None else len(self._source)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        if self._cache is None:
+            parts: list[dict[str, np.ndarray]] = []
+            for batch in self._source:
+                parts.append(batch)
+                yield batch
+            if len(parts) == len(self._source):  # a whole pass: keep it
+                self._sizes = [len(next(iter(p.values()))) for p in parts]
+                self._cache = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]} if parts else {}
+            return
+        rows = sum(self._sizes)
+        order = np.arange(rows)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch, self.rank, 0xCA]).permutation(rows)
+        start = 0
+        for n in self._sizes:
+            idx = order[start:start + n]
+            start += n
+            yield {c: a[idx] for c, a in self._cache.items()}
+
+
 def _batches(
-    spec: TrainSpec, trainer: Any, state: Any, transform: Any, split: str, rank: int, size: int, epoch: int,
-    steps: int | None,
+    spec: Any, session: TrainingSession, transform: Callable | None, split: str, rank: int, size: int, epoch: int,
+    steps: int | None, cache: dict[str, CachedReader] | None = None, skip: int = 0,
 ) -> Iterator[Any]:
-    """This rank's batches of ``split`` for ``epoch``, as the trainer's :meth:`~Trainer.batches` hook
-    makes them from each reader pass; with ``steps`` larger than one pass, further passes
-    (differently shuffled) follow until ``steps`` batches were given.
+    """This rank's batches of ``split`` for ``epoch``, as the session's ``batches`` hook makes them
+    from each reader pass; with ``steps`` larger than one pass, further passes (differently
+    shuffled) follow until ``steps`` batches were given. ``cache`` (a dict kept across epochs)
+    holds the in-memory readers; ``skip`` batches are passed over (a resumed epoch).
 
     Raises:
         DataError: the hook gave a different number of batches than the reader holds
@@ -108,39 +165,40 @@ def _batches(
     """
     from hora.store import make_reader
 
+    config = spec.config
     train = split == "train"
-    batch_size = spec.batch_size if train else spec.val_batch_size
-    given = 0
-    sub = 0
+    given = sub = 0
     while True:
-        reader = make_reader(
-            spec.store,
-            spec.dataset,
-            split=split,
-            rank=rank,
-            size=size,
-            batch_size=batch_size,
-            epoch=epoch * 1000 + sub,
-            seed=spec.seed,
-            shuffle=spec.shuffle and train,
-            shuffle_buffer_size=spec.shuffle_buffer_size,
-        )
+        pass_epoch = epoch * 1000 + sub
+        reader = cache.get(split) if cache is not None else None
+        if reader is None:
+            reader = make_reader(spec.store, spec.dataset, split=split, rank=rank, size=size,
+                                 batch_size=config.batch_size if train else config.val_batch, epoch=pass_epoch,
+                                 seed=config.seed, shuffle=config.shuffle and train,
+                                 shuffle_buffer_size=config.shuffle_buffer_size)
+            if cache is not None:
+                reader = cache[split] = CachedReader(reader)
+        else:
+            reader.set_epoch(pass_epoch)
         expected = len(reader)
         if expected == 0:
             return
         in_pass = 0
-        for batch in trainer.batches(state, reader, transform):
+        for batch in session.batches(reader, transform):
             if steps is not None and given >= steps:
                 return
             in_pass += 1
             if in_pass > expected:
                 break
+            if given < skip:
+                given += 1
+                continue
             yield batch
             given += 1
         if in_pass != expected:
             got = f"more than {expected}" if in_pass > expected else str(in_pass)
             raise DataError(
-                f"rank {rank}: {type(trainer).__name__}.batches gave {got} batches for one pass of the {split!r} "
+                f"rank {rank}: {type(session).__name__}.batches gave {got} batches for one pass of the {split!r} "
                 f"reader, which holds {expected} (every rank must step the same number of times)"
             )
         sub += 1
@@ -148,124 +206,156 @@ def _batches(
             return
 
 
+def _steps_per_epoch(spec: TrainSpec, rank: int, size: int) -> int:
+    """Training batches of one epoch on this rank (the progress bar's total)."""
+    from hora.store import make_reader
+
+    config = spec.config
+    one_pass = len(make_reader(spec.store, spec.dataset, split="train", rank=rank, size=size,
+                               batch_size=config.batch_size, epoch=0, seed=config.seed, shuffle=False))
+    return config.train_steps_per_epoch or one_pass
+
+
+def _transform(spec: TrainSpec, transformation_fn: Callable | None) -> Callable | None:
+    """``transformation_fn`` followed by the stacking of feature groups (None when neither applies)."""
+    features = spec.features
+    if not features.groups:
+        return transformation_fn
+    if transformation_fn is None:
+        return features.stack
+    return lambda batch: features.stack(transformation_fn(batch))
+
+
 def train_worker(spec: TrainSpec) -> dict[str, Any] | None:
-    """Train one rank; rank 0 returns ``{"history", "weights", "run_id", "epochs_run", ...}``, others None.
+    """Train one rank; rank 0 returns ``{"history", "weights", "run_id", "start_epoch", ...}``, others None.
 
     Raises:
         ConfigError, DataError: bad data met on the worker (e.g. a label shape, NaN loss).
         StoreError: checkpoints cannot be written or read.
         CollectiveError: a collective failed (another rank died).
     """
-    trainer = spec.trainer
     common = thaw(spec.common) if spec.common else {}
     callbacks = list(common.get("callbacks") or [])
-    transformation_fn = common.get("transformation_fn")
-    state = trainer.setup(spec)
+    transform = _transform(spec, common.get("transformation_fn"))
+    session = spec.framework.session.open(spec)
     try:
-        rank, size = trainer.rank(state), trainer.size(state)
-        if size != spec.num_proc:
-            logger.warning("the job has %d ranks, the estimator asked for num_proc=%d", size, spec.num_proc)
-        history: list[dict[str, float]] = []
-        start_epoch = 0
-        if spec.resume:
-            latest = spec.store.latest_checkpoint(spec.run_id)
-            if latest is not None:
-                ckpt_epoch, data = latest
-                extra = trainer.load_state(state, data)
-                history = list(extra.get("history", []))
-                start_epoch = int(extra.get("epoch", ckpt_epoch)) + 1
-                if rank == 0:
-                    logger.info("run %s: resuming from the checkpoint of epoch %d", spec.run_id, ckpt_epoch)
-        trainer.broadcast_initial(state)
-
-        ctx = CallbackContext(rank=rank, size=size, run_id=spec.run_id, store=spec.store)
-        ctx.state_bytes = lambda: trainer.state_bytes(state, {})
-        tb = _TensorBoard(spec) if rank == 0 else None
-        report_every = int(os.environ.get(REPORT_EVERY_ENV, spec.report_every))
-        for cb in callbacks:
-            cb.on_train_begin(ctx)
-        epoch = start_epoch
-        try:
-            for epoch in range(start_epoch, spec.epochs):
-                ctx.epoch = epoch
-                for cb in callbacks:
-                    cb.on_epoch_begin(ctx, epoch)
-                t0 = time.monotonic()
-                trainer.set_train(state, True)
-                loss_sum, steps = 0.0, 0
-                train_batches = _batches(spec, trainer, state, transformation_fn, "train", rank, size, epoch,
-                                         spec.train_steps_per_epoch)
-                for step, batch in enumerate(train_batches):
-                    loss = trainer.train_step(state, batch, step)
-                    loss_sum += loss
-                    steps += 1
-                    ctx.step = step
-                    for cb in callbacks:
-                        cb.on_batch_end(ctx, step, {"loss": loss})
-                    if rank == 0 and spec.verbose and step % report_every == 0:
-                        _report(epoch=epoch + 1, epochs=spec.epochs, step=step + 1, loss=round(loss, 6))
-                trainer.finish_epoch(state, steps)
-                logs = _epoch_logs(spec, trainer, state, rank, size, epoch, loss_sum, steps, transformation_fn)
-                logs["epoch_time_s"] = time.monotonic() - t0
-                for cb in callbacks:
-                    cb.on_epoch_end(ctx, epoch, logs)
-                stop = trainer.allreduce_sum(state, np.array([1.0 if ctx.stop_training else 0.0]))[0] > 0
-                history.append({"epoch": epoch, **logs})
-                if rank == 0:
-                    spec.store.save_checkpoint(
-                        spec.run_id, epoch, trainer.state_bytes(state, {"epoch": epoch, "history": history})
-                    )
-                    spec.store.write_json(spec.store.layout.history_path(spec.run_id), history)
-                    if tb is not None:
-                        tb.log(epoch, logs)
-                    if spec.verbose:
-                        shown = {k: round(v, 6) for k, v in logs.items() if k != "epoch_time_s"}
-                        _report(epoch=epoch + 1, epochs=spec.epochs, step=steps, **shown)
-                        logger.info("epoch %d/%d: %s", epoch + 1, spec.epochs, shown)
-                if stop:
-                    break
-            for cb in callbacks:
-                cb.on_train_end(ctx, history)
-            restore = ctx.extra.get("restore_state")
-            if restore is not None:
-                trainer.load_state(state, restore)
-        finally:
-            if tb is not None:
-                tb.close()
-        if rank != 0:
-            return None
-        return {
-            "history": history,
-            "weights": trainer.weights_bytes(state),
-            "run_id": spec.run_id,
-            "start_epoch": start_epoch,
-            "stopped_early": bool(history) and history[-1]["epoch"] < spec.epochs - 1,
-            "restored_epoch": ctx.extra.get("restored_epoch"),
-            "size": size,
-        }
+        return _train(spec, session, callbacks, transform)
     finally:
-        trainer.teardown(state)
+        session.close()
 
 
-def _epoch_logs(spec, trainer, state, rank, size, epoch, loss_sum, steps, transformation_fn) -> dict[str, float]:
+def _train(spec: TrainSpec, session: TrainingSession, callbacks: list, transform: Callable | None) -> dict | None:
+    config = spec.config
+    rank, size = session.rank, session.size
+    if size != spec.num_proc:
+        logger.warning("the job has %d ranks, the estimator asked for num_proc=%d", size, spec.num_proc)
+    resume = Resume()
+    if spec.resume:
+        latest = spec.store.latest_checkpoint(spec.run_id)
+        if latest is not None:
+            resume = session.restore(latest[1], latest[0])
+            if rank == 0:
+                logger.info("run %s: resuming from the checkpoint of epoch %d", spec.run_id, latest[0])
+    history = list(resume.history)
+    session.epoch, session.step, session.global_step = resume.epoch, resume.step, resume.global_step
+    session.broadcast_initial()
+
+    ctx = CallbackContext(rank=rank, size=size, run_id=spec.run_id, store=spec.store, params=config.json_values())
+    ctx.state_bytes = lambda: session.checkpoint(Resume(session.epoch, 0, session.global_step, list(history)))
+    ctx.model_files = session.model_files
+    tb = _TensorBoard(spec) if rank == 0 else None
+    report_every = int(os.environ.get(REPORT_EVERY_ENV, spec.report_every))
+    total = _steps_per_epoch(spec, rank, size)
+    cache: dict[str, CachedReader] | None = {} if config.inmemory_cache_all else None
+    for cb in callbacks:
+        cb.on_train_begin(ctx)
+    session.on_train_begin()
+    try:
+        for epoch in range(resume.epoch, config.epochs):
+            session.epoch = ctx.epoch = epoch
+            skip = resume.step if epoch == resume.epoch else 0
+            for cb in callbacks:
+                cb.on_epoch_begin(ctx, epoch)
+            session.on_epoch_begin(epoch)
+            t0 = time.monotonic()
+            session.set_train(True)
+            loss_sum, steps = 0.0, 0
+            for step, batch in enumerate(_batches(spec, session, transform, "train", rank, size, epoch,
+                                                  config.train_steps_per_epoch, cache, skip), start=skip):
+                session.step = ctx.step = step
+                loss = session.train_step(batch, step)
+                session.global_step += 1
+                loss_sum += loss
+                steps += 1
+                session.on_batch_end(step, loss)
+                for cb in callbacks:
+                    cb.on_batch_end(ctx, step, {"loss": loss})
+                if rank == 0 and config.verbose and step % report_every == 0:
+                    _report(epoch=epoch + 1, epochs=config.epochs, step=step + 1, total=total, loss=round(loss, 6))
+            session.finish_epoch(steps)
+            logs = _epoch_logs(spec, session, rank, size, epoch, loss_sum, steps, transform, cache)
+            logs["epoch_time_s"] = time.monotonic() - t0
+            for cb in callbacks:
+                cb.on_epoch_end(ctx, epoch, logs)
+            wants_stop = session.on_epoch_end(epoch, logs) or ctx.stop_training
+            stop = allreduce_sum(np.array([1.0 if wants_stop else 0.0]))[0] > 0
+            history.append({"epoch": epoch, **logs})
+            session.step = 0
+            if rank == 0:
+                resume_at = Resume(epoch=epoch, step=0, global_step=session.global_step, history=history)
+                spec.store.save_checkpoint(spec.run_id, epoch, session.checkpoint(resume_at))
+                spec.store.write_json(spec.store.layout.history_path(spec.run_id), history)
+                if tb is not None:
+                    tb.log(epoch, logs)
+                if config.verbose:
+                    shown = {k: round(v, 6) for k, v in logs.items() if k != "epoch_time_s"}
+                    _report(epoch=epoch + 1, epochs=config.epochs, step=total, total=total, **shown)
+                    logger.info("epoch %d/%d: %s", epoch + 1, config.epochs, shown)
+            if stop:
+                break
+        session.on_train_end(history)
+        for cb in callbacks:
+            cb.on_train_end(ctx, history)
+        restore = ctx.extra.get("restore_state")
+        if restore is not None:
+            session.restore(restore, int(ctx.extra.get("restored_epoch") or 0))
+        for cb in callbacks:
+            cb.on_train_result(ctx, history)
+    finally:
+        if tb is not None:
+            tb.close()
+    if rank != 0:
+        return None
+    return {
+        "history": history,
+        "weights": session.weights(),
+        "run_id": spec.run_id,
+        "start_epoch": resume.epoch,
+        "stopped_early": bool(history) and history[-1]["epoch"] < config.epochs - 1,
+        "restored_epoch": ctx.extra.get("restored_epoch"),
+        "size": size,
+    }
+
+
+def _epoch_logs(spec: TrainSpec, session: TrainingSession, rank: int, size: int, epoch: int, loss_sum: float,
+                steps: int, transform: Callable | None, cache: dict | None) -> dict[str, float]:
     """Training loss and validation metrics of the epoch, averaged across ranks."""
     sums: dict[str, float] = {}
     if spec.has_val:
-        trainer.set_train(state, False)
-        for batch in _batches(spec, trainer, state, transformation_fn, "val", rank, size, epoch,
-                              spec.validation_steps_per_epoch):
-            for key, value in trainer.eval_batch(state, batch).items():
+        session.set_train(False)
+        for batch in _batches(spec, session, transform, "val", rank, size, epoch,
+                              spec.config.validation_steps_per_epoch, cache):
+            for key, value in session.eval_batch(batch).items():
                 sums[key] = sums.get(key, 0.0) + value
-        for key, value in trainer.eval_finish(state).items():
+        for key, value in session.eval_finish().items():
             sums[key] = sums.get(key, 0.0) + value
-        trainer.set_train(state, True)
+        session.set_train(True)
     # every rank allreduces the same keys in the same order, even one without val batches
-    keys = sorted(trainer.eval_keys(state)) if spec.has_val else []
+    keys = sorted(session.eval_keys()) if spec.has_val else []
     unknown = set(sums) - set(keys)
     if unknown:
-        raise ConfigError(f"the trainer returned evaluation keys {sorted(unknown)} missing from its eval_keys()")
-    vec = np.array([loss_sum, float(steps)] + [sums.get(k, 0.0) for k in keys], dtype=np.float64)
-    total = trainer.allreduce_sum(state, vec)
+        raise ConfigError(f"the session returned evaluation keys {sorted(unknown)} missing from its eval_keys()")
+    total = allreduce_sum(np.array([loss_sum, float(steps)] + [sums.get(k, 0.0) for k in keys], dtype=np.float64))
     logs = {"loss": float(total[0] / max(total[1], 1.0))}
     if spec.has_val:
         val = dict(zip(keys, total[2:]))
@@ -275,4 +365,4 @@ def _epoch_logs(spec, trainer, state, rank, size, epoch, loss_sum, steps, transf
     return logs
 
 
-__all__ = ["train_worker"]
+__all__ = ["train_worker", "allreduce_sum", "CachedReader"]

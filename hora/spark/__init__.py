@@ -1,4 +1,4 @@
-"""hora on Spark: MLlib estimators that train data-parallel on the cluster.
+"""hora on Spark: MLlib estimators that train data-parallel on the cluster (Horovod's ``horovod.spark``).
 
 >>> from hora.spark import TorchEstimator
 >>> from hora.store import Store
@@ -10,35 +10,40 @@
 >>> model.transform(test_df)             # adds a "prediction" column
 >>> model.write().overwrite().save(path); TorchModel.load(path)
 
-Both classes work in ``Pipeline``, ``CrossValidator`` and ``TrainValidationSplit``.
-``KerasEstimator`` / ``KerasModel`` come from :mod:`hora.estimators.keras`, imported on
-first access (importing ``hora.spark`` never imports TensorFlow).
+Horovod's paths work: :mod:`hora.spark.torch`, :mod:`hora.spark.keras`,
+:mod:`hora.spark.lightning`, :mod:`hora.spark.common.store` (``Store``) and
+:mod:`hora.spark.common.backend` (``SparkBackend``). Every estimator works in
+``Pipeline``, ``CrossValidator`` and ``TrainValidationSplit``. ``KerasEstimator`` and
+``LightningEstimator`` are imported on first access (importing ``hora.spark`` imports
+neither TensorFlow nor Lightning).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from hora.estimators.callbacks import BestModelCheckpoint, Callback, EarlyStopping
-from hora.estimators.spark_estimator import TorchEstimator, TorchModel
+from hora.estimators.callbacks import BestModelCheckpoint, Callback, EarlyStopping, MLflowLogger
+from hora.spark.torch import TorchEstimator, TorchModel
 
-_LAZY = {"KerasEstimator": "SparkKerasEstimator", "KerasModel": "SparkKerasModel"}
+#: names imported on first access: name -> (module, attribute)
+_LAZY = {
+    "KerasEstimator": ("hora.spark.keras", "KerasEstimator"),
+    "KerasModel": ("hora.spark.keras", "KerasModel"),
+    "LightningEstimator": ("hora.spark.lightning", "TorchEstimator"),
+    "LightningModel": ("hora.spark.lightning", "TorchModel"),
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
+        module, attr = _LAZY[name]
         try:
-            module = importlib.import_module("hora.estimators.keras")
+            return getattr(importlib.import_module(module), attr)
         except ImportError as exc:
-            raise ImportError(f"hora.spark.{name} needs hora.estimators.keras and TensorFlow/Keras: {exc}") from exc
-        for attr in (_LAZY[name], name):
-            if hasattr(module, attr):
-                return getattr(module, attr)
-        raise AttributeError(f"hora.estimators.keras defines neither {_LAZY[name]} nor {name}")
+            raise ImportError(f"hora.spark.{name} needs {module}, which cannot be imported: {exc}") from exc
     raise AttributeError(f"module 'hora.spark' has no attribute {name!r}")
 
 
-__all__ = ["TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "Callback", "EarlyStopping",
-           "BestModelCheckpoint"]
+__all__ = ["TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "LightningEstimator", "LightningModel",
+           "Callback", "EarlyStopping", "BestModelCheckpoint", "MLflowLogger"]

@@ -136,9 +136,9 @@ def test_spark_params_are_generated_with_accessors():
     assert est.setEpochs(4) is est and est.getEpochs() == 4
     assert est.getLrScaling() == "linear"
     assert est.batch_size.name == "batch_size" and "rows per training batch" in est.batch_size.doc
-    from hora.estimators import spark_estimator
+    from hora.estimators import spark_face
 
-    assert issubclass(TorchEstimator, spark_estimator.HasBatchSize)
+    assert issubclass(TorchEstimator, spark_face.HasBatchSize)
     with pytest.raises(ConfigError, match="no parameters"):
         TorchEstimator(batchsize=3)
     with pytest.raises(TypeError):

@@ -36,7 +36,7 @@ def spark_fit(spark, tmp_path_factory):
 
 
 def test_spark_fit_trains_on_two_ranks(spark_fit):
-    from hora.estimators.keras import SparkKerasModel
+    from hora.spark import KerasModel as SparkKerasModel
 
     est, model, df, x, y, net, before, store = spark_fit
     assert isinstance(model, SparkKerasModel)
@@ -129,7 +129,7 @@ def dask_fit(dask_client, tmp_path_factory):
 
 
 def test_dask_fit_transform_predict(dask_fit):
-    from hora.estimators.keras import DaskKerasModel
+    from hora.dask import KerasModel as DaskKerasModel
 
     est, model, pdf, ddf, x, y = dask_fit
     assert isinstance(model, DaskKerasModel)
@@ -246,7 +246,7 @@ def test_keras_workers_read_batches_through_tf_adapter(tmp_path):
 def test_keras_batches_hook_shapes_tensors_for_the_model(tmp_path, hora_single):
     import tensorflow as tf
 
-    from hora.estimators.keras import KerasState, KerasTrainer
+    from hora.estimators.keras_session import KerasSession
     from hora.store import Store, make_reader, materialize
     from hora.store.tf_adapter import batches_served
 
@@ -260,23 +260,23 @@ def test_keras_batches_hook_shapes_tensors_for_the_model(tmp_path, hora_single):
     reader = make_reader(store, info, batch_size=16, shuffle=False)
     inputs = keras.Input((1, 8, 8))
     net = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(inputs)))
-    state = KerasState(hvd=None, model=net, optimizer=None, feature_cols=("features",), label_cols=("label",),
-                       sample_weight_col="w", input_shapes=[[-1, 1, 8, 8]], output_shapes=[(1,)])
+    state = KerasSession(hvd=None, model=net, optimizer=None, feature_keys=("features",), label_cols=("label",),
+                         sample_weight_col="w", input_shapes=[[-1, 1, 8, 8]], output_shapes=[(1,)])
     before = batches_served().get("train", 0)
-    got = list(KerasTrainer().batches(state, reader, None))
+    got = list(state.batches(reader, None))
     assert len(got) == len(reader) == 4 and batches_served()["train"] - before == 4
     x, y, w = got[0]
     assert isinstance(x, tf.Tensor) and x.dtype == tf.float32 and tuple(x.shape) == (16, 1, 8, 8)
     assert tuple(y.shape) == (16, 1) and w.dtype == tf.float32 and tuple(w.shape) == (16,)
     assert [int(b[0].shape[0]) for b in got] == [16, 16, 16, 2]
-    bad = KerasState(hvd=None, model=net, optimizer=None, feature_cols=("features",), label_cols=("label",),
-                     sample_weight_col=None, input_shapes=[[-1, 1, 7, 7]], output_shapes=[(1,)])
+    bad = KerasSession(hvd=None, model=net, optimizer=None, feature_keys=("features",), label_cols=("label",),
+                       sample_weight_col=None, input_shapes=[[-1, 1, 7, 7]], output_shapes=[(1,)])
     with pytest.raises(DataError, match="features"):
-        KerasTrainer().batches(bad, reader, None)
-    wrong = KerasState(hvd=None, model=net, optimizer=None, feature_cols=("features",), label_cols=("label",),
-                       sample_weight_col=None, input_shapes=None, output_shapes=[(2, 2)])
+        bad.batches(reader, None)
+    wrong = KerasSession(hvd=None, model=net, optimizer=None, feature_keys=("features",), label_cols=("label",),
+                         sample_weight_col=None, input_shapes=None, output_shapes=[(2, 2)])
     with pytest.raises(ConfigError, match="label 'label'"):
-        KerasTrainer().batches(wrong, reader, None)
+        wrong.batches(reader, None)
 
 
 def _small_reader(tmp_path):
@@ -289,13 +289,13 @@ def _small_reader(tmp_path):
 
 def test_keras_batches_hook_reraises_the_readers_own_error(tmp_path, hora_single):
     from hora.errors import StoreError
-    from hora.estimators.keras import KerasState, KerasTrainer
+    from hora.estimators.keras_session import KerasSession
 
     reader = _small_reader(tmp_path)
     inputs = keras.Input((64,))
     net = keras.Model(inputs, keras.layers.Dense(10)(inputs))
-    state = KerasState(hvd=hora_single, model=net, optimizer=None, feature_cols=("features",),
-                       label_cols=("label",), sample_weight_col=None, input_shapes=None, output_shapes=[(10,)])
+    state = KerasSession(hvd=hora_single, model=net, optimizer=None, feature_keys=("features",),
+                         label_cols=("label",), sample_weight_col=None, input_shapes=None, output_shapes=[(10,)])
 
     def fail_on_last(batch):
         if len(batch["label"]) == 2:  # the last batch of 50 rows by 16
@@ -304,7 +304,7 @@ def test_keras_batches_hook_reraises_the_readers_own_error(tmp_path, hora_single
 
     got = []
     with pytest.raises(StoreError, match="boom on the last batch"):  # not a bare tf OpError
-        for batch in KerasTrainer().batches(state, reader, fail_on_last):
+        for batch in state.batches(reader, fail_on_last):
             got.append(batch)
     assert len(got) == 3
 
@@ -312,17 +312,17 @@ def test_keras_batches_hook_reraises_the_readers_own_error(tmp_path, hora_single
 def test_worker_refuses_a_batches_hook_that_drops_a_batch(tmp_path):
     import types
 
-    from hora.estimators.trainer import Trainer
+    from hora.estimators.framework import TrainingSession
     from hora.estimators.worker import _batches
 
     reader = _small_reader(tmp_path)
 
-    class DropsLast(Trainer):
-        def batches(self, state, reader, transform):
+    class DropsLast(TrainingSession):
+        def batches(self, reader, transform):
             return list(reader)[:-1]
 
-    spec = types.SimpleNamespace(store=reader.store, dataset=reader.info, batch_size=16, val_batch_size=16, seed=0,
-                                 shuffle=False, shuffle_buffer_size=None)
-    assert len(list(_batches(spec, Trainer(), None, None, "train", 0, 1, 0, None))) == 4
+    config = types.SimpleNamespace(batch_size=16, val_batch=16, seed=0, shuffle=False, shuffle_buffer_size=None)
+    spec = types.SimpleNamespace(store=reader.store, dataset=reader.info, config=config)
+    assert len(list(_batches(spec, TrainingSession(), None, "train", 0, 1, 0, None))) == 4
     with pytest.raises(DataError, match="DropsLast.batches gave 3 batches .* holds 4"):
-        list(_batches(spec, DropsLast(), None, None, "train", 0, 1, 0, None))
+        list(_batches(spec, DropsLast(), None, "train", 0, 1, 0, None))

@@ -1,0 +1,247 @@
+"""The Dask / scikit-learn face, built from a framework descriptor: an estimator and its fitted model.
+
+scikit-learn conventions: ``__init__`` only stores its arguments, ``get_params`` /
+``set_params`` work on them, validation happens in ``fit``, fitted attributes end in
+``_``, and ``fit`` returns the fitted model. Training runs on the active
+``distributed.Client`` (a pandas frame trains on local processes) through the shared
+:func:`hora.estimators.core.fit`. :func:`build` makes the two classes of one framework
+(``hora.dask.TorchEstimator`` / ``TorchModel``); there is no framework code here.
+
+``predict`` / ``transform`` keep the rows of the frame they get, in its order and with
+its index (``dd.from_pandas`` sorts a frame by its index: join predictions to the
+pandas frame by index, not by position).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, ClassVar, Sequence
+
+from hora.errors import ConfigError
+from hora.estimators import core, persistence
+from hora.estimators.base import plot_history
+from hora.estimators.data import engine_of
+from hora.estimators.framework import Framework
+from hora.estimators.params import ParamError, check_param_names, default_output_cols, param_defaults, param_docs
+from hora.estimators.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame
+
+logger = logging.getLogger(__name__)
+
+_SHOWN_BY_TYPE = ("model", "optimizer", "store", "backend")
+
+
+def active_client() -> Any:
+    """The active ``distributed.Client``.
+
+    Raises:
+        ConfigError: distributed is not installed, or no Client is active.
+    """
+    try:
+        from distributed import default_client
+    except ImportError as exc:
+        raise ConfigError("hora.dask needs the 'distributed' package: pip install distributed") from exc
+    try:
+        return default_client()
+    except ValueError as exc:
+        raise ConfigError(
+            "hora.dask estimators' fit needs an active distributed.Client: create one first, "
+            "e.g. `from distributed import Client; client = Client(cluster)`"
+        ) from exc
+
+
+class DaskEstimator:
+    """scikit-learn style estimator over the shared core; :func:`build` makes one per framework."""
+
+    framework: ClassVar[Framework]
+    model_class: ClassVar[type]
+
+    def __init__(self, **params: Any) -> None:
+        check_param_names(self.framework.config, params, type(self).__name__)
+        for name, default in param_defaults(self.framework.config).items():
+            setattr(self, name, params.get(name, default))
+
+    # scikit-learn protocol ---------------------------------------------------------------
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor parameters, as given (scikit-learn protocol)."""
+        return {name: getattr(self, name) for name in param_defaults(self.framework.config)}
+
+    def set_params(self, **params: Any) -> "DaskEstimator":
+        """Set constructor parameters; returns self.
+
+        Raises:
+            ParamError: an unknown parameter name.
+        """
+        check_param_names(self.framework.config, params, type(self).__name__)
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = param_defaults(self.framework.config)
+        changed = {k: v for k, v in self.get_params().items() if v is not defaults[k] and v != defaults[k]}
+        shown = ", ".join(f"{k}={type(v).__name__ if k in _SHOWN_BY_TYPE else repr(v)}" for k, v in changed.items())
+        return f"{type(self).__name__}({shown})"
+
+    def _config(self) -> Any:
+        return self.framework.make_config(self.get_params())
+
+    def fit(self, ddf: Any, y: Any = None) -> Any:
+        """Train on a Dask DataFrame with the active ``distributed.Client`` (or a pandas frame locally).
+
+        Raises:
+            ConfigError: bad parameters, or no active Client (checked before anything starts).
+            DataError: missing columns, label shapes that do not match the model.
+            WorkerFailedError: a training worker failed.
+        """
+        if y is not None:
+            raise ConfigError("pass labels as label_cols of the DataFrame, not as y")
+        config = self._config()
+        client = active_client() if engine_of(ddf) == "dask" else None
+        result = core.fit(ddf, config, self.framework, client=client)
+        return self.model_class._from_result(result, config)
+
+
+class DaskModel:
+    """A fitted model on the Dask face: ``transform`` / ``predict`` on Dask or pandas frames, ``save`` / ``load``.
+
+    Attributes:
+        model_: the trained framework model. ``history_``: per-epoch metrics.
+        run_id_: the run's id in the store. ``output_shapes_``: per-row output shapes.
+        feature_cols_, label_cols_, output_cols_, input_shapes_: how columns map to the model.
+    """
+
+    framework: ClassVar[Framework]
+
+    def __init__(
+        self,
+        model: Any,
+        feature_cols: Sequence[Any],
+        label_cols: Sequence[str],
+        output_shapes: Sequence[Sequence[int]],
+        output_cols: Sequence[str] | None = None,
+        input_shapes: Any = None,
+        history: Sequence[dict[str, float]] | None = None,
+        run_id: str | None = None,
+        batch_size: int = DEFAULT_PREDICT_BATCH,
+    ) -> None:
+        self.model_ = model
+        self.feature_cols_ = [c if isinstance(c, str) else list(c) for c in feature_cols]
+        self.label_cols_ = list(label_cols)
+        self.output_shapes_ = [tuple(s) for s in output_shapes]
+        self.output_cols_ = default_output_cols(self.label_cols_, output_cols)
+        if len(self.output_cols_) != len(self.output_shapes_):
+            raise ConfigError(f"{len(self.output_cols_)} output columns for {len(self.output_shapes_)} model outputs")
+        self.input_shapes_ = [list(s) for s in input_shapes] if input_shapes else None
+        self.history_ = [dict(h) for h in (history or [])]
+        self.run_id_ = run_id
+        self.batch_size = batch_size
+        #: seconds spent in each phase of the fit that produced this model (not persisted)
+        self.fit_timings_: dict[str, float] = {}
+        self._files: dict[str, bytes] | None = None
+
+    @classmethod
+    def _from_result(cls, result: core.FitResult, config: Any) -> "DaskModel":
+        model = cls(model=result.model, feature_cols=config.feature_cols, label_cols=config.label_cols,
+                    output_shapes=result.output_shapes, output_cols=config.output_cols,
+                    input_shapes=result.input_shapes, history=result.history, run_id=result.run_id)
+        model.fit_timings_ = dict(result.extra.get("timings", {}))
+        return model
+
+    def _model_files(self) -> dict[str, bytes]:
+        if self._files is None:
+            self._files = self.framework.codec.serialize(self.model_)
+        return self._files
+
+    def transform(self, df: Any) -> Any:
+        """``df`` (Dask or pandas) with one prediction column per label (``output_cols_``), rows and index kept.
+
+        Raises:
+            DataError: a feature column is missing or an output column already exists.
+        """
+        codec = self.framework.codec
+        if engine_of(df) == "pandas":
+            return predict_frame(codec, self.model_, df, self.feature_cols_, self.input_shapes_,
+                                 self.output_cols_, self.output_shapes_, self.batch_size)
+        return dask_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_,
+                              self.output_cols_, self.output_shapes_, self.batch_size)
+
+    def predict(self, df: Any) -> Any:
+        """The predictions only: a Series for one output, a DataFrame for several (the frame's rows and index)."""
+        out = self.transform(df)
+        if len(self.output_cols_) == 1:
+            return out[self.output_cols_[0]]
+        return out[self.output_cols_]
+
+    def plot_history(self, metrics: Sequence[str] | None = None) -> Any:
+        """A matplotlib Figure of the training / validation curves of ``history_``."""
+        return plot_history(self.history_, metrics, title=self.run_id_)
+
+    def _meta(self) -> dict[str, Any]:
+        return {"face": "dask", "class": persistence.class_path(self), "feature_cols": self.feature_cols_,
+                "label_cols": self.label_cols_, "output_cols": self.output_cols_,
+                "output_shapes": [list(s) for s in self.output_shapes_], "input_shapes": self.input_shapes_,
+                "history": self.history_, "run_id": self.run_id_, "batch_size": self.batch_size}
+
+    def save(self, url: str, overwrite: bool = True) -> None:
+        """Save to a folder at any Store URL (``file://``, ``s3://``, ``memory://``...).
+
+        Raises:
+            StoreError: the location cannot be written (or holds a model and ``overwrite`` is False).
+        """
+        persistence.save_fitted(url, self.framework.codec, self.model_, self._meta(), overwrite=overwrite)
+
+    @classmethod
+    def load(cls, url: str) -> "DaskModel":
+        """Load a model written by :meth:`save`.
+
+        Raises:
+            StoreError: nothing saved there, or unreadable.
+        """
+        _, model, meta, _ = persistence.load_fitted(url)
+        return cls(model=model, feature_cols=meta["feature_cols"], label_cols=meta["label_cols"],
+                   output_shapes=meta["output_shapes"], output_cols=meta["output_cols"],
+                   input_shapes=meta.get("input_shapes"), history=meta.get("history"), run_id=meta.get("run_id"),
+                   batch_size=int(meta.get("batch_size", DEFAULT_PREDICT_BATCH)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_files"] = None
+        return state
+
+    def __deepcopy__(self, memo: dict) -> "DaskModel":
+        import copy
+
+        new = copy.copy(self)
+        new.model_ = self.framework.codec.clone(self.model_)
+        new.history_ = copy.deepcopy(self.history_, memo)
+        new._files = None
+        return new
+
+
+def build(framework: Framework, module: str, estimator_name: str, model_name: str) -> tuple[type, type]:
+    """The Dask ``(estimator, model)`` classes of ``framework``, named as they are imported from ``module``."""
+    defaults = param_defaults(framework.config)
+    docs = param_docs(framework.config)
+
+    def __init__(self: DaskEstimator, **params: Any) -> None:
+        DaskEstimator.__init__(self, **params)
+
+    __init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in defaults.items()])
+    model_cls = type(model_name, (DaskModel,), {
+        "framework": framework, "__module__": module, "__qualname__": model_name,
+        "__doc__": f"A fitted {framework.name} model on Dask: model_ is {framework.model_kind}. "
+                   "See hora.estimators.dask_face.DaskModel.",
+    })
+    est_cls = type(estimator_name, (DaskEstimator,), {
+        "framework": framework, "model_class": model_cls, "__module__": module, "__qualname__": estimator_name,
+        "__init__": __init__,
+        "__doc__": f"Train {framework.model_kind} data-parallel on a Dask DataFrame (scikit-learn conventions); fit "
+                   f"returns a {model_name}.\n\nParameters:\n\n" + "\n".join(f"* ``{n}``: {d}" for n, d in docs.items()),
+    })
+    return est_cls, model_cls
+
+
+__all__ = ["DaskEstimator", "DaskModel", "build", "active_client", "ParamError"]

@@ -1,0 +1,276 @@
+"""The user's DataFrame, seen by the estimators: which engine, which columns, feature groups, samples.
+
+Feature inputs
+--------------
+Each entry of ``feature_cols`` is one input of the model, as in Horovod: a column name
+(a scalar, an array or an ML vector column), or a *feature group*, a list of scalar
+columns of one dtype stacked in order into one ``(rows, len(group))`` input. A Dask or
+Spark frame of 64 scalar columns feeds one ``Linear(64, ...)`` with
+``feature_cols=[cols]``; ``feature_cols=cols`` calls the model with 64 inputs.
+
+Dask frames
+-----------
+``dd.from_pandas`` turns object columns into strings under Dask's default
+``dataframe.convert-string``, arrays included (``"[0.1 0.2]"``). :func:`dask_frame`
+rebuilds such a frame from its pandas source without the conversion, so array columns
+reach hora as arrays whatever the user's Dask config.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from hora.errors import ConfigError, DataError
+
+#: Rows taken from the DataFrame for the driver-side checks.
+SAMPLE_ROWS = 16
+
+
+def group_key(columns: Sequence[str]) -> str:
+    """The name a feature group goes by in batches and messages: ``"[a,b,c]"``."""
+    return "[" + ",".join(columns) + "]"
+
+
+@dataclass(frozen=True)
+class Features:
+    """The feature inputs of ``feature_cols``: one per entry, a column or a group of columns.
+
+    Attributes:
+        entries: per input, the column name or the tuple of grouped column names.
+    """
+
+    entries: tuple[str | tuple[str, ...], ...]
+
+    @classmethod
+    def parse(cls, feature_cols: Any) -> "Features":
+        """Normalize ``feature_cols`` (a name, or a list of names and lists of names).
+
+        Raises:
+            ConfigError: empty, not names, an empty group, or a column named twice.
+        """
+        if feature_cols is None:
+            raise ConfigError("feature_cols is required: the names of the feature columns")
+        if isinstance(feature_cols, str):
+            feature_cols = [feature_cols]
+        try:
+            items = list(feature_cols)
+        except TypeError as exc:
+            raise ConfigError(f"feature_cols must be a list of column names, got {feature_cols!r}") from exc
+        if not items:
+            raise ConfigError("feature_cols must name at least one column")
+        entries: list[str | tuple[str, ...]] = []
+        for item in items:
+            if isinstance(item, str) and item:
+                entries.append(item)
+            elif isinstance(item, (list, tuple)):
+                if not item or not all(isinstance(c, str) and c for c in item):
+                    raise ConfigError(f"feature group {list(item)!r} in feature_cols must be a non-empty list of column names")
+                entries.append(tuple(item))
+            else:
+                raise ConfigError(f"feature_cols must hold column names or lists of column names, got {item!r}")
+        flat = [c for e in entries for c in ((e,) if isinstance(e, str) else e)]
+        dupes = sorted({c for c in flat if flat.count(c) > 1})
+        if dupes:
+            raise ConfigError(f"feature_cols names the column(s) {dupes} more than once")
+        return cls(tuple(entries))
+
+    @property
+    def keys(self) -> list[str]:
+        """One name per model input (a group's is :func:`group_key`)."""
+        return [e if isinstance(e, str) else group_key(e) for e in self.entries]
+
+    @property
+    def columns(self) -> list[str]:
+        """Every feature column, in order (what is materialized and read)."""
+        return [c for e in self.entries for c in ((e,) if isinstance(e, str) else e)]
+
+    @property
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """``{group key: its columns}``."""
+        return {group_key(e): e for e in self.entries if not isinstance(e, str)}
+
+    def as_config(self) -> list[str | list[str]]:
+        """The JSON-able form (``feature_cols`` as the user writes it)."""
+        return [e if isinstance(e, str) else list(e) for e in self.entries]
+
+    def stack(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``batch`` with one ``(rows, k)`` array per group added under its key (members stay)."""
+        groups = self.groups
+        if not groups:
+            return batch
+        out = dict(batch)
+        for key, cols in groups.items():
+            out[key] = np.stack([np.asarray(batch[c]).reshape(len(batch[c])) for c in cols], axis=1)
+        return out
+
+    def inputs(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One array per model input from per-column arrays (groups stacked)."""
+        stacked = self.stack(arrays)
+        return [stacked[k] for k in self.keys]
+
+    def check_sample(self, sample: dict[str, np.ndarray]) -> None:
+        """Every member of a group is a scalar column, all of one dtype.
+
+        Raises:
+            ConfigError: names the group, the column and its shape or dtype.
+        """
+        for key, cols in self.groups.items():
+            dtypes = {}
+            for c in cols:
+                arr = sample[c]
+                if arr.ndim != 1:
+                    raise ConfigError(f"feature group {key} holds column {c!r} of per-row shape {arr.shape[1:]}; "
+                                      "a group stacks scalar columns only (list array columns on their own)")
+                dtypes[c] = arr.dtype
+            if len(set(dtypes.values())) > 1:
+                raise ConfigError(f"feature group {key} mixes dtypes {({c: str(d) for c, d in dtypes.items()})}; "
+                                  "cast its columns to one dtype first (or split the group)")
+
+
+def hint_grouping(features: Features) -> str:
+    """Advice for a model called with the wrong number of inputs."""
+    n = len(features.entries)
+    if n > 1 and all(isinstance(e, str) for e in features.entries):
+        return (f"; hora calls the model with one input per feature_cols entry ({n} here, as Horovod does): to feed "
+                f"several scalar columns as one input, group them: feature_cols=[{features.columns[:3]!r}...]")
+    return ""
+
+
+# ---------------------------------------------------------------------------------------
+# engines and samples
+# ---------------------------------------------------------------------------------------
+def engine_of(df: Any) -> str:
+    """``"spark"``, ``"dask"`` or ``"pandas"``.
+
+    Raises:
+        DataError: ``df`` is none of those.
+    """
+    mod = type(df).__module__
+    if mod.startswith("pyspark."):
+        return "spark"
+    if mod.startswith("dask.") or mod.startswith("dask_expr"):
+        return "dask"
+    import pandas as pd
+
+    if isinstance(df, pd.DataFrame):
+        return "pandas"
+    raise DataError(f"fit needs a Spark, Dask or pandas DataFrame, got {type(df).__module__}.{type(df).__name__}")
+
+
+def check_columns(df: Any, roles: list[tuple[str, str]]) -> None:
+    """Every ``(role, column)`` exists in ``df``.
+
+    Raises:
+        DataError: names each missing column, its role, and the columns there are.
+    """
+    have = {str(c) for c in df.columns}
+    missing = [(role, c) for role, c in roles if c not in have]
+    if missing:
+        desc = ", ".join(f"{c!r} ({role})" for role, c in missing)
+        raise DataError(f"column(s) {desc} not in the DataFrame; its columns are {sorted(have)}")
+
+
+def series_to_numpy(values: Any, vector_dtype: str = "float32") -> np.ndarray:
+    """A pandas Series (or sequence) of scalars, lists, numpy arrays or Spark ML vectors -> one numpy array.
+
+    Raises:
+        DataError: rows of different lengths.
+    """
+    import pandas as pd
+
+    if isinstance(values, pd.Series):
+        if values.dtype != object:
+            return values.to_numpy()
+        values = values.tolist()
+    items = list(values)
+    if not items:
+        return np.zeros((0,), dtype=vector_dtype)
+    first = items[0]
+    if hasattr(first, "toArray"):  # pyspark.ml.linalg Dense/SparseVector
+        rows = [v.toArray() for v in items]
+    elif isinstance(first, (list, tuple, np.ndarray)):
+        rows = [np.asarray(v) for v in items]
+    else:
+        return np.asarray(items)
+    shapes = {r.shape for r in rows}
+    if len(shapes) != 1:
+        raise DataError(f"array values have different shapes {sorted(shapes)[:5]}; hora needs fixed-size arrays")
+    out = np.stack(rows)
+    if out.dtype.kind == "f":
+        out = out.astype(vector_dtype, copy=False)
+    return out
+
+
+def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS) -> dict[str, np.ndarray]:
+    """The first ``rows`` rows of ``columns`` as numpy arrays (for the driver-side checks).
+
+    Raises:
+        DataError: the DataFrame is empty, or a column holds strings.
+    """
+    engine = engine_of(df)
+    columns = list(dict.fromkeys(columns))
+    if engine == "spark":
+        pdf = df.select(*[f"`{c}`" for c in columns]).limit(rows).toPandas()
+    elif engine == "dask":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "insufficient elements for head" when the first partition is small
+            pdf = df[columns].head(rows, npartitions=min(df.npartitions, 4))
+    else:
+        pdf = df[columns].head(rows)
+    if len(pdf) == 0:
+        raise DataError("the DataFrame is empty: nothing to train on")
+    out = {}
+    for c in columns:
+        arr = series_to_numpy(pdf[c])
+        if arr.dtype.kind in "USO":
+            raise DataError(f"column {c!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays")
+        out[c] = arr
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Dask: array columns under the default dataframe.convert-string
+# ---------------------------------------------------------------------------------------
+def _holds_arrays(series: Any) -> bool:
+    first = series.iloc[0] if len(series) else None
+    return isinstance(first, (list, tuple, np.ndarray)) or hasattr(first, "toArray")
+
+
+def dask_frame(ddf: Any, columns: Sequence[str]) -> Any:
+    """``ddf`` with ``columns`` as their pandas source holds them (arrays, not strings).
+
+    Dask's ``dataframe.convert-string`` (on by default) makes ``dd.from_pandas`` turn
+    object columns into strings, arrays and lists included. Where a wanted column is a
+    string column whose ``from_pandas`` source holds arrays, the frame is rebuilt from
+    that source without the conversion (the rest of the graph unchanged). Frames from
+    other sources are returned as they are.
+    """
+    import pandas as pd
+
+    meta = ddf._meta
+    stringy = [c for c in columns if c in meta.columns and meta[c].dtype != object and pd.api.types.is_string_dtype(meta[c].dtype)]
+    expr = getattr(ddf, "expr", None)
+    if not stringy or expr is None:
+        return ddf
+    try:
+        from dask.dataframe.dask_expr import new_collection
+        from dask.dataframe.dask_expr.io.io import FromPandas
+    except ImportError:  # pragma: no cover - an older dask without expressions
+        return ddf
+    changed = False
+    for leaf in list(expr.find_operations(FromPandas)):
+        if not leaf.operand("pyarrow_strings_enabled"):
+            continue
+        frame = leaf.operand("frame")._data
+        if any(c in frame.columns and frame[c].dtype == object and _holds_arrays(frame[c]) for c in stringy):
+            expr = expr.substitute(leaf, leaf.substitute_parameters({"pyarrow_strings_enabled": False}))
+            changed = True
+    return new_collection(expr) if changed else ddf
+
+
+__all__ = ["Features", "group_key", "hint_grouping", "engine_of", "check_columns", "series_to_numpy", "sample_numpy",
+           "dask_frame", "SAMPLE_ROWS"]

@@ -1,0 +1,321 @@
+"""The Spark MLlib face, built from a framework descriptor: an ``Estimator`` and its fitted ``Model``.
+
+:func:`build` makes the two classes of one framework (``hora.spark.torch.TorchEstimator``
+and ``TorchModel``). Every parameter of the framework's config class is a Spark
+``Param`` declared by its own generated ``Has*`` mixin (``HasBatchSize`` declares
+``batch_size`` with ``getBatchSize`` / ``setBatchSize``), shared by every framework, so
+``ParamGridBuilder().addGrid(est.batch_size, [32, 64])`` and ``est.copy({est.epochs: 3})``
+work as for any MLlib stage. ``_fit`` turns the Params into the framework's config and
+calls the shared :func:`hora.estimators.core.fit`; there is no framework code here.
+
+Persistence (``MLWritable`` / ``MLReadable``): Spark's ``metadata/`` (class, uid and
+the JSON Params, read by ``DefaultParamsReader`` and ``PipelineModel.load``) plus side
+files in ``<path>/hora/``: the pickled Params (model, optimizer, loss, callables...)
+and, for a fitted model, the model's files as the framework's codec writes them.
+``backend`` is not saved (as in Horovod: it is recreated for each run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, ClassVar, Sequence
+
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+
+from hora.errors import ConfigError, DataError
+from hora.estimators import core, persistence
+from hora.estimators.base import plot_history
+from hora.estimators.framework import Framework
+from hora.estimators.params import (
+    EstimatorConfig, check_param_names, default_output_cols, json_params, param_defaults, param_docs, unsaved_params,
+)
+from hora.estimators.spark_python import explain_worker_failure
+from hora.estimators.transform import DEFAULT_PREDICT_BATCH, spark_transform
+
+logger = logging.getLogger(__name__)
+
+SIDE_DIR = "hora"
+
+
+# ---------------------------------------------------------------------------------------
+# generated Has* mixins: one per Param name, with get<Name>/set<Name>
+# ---------------------------------------------------------------------------------------
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+_MIXINS: dict[str, type] = {}
+
+
+def param_mixin(name: str, doc: str) -> type:
+    """The ``Params`` mixin declaring the Param ``name`` with ``get<Name>`` / ``set<Name>`` (one per name)."""
+    if name in _MIXINS:
+        return _MIXINS[name]
+    camel = _camel(name)
+
+    def getter(self: Params) -> Any:
+        return self.getOrDefault(getattr(self, name))
+
+    def setter(self: Params, value: Any) -> Params:
+        return self._set(**{name: value})
+
+    getter.__name__, getter.__doc__ = f"get{camel}", f"Gets the value of {name}: {doc}."
+    setter.__name__, setter.__doc__ = f"set{camel}", f"Sets the value of {name}: {doc}."
+    mixin = type(f"Has{camel}", (Params,), {
+        name: Param(Params._dummy(), name, doc, typeConverter=TypeConverters.identity),
+        f"get{camel}": getter, f"set{camel}": setter,
+        "__doc__": f"Mixin for the param {name}: {doc}.", "__module__": __name__,
+    })
+    _MIXINS[name] = mixin
+    globals()[mixin.__name__] = mixin  # importable, so pickled stages find their mixins
+    return mixin
+
+
+for _name, _doc in param_docs(EstimatorConfig).items():  # the shared Params' mixins (HasBatchSize, ...)
+    param_mixin(_name, _doc)
+
+#: the fitted model's Params (all JSON metadata; shared names reuse the estimator's mixin)
+MODEL_PARAMS: dict[str, str] = {
+    "feature_cols": "one entry per model input: a column, or a list of scalar columns stacked into one input",
+    "label_cols": "label column names; one model output per label",
+    "output_cols": "prediction column names (default 'prediction' for one label, '<label>__output' for several)",
+    "input_shapes": "shape each feature input is reshaped to, including the batch dimension",
+    "run_id": "the id of the training run in the store",
+    "history": "per-epoch training metrics (a list of dicts)",
+    "output_shapes": "per-row shape of each model output",
+    "batch_size": "rows per forward pass during transform",
+}
+_MODEL_MIXINS = [param_mixin(n, d) for n, d in MODEL_PARAMS.items()]
+
+
+class _HoraWriter(MLWriter):
+    def __init__(self, instance: Any) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:  # noqa: N802 (pyspark's name)
+        self.instance._save_to(path, self.sparkSession)
+
+
+class _HoraReader(MLReader):
+    def __init__(self, cls: type) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> Any:
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        return self.cls._load_from(path, metadata, self.sparkSession)
+
+
+def _split_params(instance: Params, names: Sequence[str], json_names: frozenset[str],
+                  unsaved: frozenset[str] = frozenset()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(explicitly set JSON params, other explicitly set params to pickle); ``unsaved`` ones are left out."""
+    json_out, objects = {}, {}
+    for name in names:
+        param = instance.getParam(name)
+        if instance.isSet(param) and name not in unsaved:
+            (json_out if name in json_names else objects)[name] = instance.getOrDefault(param)
+    return json_out, objects
+
+
+# ---------------------------------------------------------------------------------------
+# the estimator
+# ---------------------------------------------------------------------------------------
+class SparkEstimator(Estimator, MLWritable, MLReadable):
+    """An MLlib Estimator over the shared core; :func:`build` makes one per framework.
+
+    Raises (from ``fit``):
+        ConfigError, DataError: bad params or data, before any worker starts; a Spark
+            whose Python workers lack hora's dependencies (names ``PYSPARK_PYTHON``).
+        WorkerFailedError: a training worker failed.
+    """
+
+    framework: ClassVar[Framework]
+    model_class: ClassVar[type]
+
+    @keyword_only
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._setDefault(**param_defaults(self.framework.config))
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, **kwargs: Any) -> "SparkEstimator":  # noqa: N802 (MLlib's name)
+        """Set any of the estimator's params by keyword; returns self.
+
+        Raises:
+            ParamError: an unknown parameter (a ConfigError and a TypeError; Horovod's names
+                say what to use instead).
+        """
+        check_param_names(self.framework.config, self._input_kwargs, type(self).__name__)
+        return self._set(**self._input_kwargs)
+
+    def _param_names(self) -> list[str]:
+        return list(param_defaults(self.framework.config))
+
+    def _config(self) -> Any:
+        return self.framework.make_config({name: self.getOrDefault(name) for name in self._param_names()})
+
+    def _fit(self, dataset: Any) -> Any:
+        config = self._config()
+        try:
+            result = core.fit(dataset, config, self.framework, spark=dataset.sparkSession)
+        except (ConfigError, DataError):
+            raise
+        except Exception as exc:
+            explain_worker_failure(dataset.sparkSession, exc, self.framework)
+            raise
+        return self.model_class._from_result(result, config)
+
+    # persistence ------------------------------------------------------------------------
+    def write(self) -> MLWriter:
+        """An MLWriter saving the JSON params as metadata and the others as pickled side files."""
+        return _HoraWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _HoraReader(cls)
+
+    def _save_to(self, path: str, spark: Any) -> None:
+        cfg = self.framework.config
+        json_out, objects = _split_params(self, self._param_names(), json_params(cfg), unsaved_params(cfg))
+        DefaultParamsWriter.saveMetadata(self, path, spark, extraMetadata={"hora": "estimator"}, paramMap=json_out)
+        persistence.save_objects(os.path.join(path, SIDE_DIR), {"class": persistence.class_path(self)}, objects)
+
+    @classmethod
+    def _load_from(cls, path: str, metadata: dict[str, Any], spark: Any) -> "SparkEstimator":
+        est = cls()
+        est._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(est, metadata)
+        _, objects = persistence.load_objects(os.path.join(path, SIDE_DIR))
+        est._set(**objects)
+        return est
+
+
+# ---------------------------------------------------------------------------------------
+# the fitted model
+# ---------------------------------------------------------------------------------------
+class SparkModel(Model, MLWritable, MLReadable, *_MODEL_MIXINS):  # type: ignore[misc]
+    """A fitted model as an MLlib ``Model``: ``transform`` runs batched inference on the executors.
+
+    The trained framework model is :meth:`getModel`; ``getHistory()`` / ``history_`` hold
+    the per-epoch metrics; :meth:`plot_history` draws them; ``setOutputCols`` names the
+    prediction columns (as in Horovod).
+    """
+
+    framework: ClassVar[Framework]
+
+    @keyword_only
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._setDefault(output_cols=None, input_shapes=None, run_id=None, history=[], output_shapes=None,
+                         batch_size=DEFAULT_PREDICT_BATCH)
+        self._model = kwargs.pop("model", None)
+        #: seconds spent in each phase of the fit that produced this model (not persisted)
+        self.fit_timings_: dict[str, float] = {}
+        self._files: dict[str, bytes] | None = None
+        self._set(**kwargs)
+
+    @classmethod
+    def _from_result(cls, result: core.FitResult, config: Any) -> "SparkModel":
+        model = cls(model=result.model, feature_cols=list(config.feature_cols), label_cols=list(config.label_cols),
+                    output_cols=default_output_cols(config.label_cols, config.output_cols),
+                    input_shapes=result.input_shapes, run_id=result.run_id, history=result.history,
+                    output_shapes=[list(s) for s in result.output_shapes])
+        model.fit_timings_ = dict(result.extra.get("timings", {}))
+        return model
+
+    def getModel(self) -> Any:  # noqa: N802 (MLlib style)
+        """The trained framework model."""
+        return self._model
+
+    def getHistory(self) -> list[dict[str, float]]:  # noqa: N802 (MLlib style)
+        """Per-epoch metrics (``epoch``, ``loss``, ``val_loss``, ``val_<metric>``...)."""
+        return self.history_
+
+    @property
+    def history_(self) -> list[dict[str, float]]:
+        """Per-epoch metrics (same as :meth:`getHistory`)."""
+        return list(self.getOrDefault("history") or [])
+
+    def plot_history(self, metrics: Sequence[str] | None = None) -> Any:
+        """A matplotlib Figure of the training / validation curves."""
+        return plot_history(self.history_, metrics, title=self.getOrDefault("run_id"))
+
+    def _model_files(self) -> dict[str, bytes]:
+        if self._files is None:
+            self._files = self.framework.codec.serialize(self._model)
+        return self._files
+
+    def _transform(self, dataset: Any) -> Any:
+        if self._model is None:
+            raise ConfigError(f"{type(self).__name__} holds no trained model")
+        if not self.getOrDefault("output_shapes") or not self.getOrDefault("feature_cols"):
+            raise ConfigError(
+                f"{type(self).__name__} needs feature_cols and output_shapes (per-row shape of each output) to transform"
+            )
+        return spark_transform(
+            dataset, self.framework.codec, self._model_files(), self.getOrDefault("feature_cols"),
+            self.getOrDefault("input_shapes"),
+            default_output_cols(self.getOrDefault("label_cols"), self.getOrDefault("output_cols")),
+            [tuple(s) for s in self.getOrDefault("output_shapes")], int(self.getOrDefault("batch_size")),
+        )
+
+    def copy(self, extra: dict | None = None) -> "SparkModel":
+        """A copy with the same uid and params (plus ``extra``) and its own copy of the trained model."""
+        model, self._model = self._model, None
+        try:
+            that = super().copy(extra)
+        finally:
+            self._model = model
+        that._model = self.framework.codec.clone(model) if model is not None else None
+        that._files = None
+        return that
+
+    # persistence ------------------------------------------------------------------------
+    def write(self) -> MLWriter:
+        """An MLWriter saving params as metadata and the model's files as side files."""
+        return _HoraWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _HoraReader(cls)
+
+    def _save_to(self, path: str, spark: Any) -> None:
+        json_out, objects = _split_params(self, list(MODEL_PARAMS), frozenset(MODEL_PARAMS))
+        DefaultParamsWriter.saveMetadata(self, path, spark, extraMetadata={"hora": "model"}, paramMap=json_out)
+        persistence.save_fitted(os.path.join(path, SIDE_DIR), self.framework.codec, self._model,
+                                {"face": "spark", "class": persistence.class_path(self)}, objects=objects)
+
+    @classmethod
+    def _load_from(cls, path: str, metadata: dict[str, Any], spark: Any) -> "SparkModel":
+        _, model, _, objects = persistence.load_fitted(os.path.join(path, SIDE_DIR))
+        inst = cls(model=model)
+        inst._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(inst, metadata)
+        inst._set(**objects)
+        return inst
+
+
+def build(framework: Framework, module: str, estimator_name: str, model_name: str) -> tuple[type, type]:
+    """The Spark ``(Estimator, Model)`` classes of ``framework``, named as they are imported from ``module``."""
+    docs = param_docs(framework.config)
+    model_cls = type(model_name, (SparkModel,), {
+        "framework": framework, "__module__": module, "__qualname__": model_name,
+        "__doc__": f"A fitted {framework.name} model on Spark: getModel() is {framework.model_kind}. "
+                   f"See hora.estimators.spark_face.SparkModel.",
+    })
+    est_cls = type(estimator_name, (SparkEstimator, *[param_mixin(n, d) for n, d in docs.items()]), {
+        "framework": framework, "model_class": model_cls, "__module__": module, "__qualname__": estimator_name,
+        "__doc__": f"Train {framework.model_kind} data-parallel on a Spark DataFrame; fit returns a {model_name}.\n\n"
+                   "Params (keyword arguments, each also a Spark Param with get/set accessors):\n\n"
+                   + "\n".join(f"* ``{n}``: {d}" for n, d in docs.items()),
+    })
+    return est_cls, model_cls
+
+
+__all__ = ["SparkEstimator", "SparkModel", "build", "param_mixin", "MODEL_PARAMS"]

@@ -1,0 +1,421 @@
+"""PyTorch on the estimator seam: :class:`TorchCodec` (driver), :class:`TorchSession` (worker), :data:`TORCH`.
+
+Conventions for users of ``TorchEstimator``:
+
+* the model is called as ``model(*inputs)``, one tensor per ``feature_cols`` entry (a
+  column, or a feature group stacked into ``(rows, k)``), each reshaped to its
+  ``input_shapes`` entry when given (``[-1, 1, 8, 8]``);
+* floating features are cast to the model's parameter dtype, integer features stay int64;
+* the model returns one tensor, or a tuple/list with one tensor per label column;
+* a label is aligned to its output: integer labels with an output of shape
+  ``(n, classes)`` (classes > 1) stay int64 (classification, e.g. ``CrossEntropyLoss``);
+  otherwise the label is cast to the output dtype and reshaped to the output's shape
+  when both hold the same number of values per row (``(n,)`` vs ``(n, 1)``);
+* with ``sample_weight_col``, loss modules with a ``reduction`` attribute are run with
+  ``reduction="none"`` and the per-row losses averaged with the weights; plain
+  callables must then return one loss per row;
+* ``train_minibatch_fn`` (Horovod's): ``fn(model, optimizer, transform_outputs, loss_fn,
+  inputs, labels, sample_weights, backward_passes_per_step, batch_idx) -> (outputs,
+  loss)`` replaces the default step; it calls ``zero_grad``/``backward``/``step`` itself
+  (Horovod's default steps at the start of each accumulation window), and hora steps
+  once more after an epoch whose last gradients were not applied, as Horovod does.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hora.errors import ConfigError, DataError
+from hora.estimators.data import hint_grouping
+from hora.estimators.framework import CheckResult, Framework, ModelCodec, Resume, TrainingSession, register
+from hora.estimators.params import EstimatorConfig, param
+from hora.estimators.spec import freeze, thaw
+from hora.estimators.torch_tensors import (
+    _stack, _tensor, align_label, as_outputs, is_torchmetric, normalize_metrics, per_row_loss_fn, to_inputs, weighted,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TorchConfig(EstimatorConfig):
+    """The Torch estimator's parameters: the shared ones and Horovod's Torch-only ones."""
+
+    train_minibatch_fn: Callable | None = param(None, "Horovod's custom training step: fn(model, optimizer, "
+                                                "transform_outputs, loss_fn, inputs, labels, sample_weights, "
+                                                "backward_passes_per_step, batch_idx) -> (outputs, loss)", "pickle")
+    loss_constructors: Sequence[Callable] | None = param(None, "functions returning the losses (Horovod's; instead "
+                                                         "of loss)", "pickle")
+
+    def __post_init__(self) -> None:
+        if self.loss_constructors is not None:
+            if self.loss is not None:
+                raise ConfigError("only one of loss and loss_constructors can be given (as in Horovod)")
+            try:
+                built = [make() for make in self.loss_constructors]
+            except Exception as exc:
+                raise ConfigError(f"loss_constructors failed: {type(exc).__name__}: {exc}") from exc
+            self.loss = built[0] if len(built) == 1 else built
+        super().__post_init__()
+        if self.train_minibatch_fn is not None and not callable(self.train_minibatch_fn):
+            raise ConfigError(f"train_minibatch_fn must be callable, got {self.train_minibatch_fn!r}")
+
+
+class TorchCodec(ModelCodec):
+    """Driver side of PyTorch (see :class:`~hora.estimators.framework.ModelCodec`)."""
+
+    name = "torch"
+
+    def check(self, config: Any, sample: dict[str, np.ndarray]) -> CheckResult:
+        import torch
+
+        model = config.model
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        params = list(model.parameters())
+        if not params:
+            raise ConfigError("model has no parameters to train")
+        _check_optimizer(config.optimizer, model, params)
+        metrics = normalize_metrics(config.metrics)
+        features = config.features
+        inputs = to_inputs(model, [sample[k] for k in features.keys], config.input_shapes)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                try:
+                    raw = model(*inputs)
+                except Exception as exc:
+                    shapes = [tuple(t.shape) for t in inputs]
+                    hint = hint_grouping(features) if isinstance(exc, TypeError) else ""
+                    raise ConfigError(
+                        f"the model's forward pass failed on a sample of the data (inputs of shapes {shapes} "
+                        f"from feature_cols {config.feature_cols}): {type(exc).__name__}: {exc}{hint}"
+                    ) from exc
+                outs = as_outputs(raw, len(config.label_cols))
+                losses = config.loss if isinstance(config.loss, (list, tuple)) else [config.loss] * len(outs)
+                for i, (out, name) in enumerate(zip(outs, config.label_cols)):
+                    label = align_label(out, _tensor(_stack(sample[name])), name)
+                    fn = per_row_loss_fn(losses[i]) if config.sample_weight_col is not None else losses[i]
+                    try:
+                        value = fn(out, label)
+                    except Exception as exc:
+                        raise ConfigError(
+                            f"loss for label {name!r} failed on the model output (shape {tuple(out.shape)}) "
+                            f"and the label (shape {tuple(label.shape)}): {type(exc).__name__}: {exc}"
+                        ) from exc
+                    if config.sample_weight_col is not None:
+                        weighted(value, torch.ones(out.shape[0]))
+                    elif value.dim() != 0:
+                        raise ConfigError(f"loss for label {name!r} must return a scalar, got shape {tuple(value.shape)}")
+                    for mname, m in metrics:
+                        if is_torchmetric(m):
+                            continue
+                        try:
+                            m(out, label)
+                        except Exception as exc:
+                            raise ConfigError(f"metric {mname!r} failed on label {name!r}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            model.train(was_training)
+        return CheckResult(output_shapes=[tuple(int(d) for d in o.shape[1:]) for o in outs])
+
+    def freeze(self, config: Any) -> bytes:
+        # model and optimizer in one pickle: the optimizer stays bound to the model's parameters
+        return freeze({"model": config.model, "optimizer": config.optimizer, "loss": config.loss,
+                       "metrics": config.metrics, "compression": config.gradient_compression,
+                       "minibatch_fn": config.train_minibatch_fn})
+
+    def load(self, payload: bytes, weights: bytes) -> Any:
+        model = thaw(payload)["model"]
+        return _with_weights(model, weights)
+
+    def serialize(self, model: Any) -> dict[str, bytes]:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
+        return {"model.pkl": freeze(model), "weights.pt": buf.getvalue()}
+
+    def deserialize(self, files: dict[str, bytes]) -> Any:
+        return _with_weights(thaw(files["model.pkl"]), files["weights.pt"])
+
+    def predict(self, model: Any, inputs: Sequence[np.ndarray], input_shapes: Any, batch_size: int) -> list[np.ndarray]:
+        import torch
+
+        n = len(inputs[0]) if inputs else 0
+        model.eval()
+        chunks: list[list[np.ndarray]] = []
+        with torch.inference_mode():
+            for start in range(0, n, batch_size):
+                outs = model(*to_inputs(model, [a[start:start + batch_size] for a in inputs], input_shapes))
+                outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
+                chunks.append([o.detach().cpu().double().numpy() for o in outs])
+        if not chunks:
+            return []
+        return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+
+
+def _check_optimizer(opt: Any, model: Any, params: list) -> None:
+    import torch
+
+    if isinstance(opt, torch.optim.Optimizer):
+        model_ids = {id(p) for p in params}
+        opt_params = [p for g in opt.param_groups for p in g["params"]]
+        foreign = [p for p in opt_params if id(p) not in model_ids]
+        if not opt_params or foreign:
+            raise ConfigError(
+                f"optimizer {type(opt).__name__} is not bound to the model's parameters ({len(foreign)} of its "
+                f"{len(opt_params)} parameters are not the model's); create it with model.parameters(), or pass a "
+                "factory params -> optimizer"
+            )
+    elif callable(opt):
+        try:
+            built = opt(model.parameters())
+        except Exception as exc:
+            raise ConfigError(f"optimizer factory failed on the model's parameters: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(built, torch.optim.Optimizer):
+            raise ConfigError(f"optimizer factory must return a torch.optim.Optimizer, got {type(built).__name__}")
+    else:
+        raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a factory params -> optimizer, got {opt!r}")
+
+
+def _with_weights(model: Any, weights: bytes) -> Any:
+    import torch
+
+    model.load_state_dict(torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True))
+    model.eval()
+    return model
+
+
+@dataclass
+class TorchSession(TrainingSession):
+    """One torch rank's run: model, DistributedOptimizer, losses and metrics as attributes."""
+
+    hvd: Any
+    model: Any
+    optimizer: Any
+    losses: list
+    metrics: list  # (key, metric, label index): stateful metrics get one copy per label
+    feature_keys: tuple
+    label_cols: tuple
+    sample_weight_col: str | None = None
+    input_shapes: Any = None
+    loss_weights: list = field(default_factory=list)
+    device: Any = None
+    backward_passes_per_step: int = 1
+    minibatch_fn: Callable | None = None
+    metric_rows: int = 0
+    pending: bool = False  # gradients computed since the last optimizer step (train_minibatch_fn)
+    _hooks: list = field(default_factory=list)
+
+    @classmethod
+    def open(cls, spec: Any) -> "TorchSession":
+        import torch
+
+        import hora.torch as hvd
+
+        config = spec.config
+        if not hvd.is_initialized():
+            hvd.init()
+        torch.manual_seed(config.seed)
+        np.random.seed(config.seed % (2**32))
+        payload = thaw(spec.payload)
+        model, opt = payload["model"], payload["optimizer"]
+        if not isinstance(opt, torch.optim.Optimizer):
+            opt = opt(model.parameters())
+        device = None
+        if config.use_gpu:
+            if not torch.cuda.is_available():
+                raise ConfigError(f"use_gpu=True but rank {hvd.rank()} sees no CUDA device")
+            device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+            model.to(device)  # moves parameters in place: the optimizer stays bound
+        scale = hvd.size() if config.lr_scaling == "linear" else 1
+        for group in opt.param_groups:
+            if config.learning_rate is not None:
+                group["lr"] = config.learning_rate
+            if "lr" in group:
+                group["lr"] = group["lr"] * scale
+                group.setdefault("initial_lr", group["lr"])
+        kwargs: dict[str, Any] = {"backward_passes_per_step": config.backward_passes_per_step}
+        if payload["compression"] is not None:
+            kwargs["compression"] = payload["compression"]
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kwargs)
+        labels = tuple(config.label_cols)
+        loss = payload["loss"]
+        losses = list(loss) if isinstance(loss, (list, tuple)) else [loss] * len(labels)
+        if config.sample_weight_col is not None:
+            losses = [per_row_loss_fn(fn) for fn in losses]
+        metrics = []
+        for mname, m in normalize_metrics(payload["metrics"]):
+            for i, label in enumerate(labels):
+                key = mname if len(labels) == 1 else f"{label}_{mname}"
+                mi = copy.deepcopy(m) if (len(labels) > 1 and is_torchmetric(m)) else m
+                if device is not None and is_torchmetric(mi) and hasattr(mi, "to"):
+                    mi = mi.to(device)
+                metrics.append((key, mi, i))
+        session = cls(hvd=hvd, model=model, optimizer=opt, losses=losses, metrics=metrics,
+                      feature_keys=tuple(config.features.keys), label_cols=labels,
+                      sample_weight_col=config.sample_weight_col, input_shapes=config.input_shapes,
+                      loss_weights=list(config.loss_weights) if config.loss_weights else [1.0] * len(labels),
+                      device=device, backward_passes_per_step=config.backward_passes_per_step,
+                      minibatch_fn=payload.get("minibatch_fn"))
+        if session.minibatch_fn is not None:
+            session._track_pending()
+        return session
+
+    @property
+    def rank(self) -> int:
+        return self.hvd.rank()
+
+    @property
+    def size(self) -> int:
+        return self.hvd.size()
+
+    def _track_pending(self) -> None:
+        def grads_in(_param: Any) -> None:
+            self.pending = True
+
+        def stepped(*_args: Any) -> None:
+            self.pending = False
+
+        self._hooks.append(self.optimizer.register_step_post_hook(stepped))
+        for p in self.model.parameters():
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(grads_in))
+
+    def _prepare(self, batch: dict[str, np.ndarray]) -> tuple[list, list, Any]:
+        inputs = to_inputs(self.model, [batch[k] for k in self.feature_keys], self.input_shapes, self.device)
+        labels = [_tensor(_stack(batch[name])) for name in self.label_cols]
+        weights = _tensor(batch[self.sample_weight_col]) if self.sample_weight_col is not None else None
+        if self.device is not None:
+            labels = [t.to(self.device) for t in labels]
+            weights = weights.to(self.device) if weights is not None else None
+        return inputs, labels, weights
+
+    def _align(self, outputs: Any, labels: list) -> tuple[list, list]:
+        outs = as_outputs(outputs, len(self.label_cols))
+        return outs, [align_label(o, t, name) for o, t, name in zip(outs, labels, self.label_cols)]
+
+    def _loss(self, outs: list, labels: list, weights: Any) -> Any:
+        total = None
+        for i, (out, label) in enumerate(zip(outs, labels)):
+            value = self.losses[i](out, label)
+            if weights is not None:
+                value = weighted(value, weights)
+            value = value * self.loss_weights[i]
+            total = value if total is None else total + value
+        return total
+
+    def _forward_loss(self, batch: dict[str, np.ndarray]) -> tuple[Any, list, list]:
+        inputs, labels, weights = self._prepare(batch)
+        outs, labels = self._align(self.model(*inputs), labels)
+        return self._loss(outs, labels, weights), outs, labels
+
+    def train_step(self, batch: dict[str, np.ndarray], step: int) -> float:
+        k = self.backward_passes_per_step
+        if self.minibatch_fn is not None:
+            inputs, labels, weights = self._prepare(batch)
+            _, loss = self.minibatch_fn(self.model, self.optimizer, self._align, self._loss, inputs, labels, weights,
+                                        k, step)
+        else:
+            if step % k == 0:
+                self.optimizer.zero_grad()
+            loss, _, _ = self._forward_loss(batch)
+            (loss / k if k > 1 else loss).backward()
+            if (step + 1) % k == 0:
+                self.optimizer.step()
+        value = float(loss.detach()) if hasattr(loss, "detach") else float(loss)
+        if not math.isfinite(value):
+            raise DataError(f"training loss became {value} at step {step} on rank {self.rank}")
+        return value
+
+    def finish_epoch(self, steps: int) -> None:
+        if self.minibatch_fn is not None:
+            if self.pending:
+                self.optimizer.step()  # the last window of a Horovod-style minibatch function
+        elif steps % self.backward_passes_per_step:
+            self.optimizer.step()  # the partial accumulation window (step() reduces what is pending)
+
+    def eval_keys(self) -> list[str]:
+        return ["loss", "_n"] + [key for key, _, _ in self.metrics]
+
+    def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        import torch
+
+        with torch.no_grad():
+            loss, outs, labels = self._forward_loss(batch)
+            n = int(outs[0].shape[0])
+            result = {"loss": float(loss) * n, "_n": float(n)}
+            for key, m, i in self.metrics:
+                if is_torchmetric(m):
+                    m.update(outs[i], labels[i])
+                else:
+                    result[key] = float(torch.as_tensor(m(outs[i], labels[i])).float().mean()) * n
+            self.metric_rows += n
+        return result
+
+    def eval_finish(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        rows, self.metric_rows = self.metric_rows, 0
+        for key, m, _ in self.metrics:
+            if is_torchmetric(m):
+                if rows:
+                    out[key] = float(m.compute().float().mean()) * rows
+                m.reset()
+        return out
+
+    def set_train(self, training: bool) -> None:
+        self.model.train(training)
+
+    def broadcast_initial(self) -> None:
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+
+    def checkpoint(self, resume: Resume) -> bytes:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "extra": resume.to_meta()}, buf)
+        return buf.getvalue()
+
+    def restore(self, data: bytes, ckpt_epoch: int) -> Resume:
+        import torch
+
+        ckpt = torch.load(io.BytesIO(data), map_location=self.device or "cpu", weights_only=False)
+        if "model" in ckpt:
+            self.model.load_state_dict(ckpt["model"])
+        if "optimizer" in ckpt:
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        return Resume.from_meta(dict(ckpt.get("extra", {})), ckpt_epoch)
+
+    def weights(self) -> bytes:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, buf)
+        return buf.getvalue()
+
+    def model_files(self) -> dict[str, bytes]:
+        return TorchCodec().serialize(self.model)
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        remove = getattr(self.optimizer, "remove_hooks", None)
+        if callable(remove):
+            remove()
+
+
+TORCH = register(Framework(name="torch", codec=TorchCodec(), session=TorchSession, config=TorchConfig,
+                           model_kind="a torch.nn.Module", modules=("torch",)))
+
+__all__ = ["TORCH", "TorchConfig", "TorchCodec", "TorchSession"]

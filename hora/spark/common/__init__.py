@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.spark.common`` paths: :mod:`.store` (``Store``) and :mod:`.backend` (``SparkBackend``)."""
