@@ -24,7 +24,7 @@ tensor for one, a list for several). Without ``input_shapes`` each input is resh
 the model's own input shape when their values per row match (a flat 784-vector feeds a
 ``(28, 28, 1)`` input, as in Horovod); floating features are cast to float32; one
 output per label column, labels aligned to their outputs (``(n,)`` vs ``(n, 1)``;
-integer class ids for an ``(n, classes)`` output stay ids; one-hot vectors stay).
+class ids (integers or Spark's doubles) for an ``(n, classes)`` output stay ids; one-hot vectors stay).
 The worker side is :class:`hora.estimators.keras_session.KerasSession`.
 """
 

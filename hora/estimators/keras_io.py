@@ -112,8 +112,8 @@ def label_target(row: tuple, kind: str, out_shape: tuple, name: str) -> tuple | 
     """
     if row == out_shape:
         return None
-    if kind in "iu" and len(out_shape) >= 1 and out_shape[-1] > 1 and row == out_shape[:-1]:
-        return None  # class ids for a (classes,) output
+    if kind in "iuf" and len(out_shape) >= 1 and out_shape[-1] > 1 and row == out_shape[:-1]:
+        return None  # class ids (integers, or Spark's doubles) for a (classes,) output
     if int(np.prod(row)) == int(np.prod(out_shape)):
         return out_shape
     raise ConfigError(

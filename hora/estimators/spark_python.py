@@ -71,7 +71,8 @@ def explain_worker_failure(spark: Any, exc: BaseException, framework: Any = None
         conf = spark.conf.get("spark.pyspark.python", None)
     except Exception:
         conf = None
-    named = f"PYSPARK_PYTHON={configured!r}" if configured else "PYSPARK_PYTHON unset (Spark starts 'python3' from the executors' PATH)"
+    named = (f"this driver has PYSPARK_PYTHON={configured!r}" if configured
+             else "PYSPARK_PYTHON is unset: Spark starts 'python3' from the executors' PATH")
     if conf:
         named += f", spark.pyspark.python={conf!r}"
     try:
@@ -90,8 +91,9 @@ def explain_worker_failure(spark: Any, exc: BaseException, framework: Any = None
     raise ConfigError(
         f"Spark's Python workers run {seen['python']} (Python {seen['version']}), which cannot import "
         f"{', '.join(seen['missing'])}; hora's tasks need {', '.join(modules)}. The driver runs {sys.executable}. "
-        f"Spark starts the interpreter named by PYSPARK_PYTHON ({named}): set PYSPARK_PYTHON={sys.executable} "
-        f"(or spark.pyspark.python) before the SparkSession starts, or install hora into {seen['python']}"
+        f"Spark starts the interpreter PYSPARK_PYTHON named when the session started ({named}): set "
+        f"PYSPARK_PYTHON={sys.executable} (or spark.pyspark.python) before the SparkSession starts, or install hora "
+        f"into {seen['python']}"
     ) from exc
 
 

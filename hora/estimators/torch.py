@@ -7,8 +7,9 @@ Conventions for users of ``TorchEstimator``:
   ``input_shapes`` entry when given (``[-1, 1, 8, 8]``);
 * floating features are cast to the model's parameter dtype, integer features stay int64;
 * the model returns one tensor, or a tuple/list with one tensor per label column;
-* a label is aligned to its output: integer labels with an output of shape
-  ``(n, classes)`` (classes > 1) stay int64 (classification, e.g. ``CrossEntropyLoss``);
+* a label is aligned to its output: class ids (integers, or whole-number floats such as
+  Spark's double labels) with an output of shape ``(n, classes)`` (classes > 1) become
+  int64 (classification, e.g. ``CrossEntropyLoss``);
   otherwise the label is cast to the output dtype and reshaped to the output's shape
   when both hold the same number of values per row (``(n,)`` vs ``(n, 1)``);
 * with ``sample_weight_col``, loss modules with a ``reduction`` attribute are run with

@@ -75,9 +75,12 @@ def align_label(output: Any, label: Any, name: str = "label") -> Any:
     """
     import torch
 
-    if label.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8) and output.is_floating_point():
-        if output.dim() == label.dim() + 1 and output.shape[-1] > 1 and tuple(output.shape[:-1]) == tuple(label.shape):
+    if output.is_floating_point() and output.dim() == label.dim() + 1 and output.shape[-1] > 1 and \
+            tuple(output.shape[:-1]) == tuple(label.shape):
+        if label.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
             return label.long()
+        if label.is_floating_point() and bool(torch.all(label == torch.round(label))):
+            return label.long()  # class ids stored as doubles (Spark's labels): ids, as Horovod's users pass them
     label = label.to(output.dtype) if output.is_floating_point() else label
     if tuple(label.shape) != tuple(output.shape):
         n = output.shape[0] if output.dim() else 1

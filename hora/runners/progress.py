@@ -2,7 +2,8 @@
 
 Only the driver renders anything. The bar follows the lowest rank that reports
 (normally rank 0): ``step``/``total`` (or ``steps``) move the bar, ``epoch``/``epochs``
-set its description, and every other scalar shows as a postfix (``loss=0.31``).
+set its description, and every other scalar shows as a postfix (``loss=0.31``). A new
+``epoch`` closes the bar of the previous one (filled) and opens the next: one bar per epoch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Progress:
         self.enabled = enabled
         self._bar: Any = None
         self._rank: int | None = None
+        self._epoch: Any = None
         self.latest: dict[int, dict[str, Any]] = {}
 
     def update(self, rank: int, metrics: dict[str, Any]) -> None:
@@ -36,6 +38,9 @@ class Progress:
         log.debug("rank %d metrics: %s", rank, metrics)
         if not self.enabled:
             return
+        epoch = metrics.get("epoch")
+        if epoch is not None and epoch != self._epoch:
+            self._next_bar(epoch)
         bar = self._ensure_bar()
         total = metrics.get("total", metrics.get("steps"))
         if isinstance(total, numbers.Number) and total != bar.total:
@@ -43,7 +48,6 @@ class Progress:
         step = metrics.get("step")
         if isinstance(step, numbers.Number):
             bar.n = step
-        epoch = metrics.get("epoch")
         if epoch is not None:
             epochs = metrics.get("epochs")
             bar.set_description(f"{self.run_id} epoch {epoch}" + (f"/{epochs}" if epochs is not None else ""), refresh=False)
@@ -59,6 +63,16 @@ class Progress:
                 postfix[key] = f"{float(value):.4g}"
         bar.set_postfix(postfix, refresh=False)
         bar.refresh()
+
+    def _next_bar(self, epoch: Any) -> None:
+        """Close the previous epoch's bar, filled (its last report may have been overtaken by this one)."""
+        if self._bar is not None and self._epoch is not None:
+            if self._bar.total:
+                self._bar.n = self._bar.total
+            self._bar.refresh()
+            self._bar.close()
+            self._bar = None
+        self._epoch = epoch
 
     def _ensure_bar(self) -> Any:
         if self._bar is None:

@@ -14,8 +14,8 @@ _HOROVOD_CLASSES = ("LocalStore", "HDFSStore", "FilesystemStore", "DBFSLocalStor
 
 
 def __getattr__(name: str) -> Any:
-    if name in _HOROVOD_CLASSES:
-        raise AttributeError(
+    if name in _HOROVOD_CLASSES:  # an ImportError, so `from ... import HDFSStore` shows this message
+        raise ImportError(
             f"hora.spark.common.store has no {name}: hora's one Store handles every filesystem; use "
             f"Store.create(url) with a local path, 'hdfs://...', 's3://...' or 'dbfs:/...'"
         )

@@ -1,0 +1,109 @@
+"""Data and models of the faces x frameworks suite, importable by the Spark and Dask workers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def sparse_images(n: int = 96, classes: int = 2, seed: int = 0):
+    """``[(SparseVector(64), label double)]``: 8x8 'images' whose lit pixels say the class (as a libsvm MNIST)."""
+    from pyspark.ml.linalg import Vectors
+
+    rng = np.random.default_rng(seed)
+    band = 64 // classes
+    rows = []
+    for i in range(n):
+        label = i % classes
+        idx = np.sort(rng.choice(band, 6, replace=False) + band * label)
+        rows.append((Vectors.sparse(64, idx.tolist(), [1.0] * len(idx)), float(label)))
+    return rows
+
+
+def scalar_frame(n: int = 96, cols: int = 64, seed: int = 0):
+    """A pandas frame of ``cols`` float32 scalar columns ``x0..``, an array column ``extra`` (3 floats), a label
+    ``y`` linear in them, and a shuffled index (as tabular data arrives)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, cols)).astype("float32")
+    extra = rng.normal(size=(n, 3)).astype("float32")
+    y = x[:, :4].sum(axis=1) / 4 + extra[:, 0] / 2
+    pdf = pd.DataFrame({f"x{i}": x[:, i] for i in range(cols)})
+    pdf["extra"] = list(extra)
+    pdf["y"] = y.astype("float64")
+    pdf.index = rng.permutation(np.arange(1000, 1000 + n))
+    return pdf
+
+
+def torch_image_net():
+    """A small CNN over 1x8x8 inputs, log-softmax over 2 classes; a buffer counts minibatch-function calls."""
+    import torch
+    import torch.nn.functional as F
+
+    class ImageNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(1, 4, 3)
+            self.fc = torch.nn.Linear(4 * 6 * 6, 2)
+            self.register_buffer("minibatch_calls", torch.zeros(()))
+
+        def forward(self, features):
+            x = F.relu(self.conv(features.float()))
+            return F.log_softmax(self.fc(x.flatten(1)), dim=1)
+
+    torch.manual_seed(0)
+    return ImageNet()
+
+
+def horovod_minibatch(model, optimizer, transform_outputs, loss_fn, inputs, labels, sample_weights,
+                      backward_passes_per_step, batch_idx):
+    """Horovod's default minibatch step (step at the start of each window), counting its calls in a buffer."""
+    import torch
+
+    if batch_idx % backward_passes_per_step == 0:
+        if batch_idx != 0:
+            optimizer.step()
+        optimizer.zero_grad()
+    outputs = model(*inputs)
+    outputs, labels = transform_outputs(outputs, labels)
+    loss = loss_fn(outputs, labels, sample_weights)
+    loss.backward()
+    with torch.no_grad():
+        model.minibatch_calls += 1
+    return outputs, loss
+
+
+def torch_tabular_net(cols: int = 64):
+    """``model(group, extra)``: a (n, cols) feature group and a (n, 3) array input -> (n, 1)."""
+    import torch
+
+    class TabularNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(cols, 8)
+            self.b = torch.nn.Linear(3, 8)
+            self.out = torch.nn.Linear(8, 1)
+
+        def forward(self, group, extra):
+            return self.out(torch.relu(self.a(group) + self.b(extra)))
+
+    torch.manual_seed(0)
+    return TabularNet()
+
+
+def keras_image_net():
+    """A Keras CNN with an (8, 8, 1) input (fed flat 64-vectors) and a 2-way softmax."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, activation="relu"),
+                             keras.layers.Flatten(), keras.layers.Dense(2, activation="softmax")])
+
+
+def keras_group_net(cols: int = 8):
+    """A Keras regressor of one (n, cols) feature group input."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((cols,))
+    return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs)))

@@ -1,0 +1,210 @@
+"""Horovod's paths and keywords, bad input caught on the driver, and the pieces around the loop.
+
+(Training with Horovod's parameters runs in tests/estimators/test_suite.py.)
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hora.errors import ConfigError
+from tests.estimators.conftest import mlp
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _est(store, **kw):
+    from hora.dask import TorchEstimator
+
+    net = kw.pop("model", None) or mlp()
+    args = dict(num_proc=2, store=store, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                loss=torch.nn.MSELoss(), feature_cols=["features"], label_cols=["y"], batch_size=8, epochs=1)
+    args.update(kw)
+    return TorchEstimator(**args)
+
+
+def _nothing_launched(store):
+    assert not store.exists(store.layout.datasets_dir()), "materialize ran"
+    assert not store.exists(store.layout.runs_dir()), "workers ran"
+
+
+def test_horovod_module_paths():
+    code = """
+import sys
+import hora.spark, hora.spark.torch as hst
+from hora.spark import TorchEstimator
+from hora.spark.common.store import Store
+from hora.spark.common.backend import Backend, SparkBackend
+import hora.store
+assert hst.TorchEstimator is TorchEstimator and hst.TorchModel is hora.spark.TorchModel
+assert Store is hora.store.Store and issubclass(SparkBackend, Backend)
+assert TorchEstimator.__module__ == "hora.spark.torch"
+assert "tensorflow" not in sys.modules and "keras" not in sys.modules, "importing hora.spark imported TensorFlow"
+try:
+    from hora.spark.common.store import HDFSStore
+except (AttributeError, ImportError) as exc:
+    assert "Store.create" in str(exc), exc
+else:
+    raise AssertionError("HDFSStore imported")
+print("OK")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert out.stdout.strip().endswith("OK"), out.stderr[-3000:]
+
+
+def test_horovod_keywords_hora_does_not_take_say_what_to_use(store):
+    from hora.dask import TorchEstimator as DaskTorch
+    from hora.estimators.params import ParamError
+    from hora.spark import TorchEstimator
+
+    for make in (TorchEstimator, DaskTorch):
+        with pytest.raises(ParamError, match="continuous_cols.*feature_cols") as info:
+            make(continuous_cols=["a"])
+        assert isinstance(info.value, TypeError) and isinstance(info.value, ConfigError)
+        with pytest.raises(ParamError, match="label_shapes.*transformation_fn"):
+            make(label_shapes=[[1]])
+        with pytest.raises(ParamError, match="custom_objects.*Keras"):
+            make(custom_objects={})
+        with pytest.raises(ParamError, match=r"no parameters \['bogus'\]"):
+            make(bogus=1)
+    with pytest.raises(ConfigError, match="at most one of backend and num_proc"):
+        from hora.spark.common.backend import SparkBackend
+
+        _est(store, backend=SparkBackend(num_proc=2)).fit(pd.DataFrame({"features": [1.0], "y": [1.0]}))
+    with pytest.raises(ConfigError, match="only one of loss and loss_constructors"):
+        _est(store, loss_constructors=[torch.nn.MSELoss])._config()
+    assert isinstance(_est(store, loss=None, loss_constructors=[torch.nn.L1Loss])._config().loss, torch.nn.L1Loss)
+    _nothing_launched(store)
+
+
+def test_petastorm_knobs_are_accepted_with_one_warning(store, caplog, monkeypatch):
+    from hora.estimators import params
+
+    monkeypatch.setattr(params, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="hora.estimators.params"):
+        for _ in range(2):
+            _est(store, reader_pool_type="process", train_reader_num_workers=4, mp_start_method="spawn")._config()
+    texts = [r.getMessage() for r in caplog.records]
+    assert len(texts) == 3, texts  # one per knob, not per fit
+    assert any("reader_pool_type='process'" in t and "background thread" in t for t in texts)
+
+
+def test_spark_backend_options():
+    from hora.spark.common.backend import SparkBackend
+
+    with pytest.raises(ConfigError, match="use_mpi"):
+        SparkBackend(use_mpi=True)
+    with pytest.raises(ConfigError, match="PYSPARK_PYTHON"):
+        SparkBackend(executable="/usr/bin/python3")
+    with pytest.raises(ConfigError, match="unknown keyword"):
+        SparkBackend(num_procs=2)
+    opts = SparkBackend(num_proc=3, env={"A": "1"}, nics=["lo"], use_gloo=True).launch_options()
+    assert opts["num_proc"] == 3 and opts["env"] == {"A": "1", "GLOO_SOCKET_IFNAME": "lo", "HORA_BACKEND": "gloo"}
+
+
+def test_run_id_has_one_rule(store):
+    from hora.estimators.params import EstimatorConfig
+
+    base = dict(store=store, model=object(), optimizer=object(), loss=torch.nn.MSELoss(), feature_cols=["x"],
+                label_cols=["y"])
+    EstimatorConfig(**base, run_id="r" * 128)
+    with pytest.raises(ConfigError, match="1-128 characters"):  # the runners' and store's names: at config time
+        EstimatorConfig(**base, run_id="r" * 150)
+
+
+def test_feature_groups_bad_input_before_launch(store):
+    df = pd.DataFrame({"a": np.arange(8, dtype="float32"), "b": np.arange(8, dtype="int64"),
+                       "c": np.arange(8, dtype="float32"), "v": list(np.ones((8, 2), dtype="float32")),
+                       "y": np.ones(8)})
+    with pytest.raises(ConfigError, match=r"feature group \[a,b\] mixes dtypes"):
+        _est(store, model=mlp(d=2), feature_cols=[["a", "b"]]).fit(df)
+    with pytest.raises(ConfigError, match=r"feature group \[a,v\] holds column 'v'"):
+        _est(store, model=mlp(d=3), feature_cols=[["a", "v"]]).fit(df)
+    with pytest.raises(ConfigError, match="more than once"):
+        _est(store, feature_cols=[["a", "c"], "a"])._config()
+    with pytest.raises(ConfigError, match=r"forward pass failed.*group them: feature_cols=\[\['a', 'c'"):
+        _est(store, model=mlp(d=2), feature_cols=["a", "c"]).fit(df)  # a Linear(2, ...) called with 2 inputs
+    _nothing_launched(store)
+
+
+def test_keras_and_mlflow_bad_input_before_launch(store):
+    pytest.importorskip("mlflow")
+    from hora.estimators.callbacks import MLflowLogger
+
+    df = pd.DataFrame({"features": list(np.ones((8, 4), dtype="float32")), "y": np.ones(8)})
+    with pytest.raises(ConfigError, match="cannot be reached"):
+        _est(store, callbacks=[MLflowLogger(tracking_uri="http://127.0.0.1:9")]).fit(df)
+    with pytest.raises(ConfigError, match="tracking_uri"):
+        MLflowLogger(tracking_uri="")
+    with pytest.raises(ConfigError, match="train_minibatch_fn must be callable"):
+        _est(store, train_minibatch_fn=3)._config()
+    _nothing_launched(store)
+
+
+def test_cached_reader_serves_the_same_rows_from_memory(tmp_path):
+    from hora.estimators.worker import CachedReader
+    from hora.store import Store, make_reader, materialize
+
+    store = Store.create(str(tmp_path / "store"))
+    info = materialize(pd.DataFrame({"x": np.arange(50, dtype="float32"), "y": np.zeros(50)}), store,
+                       feature_cols=["x"], label_cols=["y"])
+    cached = CachedReader(make_reader(store, info, rank=0, size=2, batch_size=8, shuffle=True))
+    first = list(cached)
+    cached._source = None  # a second pass must not read the store again
+    cached.set_epoch(1)
+    second = list(cached)
+    assert [len(b["x"]) for b in first] == [len(b["x"]) for b in second] and len(second) == len(cached)
+    a, b = np.concatenate([x["x"] for x in first]), np.concatenate([x["x"] for x in second])
+    assert sorted(a) == sorted(b) and not np.array_equal(a, b)  # the same rows, shuffled anew
+
+
+def test_progress_has_one_bar_per_epoch_with_a_total(capsys):
+    from hora.runners.progress import Progress
+
+    progress = Progress("run-x")
+    for epoch in (1, 2):
+        for step in (1, 3):
+            progress.update(0, {"epoch": epoch, "epochs": 2, "step": step, "total": 4, "loss": 0.5})
+        first_bar = progress._bar
+        assert first_bar.total == 4 and first_bar.n == 3 and "epoch" in first_bar.desc
+        progress.update(0, {"epoch": epoch, "epochs": 2, "step": 4, "total": 4, "loss": 0.25, "val_loss": 0.125})
+        assert "val_loss=0.125" in str(first_bar)
+    progress.close()
+    err = capsys.readouterr().err
+    assert "run-x epoch 1/2: 100%" in err and "run-x epoch 2/2: 100%" in err
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_spark_workers_without_hora_name_pyspark_python(spark, tmp_path):
+    """A session whose workers run another interpreter (a bare venv): the fit says so, naming PYSPARK_PYTHON."""
+    import venv
+
+    from hora.spark import TorchEstimator
+    from hora.store import Store
+
+    bare = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=False).create(bare)
+    df = spark.createDataFrame(pd.DataFrame({"x": np.arange(16, dtype="float64"), "y": np.ones(16)}))
+    net = torch.nn.Linear(1, 1)
+    est = TorchEstimator(num_proc=2, store=Store.create(str(tmp_path / "store")), model=net, loss=torch.nn.MSELoss(),
+                         optimizer=torch.optim.SGD(net.parameters(), lr=0.1), feature_cols=["x"], label_cols=["y"],
+                         input_shapes=[[-1, 1]])
+    sc = spark.sparkContext
+    saved = sc.pythonExec
+    sc.pythonExec = str(bare / "bin" / "python")  # what PYSPARK_PYTHON names when the session starts
+    try:
+        with pytest.raises(ConfigError) as info:
+            est.fit(df)
+    finally:
+        sc.pythonExec = saved
+    text = str(info.value)
+    assert "PYSPARK_PYTHON" in text and str(bare / "bin" / "python") in text and "pyarrow" in text, text
+    assert sys.executable in text
