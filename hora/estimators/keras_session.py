@@ -102,14 +102,6 @@ class KerasSession(TrainingSession):
         session._open_callbacks(spec, payload.get("callbacks") or [], payload.get("checkpoint_callback"))
         return session
 
-    @property
-    def rank(self) -> int:
-        return self.hvd.rank()
-
-    @property
-    def size(self) -> int:
-        return self.hvd.size()
-
     # the user's Keras callbacks --------------------------------------------------------------
     def _open_callbacks(self, spec: Any, native: list, checkpoint_callback: Any) -> None:
         import keras

@@ -111,6 +111,18 @@ class _HoraReader(MLReader):
         return self.cls._load_from(path, metadata, self.sparkSession)
 
 
+class _Persisted(MLWritable, MLReadable):
+    """``write()`` / ``read()`` through the class's ``_save_to`` / ``_load_from`` (JSON metadata and side files)."""
+
+    def write(self) -> MLWriter:
+        """An MLWriter saving the JSON params as Spark metadata and the others as side files."""
+        return _HoraWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _HoraReader(cls)
+
+
 def _split_params(instance: Params, names: Sequence[str], json_names: frozenset[str],
                   unsaved: frozenset[str] = frozenset()) -> tuple[dict[str, Any], dict[str, Any]]:
     """(explicitly set JSON params, other explicitly set params to pickle); ``unsaved`` ones are left out."""
@@ -125,7 +137,7 @@ def _split_params(instance: Params, names: Sequence[str], json_names: frozenset[
 # ---------------------------------------------------------------------------------------
 # the estimator
 # ---------------------------------------------------------------------------------------
-class SparkEstimator(Estimator, MLWritable, MLReadable):
+class SparkEstimator(Estimator, _Persisted):
     """An MLlib Estimator over the shared core; :func:`build` makes one per framework.
 
     Raises (from ``fit``):
@@ -172,14 +184,6 @@ class SparkEstimator(Estimator, MLWritable, MLReadable):
         return self.model_class._from_result(result, config)
 
     # persistence ------------------------------------------------------------------------
-    def write(self) -> MLWriter:
-        """An MLWriter saving the JSON params as metadata and the others as pickled side files."""
-        return _HoraWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return _HoraReader(cls)
-
     def _save_to(self, path: str, spark: Any) -> None:
         cfg = self.framework.config
         json_out, objects = _split_params(self, self._param_names(), json_params(cfg), unsaved_params(cfg))
@@ -199,7 +203,7 @@ class SparkEstimator(Estimator, MLWritable, MLReadable):
 # ---------------------------------------------------------------------------------------
 # the fitted model
 # ---------------------------------------------------------------------------------------
-class SparkModel(Model, MLWritable, MLReadable, *_MODEL_MIXINS):  # type: ignore[misc]
+class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
     """A fitted model as an MLlib ``Model``: ``transform`` runs batched inference on the executors.
 
     The trained framework model is :meth:`getModel`; ``getHistory()`` / ``history_`` hold
@@ -277,14 +281,6 @@ class SparkModel(Model, MLWritable, MLReadable, *_MODEL_MIXINS):  # type: ignore
         return that
 
     # persistence ------------------------------------------------------------------------
-    def write(self) -> MLWriter:
-        """An MLWriter saving params as metadata and the model's files as side files."""
-        return _HoraWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return _HoraReader(cls)
-
     def _save_to(self, path: str, spark: Any) -> None:
         json_out, objects = _split_params(self, list(MODEL_PARAMS), frozenset(MODEL_PARAMS))
         DefaultParamsWriter.saveMetadata(self, path, spark, extraMetadata={"hora": "model"}, paramMap=json_out)

@@ -272,14 +272,6 @@ class TorchSession(TrainingSession):
             session._track_pending()
         return session
 
-    @property
-    def rank(self) -> int:
-        return self.hvd.rank()
-
-    @property
-    def size(self) -> int:
-        return self.hvd.size()
-
     def _track_pending(self) -> None:
         def grads_in(_param: Any) -> None:
             self.pending = True

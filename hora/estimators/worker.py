@@ -267,6 +267,7 @@ def _train(spec: TrainSpec, session: TrainingSession, callbacks: list, transform
     report_every = int(os.environ.get(REPORT_EVERY_ENV, spec.report_every))
     total = _steps_per_epoch(spec, rank, size)
     cache: dict[str, CachedReader] | None = {} if config.inmemory_cache_all else None
+    last_epoch: dict[str, float] = {}  # shown again with the next epoch's reports (the driver keeps only the latest)
     for cb in callbacks:
         cb.on_train_begin(ctx)
     session.on_train_begin()
@@ -291,7 +292,8 @@ def _train(spec: TrainSpec, session: TrainingSession, callbacks: list, transform
                 for cb in callbacks:
                     cb.on_batch_end(ctx, step, {"loss": loss})
                 if rank == 0 and config.verbose and step % report_every == 0:
-                    _report(epoch=epoch + 1, epochs=config.epochs, step=step + 1, total=total, loss=round(loss, 6))
+                    _report(epoch=epoch + 1, epochs=config.epochs, step=step + 1, total=total, loss=round(loss, 6),
+                            last_epoch=last_epoch)
             session.finish_epoch(steps)
             logs = _epoch_logs(spec, session, rank, size, epoch, loss_sum, steps, transform, cache)
             logs["epoch_time_s"] = time.monotonic() - t0
@@ -310,6 +312,7 @@ def _train(spec: TrainSpec, session: TrainingSession, callbacks: list, transform
                 if config.verbose:
                     shown = {k: round(v, 6) for k, v in logs.items() if k != "epoch_time_s"}
                     _report(epoch=epoch + 1, epochs=config.epochs, step=total, total=total, **shown)
+                    last_epoch = shown
                     logger.info("epoch %d/%d: %s", epoch + 1, config.epochs, shown)
             if stop:
                 break

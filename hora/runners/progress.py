@@ -3,7 +3,9 @@
 Only the driver renders anything. The bar follows the lowest rank that reports
 (normally rank 0): ``step``/``total`` (or ``steps``) move the bar, ``epoch``/``epochs``
 set its description, and every other scalar shows as a postfix (``loss=0.31``). A new
-``epoch`` closes the bar of the previous one (filled) and opens the next: one bar per epoch.
+``epoch`` closes the bar of the previous one (filled, with the ``last_epoch`` metrics the
+new report carries, since the driver sees only a rank's latest report) and opens the
+next: one bar per epoch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
-_RESERVED = {"step", "total", "steps", "epoch", "epochs"}
+_RESERVED = {"step", "total", "steps", "epoch", "epochs", "last_epoch"}
 
 
 class Progress:
@@ -40,7 +42,7 @@ class Progress:
             return
         epoch = metrics.get("epoch")
         if epoch is not None and epoch != self._epoch:
-            self._next_bar(epoch)
+            self._next_bar(epoch, metrics.get("last_epoch"))
         bar = self._ensure_bar()
         total = metrics.get("total", metrics.get("steps"))
         if isinstance(total, numbers.Number) and total != bar.total:
@@ -51,24 +53,16 @@ class Progress:
         if epoch is not None:
             epochs = metrics.get("epochs")
             bar.set_description(f"{self.run_id} epoch {epoch}" + (f"/{epochs}" if epochs is not None else ""), refresh=False)
-        postfix = {}
-        for key, value in metrics.items():
-            if key in _RESERVED:
-                continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Number):
-                postfix[key] = str(value)
-            elif isinstance(value, numbers.Integral):
-                postfix[key] = value
-            else:
-                postfix[key] = f"{float(value):.4g}"
-        bar.set_postfix(postfix, refresh=False)
+        bar.set_postfix(_postfix(metrics), refresh=False)
         bar.refresh()
 
-    def _next_bar(self, epoch: Any) -> None:
+    def _next_bar(self, epoch: Any, last: Any) -> None:
         """Close the previous epoch's bar, filled (its last report may have been overtaken by this one)."""
         if self._bar is not None and self._epoch is not None:
             if self._bar.total:
                 self._bar.n = self._bar.total
+            if isinstance(last, dict):
+                self._bar.set_postfix(_postfix(last), refresh=False)
             self._bar.refresh()
             self._bar.close()
             self._bar = None
@@ -96,6 +90,20 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _postfix(metrics: dict[str, Any]) -> dict[str, Any]:
+    postfix: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if key in _RESERVED:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Number):
+            postfix[key] = str(value)
+        elif isinstance(value, numbers.Integral):
+            postfix[key] = value
+        else:
+            postfix[key] = f"{float(value):.4g}"
+    return postfix
 
 
 __all__ = ["Progress"]

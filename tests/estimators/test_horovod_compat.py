@@ -16,23 +16,9 @@ import torch
 
 from hora.errors import ConfigError
 from tests.estimators.conftest import mlp
+from tests.estimators.test_driver_checks import _est, _nothing_launched
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _est(store, **kw):
-    from hora.dask import TorchEstimator
-
-    net = kw.pop("model", None) or mlp()
-    args = dict(num_proc=2, store=store, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
-                loss=torch.nn.MSELoss(), feature_cols=["features"], label_cols=["y"], batch_size=8, epochs=1)
-    args.update(kw)
-    return TorchEstimator(**args)
-
-
-def _nothing_launched(store):
-    assert not store.exists(store.layout.datasets_dir()), "materialize ran"
-    assert not store.exists(store.layout.runs_dir()), "workers ran"
 
 
 def test_horovod_module_paths():
@@ -176,6 +162,12 @@ def test_progress_has_one_bar_per_epoch_with_a_total(capsys):
         assert first_bar.total == 4 and first_bar.n == 3 and "epoch" in first_bar.desc
         progress.update(0, {"epoch": epoch, "epochs": 2, "step": 4, "total": 4, "loss": 0.25, "val_loss": 0.125})
         assert "val_loss=0.125" in str(first_bar)
+    # the epoch's last report overtaken by the next epoch's: the closed bar still shows its metrics
+    progress.update(0, {"epoch": 3, "epochs": 3, "step": 1, "total": 4, "loss": 0.5})
+    closing = progress._bar
+    progress.update(0, {"epoch": 4, "epochs": 4, "step": 1, "total": 4, "loss": 0.5,
+                        "last_epoch": {"loss": 0.3, "val_loss": 0.0625}})
+    assert closing.n == 4 and "val_loss=0.0625" in str(closing) and progress._bar is not closing
     progress.close()
     err = capsys.readouterr().err
     assert "run-x epoch 1/2: 100%" in err and "run-x epoch 2/2: 100%" in err
