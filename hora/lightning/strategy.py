@@ -234,6 +234,10 @@ class Strategy:
 
     def _scale_learning_rates(self, raw: torch.optim.Optimizer) -> None:
         size = hn.size()
+        if size > 1:
+            self._flavor.sub("utilities.rank_zero").rank_zero_info(  # type: ignore[union-attr]
+                f"hora.lightning.Strategy: learning rates x {size} (the number of ranks, as Horovod); "
+                "Strategy(scale_lr=False) keeps them")
         for group in raw.param_groups:
             group["lr"] = group["lr"] * size
             if "initial_lr" in group:

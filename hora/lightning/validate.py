@@ -64,7 +64,7 @@ def validate_trainer_args(
     ``configure_optimizers``; every ``trainer_args`` key is a parameter of that
     Lightning's ``Trainer`` and none is one hora owns (``strategy``; ``devices`` other
     than 1 or "auto" and ``num_nodes`` other than 1, since hora's launcher decides the
-    ranks); ``accumulate_grad_batches``, ``gradient_clip_val``,
+    ranks; a cluster environment among the plugins); ``accumulate_grad_batches``, ``gradient_clip_val``,
     ``gradient_clip_algorithm``, ``precision``, ``max_epochs``, ``max_steps``,
     ``limit_*_batches``, ``log_every_n_steps`` and ``num_sanity_val_steps`` have
     values Lightning accepts; callbacks, loggers and the DataModule come from the same
@@ -154,6 +154,14 @@ def _check_keys(args: dict[str, Any], flavor: Flavor) -> None:
             f"trainer_args['devices']={devices!r}: under hora each rank trains on one device (its local GPU or "
             "the CPU); choose the number of ranks with num_proc instead"
         )
+    plugins = args.get("plugins")
+    environment = flavor.fabric_sub("plugins").ClusterEnvironment
+    for i, plugin in enumerate(_as_list(plugins, "trainer_args['plugins']") if plugins is not None else []):
+        if isinstance(plugin, environment):
+            raise ConfigError(
+                f"trainer_args['plugins'][{i}] is a cluster environment ({type(plugin).__name__}); hora's launcher "
+                "tells every rank who it is, so remove it"
+            )
     if args.get("num_nodes", 1) != 1:
         raise ConfigError(
             f"trainer_args['num_nodes']={args['num_nodes']!r}: hora's launcher places the ranks on hosts; remove "

@@ -4,6 +4,7 @@ choice between the two Lightning import names; ``fit_module``'s argument errors.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import pickle
 
@@ -54,10 +55,14 @@ def test_validate_accepts_and_normalizes(c):
     ({"limit_train_batches": 1.5}, r"limit_train_batches"),
     ({"log_every_n_steps": -1}, r"log_every_n_steps"),
     ({"max_epochs": "3"}, r"max_epochs"),
+    ("slurm", r"trainer_args\['plugins'\]\[0\] is a cluster environment \(SLURMEnvironment\)"),
 ])
 def test_bad_trainer_args_name_the_key(c, args, match):
     from hora.lightning import validate_trainer_args
 
+    if args == "slurm":
+        fabric = "lightning.fabric" if c.pl.__name__ == "lightning.pytorch" else "lightning_fabric"
+        args = {"plugins": [importlib.import_module(f"{fabric}.plugins.environments").SLURMEnvironment()]}
     with pytest.raises(ConfigError, match=match):
         validate_trainer_args(c.Regression(), args)
 
