@@ -200,3 +200,8 @@ def test_fit_module_runs_lightning_1_hooks_of_horovods_example(ranks):
 def test_fit_module_refuses_different_batch_counts(ranks):
     for msg in result(ranks, "uneven_batches"):
         assert "rank 0: 2, rank 1: 3" in msg
+
+
+def test_fit_module_terminate_on_nan(ranks):
+    for rank, msg in enumerate(result(ranks, "terminate_on_nan")):
+        assert f"rank {rank}: the training loss is nan at epoch 0, batch 0 (terminate_on_nan)" in msg

@@ -134,6 +134,10 @@ def classes(package: str) -> Any:
             self.net = torch.nn.Sequential(torch.nn.Linear(IN, HID), torch.nn.BatchNorm1d(HID), torch.nn.Tanh(),
                                            torch.nn.Linear(HID, OUT))
 
+    class NanLoss(Regression):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return super().training_step(batch, batch_idx) * float("nan")
+
     class NoOptimizers(pl.LightningModule):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             return torch.zeros(())
@@ -222,7 +226,7 @@ def classes(package: str) -> Any:
             assert self.epoch_end_counter == self.train_epoch_end_counter + self.validation_epoch_end_counter
             self.checked = True
 
-    ns.update(Regression=Regression, RankMetrics=RankMetrics, Normalized=Normalized, NoOptimizers=NoOptimizers, EpochStarts=EpochStarts,
+    ns.update(Regression=Regression, RankMetrics=RankMetrics, Normalized=Normalized, NanLoss=NanLoss, NoOptimizers=NoOptimizers, EpochStarts=EpochStarts,
               RecordingIO=RecordingIO, Data=Data, HorovodNet=HorovodNet, MyDummyCallback=MyDummyCallback)
     return type("Classes", (), ns)
 
@@ -453,6 +457,19 @@ def scenario_uneven_batches(package: str, tmp: str) -> str:
     return "no error"
 
 
+def scenario_terminate_on_nan(package: str, tmp: str) -> str:
+    import hora.lightning
+    import hora.native as hn
+    from hora.errors import DataError
+
+    c = classes(package)
+    try:
+        hora.lightning.fit_module(c.NanLoss(), rank_batches(hn.rank(), hn.size()), epochs=1, terminate_on_nan=True)
+    except DataError as exc:
+        return str(exc)
+    return "no error"
+
+
 SCENARIOS: dict[str, Callable[[str, str], Any]] = {
     "sgd": scenario_sgd,
     "accumulate_clip": scenario_accumulate_clip,
@@ -465,6 +482,7 @@ SCENARIOS: dict[str, Callable[[str, str], Any]] = {
     "stop_on_request": scenario_stop_on_request,
     "legacy_hooks": scenario_legacy_hooks,
     "uneven_batches": scenario_uneven_batches,
+    "terminate_on_nan": scenario_terminate_on_nan,
 }
 
 
