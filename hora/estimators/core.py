@@ -144,12 +144,14 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         logger.info("run %s has checkpoints in %s: fit resumes from the last one", run_id, store.url)
 
     t0 = time.monotonic()
-    info = materialize(df, store, feature_cols=features.columns, label_cols=list(config.label_cols),
-                       sample_weight_col=config.sample_weight_col, validation=config.validation,
-                       num_proc=num_proc * (config.partitions_per_process or 1), seed=config.seed)
+    info = None
+    if framework.codec.trains_on_frame(config):
+        info = materialize(df, store, feature_cols=features.columns, label_cols=list(config.label_cols),
+                           sample_weight_col=config.sample_weight_col, validation=config.validation,
+                           num_proc=num_proc * (config.partitions_per_process or 1), seed=config.seed)
+        logger.info("dataset %s (%d train rows, %d val rows) %s in %.1f s", info.fingerprint, info.train_rows,
+                    info.val_rows, "reused" if info.reused else "materialized", time.monotonic() - t0)
     timings["materialize_s"] = time.monotonic() - t0
-    logger.info("dataset %s (%d train rows, %d val rows) %s in %.1f s", info.fingerprint, info.train_rows,
-                info.val_rows, "reused" if info.reused else "materialized", timings["materialize_s"])
     input_shapes = checked.input_shapes if checked.input_shapes is not None else config.input_shapes
     spec = TrainSpec(
         framework=framework,

@@ -105,6 +105,10 @@ class ModelCodec:
         """
         raise NotImplementedError(f"{type(self).__name__}.check")
 
+    def trains_on_frame(self, config: "EstimatorConfig") -> bool:
+        """Whether the workers train on the materialized DataFrame (False: the framework brings its data)."""
+        return True
+
     def freeze(self, config: "EstimatorConfig") -> bytes:
         """The framework objects of ``config`` (model, optimizer, loss, ...) as bytes for the workers."""
         raise NotImplementedError(f"{type(self).__name__}.freeze")
@@ -149,6 +153,8 @@ class TrainingSession:
     epoch: int = 0
     step: int = 0
     global_step: int = 0
+    #: True for a framework whose own loop trains (Lightning): the worker calls :meth:`fit_run`
+    drives_loop: ClassVar[bool] = False
 
     @classmethod
     def open(cls, spec: "TrainSpec") -> "TrainingSession":
@@ -238,6 +244,11 @@ class TrainingSession:
 
     def on_train_end(self, history: list[dict[str, float]]) -> None:
         """After the last epoch (framework callbacks)."""
+
+    def fit_run(self, run: Any) -> dict[str, Any] | None:
+        """Train with the framework's own loop (``drives_loop``), through the hooks of
+        :class:`hora.estimators.worker.WorkerRun` (batches, epoch ends, checkpoints); returns ``run.result()``."""
+        raise NotImplementedError(f"{type(self).__name__}.fit_run")
 
     def close(self) -> None:
         """Release what :meth:`open` acquired."""

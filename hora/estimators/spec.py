@@ -67,8 +67,8 @@ class TrainSpec:
 
     @property
     def has_val(self) -> bool:
-        """Whether the dataset has a validation split."""
-        return bool(self.dataset.has_val)
+        """Whether the dataset has a validation split (False when the framework brings its own data)."""
+        return self.dataset is not None and bool(self.dataset.has_val)
 
     @property
     def features(self) -> Any:

@@ -30,11 +30,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from hora.errors import ConfigError, DataError
+from hora.errors import ConfigError
+from hora.estimators.batches import CachedReader, _batches, steps_per_epoch
 from hora.estimators.callbacks import CallbackContext
 from hora.estimators.framework import Resume, TrainingSession
 from hora.estimators.spec import TrainSpec, thaw
-from hora.store.reader import Reader
 
 logger = logging.getLogger(__name__)
 
@@ -106,116 +106,6 @@ class _TensorBoard:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-class CachedReader(Reader):
-    """A :class:`~hora.store.Reader` that keeps its rank's rows after the first pass (``inmemory_cache_all``).
-
-    The first pass reads and keeps what the wrapped reader yields; later passes
-    (:meth:`set_epoch` for the next epoch) serve the same rows from memory, in a new
-    seeded order when shuffling, in as many batches as the first pass (the same on
-    every rank, as the reader guarantees).
-    """
-
-    def __init__(self, reader: Reader) -> None:  # shares the reader's plan; reads nothing yet
-        self.__dict__.update(reader.__dict__)
-        self._source = reader
-        self._cache: dict[str, np.ndarray] | None = None
-        self._sizes: list[int] = []
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        if getattr(self, "_cache", None) is None and hasattr(self, "_source"):
-            self._source.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self._sizes) if self._cache is not None else len(self._source)
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        if self._cache is None:
-            parts: list[dict[str, np.ndarray]] = []
-            for batch in self._source:
-                parts.append(batch)
-                yield batch
-            if len(parts) == len(self._source):  # a whole pass: keep it
-                self._sizes = [len(next(iter(p.values()))) for p in parts]
-                self._cache = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]} if parts else {}
-            return
-        rows = sum(self._sizes)
-        order = np.arange(rows)
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, self.epoch, self.rank, 0xCA]).permutation(rows)
-        start = 0
-        for n in self._sizes:
-            idx = order[start:start + n]
-            start += n
-            yield {c: a[idx] for c, a in self._cache.items()}
-
-
-def _batches(
-    spec: Any, session: TrainingSession, transform: Callable | None, split: str, rank: int, size: int, epoch: int,
-    steps: int | None, cache: dict[str, CachedReader] | None = None, skip: int = 0,
-) -> Iterator[Any]:
-    """This rank's batches of ``split`` for ``epoch``, as the session's ``batches`` hook makes them
-    from each reader pass; with ``steps`` larger than one pass, further passes (differently
-    shuffled) follow until ``steps`` batches were given. ``cache`` (a dict kept across epochs)
-    holds the in-memory readers; ``skip`` batches are passed over (a resumed epoch).
-
-    Raises:
-        DataError: the hook gave a different number of batches than the reader holds
-            (ranks would fall out of step in their collectives).
-    """
-    from hora.store import make_reader
-
-    config = spec.config
-    train = split == "train"
-    given = sub = 0
-    while True:
-        pass_epoch = epoch * 1000 + sub
-        reader = cache.get(split) if cache is not None else None
-        if reader is None:
-            reader = make_reader(spec.store, spec.dataset, split=split, rank=rank, size=size,
-                                 batch_size=config.batch_size if train else config.val_batch, epoch=pass_epoch,
-                                 seed=config.seed, shuffle=config.shuffle and train,
-                                 shuffle_buffer_size=config.shuffle_buffer_size)
-            if cache is not None:
-                reader = cache[split] = CachedReader(reader)
-        else:
-            reader.set_epoch(pass_epoch)
-        expected = len(reader)
-        if expected == 0:
-            return
-        in_pass = 0
-        for batch in session.batches(reader, transform):
-            if steps is not None and given >= steps:
-                return
-            in_pass += 1
-            if in_pass > expected:
-                break
-            if given < skip:
-                given += 1
-                continue
-            yield batch
-            given += 1
-        if in_pass != expected:
-            got = f"more than {expected}" if in_pass > expected else str(in_pass)
-            raise DataError(
-                f"rank {rank}: {type(session).__name__}.batches gave {got} batches for one pass of the {split!r} "
-                f"reader, which holds {expected} (every rank must step the same number of times)"
-            )
-        sub += 1
-        if steps is None or given >= steps or not train:
-            return
-
-
-def _steps_per_epoch(spec: TrainSpec, rank: int, size: int) -> int:
-    """Training batches of one epoch on this rank (the progress bar's total)."""
-    from hora.store import make_reader
-
-    config = spec.config
-    one_pass = len(make_reader(spec.store, spec.dataset, split="train", rank=rank, size=size,
-                               batch_size=config.batch_size, epoch=0, seed=config.seed, shuffle=False))
-    return config.train_steps_per_epoch or one_pass
-
-
 def _transform(spec: TrainSpec, transformation_fn: Callable | None) -> Callable | None:
     """``transformation_fn`` followed by the stacking of feature groups (None when neither applies)."""
     features = spec.features
@@ -235,119 +125,187 @@ def train_worker(spec: TrainSpec) -> dict[str, Any] | None:
         CollectiveError: a collective failed (another rank died).
     """
     common = thaw(spec.common) if spec.common else {}
-    callbacks = list(common.get("callbacks") or [])
-    transform = _transform(spec, common.get("transformation_fn"))
     session = spec.framework.session.open(spec)
     try:
-        return _train(spec, session, callbacks, transform)
+        run = WorkerRun(spec, session, list(common.get("callbacks") or []),
+                        _transform(spec, common.get("transformation_fn")))
+        try:
+            if session.drives_loop:  # the framework's own loop (Lightning) through the run's hooks
+                return session.fit_run(run)
+            return _train(run)
+        finally:
+            run.close()
     finally:
         session.close()
 
 
-def _train(spec: TrainSpec, session: TrainingSession, callbacks: list, transform: Callable | None) -> dict | None:
-    config = spec.config
-    rank, size = session.rank, session.size
-    if size != spec.num_proc:
-        logger.warning("the job has %d ranks, the estimator asked for num_proc=%d", size, spec.num_proc)
+class WorkerRun:
+    """One rank's run around a session: data, callbacks, checkpoints, history, TensorBoard, progress.
+
+    The shared loop (:func:`_train`) and frameworks that drive their own loop
+    (``TrainingSession.drives_loop``, e.g. Lightning) both go through these methods, so
+    checkpoints, callbacks and reports behave the same for every framework.
+    """
+
+    def __init__(self, spec: TrainSpec, session: TrainingSession, callbacks: list, transform: Callable | None) -> None:
+        self.spec, self.session, self.callbacks, self.transform = spec, session, callbacks, transform
+        self.config = spec.config
+        self.rank, self.size = session.rank, session.size
+        if self.size != spec.num_proc:
+            logger.warning("the job has %d ranks, the estimator asked for num_proc=%d", self.size, spec.num_proc)
+        self.history: list[dict[str, float]] = []
+        self.ctx = CallbackContext(rank=self.rank, size=self.size, run_id=spec.run_id, store=spec.store,
+                                   params=self.config.json_values())
+        self.ctx.state_bytes = lambda: session.checkpoint(Resume(session.epoch, 0, session.global_step,
+                                                                 list(self.history)))
+        self.ctx.model_files = session.model_files
+        self.tb = _TensorBoard(spec) if self.rank == 0 else None
+        self.report_every = int(os.environ.get(REPORT_EVERY_ENV, spec.report_every))
+        self.cache: dict[str, CachedReader] | None = {} if self.config.inmemory_cache_all else None
+        self.total = steps_per_epoch(spec, "train", self.rank, self.size) if spec.dataset is not None else None
+        self.last_epoch: dict[str, float] = {}  # repeated in the next epoch's reports (the driver keeps the latest)
+        self.start_epoch = 0
+
+    # data ---------------------------------------------------------------------------------
+    def latest_checkpoint(self) -> tuple[int, bytes] | None:
+        """``(epoch, data)`` of this run's last checkpoint in the store (when resuming), else None."""
+        latest = self.spec.store.latest_checkpoint(self.spec.run_id) if self.spec.resume else None
+        if latest is not None and self.rank == 0:
+            logger.info("run %s: resuming from the checkpoint of epoch %d", self.spec.run_id, latest[0])
+        return latest
+
+    def batches(self, split: str, epoch: int, skip: int = 0) -> Iterator[Any]:
+        """This rank's batches of ``split`` for ``epoch``, as the session makes them."""
+        steps = self.config.train_steps_per_epoch if split == "train" else self.config.validation_steps_per_epoch
+        return _batches(self.spec, self.session, self.transform, split, self.rank, self.size, epoch, steps,
+                        self.cache, skip)
+
+    def steps(self, split: str) -> int:
+        """Batches of ``split`` per epoch on this rank (0 without that split)."""
+        if self.spec.dataset is None or (split == "val" and not self.spec.has_val):
+            return 0
+        return steps_per_epoch(self.spec, split, self.rank, self.size)
+
+    # hooks ---------------------------------------------------------------------------------
+    def train_begin(self) -> None:
+        for cb in self.callbacks:
+            cb.on_train_begin(self.ctx)
+        self.session.on_train_begin()
+
+    def epoch_begin(self, epoch: int) -> None:
+        self.session.epoch = self.ctx.epoch = epoch
+        for cb in self.callbacks:
+            cb.on_epoch_begin(self.ctx, epoch)
+        self.session.on_epoch_begin(epoch)
+
+    def batch_end(self, epoch: int, step: int, loss: float | None) -> None:
+        self.session.step = self.ctx.step = step
+        logs = {"loss": loss} if loss is not None else {}
+        for cb in self.callbacks:
+            cb.on_batch_end(self.ctx, step, logs)
+        if self.rank == 0 and self.config.verbose and step % self.report_every == 0:
+            _report(epoch=epoch + 1, epochs=self.config.epochs, step=step + 1, total=self.total,
+                    last_epoch=self.last_epoch, **({"loss": round(loss, 6)} if loss is not None else {}))
+
+    def epoch_end(self, epoch: int, logs: dict[str, float], checkpoint: Callable[[], bytes | None]) -> bool:
+        """Callbacks, history, and on rank 0 the checkpoint (``checkpoint()``), TensorBoard and the epoch's report.
+
+        Returns whether a callback asked to stop (this rank's view; the caller agrees across ranks).
+        """
+        for cb in self.callbacks:
+            cb.on_epoch_end(self.ctx, epoch, logs)
+        self.history.append({"epoch": epoch, **logs})
+        self.session.step = 0
+        if self.rank == 0:
+            store = self.spec.store
+            data = checkpoint()
+            if data is not None:
+                store.save_checkpoint(self.spec.run_id, epoch, data)
+            store.write_json(store.layout.history_path(self.spec.run_id), self.history)
+            if self.tb is not None:
+                self.tb.log(epoch, logs)
+            if self.config.verbose:
+                shown = {k: round(v, 6) for k, v in logs.items() if k != "epoch_time_s"}
+                _report(epoch=epoch + 1, epochs=self.config.epochs, step=self.total, total=self.total, **shown)
+                self.last_epoch = shown
+                logger.info("epoch %d/%d: %s", epoch + 1, self.config.epochs, shown)
+        return self.ctx.stop_training
+
+    def train_end(self) -> None:
+        """The callbacks' ends, a best state restored (BestModelCheckpoint), then the result hooks."""
+        self.session.on_train_end(self.history)
+        for cb in self.callbacks:
+            cb.on_train_end(self.ctx, self.history)
+        restore = self.ctx.extra.get("restore_state")
+        if restore is not None:
+            self.session.restore(restore, int(self.ctx.extra.get("restored_epoch") or 0))
+        for cb in self.callbacks:
+            cb.on_train_result(self.ctx, self.history)
+
+    def result(self) -> dict[str, Any] | None:
+        """What rank 0 returns to the driver (None on the other ranks)."""
+        if self.rank != 0:
+            return None
+        history = self.history
+        return {
+            "history": history,
+            "weights": self.session.weights(),
+            "run_id": self.spec.run_id,
+            "start_epoch": self.start_epoch,
+            "stopped_early": bool(history) and history[-1]["epoch"] < self.config.epochs - 1,
+            "restored_epoch": self.ctx.extra.get("restored_epoch"),
+            "size": self.size,
+        }
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _train(run: WorkerRun) -> dict | None:
+    """The shared epoch loop over a session."""
+    session, config = run.session, run.config
     resume = Resume()
-    if spec.resume:
-        latest = spec.store.latest_checkpoint(spec.run_id)
-        if latest is not None:
-            resume = session.restore(latest[1], latest[0])
-            if rank == 0:
-                logger.info("run %s: resuming from the checkpoint of epoch %d", spec.run_id, latest[0])
-    history = list(resume.history)
+    latest = run.latest_checkpoint()
+    if latest is not None:
+        resume = session.restore(latest[1], latest[0])
+    run.history, run.start_epoch = list(resume.history), resume.epoch
     session.epoch, session.step, session.global_step = resume.epoch, resume.step, resume.global_step
     session.broadcast_initial()
-
-    ctx = CallbackContext(rank=rank, size=size, run_id=spec.run_id, store=spec.store, params=config.json_values())
-    ctx.state_bytes = lambda: session.checkpoint(Resume(session.epoch, 0, session.global_step, list(history)))
-    ctx.model_files = session.model_files
-    tb = _TensorBoard(spec) if rank == 0 else None
-    report_every = int(os.environ.get(REPORT_EVERY_ENV, spec.report_every))
-    total = _steps_per_epoch(spec, rank, size)
-    cache: dict[str, CachedReader] | None = {} if config.inmemory_cache_all else None
-    last_epoch: dict[str, float] = {}  # shown again with the next epoch's reports (the driver keeps only the latest)
-    for cb in callbacks:
-        cb.on_train_begin(ctx)
-    session.on_train_begin()
-    try:
-        for epoch in range(resume.epoch, config.epochs):
-            session.epoch = ctx.epoch = epoch
-            skip = resume.step if epoch == resume.epoch else 0
-            for cb in callbacks:
-                cb.on_epoch_begin(ctx, epoch)
-            session.on_epoch_begin(epoch)
-            t0 = time.monotonic()
-            session.set_train(True)
-            loss_sum, steps = 0.0, 0
-            for step, batch in enumerate(_batches(spec, session, transform, "train", rank, size, epoch,
-                                                  config.train_steps_per_epoch, cache, skip), start=skip):
-                session.step = ctx.step = step
-                loss = session.train_step(batch, step)
-                session.global_step += 1
-                loss_sum += loss
-                steps += 1
-                session.on_batch_end(step, loss)
-                for cb in callbacks:
-                    cb.on_batch_end(ctx, step, {"loss": loss})
-                if rank == 0 and config.verbose and step % report_every == 0:
-                    _report(epoch=epoch + 1, epochs=config.epochs, step=step + 1, total=total, loss=round(loss, 6),
-                            last_epoch=last_epoch)
-            session.finish_epoch(steps)
-            logs = _epoch_logs(spec, session, rank, size, epoch, loss_sum, steps, transform, cache)
-            logs["epoch_time_s"] = time.monotonic() - t0
-            for cb in callbacks:
-                cb.on_epoch_end(ctx, epoch, logs)
-            wants_stop = session.on_epoch_end(epoch, logs) or ctx.stop_training
-            stop = allreduce_sum(np.array([1.0 if wants_stop else 0.0]))[0] > 0
-            history.append({"epoch": epoch, **logs})
-            session.step = 0
-            if rank == 0:
-                resume_at = Resume(epoch=epoch, step=0, global_step=session.global_step, history=history)
-                spec.store.save_checkpoint(spec.run_id, epoch, session.checkpoint(resume_at))
-                spec.store.write_json(spec.store.layout.history_path(spec.run_id), history)
-                if tb is not None:
-                    tb.log(epoch, logs)
-                if config.verbose:
-                    shown = {k: round(v, 6) for k, v in logs.items() if k != "epoch_time_s"}
-                    _report(epoch=epoch + 1, epochs=config.epochs, step=total, total=total, **shown)
-                    last_epoch = shown
-                    logger.info("epoch %d/%d: %s", epoch + 1, config.epochs, shown)
-            if stop:
-                break
-        session.on_train_end(history)
-        for cb in callbacks:
-            cb.on_train_end(ctx, history)
-        restore = ctx.extra.get("restore_state")
-        if restore is not None:
-            session.restore(restore, int(ctx.extra.get("restored_epoch") or 0))
-        for cb in callbacks:
-            cb.on_train_result(ctx, history)
-    finally:
-        if tb is not None:
-            tb.close()
-    if rank != 0:
-        return None
-    return {
-        "history": history,
-        "weights": session.weights(),
-        "run_id": spec.run_id,
-        "start_epoch": resume.epoch,
-        "stopped_early": bool(history) and history[-1]["epoch"] < config.epochs - 1,
-        "restored_epoch": ctx.extra.get("restored_epoch"),
-        "size": size,
-    }
+    run.train_begin()
+    for epoch in range(resume.epoch, config.epochs):
+        run.epoch_begin(epoch)
+        skip = resume.step if epoch == resume.epoch else 0
+        t0 = time.monotonic()
+        session.set_train(True)
+        loss_sum, steps = 0.0, 0
+        for step, batch in enumerate(run.batches("train", epoch, skip), start=skip):
+            session.step = step
+            loss = session.train_step(batch, step)
+            session.global_step += 1
+            loss_sum += loss
+            steps += 1
+            session.on_batch_end(step, loss)
+            run.batch_end(epoch, step, loss)
+        session.finish_epoch(steps)
+        logs = _epoch_logs(run, epoch, loss_sum, steps)
+        logs["epoch_time_s"] = time.monotonic() - t0
+        native_stop = session.on_epoch_end(epoch, logs)
+        wants_stop = run.epoch_end(epoch, logs, lambda: session.checkpoint(
+            Resume(epoch=epoch, step=0, global_step=session.global_step, history=run.history))) or native_stop
+        if allreduce_sum(np.array([1.0 if wants_stop else 0.0]))[0] > 0:
+            break
+    run.train_end()
+    return run.result()
 
 
-def _epoch_logs(spec: TrainSpec, session: TrainingSession, rank: int, size: int, epoch: int, loss_sum: float,
-                steps: int, transform: Callable | None, cache: dict | None) -> dict[str, float]:
-    """Training loss and validation metrics of the epoch, averaged across ranks."""
+def _epoch_logs(run: WorkerRun, epoch: int, loss_sum: float, steps: int) -> dict[str, float]:
+    """Training loss and validation metrics of the epoch, averaged across ranks (the one metric allreduce)."""
+    spec, session = run.spec, run.session
     sums: dict[str, float] = {}
     if spec.has_val:
         session.set_train(False)
-        for batch in _batches(spec, session, transform, "val", rank, size, epoch,
-                              spec.config.validation_steps_per_epoch, cache):
+        for batch in run.batches("val", epoch):
             for key, value in session.eval_batch(batch).items():
                 sums[key] = sums.get(key, 0.0) + value
         for key, value in session.eval_finish().items():
@@ -368,4 +326,4 @@ def _epoch_logs(spec: TrainSpec, session: TrainingSession, rank: int, size: int,
     return logs
 
 
-__all__ = ["train_worker", "allreduce_sum", "CachedReader"]
+__all__ = ["train_worker", "allreduce_sum", "WorkerRun", "CachedReader", "_batches"]

@@ -1,0 +1,134 @@
+"""This rank's batches: one pass of the store reader per epoch (or from memory), as the session makes them.
+
+:func:`_batches` drives the reader for the worker loop (and for frameworks that run
+their own loop, through :class:`hora.estimators.worker.WorkerRun`): it checks that the
+session's ``batches`` hook keeps every rank at the same number of steps. With
+``inmemory_cache_all``, :class:`CachedReader` serves later epochs from memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from hora.errors import DataError
+from hora.estimators.framework import TrainingSession
+from hora.store.reader import Reader
+
+
+class CachedReader(Reader):
+    """A :class:`~hora.store.Reader` that keeps its rank's rows after the first pass (``inmemory_cache_all``).
+
+    The first pass reads and keeps what the wrapped reader yields; later passes
+    (:meth:`set_epoch` for the next epoch) serve the same rows from memory, in a new
+    seeded order when shuffling, in as many batches as the first pass (the same on
+    every rank, as the reader guarantees).
+    """
+
+    def __init__(self, reader: Reader) -> None:  # shares the reader's plan; reads nothing yet
+        self.__dict__.update(reader.__dict__)
+        self._source = reader
+        self._cache: dict[str, np.ndarray] | None = None
+        self._sizes: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if getattr(self, "_cache", None) is None and hasattr(self, "_source"):
+            self._source.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self._sizes) if self._cache is not None else len(self._source)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        if self._cache is None:
+            parts: list[dict[str, np.ndarray]] = []
+            for batch in self._source:
+                parts.append(batch)
+                yield batch
+            if len(parts) == len(self._source):  # a whole pass: keep it
+                self._sizes = [len(next(iter(p.values()))) for p in parts]
+                self._cache = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]} if parts else {}
+            return
+        rows = sum(self._sizes)
+        order = np.arange(rows)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch, self.rank, 0xCA]).permutation(rows)
+        start = 0
+        for n in self._sizes:
+            idx = order[start:start + n]
+            start += n
+            yield {c: a[idx] for c, a in self._cache.items()}
+
+
+def _batches(
+    spec: Any, session: TrainingSession, transform: Callable | None, split: str, rank: int, size: int, epoch: int,
+    steps: int | None, cache: dict[str, CachedReader] | None = None, skip: int = 0,
+) -> Iterator[Any]:
+    """This rank's batches of ``split`` for ``epoch``, as the session's ``batches`` hook makes them
+    from each reader pass; with ``steps`` larger than one pass, further passes (differently
+    shuffled) follow until ``steps`` batches were given. ``cache`` (a dict kept across epochs)
+    holds the in-memory readers; ``skip`` batches are passed over (a resumed epoch).
+
+    Raises:
+        DataError: the hook gave a different number of batches than the reader holds
+            (ranks would fall out of step in their collectives).
+    """
+    from hora.store import make_reader
+
+    config = spec.config
+    train = split == "train"
+    given = sub = 0
+    while True:
+        pass_epoch = epoch * 1000 + sub
+        reader = cache.get(split) if cache is not None else None
+        if reader is None:
+            reader = make_reader(spec.store, spec.dataset, split=split, rank=rank, size=size,
+                                 batch_size=config.batch_size if train else config.val_batch, epoch=pass_epoch,
+                                 seed=config.seed, shuffle=config.shuffle and train,
+                                 shuffle_buffer_size=config.shuffle_buffer_size)
+            if cache is not None:
+                reader = cache[split] = CachedReader(reader)
+        else:
+            reader.set_epoch(pass_epoch)
+        expected = len(reader)
+        if expected == 0:
+            return
+        in_pass = 0
+        for batch in session.batches(reader, transform):
+            if steps is not None and given >= steps:
+                return
+            in_pass += 1
+            if in_pass > expected:
+                break
+            if given < skip:
+                given += 1
+                continue
+            yield batch
+            given += 1
+        if in_pass != expected:
+            got = f"more than {expected}" if in_pass > expected else str(in_pass)
+            raise DataError(
+                f"rank {rank}: {type(session).__name__}.batches gave {got} batches for one pass of the {split!r} "
+                f"reader, which holds {expected} (every rank must step the same number of times)"
+            )
+        sub += 1
+        if steps is None or given >= steps or not train:
+            return
+
+
+def steps_per_epoch(spec: Any, split: str, rank: int, size: int) -> int:
+    """Batches of ``split`` in one epoch on this rank (the progress bar's total, a loop's step count)."""
+    from hora.store import make_reader
+
+    config = spec.config
+    train = split == "train"
+    one_pass = len(make_reader(spec.store, spec.dataset, split=split, rank=rank, size=size,
+                               batch_size=config.batch_size if train else config.val_batch, epoch=0, seed=config.seed,
+                               shuffle=False))
+    if train:
+        return config.train_steps_per_epoch or one_pass
+    return min(one_pass, config.validation_steps_per_epoch or one_pass)
+
+
+__all__ = ["CachedReader", "_batches", "steps_per_epoch"]
