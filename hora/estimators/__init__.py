@@ -3,8 +3,8 @@
 * :mod:`hora.estimators.params`    - :class:`EstimatorConfig`: each parameter declared once
 * :mod:`hora.estimators.framework` - the seam: :class:`ModelCodec` (driver), :class:`TrainingSession`
   (worker), the :class:`Framework` descriptor bundling them with the framework's config
-* :mod:`hora.estimators.torch`, :mod:`hora.estimators.keras` - the frameworks (Lightning: see
-  :mod:`hora.spark.lightning`)
+* :mod:`hora.estimators.torch`, :mod:`hora.estimators.keras`, :mod:`hora.estimators.lightning` -
+  the frameworks
 * :mod:`hora.estimators.core`      - validate -> materialize -> run workers -> collect (``fit``)
 * :mod:`hora.estimators.spec`      - the frozen :class:`TrainSpec` every worker gets
 * :mod:`hora.estimators.worker`    - ``train_worker(spec)``, the per-rank training loop

@@ -107,3 +107,64 @@ def keras_group_net(cols: int = 8):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((cols,))
     return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(inputs)))
+
+
+def lightning_image_module():
+    """A LightningModule as Horovod's pytorch_lightning_spark_mnist.py writes one (8x8 inputs, 2 classes)."""
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+
+    class ImageModule(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(1, 4, 3)
+            self.fc = torch.nn.Linear(4 * 6 * 6, 2)
+
+        def forward(self, x):
+            x = x.float().reshape((-1, 1, 8, 8))
+            return F.log_softmax(self.fc(F.relu(self.conv(x)).flatten(1)), -1)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.5)
+
+        def training_step(self, batch, batch_idx):
+            loss = F.nll_loss(self(batch["features"]), batch["label"].long())
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", F.nll_loss(self(batch["features"]), batch["label"].long()))
+
+    torch.manual_seed(0)
+    return ImageModule()
+
+
+def lightning_data_module(n: int = 64):
+    """A LightningDataModule of dict batches ``{"features": (64,), "label": ()}``, the classes of sparse_images."""
+    import lightning as L
+    import torch
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self, seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            self.rows = []
+            for i in range(n):
+                x = np.zeros(64, dtype="float32")
+                x[np.sort(rng.choice(32, 6, replace=False) + 32 * (i % 2))] = 1.0
+                self.rows.append({"features": torch.tensor(x), "label": torch.tensor(float(i % 2))})
+
+        def __len__(self) -> int:
+            return len(self.rows)
+
+        def __getitem__(self, i: int):
+            return self.rows[i]
+
+    class Images(L.LightningDataModule):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(Rows(0), batch_size=8)
+
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader(Rows(1), batch_size=8)
+
+    return Images()

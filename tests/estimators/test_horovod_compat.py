@@ -200,3 +200,42 @@ def test_spark_workers_without_hora_name_pyspark_python(spark, tmp_path):
     text = str(info.value)
     assert "PYSPARK_PYTHON" in text and str(bare / "bin" / "python") in text and "pyarrow" in text, text
     assert sys.executable in text
+
+
+def test_lightning_bad_input_before_launch(store):
+    pytest.importorskip("lightning")
+    import lightning as L
+
+    from hora.dask import LightningEstimator
+    from tests.estimators import frames
+
+    df = pd.DataFrame({"features": list(np.ones((8, 64), dtype="float32")), "label": np.zeros(8)})
+
+    class NoOptimizers(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(64, 2)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            return self(batch["features"]).sum()
+
+    def est(**kw):
+        args = dict(num_proc=2, store=store, model=frames.lightning_image_module(), feature_cols=["features"],
+                    label_cols=["label"], epochs=1)
+        args.update(kw)
+        return LightningEstimator(**args)
+
+    with pytest.raises(ConfigError, match="configure_optimizers"):
+        est(model=NoOptimizers()).fit(df)
+    with pytest.raises(ConfigError, match="'max_epoch'.*did you mean 'max_epochs'"):
+        est(trainer_args={"max_epoch": 3}).fit(df)
+    with pytest.raises(ConfigError, match="strategy"):
+        est(trainer_args={"strategy": "ddp"}).fit(df)
+    with pytest.raises(ConfigError, match="optimizer= does not apply"):
+        est(optimizer=torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))._config()
+    with pytest.raises(ConfigError, match="accumulate_grad_batches"):
+        est(backward_passes_per_step=2)._config()
+    _nothing_launched(store)

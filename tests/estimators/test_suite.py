@@ -257,7 +257,114 @@ def _dask_keras(request, tmp_path):
     _check_resume(model.history_, make, ddf, run_id, store)
 
 
-CASES = {"spark-torch": _spark_torch, "spark-keras": _spark_keras, "dask-torch": _dask_torch, "dask-keras": _dask_keras}
+# ---------------------------------------------------------------------------------------
+# Spark x Lightning, as Horovod's examples/spark/pytorch/pytorch_lightning_spark_mnist.py passes it
+# ---------------------------------------------------------------------------------------
+class _Counter:
+    """A Lightning callback counting train epoch ends (made on first use: Lightning is imported then)."""
+
+    @staticmethod
+    def make():
+        import lightning as L
+
+        class EpochCounter(L.Callback):
+            def __init__(self) -> None:
+                self.ends = 0
+
+            def on_train_epoch_end(self, trainer, pl_module):
+                self.ends += 1
+                trainer.strategy.barrier()
+                if trainer.is_global_zero:
+                    store = pl_module.hora_store
+                    store.write_json(store.layout.run_dir(pl_module.hora_run) + f"/pl-{trainer.current_epoch}.json",
+                                     {"ends": self.ends, "step": trainer.global_step})
+
+        return EpochCounter()
+
+
+def _spark_lightning(request, tmp_path):
+    pytest.importorskip("lightning")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    import hora.spark.lightning as hvd
+    from hora.spark.common.backend import SparkBackend
+    from hora.spark.common.store import Store
+
+    spark = request.getfixturevalue("spark")
+    df = spark.createDataFrame(frames.sparse_images(96), ["features", "label"])
+    store = Store.create(str(tmp_path / "store"))
+    run_id = "suite-spark-lightning"
+
+    def make(epochs):
+        module = frames.lightning_image_module()
+        module.hora_store, module.hora_run = store, run_id
+        return hvd.TorchEstimator(
+            backend=SparkBackend(num_proc=2), store=store, model=module, input_shapes=[[-1, 1, 8, 8]],
+            feature_cols=["features"], label_cols=["label"], batch_size=8, epochs=epochs, validation=0.25,
+            verbose=0, run_id=run_id, trainer_args={"accumulate_grad_batches": 2},
+            callbacks=[ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=1), _Counter.make(),
+                       EpochRecorder()])
+
+    model = make(1).fit(df).setOutputCols(["label_prob"])
+    assert isinstance(model, hvd.TorchModel)
+    history = model.getHistory()
+    assert [h["epoch"] for h in history] == [0] and {"train_loss", "val_loss", "loss"} <= set(history[0])
+    steps_0 = store.read_json(store.layout.run_dir(run_id) + "/pl-0.json")["step"]
+    assert steps_0 >= 1  # optimizer steps: half the batches with accumulate_grad_batches=2
+    assert len(_recorded(store, run_id, 0)) == 2
+    rows = model.transform(df).select("features", "label_prob").limit(8).collect()
+    probs = np.exp(np.array([r.label_prob for r in rows]))
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+    path = str(tmp_path / "model")
+    model.write().overwrite().save(path)
+    loaded = hvd.TorchModel.load(path)
+    again = np.array([r.label_prob for r in loaded.transform(df).select("label_prob").limit(8).collect()])
+    np.testing.assert_allclose(np.exp(again), probs, rtol=1e-6)
+    _check_resume(history, make, df, run_id, store)
+    # Lightning's checkpoint resumed: its step count and callbacks continued from epoch 0
+    assert store.read_json(store.layout.run_dir(run_id) + "/pl-1.json")["step"] == 2 * steps_0
+
+
+# ---------------------------------------------------------------------------------------
+# Dask x Lightning with a LightningDataModule (the frame is only sampled for transform)
+# ---------------------------------------------------------------------------------------
+def _dask_lightning(request, tmp_path):
+    pytest.importorskip("lightning")
+    import dask.dataframe as dd
+    import pandas as pd
+
+    from hora.dask import LightningEstimator, LightningModel
+    from hora.store import Store
+
+    request.getfixturevalue("dask_client")
+    pdf = pd.DataFrame({"features": [r[0].toArray().astype("float32") for r in frames.sparse_images(32)],
+                        "label": [r[1] for r in frames.sparse_images(32)]})
+    ddf = dd.from_pandas(pdf, npartitions=2)
+    store = Store.create(str(tmp_path / "store"))
+    run_id = "suite-dask-lightning"
+
+    def make(epochs):
+        return LightningEstimator(num_proc=2, store=store, model=frames.lightning_image_module(),
+                                  data_module=frames.lightning_data_module(), feature_cols=["features"],
+                                  label_cols=["label"], epochs=epochs, verbose=0, run_id=run_id,
+                                  trainer_args={"accumulate_grad_batches": 2}, callbacks=[EpochRecorder()])
+
+    model = make(1).fit(ddf)
+    assert not store.exists(store.layout.datasets_dir())  # the DataModule brought the data
+    assert {"train_loss", "val_loss"} <= set(model.history_[0]) and len(_recorded(store, run_id, 0)) == 2
+    pred = model.predict(ddf).compute()
+    import torch
+
+    local = model.model_(torch.tensor(np.stack(pdf["features"]))).detach().numpy()
+    np.testing.assert_allclose(np.stack(pred.to_numpy()), local, rtol=1e-5, atol=1e-6)
+    model.save(f"file://{tmp_path}/saved")
+    loaded = LightningModel.load(f"file://{tmp_path}/saved")
+    np.testing.assert_allclose(np.stack(loaded.predict(pdf).to_numpy()), local, rtol=1e-6)
+    _check_resume(model.history_, make, ddf, run_id, store)
+
+
+CASES = {"spark-torch": _spark_torch, "spark-keras": _spark_keras, "spark-lightning": _spark_lightning,
+         "dask-torch": _dask_torch, "dask-keras": _dask_keras, "dask-lightning": _dask_lightning}
 
 
 @pytest.mark.parametrize("case", list(CASES))
