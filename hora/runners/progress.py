@@ -43,8 +43,8 @@ class Progress:
         epoch = metrics.get("epoch")
         if epoch is not None and epoch != self._epoch:
             self._next_bar(epoch, metrics.get("last_epoch"))
-        bar = self._ensure_bar()
         total = metrics.get("total", metrics.get("steps"))
+        bar = self._ensure_bar(total if isinstance(total, numbers.Number) else None)
         if isinstance(total, numbers.Number) and total != bar.total:
             bar.total = total
         step = metrics.get("step")
@@ -68,11 +68,11 @@ class Progress:
             self._bar = None
         self._epoch = epoch
 
-    def _ensure_bar(self) -> Any:
+    def _ensure_bar(self, total: Any = None) -> Any:
         if self._bar is None:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(desc=self.run_id, unit="step", dynamic_ncols=True, leave=True)
+            self._bar = tqdm(desc=self.run_id, total=total, unit="step", dynamic_ncols=True, leave=True)
         return self._bar
 
     def write(self, text: str, stream: IO[str]) -> None:
