@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -64,8 +65,12 @@ class ProcessLauncher:
         env: Mapping[str, str],
         stdin_data: bytes | None = None,
         cwd: str | None = None,
+        die_with_parent: bool = False,
     ) -> subprocess.Popen:
         """Start ``argv`` as rank ``rank`` in a new session with exactly ``env``.
+
+        ``die_with_parent``: Linux kills the rank (SIGKILL) when the thread that started it
+        exits, so a supervisor that is killed leaves no rank behind.
 
         Raises:
             ConfigError: the program cannot be started (not found, not executable).
@@ -82,6 +87,7 @@ class ProcessLauncher:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 close_fds=True,
+                preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux") else None,
             )
         except OSError as exc:
             raise ConfigError(f"cannot start rank {rank}: {argv[0]!r}: {exc.strerror or exc}") from exc
@@ -214,6 +220,24 @@ class ProcessLauncher:
         for e in entries:
             for t in e.threads:
                 t.join(timeout=2)
+
+
+_PR_SET_PDEATHSIG = 1
+_libc = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+if sys.platform.startswith("linux"):
+    try:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork
+    except OSError:
+        _libc = None
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -98,8 +98,8 @@ def test_failing_rank_stops_the_others_exits_with_its_code_and_leaves_no_orphans
         (["-np", "0", "echo", "hi"], "-np must be >= 1, got 0"),
         (["-np", "-3", "echo", "hi"], "-np must be >= 1, got -3"),
         (["-np", "2", "surely-no-such-command-xyz"], "command not found: 'surely-no-such-command-xyz'"),
-        (["-np", "2", "-H", "remote-host:2", "echo", "hi"], "remote host 'remote-host'"),
-        (["-np", "3", "-H", "localhost:2", "echo", "hi"], "-np 3 needs 3 slots but -H 'localhost:2' offers 2"),
+        (["-np", "2", "-H", "no-such-host.invalid:2", "echo", "hi"], "host 'no-such-host.invalid' does not resolve"),
+        (["-np", "3", "-H", "localhost:2", "echo", "hi"], "-np 3 needs 3 slots but the hosts 'localhost:2' offer 2"),
         (["-np", "2", "-H", "localhost:x", "echo", "hi"], "slots must be an integer"),
         (["-np", "2"], "no command given"),
         (["-np", "2", "--start-timeout", "0", "echo"], "--start-timeout must be > 0"),
@@ -256,9 +256,9 @@ def test_timeline_filename_reaches_the_engine_and_summarize_reads_it(tmp_path):
 
 def test_mpi_chunks_are_joined_into_whole_lines_per_rank():
     """mpiexec marks chunks, not lines: pieces of one rank's line must be put back together."""
-    from hora.cli import _CHUNK_RANK_END as E
-    from hora.cli import _CHUNK_START as S
-    from hora.cli import _ChunkJoiner
+    from hora.runners.mpi import CHUNK_RANK_END as E
+    from hora.runners.mpi import CHUNK_START as S
+    from hora.runners.mpi import ChunkJoiner as _ChunkJoiner
 
     got: list[tuple[int, str]] = []
     j = _ChunkJoiner(lambda rank, text: got.append((rank, text)))

@@ -101,7 +101,7 @@ def test_spark_more_ranks_than_slots_fails_at_once(spark):
 
 
 def test_spark_slots_from_master():
-    from hora.runners.spark import SparkBackend
+    from hora.runners.spark import SparkLauncher
 
     class _Conf:
         def __init__(self, cpus):
@@ -124,7 +124,7 @@ def test_spark_slots_from_master():
             self.sparkContext = sc
 
     def slots(master, cpus="1"):
-        return SparkBackend(_Session(_SC(master, cpus))).slots()
+        return SparkLauncher(_Session(_SC(master, cpus))).slots()
 
     assert slots("local") == 1
     assert slots("local[4]") == 4
