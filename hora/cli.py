@@ -225,10 +225,10 @@ def _install_signal_handlers() -> dict[int, object]:
     return previous
 
 
-def _print_failure(exc: WorkerFailedError) -> int:
+def _print_failure(exc: WorkerFailedError, started: bool) -> int:
     from hora.runners.procs import shell_exit_code
 
-    sys.stderr.write(f"hora run: {exc.message}; stopping every rank\n")
+    sys.stderr.write(f"hora run: {exc.message}" + ("; stopping every rank\n" if started else "\n"))
     if exc.remote_traceback:
         where = f" on {exc.host}" if exc.host else ""
         sys.stderr.write(f"hora run: traceback of rank {exc.rank}{where}:\n{exc.remote_traceback.rstrip()}\n")
@@ -266,7 +266,7 @@ def run_command(args: argparse.Namespace) -> int:
         runner.wait()
         return 0
     except WorkerFailedError as exc:
-        return _print_failure(exc)
+        return _print_failure(exc, started=runner is not None and runner.started)
     except RendezvousError as exc:
         sys.stderr.write(f"hora run: {exc}; stopping all ranks\n")
         return 1

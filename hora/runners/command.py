@@ -107,6 +107,7 @@ class CommandRun:
                                      advertise=self.plan.service_address, verbose=1, stdout=stdout, stderr=stderr)
         self.output = RankOutput(self.service.emit, cfg.output_dir, cfg.num_proc)
         self.job: HostsJob | MpiJob | None = None
+        self.started = False  # every rank was started
 
     def describe(self) -> list[str]:
         """What ``--verbose`` prints before starting."""
@@ -160,11 +161,13 @@ class CommandRun:
                               functions=False, interface=cfg.network_interface)
             log.info("mpiexec: %s", self.job.describe())
             self.job.start()
+            self.started = True
             return
         config = hosts_config(cfg.ssh, cfg.remote_python, cfg.start_timeout)
         self.job = HostsJob(self.plan, self._make_rank, self.service, output=self.output, config=config,
                             functions=False)
         self.job.start()
+        self.started = True
 
     def wait(self) -> None:
         """Return once every rank exited 0.

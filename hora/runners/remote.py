@@ -219,4 +219,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    sys.stderr.flush()
+    os._exit(_code)  # not sys.exit: the stdin reader thread blocks in read() until the launcher closes it

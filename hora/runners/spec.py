@@ -30,6 +30,8 @@ ENV_ADVERTISE_ADDR = "HORA_ADVERTISE_ADDR"  # override the address workers adver
 ENV_HEARTBEAT_TIMEOUT = "HORA_HEARTBEAT_TIMEOUT"  # seconds without a heartbeat before a rank is dead
 ENV_FINISH_TIMEOUT = "HORA_FINISH_TIMEOUT"  # seconds the other ranks get once one rank returned
 ENV_TERMINATE_GRACE = "HORA_TERMINATE_GRACE"  # seconds between SIGTERM and SIGKILL
+ENV_NETWORK_INTERFACE = "HORA_NETWORK_INTERFACE"  # ranks advertise this interface's address (Gloo/NCCL use it)
+ENV_WORKER_PYTHON = "HORA_WORKER_PYTHON"  # the interpreter Spark/Dask task supervisors start ranks with
 ENV_TEST_HANG_AT_START = "HORA_TEST_HANG_AT_START"  # fault injection: comma list of ranks that never start
 
 # the native engine's settings (read by hora.native)

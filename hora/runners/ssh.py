@@ -233,7 +233,12 @@ class SshHost:
         self._hello_event.wait(timeout)
         if self.hello is not None:
             return
-        code = self.proc.poll() if self.proc is not None else None
+        code = None
+        if self.proc is not None:
+            try:  # the session ended (its stdout closed): its exit code comes a moment later
+                code = self.proc.wait(timeout=5.0 if self._hello_event.is_set() else 0.01)
+            except subprocess.TimeoutExpired:
+                code = None
         if code is None:
             raise HostUnreachable(self.host, None, f"no answer from ssh to {self.host} within {timeout:g}s "
                                                    "(raise --start-timeout if the host is slow to accept)")

@@ -41,9 +41,11 @@ from hora.runners.spec import (
     DEFAULT_TERMINATE_GRACE,
     ENV_DRIVER_ADDR,
     ENV_HEARTBEAT_TIMEOUT,
+    ENV_NETWORK_INTERFACE,
     ENV_RUN_ID,
     ENV_TERMINATE_GRACE,
     ENV_TEST_HANG_AT_START,
+    ENV_WORKER_PYTHON,
     HEARTBEAT_INTERVAL,
     FailureReport,
     LaunchSpec,
@@ -202,6 +204,13 @@ def rank_environ(spec: LaunchSpec, ctx: RankContext | None) -> dict[str, str]:
         env["HORA_BACKEND"] = spec.collective_backend
         return env
     env.update(dict(ctx.extra_env))
+    hostname = ctx.hostname
+    iface = env.get(ENV_NETWORK_INTERFACE)
+    if iface:  # advertise the chosen interface's address of this host (hora.spark.run(nics=...))
+        from hora.runners.network import interface_address
+
+        hostname = interface_address(iface)
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = iface
     env.update(
         WorkerEnv(
             rank=ctx.rank,
@@ -213,12 +222,12 @@ def rank_environ(spec: LaunchSpec, ctx: RankContext | None) -> dict[str, str]:
             rendezvous_addr=ctx.rendezvous_addr,
             secret=spec.secret,
             job_id=spec.run_id,
-            hostname=ctx.hostname,
+            hostname=hostname,
             backend=spec.collective_backend,
             start_timeout=spec.start_timeout,
         ).to_environ()
     )
-    if ctx.hostname.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
+    if hostname.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = "lo"
     return env
 
@@ -428,7 +437,9 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) ->
     tmpdir = tempfile.mkdtemp(prefix=f"hora-{spec.run_id}-rank{ctx.rank}-")
     result_path = os.path.join(tmpdir, "result.pkl")
     try:
-        launcher.start(ctx.rank, worker_argv(result_path), worker_process_env(), stdin_data=pickle.dumps((spec, ctx)))
+        python = spec.env_dict.get(ENV_WORKER_PYTHON)  # hora.spark.run(executable=...)
+        launcher.start(ctx.rank, worker_argv(result_path, python), worker_process_env(),
+                       stdin_data=pickle.dumps((spec, ctx)))
         last_abort_check = 0.0
         while True:
             code = launcher.poll()[ctx.rank]
