@@ -99,6 +99,12 @@ class RankOutput:
         self._tails: dict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=tail_lines))
         self._lock = threading.Lock()
+        for rank in range(num_proc if output_dir is not None else 0):  # as Horovod: every rank has both files
+            folder = self.rank_dir(rank)
+            assert folder is not None
+            os.makedirs(folder, exist_ok=True)
+            for stream in ("stdout", "stderr"):
+                self._files[(rank, stream)] = open(os.path.join(folder, stream), "w")  # noqa: SIM115
 
     def rank_dir(self, rank: int) -> str | None:
         """The output folder of a rank (None without ``--output-filename``)."""
