@@ -56,6 +56,16 @@ class Job(abc.ABC):
         return None
 
 
+def start_or_cancel(job: Any) -> Any:
+    """``job.start()``; on any error (or Ctrl-C) ``job.cancel()`` first, then re-raise."""
+    try:
+        job.start()
+    except BaseException:
+        job.cancel()
+        raise
+    return job
+
+
 class Launcher(abc.ABC):
     """Where ranks run. Subclasses: :class:`~hora.runners.local.LocalLauncher`,
     :class:`~hora.runners.local.HostsLauncher`, :class:`~hora.runners.spark.SparkLauncher`,

@@ -31,7 +31,7 @@ from hora.runners import network, remote
 from hora.runners.base import Job
 from hora.runners.hosts import HostSlots, RankSlot, assign_ranks
 from hora.runners.monitor import Failure
-from hora.runners.procs import ProcessLauncher
+from hora.runners.procs import ProcessLauncher, last_traceback
 from hora.runners.spec import ENV_ADVERTISE_ADDR
 from hora.runners.ssh import HostUnreachable, SshHost, SshOptions
 
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 DRAIN_TIMEOUT = 2.0
 FORWARDED = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 NOT_FORWARDED = frozenset({"HORA_SECRET", "HORA_SUPERVISOR_PID", "HORA_SSH_ARGS"})
-_TRACEBACK_HEAD = "Traceback (most recent call last):"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,13 +127,7 @@ class RankOutput:
     def traceback_of(self, rank: int) -> str | None:
         """The last Python traceback a rank wrote to stderr, else its last stderr lines."""
         with self._lock:
-            tail = list(self._tails.get(rank, ()))
-        if not tail:
-            return None
-        for i in range(len(tail) - 1, -1, -1):
-            if tail[i].startswith(_TRACEBACK_HEAD):
-                return "\n".join(tail[i:])
-        return "\n".join(tail[-40:])
+            return last_traceback(list(self._tails.get(rank, ())))
 
     def close(self) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ import pickle
 import sys
 from collections.abc import Sequence
 
-from hora.runners.base import Job, Launcher
+from hora.runners.base import Job, Launcher, start_or_cancel
 from hora.runners.driver import DriverService
 from hora.runners.hostjob import HostPlan, HostsConfig, HostsJob, RankOutput, RankProcess, forward_environment
 from hora.runners.hosts import HostSlots, RankSlot, resolve_hosts
@@ -126,12 +126,7 @@ class HostsLauncher(Launcher):
             return RankProcess(slot.rank, tuple(worker_argv(path, self.python)), worker_process_env(), stdin, path)
 
         job = HostsJob(plan, make_rank, service, output=output, config=config, functions=True)
-        try:
-            job.start()
-        except BaseException:
-            job.cancel()
-            raise
-        return job
+        return start_or_cancel(job)
 
 
 class LocalLauncher(HostsLauncher):

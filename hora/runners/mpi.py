@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from hora.errors import ConfigError
 from hora.native.build_info import find_mpiexec
-from hora.runners.base import Job, Launcher
+from hora.runners.base import Job, Launcher, start_or_cancel
 from hora.runners.hostjob import HostPlan
 from hora.runners.hosts import HostSlots
 from hora.runners.monitor import Failure
@@ -246,12 +246,7 @@ class MpiLauncher(Launcher):
         output = RankOutput(service.emit, self.output_dir, spec.num_proc)
         job = MpiJob(worker_argv(FROM_DRIVER, self.python), self._hosts_for(spec.num_proc), self.ssh, env, output,
                      service, spec.num_proc, functions=True, interface=self.interface, extra_args=self.extra_args)
-        try:
-            job.start()
-        except BaseException:
-            job.cancel()
-            raise
-        return job
+        return start_or_cancel(job)
 
 
 __all__ = ["ChunkJoiner", "MpiJob", "MpiLauncher", "mpiexec_argv", "mpiexec_path", "CHUNK_START", "CHUNK_RANK_END"]

@@ -188,13 +188,7 @@ class ProcessLauncher:
 
     def traceback_of(self, rank: int) -> str | None:
         """The last Python traceback a rank wrote to stderr, or its stderr tail, or None."""
-        tail = self.stderr_tail(rank)
-        if not tail:
-            return None
-        for i in range(len(tail) - 1, -1, -1):
-            if tail[i].startswith(_TRACEBACK_HEAD):
-                return "\n".join(tail[i:])
-        return "\n".join(tail[-40:])
+        return last_traceback(self.stderr_tail(rank))
 
     def terminate(self, grace: float = 5.0, ranks: Sequence[int] | None = None) -> None:
         """Stop ranks (default all): SIGTERM to each process group, SIGKILL after ``grace`` s.
@@ -240,6 +234,16 @@ if sys.platform.startswith("linux"):
         _libc = None
 
 
+def last_traceback(lines: Sequence[str]) -> str | None:
+    """The last Python traceback in ``lines`` (a stderr tail), else its last 40 lines, None if empty."""
+    if not lines:
+        return None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(_TRACEBACK_HEAD):
+            return "\n".join(lines[i:])
+    return "\n".join(lines[-40:])
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -263,4 +267,4 @@ def shell_exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-__all__ = ["ProcessLauncher", "describe_exit", "shell_exit_code"]
+__all__ = ["ProcessLauncher", "describe_exit", "shell_exit_code", "last_traceback"]

@@ -159,7 +159,7 @@ class SshHost:
             ConfigError: ssh is not installed.
         """
         argv = self.options.argv(self.host, remote_command(self.python, os.environ.get("PYTHONPATH")))
-        log.debug("ssh to %s: %s", self.host, shlex.join(argv))
+        log.info("ssh to %s: %s", self.host, shlex.join(argv))
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          start_new_session=True, close_fds=True)

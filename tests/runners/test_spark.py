@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import signal
 import time
 
@@ -174,4 +175,4 @@ def test_hora_spark_run_is_horovods_spark_run(spark):
     assert any(line.endswith("[1]<stdout>:spark rank 1 says hello") and line[0].isalpha() for line in lines), lines
     with pytest.raises(ConfigError, match="use_mpi / extra_mpi_args are not supported"):
         hora.spark.run(_horovod_spark_fn, args=(0,), use_mpi=True)
-    assert_no_workers_left("hora.runners.worker")
+    assert_no_workers_left(f"{sys.executable} -m hora.runners.worker")  # this checkout's workers only
