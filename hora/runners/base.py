@@ -193,12 +193,12 @@ def run(
         raise ConfigError(f"verbose must be an int (0, 1 or 2), got {verbose!r}")
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    be = resolve_launcher(backend, spark=spark, client=client)
+    launcher = resolve_launcher(backend, spark=spark, client=client)
     if num_proc is None:
-        num_proc = be.default_num_proc()
+        num_proc = launcher.default_num_proc()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ConfigError(f"num_proc must be an int >= 1, got {num_proc!r}")
-    be.check_num_proc(num_proc)
+    launcher.check_num_proc(num_proc)
     if start_timeout is None:
         start_timeout = env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)
     elif not (isinstance(start_timeout, (int, float)) and start_timeout > 0):
@@ -212,7 +212,7 @@ def run(
         raise ConfigError(f"fn {getattr(fn, '__qualname__', fn)!r} or its arguments cannot be pickled: {exc}") from exc
     store = _open_store(store)
     secret = make_secret()
-    bind, advertise = be.driver_addresses()
+    bind, advertise = launcher.driver_addresses()
     service = DriverService(secret, num_proc, run_id, bind=bind, advertise=advertise, verbose=verbose, store=store,
                             stdout=stdout, stderr=stderr, timestamps=timestamps)
     job: Job | None = None
@@ -231,8 +231,8 @@ def run(
             init_native=bool(init_native),
             sys_path=tuple(p for p in sys.path if isinstance(p, str)),
         )
-        log.info("hora run %s: %d rank(s) of %s on %s", run_id, num_proc, spec.fn_name, be.name)
-        job = be.start(spec, service)
+        log.info("hora run %s: %d rank(s) of %s on %s", run_id, num_proc, spec.fn_name, launcher.name)
+        job = launcher.start(spec, service)
         return watch(service, job, Policy(num_proc=num_proc, run_id=run_id, start_timeout=float(start_timeout),
                                           functions=True, timeout=timeout))
     except KeyboardInterrupt:

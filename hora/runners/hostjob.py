@@ -98,6 +98,7 @@ class RankOutput:
         self._tails: dict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=tail_lines))
         self._lock = threading.Lock()
+        self._closed = False
         for rank in range(num_proc if output_dir is not None else 0):  # as Horovod: every rank has both files
             folder = self.rank_dir(rank)
             assert folder is not None
@@ -113,7 +114,7 @@ class RankOutput:
         with self._lock:
             if stream == "stderr":
                 self._tails[rank].append(line)
-            if self._dir is not None:
+            if self._dir is not None and not self._closed:
                 fh = self._files.get((rank, stream))
                 if fh is None:
                     folder = self.rank_dir(rank)
@@ -130,7 +131,9 @@ class RankOutput:
             return last_traceback(list(self._tails.get(rank, ())))
 
     def close(self) -> None:
+        """Close the files (lines that still arrive are printed, not written)."""
         with self._lock:
+            self._closed = True
             for fh in self._files.values():
                 fh.close()
             self._files.clear()

@@ -139,6 +139,23 @@ def test_a_failing_rank_on_the_second_host_stops_every_rank_on_every_host(sshd, 
     assert not supervisors(str(tmp_path))
 
 
+@pytest.mark.timeout(180)
+def test_the_rank_that_died_first_is_reported_not_the_survivors_it_broke(sshd, tmp_path):
+    body = script(tmp_path, "die.py", """
+        import os, signal
+        import numpy as np
+        import hora.native as hn
+        hn.init()
+        for i in range(100000):
+            hn.allreduce(np.ones(1000), name=f"a{i % 7}")
+            if hn.rank() == 3 and i == 50:
+                os.kill(os.getpid(), signal.SIGKILL)   # the others then fail inside their collectives
+    """)
+    res = hora(sshd, "-np", "4", "-H", TWO_HOSTS, *sshd.args(), sys.executable, body, cwd=tmp_path)
+    assert res.returncode == 128 + signal.SIGKILL, res.stderr
+    assert "hora run: rank 3 on 127.0.0.2 failed with signal 9 (SIGKILL); stopping every rank" in res.stderr
+
+
 @pytest.mark.timeout(120)
 def test_an_unreachable_host_is_named_at_once_and_nothing_starts(sshd, tmp_path):
     body = script(tmp_path, "mark.py", """
