@@ -43,16 +43,16 @@ RANK = textwrap.dedent("""
 
 
 def _launch(argv: list[str], env: dict[str, str], n: int) -> float:
-    out = tempfile.mkdtemp(prefix="hora-bench-ssh-")
-    script = os.path.join(out, "rank.py")
-    with open(script, "w") as fh:
-        fh.write(RANK)
-    start = time.time()
-    res = subprocess.run([sys.executable, "-m", "hora", "run", "-np", str(n), *argv, sys.executable, script, out],
-                         env=env, cwd=out, capture_output=True, text=True, timeout=300)
-    if res.returncode != 0:
-        raise SystemExit(f"hora run failed ({res.returncode}):\n{res.stderr[-3000:]}")
-    stamps = [float(Path(out, f"rank.{r}").read_text()) for r in range(n)]
+    with tempfile.TemporaryDirectory(prefix="hora-bench-ssh-") as out:
+        script = os.path.join(out, "rank.py")
+        with open(script, "w") as fh:
+            fh.write(RANK)
+        start = time.time()
+        res = subprocess.run([sys.executable, "-m", "hora", "run", "-np", str(n), *argv, sys.executable, script, out],
+                             env=env, cwd=out, capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            raise SystemExit(f"hora run failed ({res.returncode}):\n{res.stderr[-3000:]}")
+        stamps = [float(Path(out, f"rank.{r}").read_text()) for r in range(n)]
     return max(stamps) - start
 
 
