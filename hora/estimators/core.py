@@ -88,14 +88,14 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
         given = backend.launch_options()
         env.update(given.pop("env", {}) or {})
         opts.update({k: v for k, v in given.items() if v is not None})
-    elif isinstance(backend, runners.Backend):
+    elif isinstance(backend, runners.Launcher):
         opts["backend"] = backend
     opts["env"] = env
     num_proc = config.num_proc or opts.pop("num_proc", None)
     if num_proc is None and backend is not None and not hasattr(backend, "launch_options"):
         num_proc = int(backend.num_processes()) if hasattr(backend, "num_processes") else None
     if num_proc is None:
-        num_proc = 1 if engine == "pandas" else runners.resolve_backend(
+        num_proc = 1 if engine == "pandas" else runners.resolve_launcher(
             opts["backend"], spark=spark, client=client).default_num_proc()
     opts["num_proc"] = max(1, int(num_proc))
     return opts
@@ -106,7 +106,7 @@ def _run_workers(spec: TrainSpec, config: EstimatorConfig, opts: dict[str, Any])
     from hora.estimators.worker import train_worker
 
     backend = config.backend
-    if backend is not None and not hasattr(backend, "launch_options") and not isinstance(backend, runners.Backend):
+    if backend is not None and not hasattr(backend, "launch_options") and not isinstance(backend, runners.Launcher):
         # a Horovod-style Backend of the user's: run(fn, args, env) -> one result per rank
         return list(backend.run(train_worker, args=(spec,), env=opts["env"]))
     return runners.run(train_worker, args=(spec,), run_id=spec.run_id, store=spec.store, **opts)

@@ -167,7 +167,7 @@ class EstimatorConfig:
 
     num_proc: int | None = param(None, "number of training processes (ranks); default: the engine's parallelism")
     backend: Any = param(None, "where the ranks run: hora.spark.common.backend.SparkBackend(num_proc=...) as in "
-                         "Horovod, a hora.runners Backend, or any object with Horovod's run()/num_processes()", NONE)
+                         "Horovod, a hora.runners Launcher, or any object with Horovod's run()/num_processes()", NONE)
     store: Any = param(None, "hora.store.Store (or a URL) where data is materialized and runs are kept", PICKLE)
     model: Any = param(None, "the model to train", PICKLE)
     optimizer: Any = param(None, "an optimizer bound to the model's parameters, or a factory params -> optimizer", PICKLE)
@@ -241,11 +241,11 @@ class EstimatorConfig:
 
         self.num_proc = _positive_int("num_proc", self.num_proc)
         if self.backend is not None:
-            from hora.runners import Backend
+            from hora.runners import Launcher
 
-            if not isinstance(self.backend, Backend) and not (hasattr(self.backend, "run") and
+            if not isinstance(self.backend, Launcher) and not (hasattr(self.backend, "run") and
                                                               hasattr(self.backend, "num_processes")):
-                raise ConfigError(f"backend must be a hora.spark.common.backend.SparkBackend, a hora.runners Backend or "
+                raise ConfigError(f"backend must be a hora.spark.common.backend.SparkBackend, a hora.runners Launcher or "
                                   f"have Horovod's run()/num_processes(), got {type(self.backend).__name__}")
             if self.num_proc is not None:
                 raise ConfigError("at most one of backend and num_proc may be given (as in Horovod): pass "

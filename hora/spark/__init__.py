@@ -24,6 +24,7 @@ import importlib
 from typing import Any
 
 from hora.estimators.callbacks import BestModelCheckpoint, Callback, EarlyStopping, MLflowLogger
+from hora.spark.runner import run  # Horovod's horovod.spark.run
 from hora.spark.torch import TorchEstimator, TorchModel
 
 #: names imported on first access: name -> (module, attribute)
@@ -45,5 +46,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'hora.spark' has no attribute {name!r}")
 
 
-__all__ = ["TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "LightningEstimator", "LightningModel",
+__all__ = ["run", "TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "LightningEstimator", "LightningModel",
            "Callback", "EarlyStopping", "BestModelCheckpoint", "MLflowLogger"]

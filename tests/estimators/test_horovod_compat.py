@@ -85,14 +85,16 @@ def test_petastorm_knobs_are_accepted_with_one_warning(store, caplog, monkeypatc
 def test_spark_backend_options():
     from hora.spark.common.backend import SparkBackend
 
+    from hora.runners.spec import ENV_NETWORK_INTERFACE, ENV_WORKER_PYTHON
+
     with pytest.raises(ConfigError, match="use_mpi"):
         SparkBackend(use_mpi=True)
-    with pytest.raises(ConfigError, match="PYSPARK_PYTHON"):
-        SparkBackend(executable="/usr/bin/python3")
     with pytest.raises(ConfigError, match="unknown keyword"):
         SparkBackend(num_procs=2)
-    opts = SparkBackend(num_proc=3, env={"A": "1"}, nics=["lo"], use_gloo=True).launch_options()
-    assert opts["num_proc"] == 3 and opts["env"] == {"A": "1", "GLOO_SOCKET_IFNAME": "lo", "HORA_BACKEND": "gloo"}
+    opts = SparkBackend(num_proc=3, env={"A": "1"}, nics=["lo"], use_gloo=True, stdout=sys.stdout,
+                        prefix_output_with_timestamp=True, executable="/usr/bin/python3").launch_options()
+    assert opts["num_proc"] == 3 and opts["stdout"] is sys.stdout and opts["timestamps"] is True
+    assert opts["env"] == {"A": "1", ENV_NETWORK_INTERFACE: "lo", ENV_WORKER_PYTHON: "/usr/bin/python3"}
 
 
 def test_run_id_has_one_rule(store):
