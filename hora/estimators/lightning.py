@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from hora.estimators.framework import CheckResult, Framework, Resume, TrainingSe
 from hora.estimators.params import EstimatorConfig, param
 from hora.estimators.spec import freeze, thaw
 from hora.estimators.torch import TorchCodec
-from hora.estimators.torch_tensors import _stack, _tensor, as_outputs, to_inputs
+from hora.estimators.torch_tensors import _stack, _tensor, as_outputs, state_bytes, to_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -269,11 +269,7 @@ class LightningSession(TrainingSession):
         return Resume(epoch=ckpt_epoch + 1)
 
     def weights(self) -> bytes:
-        import torch
-
-        buf = io.BytesIO()
-        torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, buf)
-        return buf.getvalue()
+        return state_bytes(self.module)
 
     def model_files(self) -> dict[str, bytes]:
         return LightningCodec().serialize(self.module)

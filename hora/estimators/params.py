@@ -100,8 +100,8 @@ HOROVOD_UNSUPPORTED: dict[str, str] = {
     "loss_constructors": "pass the losses themselves as loss=",
     "tensorflow_dataset_prefetch_buffer_size": "only the Keras estimator takes it",
     "custom_objects": "only the Keras estimator takes it",
-    "checkpoint_callback": "only the Keras and Lightning estimators take it",
-    "train_minibatch_fn": "only the Torch estimator takes it",
+    "checkpoint_callback": "only the Keras estimator takes it (Lightning: put a ModelCheckpoint in callbacks)",
+    "train_minibatch_fn": "only the Torch estimator takes it (Lightning: write training_step)",
 }
 
 _IGNORED = "Horovod's petastorm reader knob; hora's reader has none: "

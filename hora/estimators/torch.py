@@ -39,7 +39,8 @@ from hora.estimators.framework import CheckResult, Framework, ModelCodec, Resume
 from hora.estimators.params import EstimatorConfig, param
 from hora.estimators.spec import freeze, thaw
 from hora.estimators.torch_tensors import (
-    _stack, _tensor, align_label, as_outputs, is_torchmetric, normalize_metrics, per_row_loss_fn, to_inputs, weighted,
+    _stack, _tensor, align_label, as_outputs, is_torchmetric, normalize_metrics, per_row_loss_fn, state_bytes, to_inputs,
+    weighted,
 )
 
 logger = logging.getLogger(__name__)
@@ -138,11 +139,7 @@ class TorchCodec(ModelCodec):
         return _with_weights(model, weights)
 
     def serialize(self, model: Any) -> dict[str, bytes]:
-        import torch
-
-        buf = io.BytesIO()
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
-        return {"model.pkl": freeze(model), "weights.pt": buf.getvalue()}
+        return {"model.pkl": freeze(model), "weights.pt": state_bytes(model)}
 
     def deserialize(self, files: dict[str, bytes]) -> Any:
         return _with_weights(thaw(files["model.pkl"]), files["weights.pt"])
@@ -391,11 +388,7 @@ class TorchSession(TrainingSession):
         return Resume.from_meta(dict(ckpt.get("extra", {})), ckpt_epoch)
 
     def weights(self) -> bytes:
-        import torch
-
-        buf = io.BytesIO()
-        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, buf)
-        return buf.getvalue()
+        return state_bytes(self.model)
 
     def model_files(self) -> dict[str, bytes]:
         return TorchCodec().serialize(self.model)

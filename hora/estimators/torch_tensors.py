@@ -147,6 +147,17 @@ def weighted(loss: Any, weights: Any) -> Any:
     return (per_row * w).sum() / w.sum().clamp_min(1e-12)
 
 
+def state_bytes(module: Any) -> bytes:
+    """``module``'s weights (its ``state_dict`` on the CPU) as ``torch.save`` bytes."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()}, buf)
+    return buf.getvalue()
+
+
 def _tensor(arr: np.ndarray) -> Any:
     """A tensor of ``arr`` (shares memory when it can; copies read-only arrays, e.g. from Arrow)."""
     import torch
@@ -165,4 +176,4 @@ def _stack(arr: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["to_inputs", "as_outputs", "align_label", "normalize_metrics", "is_torchmetric", "per_row_loss_fn",
-           "weighted"]
+           "weighted", "state_bytes"]
