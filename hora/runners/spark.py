@@ -2,10 +2,11 @@
 
 ``spark.range(n, numPartitions=n).mapInArrow(task, schema, barrier=True, profile=...)``:
 one code path for classic and Spark Connect sessions (a Connect client has no
-SparkContext). Every task learns the executors' addresses from
-:meth:`BarrierTaskContext.getTaskInfos`; rank 0 starts the collective
-:class:`~hora.native.rendezvous.RendezvousServer` and shares its address with
-:meth:`BarrierTaskContext.allGather`; local ranks come from the hosts; the task's GPU
+SparkContext). Every task tells the others its host (``HORA_ADVERTISE_ADDR`` or
+``SPARK_LOCAL_IP`` of its executor, else the address in
+:meth:`BarrierTaskContext.getTaskInfos`) through :meth:`BarrierTaskContext.allGather`;
+rank 0 starts the collective :class:`~hora.native.rendezvous.RendezvousServer` and sends
+its address in the same exchange; local ranks come from the hosts; the task's GPU
 addresses (``resources()["gpu"]``) become ``CUDA_VISIBLE_DEVICES``. Each task runs its
 rank as a subprocess through :func:`hora.runners.worker.supervise` and returns the
 rank's pickled value as rows of the stage's result (in chunks, so large values cross
@@ -28,6 +29,7 @@ task function; it is never in a job description, tag or property.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import re
@@ -63,6 +65,12 @@ def _is_loopback(host: str) -> bool:
     return host.startswith("127.") or host == "localhost"
 
 
+def _task_host(task_address: str) -> str:
+    """The address this task's peers reach it at: ``HORA_ADVERTISE_ADDR`` or ``SPARK_LOCAL_IP`` of the
+    executor when set (Spark binds there), else the host Spark's driver sees for the executor."""
+    return os.environ.get(ENV_ADVERTISE_ADDR) or os.environ.get("SPARK_LOCAL_IP") or task_address.rsplit(":", 1)[0]
+
+
 def _barrier_task(spec: LaunchSpec, advertise: str | None, batches: Iterator[Any]) -> Iterator[Any]:
     """The body of one barrier task: rendezvous through the BarrierTaskContext, supervise the rank,
     yield its pickled value as ``(rank, seq, chunk)`` rows."""
@@ -76,18 +84,18 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, batches: Iterator[Any
         pass
     context = BarrierTaskContext.get()
     rank = context.partitionId()
-    infos = context.getTaskInfos()
-    hosts = [advertise or info.address.rsplit(":", 1)[0] for info in infos]
-    placement = compute_placement(hosts)[rank]
+    me = advertise or _task_host(context.getTaskInfos()[rank].address)
     server: RendezvousServer | None = None
     try:
+        message = {"host": me}
         if rank == 0:
-            server = RendezvousServer(spec.secret, host=hosts[0] if _is_loopback(hosts[0]) else "0.0.0.0", port=0)
+            server = RendezvousServer(spec.secret, host=me if _is_loopback(me) else "0.0.0.0", port=0)
             server.start()
-            message = f"{hosts[0]}:{server.addr.rpartition(':')[2]}"
-        else:
-            message = ""
-        rendezvous_addr = context.allGather(message)[0]
+            message["rendezvous"] = f"{me}:{server.addr.rpartition(':')[2]}"
+        gathered = [json.loads(m) for m in context.allGather(json.dumps(message))]
+        hosts = [m["host"] for m in gathered]
+        rendezvous_addr = gathered[0]["rendezvous"]
+        placement = compute_placement(hosts)[rank]
         extra_env: list[tuple[str, str]] = []
         gpu = context.resources().get("gpu")
         if gpu is not None and gpu.addresses:
@@ -130,6 +138,12 @@ def _stage_error(exc: BaseException, spec: LaunchSpec, backend: SparkBackend) ->
         return ConfigError(
             "the Spark cluster runs with dynamic allocation, and Spark cannot run barrier stages then: set "
             f"spark.dynamicAllocation.enabled=false for training (Spark: {_first_line(text, 'SPARK-24942')})"
+        )
+    if "No executor resource configs were specified" in text:
+        return ConfigError(
+            f"use_gpu=True asks for one GPU per training task, but the executors of this Spark cluster "
+            f"({backend.master}) declare no GPUs (spark.executor.resource.gpu.amount and a discovery script): "
+            f"Spark: {_first_line(text, 'No executor resource configs')}"
         )
     if "ResourceProfiles are only supported" in text:
         return ConfigError(
@@ -248,8 +262,8 @@ class SparkBackend(Backend):
         self.task_cpus = task_cpus or int(_spark.conf_get(self.spark, "spark.task.cpus", "1") or 1)
         self.use_gpu = use_gpu
         self.wants_profile = task_cpus is not None or use_gpu
-        override = os.environ.get(ENV_ADVERTISE_ADDR)
-        self.advertise: str | None = override or ("127.0.0.1" if self.local_mode else None)
+        # local masters run every task in the driver's host: loopback; elsewhere each task finds its own
+        self.advertise: str | None = "127.0.0.1" if self.local_mode else None
         self._profile: Any = None
         self._parallelism: int | None = None
 
