@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -82,6 +83,18 @@ def master(session: Any) -> str:
     if not is_connect(session):
         return str(session.sparkContext.master)
     return conf_get(session, "spark.master", "") or ""
+
+
+def missing_hora(exc: BaseException) -> ConfigError | None:
+    """A clear error when a failed Spark job says its Python workers cannot import hora, else None."""
+    match = re.search(r"(ModuleNotFoundError: No module named '(?:hora|cloudpickle)[^']*')", str(exc))
+    if match is None:
+        return None
+    return ConfigError(
+        f"the Spark executors cannot import hora ({match.group(1)}): install hora in the Python the executors "
+        "run (spark.pyspark.python / PYSPARK_PYTHON on the cluster, or spark.sql.execution.pyspark.python for "
+        "a session)"
+    )
 
 
 def check_connect_server(session: Any) -> None:

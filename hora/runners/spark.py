@@ -150,13 +150,9 @@ def _stage_error(exc: BaseException, spec: LaunchSpec, backend: SparkBackend) ->
             f"this Spark cluster ({backend.master}) cannot schedule the training stage's ResourceProfile "
             f"({backend.describe_task()}): Spark: {_first_line(text, 'ResourceProfiles are only supported')}"
         )
-    missing = re.search(r"(ModuleNotFoundError: No module named '(hora|cloudpickle)[^']*')", text)
-    if missing:
-        return ConfigError(
-            f"the Spark executors cannot import hora ({missing.group(1)}): install hora in the Python the "
-            "executors run (spark.pyspark.python / PYSPARK_PYTHON on the cluster, or "
-            "spark.sql.execution.pyspark.python for a session)"
-        )
+    missing = _spark.missing_hora(exc)
+    if missing is not None:
+        return missing
     match = re.search(r"(hora\.errors\.WorkerFailedError: [^\n]*)", text)
     short = match.group(1) if match else " / ".join([ln for ln in text.splitlines() if ln.strip()][:3])[:1000]
     return WorkerFailedError(f"the Spark barrier stage of run {spec.run_id} failed: {short}")

@@ -175,6 +175,7 @@ def check_executors_reach(session: Any, store: Store) -> None:
         StoreError: the executors cannot read or write the store, or see other files than the
             driver (e.g. a ``file://`` folder that exists on each host separately); the message
             names the store URL.
+        ConfigError: the executors cannot import hora.
     """
     token = uuid.uuid4().hex
     path = join(store.root, PROBE_PREFIX + token)
@@ -182,8 +183,11 @@ def check_executors_reach(session: Any, store: Store) -> None:
     try:
         probe = functools.partial(_probe_on_executor, store, path, token)
         probe.__name__ = "hora: check the store"  # type: ignore[attr-defined]
-        with _spark.job_scope(session, f"hora-store-check-{token[:12]}", f"hora: check that the executors reach {store.url}"):
-            rows = session.range(0, 1, 1, numPartitions=1).mapInArrow(probe, "error string").collect()
+        try:
+            with _spark.job_scope(session, f"hora-store-check-{token[:12]}", f"hora: check that the executors reach {store.url}"):
+                rows = session.range(0, 1, 1, numPartitions=1).mapInArrow(probe, "error string").collect()
+        except Exception as exc:
+            raise _spark.missing_hora(exc) or exc
         error = rows[0]["error"] if rows else "the check task returned nothing"
         if not error:
             try:

@@ -206,3 +206,30 @@ def test_slots_from_master():
     assert slots("local-cluster[2, 3, 1024]", task_cpus=2) == 2
     assert slots("spark://host:7077") == 7
     assert slots("spark://host:7077", task_cpus=2) == 3
+
+
+@pytest.mark.timeout(240)
+def test_connect_server_whose_executors_lack_hora_is_a_clear_client_side_error(connect_server, tmp_path):
+    import sys
+
+    import pandas as pd
+
+    from hora.store import Store, materialize
+
+    # a session whose executors run a Python that cannot import hora (as on a cluster without it)
+    shadow = tmp_path / "shadow" / "hora"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'hora'\", name='hora')\n")
+    python = tmp_path / "python-without-hora"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={shadow.parent}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    session = connect_server.session(**{"spark.sql.execution.pyspark.python": str(python)})
+    try:
+        with pytest.raises(ConfigError, match=r"the Spark executors cannot import hora .*No module named 'hora'"):
+            hr.run(_fail_rank1, num_proc=2, backend="spark", spark=session, run_id="connect-no-hora", verbose=0)
+        df = session.createDataFrame(pd.DataFrame({"x": [1.0, 2.0, 3.0], "y": [0, 1, 0]}))
+        with pytest.raises(ConfigError, match=r"the Spark executors cannot import hora"):
+            materialize(df, Store.create(str(tmp_path / "store")), ["x"], ["y"])
+    finally:
+        session.stop()
+    assert_no_workers_left("connect-no-hora")
