@@ -30,6 +30,8 @@ import logging
 import re
 import socket
 import sys
+import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: The oldest Spark Connect server whose ``mapInArrow`` takes ``barrier=`` and ``profile=``.
 MIN_CONNECT_SERVER = (4, 0)
+#: Seconds a tiny probe job of hora's may wait for free executors.
+PROBE_TIMEOUT = 300.0
 
 
 def is_connect(obj: Any) -> bool:
@@ -131,7 +135,9 @@ def default_parallelism(session: Any) -> int:
     configured = conf_get(session, "spark.default.parallelism")
     if configured:
         return int(configured)
-    rows = session.range(0, 1 << 16).mapInArrow(_one_row_per_partition, "n long").collect()
+    frame = session.range(0, 1 << 16).mapInArrow(_one_row_per_partition, "n long")
+    rows = collect(session, frame, f"hora-parallelism-{uuid.uuid4().hex[:8]}", "hora: count the default parallelism",
+                   timeout=PROBE_TIMEOUT)
     return max(1, len(rows))
 
 
@@ -170,6 +176,34 @@ def job_scope(session: Any, tag: str, description: str) -> Iterator[None]:
     finally:
         sc.removeJobTag(tag)
         sc.setJobDescription(None)  # type: ignore[arg-type]
+
+
+def collect(session: Any, frame: Any, tag: str, description: str, timeout: float) -> list[Any]:
+    """``frame.collect()`` inside :func:`job_scope`, given up (and its jobs cancelled) after ``timeout`` s.
+
+    Raises:
+        TimeoutError: the jobs did not finish in time (e.g. no executor was free to run them).
+        Exception: whatever the job raised.
+    """
+    outcome: dict[str, Any] = {}
+
+    def _run() -> None:
+        try:
+            with job_scope(session, tag, description):
+                outcome["rows"] = frame.collect()
+        except BaseException as exc:  # handed to the caller
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=_run, name=f"hora-{tag}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        cancel_jobs(session, tag)
+        thread.join(30)
+        raise TimeoutError(f"the Spark job {description!r} did not finish within {timeout:.0f} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["rows"]
 
 
 def cancel_jobs(session: Any, tag: str) -> None:
@@ -263,6 +297,7 @@ __all__ = [
     "default_parallelism",
     "num_partitions",
     "job_scope",
+    "collect",
     "cancel_jobs",
     "functions",
     "vector_to_array",

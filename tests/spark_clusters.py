@@ -129,11 +129,11 @@ class ConnectServer:
     Args:
         workdir: its working folder (logs, event log, warehouse).
         master: ``local[2]`` or a standalone master URL.
-        conf: extra Spark settings.
+        conf: extra Spark settings (None removes a default one).
         memory: the driver JVM's heap.
     """
 
-    def __init__(self, workdir: Path, master: str = "local[2]", conf: dict[str, str] | None = None,
+    def __init__(self, workdir: Path, master: str = "local[2]", conf: dict[str, str | None] | None = None,
                  memory: str = "640m") -> None:
         self.workdir = Path(workdir)
         self.master = master
@@ -158,6 +158,7 @@ class ConnectServer:
             "spark.sql.warehouse.dir": "file://" + str(self.workdir / "warehouse"),
         }
         settings.update(conf or {})
+        settings = {key: value for key, value in settings.items() if value is not None}
         argv = [
             os.path.join(spark_home(), "bin", "spark-submit"),
             "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
@@ -300,7 +301,8 @@ def standalone_connect(standalone_cluster, tmp_path_factory):
     _need_connect_client()
     server = ConnectServer(
         tmp_path_factory.mktemp("standalone-connect"), master=standalone_cluster.url,
-        conf={"spark.executor.memory": "512m", "spark.default.parallelism": "4"},
+        # no spark.default.parallelism: hora finds the cluster's (4 cores) with one tiny job
+        conf={"spark.executor.memory": "512m", "spark.default.parallelism": None},
     )
     try:
         server.start()

@@ -19,9 +19,12 @@ write (local disks, HDFS, S3, GCS, Azure):
   older is done.
 * :func:`sweep_dead` removes what dead attempts left.
 
-Clocks: expiry compares the writer's heartbeat time with the reader's clock, so hosts
-whose clocks differ by more than the ttl can take a live lease for a dead one; the
-default ttl (60 s, ``HORA_MATERIALIZE_LEASE_TTL``) leaves room for that.
+A writer on the same machine (same boot, same PID namespace) that no longer exists is
+dead at once, whatever its heartbeat says, so a crashed notebook kernel does not hold
+up the next fit for a whole ttl. Clocks: expiry compares the writer's heartbeat time
+with the reader's clock, so hosts whose clocks differ by more than the ttl can take a
+live lease for a dead one; the default ttl (60 s, ``HORA_MATERIALIZE_LEASE_TTL``)
+leaves room for that.
 """
 
 from __future__ import annotations
@@ -49,6 +52,30 @@ DEFAULT_WAIT_TIMEOUT = 3600.0
 POLL_INTERVAL = 0.5
 
 
+def _machine() -> str:
+    """This process's machine as far as PIDs go: host name, boot and PID namespace."""
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        try:
+            parts.append(open(path).read().strip() if path.endswith("boot_id") else os.readlink(path))
+        except OSError:
+            parts.append("?")
+    return "|".join(parts)
+
+
+MACHINE = _machine()
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _env_seconds(name: str, default: float, allow_zero: bool = False) -> float:
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
@@ -73,6 +100,7 @@ class LeaseInfo:
     phase: str
     host: str
     pid: int
+    machine: str = ""
 
     @property
     def key(self) -> tuple[float, str]:
@@ -80,8 +108,12 @@ class LeaseInfo:
         return (self.started_at, self.attempt)
 
     def alive(self, now: float | None = None) -> bool:
-        """True while the heartbeat is younger than the ttl."""
-        return (time.time() if now is None else now) - self.heartbeat_at <= self.ttl
+        """True while the heartbeat is younger than the ttl and, for a writer of this machine, its process lives."""
+        if (time.time() if now is None else now) - self.heartbeat_at > self.ttl:
+            return False
+        if self.machine == MACHINE and self.pid > 0 and self.pid != os.getpid():
+            return _pid_exists(self.pid)
+        return True
 
 
 def read_leases(store: Store, fingerprint: str) -> dict[str, LeaseInfo]:
@@ -96,7 +128,7 @@ def read_leases(store: Store, fingerprint: str) -> dict[str, LeaseInfo]:
             info = LeaseInfo(
                 attempt=str(raw["attempt"]), started_at=float(raw["started_at"]),
                 heartbeat_at=float(raw["heartbeat_at"]), ttl=float(raw["ttl"]), phase=str(raw["phase"]),
-                host=str(raw.get("host", "?")), pid=int(raw.get("pid", 0)),
+                host=str(raw.get("host", "?")), pid=int(raw.get("pid", 0)), machine=str(raw.get("machine", "")),
             )
         except (StoreError, ValueError, KeyError, TypeError) as exc:  # vanished or half-legible: skip it
             logger.debug("ignoring lease %s: %s", entry, exc)
@@ -126,7 +158,7 @@ def sweep_dead(store: Store, fingerprint: str, keep: str | None = None) -> list[
         if attempt == keep or (lease is not None and lease.alive(now)):
             continue
         logger.info("materialize: removing %s of attempt %s (%s)", store.url_for(entry), attempt,
-                    "its lease expired" if lease is not None else "it has no lease")
+                    "its writer is gone" if lease is not None else "it has no lease")
         store.rm(entry, recursive=True)
         swept.append(attempt)
     return sorted(set(swept))
@@ -166,7 +198,7 @@ class Lease:
             body = {
                 "attempt": self.attempt, "fingerprint": self.fingerprint, "started_at": self.started_at,
                 "heartbeat_at": time.time(), "ttl": self.ttl, "phase": self.phase,
-                "host": socket.gethostname(), "pid": os.getpid(),
+                "host": socket.gethostname(), "pid": os.getpid(), "machine": MACHINE,
             }
             self.store.write_bytes(self.path, json.dumps(body).encode("utf-8"))
 

@@ -183,9 +183,13 @@ def check_executors_reach(session: Any, store: Store) -> None:
     try:
         probe = functools.partial(_probe_on_executor, store, path, token)
         probe.__name__ = "hora: check the store"  # type: ignore[attr-defined]
+        frame = session.range(0, 1, 1, numPartitions=1).mapInArrow(probe, "error string")
         try:
-            with _spark.job_scope(session, f"hora-store-check-{token[:12]}", f"hora: check that the executors reach {store.url}"):
-                rows = session.range(0, 1, 1, numPartitions=1).mapInArrow(probe, "error string").collect()
+            rows = _spark.collect(session, frame, f"hora-store-check-{token[:12]}",
+                                  f"hora: check that the executors reach {store.url}",
+                                  timeout=max(_spark.PROBE_TIMEOUT, 2 * store_timeout()))
+        except TimeoutError as exc:
+            raise StoreError(f"could not check that the Spark executors reach the store {store.url}: {exc}") from exc
         except Exception as exc:
             raise _spark.missing_hora(exc) or exc
         error = rows[0]["error"] if rows else "the check task returned nothing"

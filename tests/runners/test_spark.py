@@ -233,3 +233,13 @@ def test_connect_server_whose_executors_lack_hora_is_a_clear_client_side_error(c
     finally:
         session.stop()
     assert_no_workers_left("connect-no-hora")
+
+
+def test_a_connect_server_older_than_spark_4_is_refused_before_anything_runs():
+    class _OldConnectSession:  # what a Spark 3.5 Connect server reports to a client
+        version = "3.5.3"
+
+    _OldConnectSession.__module__ = "pyspark.sql.connect.session"
+    assert _spark.is_connect(_OldConnectSession())
+    with pytest.raises(ConfigError, match=r"Spark Connect server runs Spark 3\.5\.3; .* from Spark 4\.0 on"):
+        hr.SparkBackend(_OldConnectSession())

@@ -163,13 +163,13 @@ def test_a_commit_never_deletes_a_live_attempt_s_files(store, request, monkeypat
     _assert_clean_commit(store, mine)
 
 
-def test_a_writer_killed_mid_way_is_swept_once_its_lease_expires(store, request):
+def test_a_writer_killed_mid_way_is_swept(store, request):
     writer = _start_writer(store, request, **{FAULT_SLEEP_BEFORE_COMMIT_ENV: "300", LEASE_TTL_ENV: "2"})
     try:
         dataset_dir, _ = _wait_for_staged_files(store)
         writer.send_signal(signal.SIGKILL)
         assert writer.wait(30) == -signal.SIGKILL
-        # the dead writer's lease still looks alive for up to 2 s: the new attempt waits, then writes
+        # the writer's process is gone (same machine), so its lease no longer counts: this attempt writes
         info = materialize(_frame(), store, ["x"], ["y"], num_proc=2)
     finally:
         if writer.poll() is None:
@@ -178,3 +178,30 @@ def test_a_writer_killed_mid_way_is_swept_once_its_lease_expires(store, request)
     assert not info.reused and info.train_rows == ROWS
     assert info.dataset_dir.rstrip("/") == dataset_dir.rstrip("/")
     _assert_clean_commit(store, info)  # the killed writer's staging folder and lease are gone
+
+
+def _plant_attempt(store, fingerprint: str, attempt: str, heartbeat_age: float, ttl: float) -> str:
+    """The lease and one staged file of an attempt running on another machine; returns the staged file."""
+    now = time.time()
+    lease = {"attempt": attempt, "fingerprint": fingerprint, "started_at": now - heartbeat_age - 5,
+             "heartbeat_at": now - heartbeat_age, "ttl": ttl, "phase": "writing", "host": "elsewhere",
+             "pid": 1, "machine": "elsewhere|another-boot|pid:[1]"}
+    store.write_bytes(store.layout.lease_path(fingerprint, attempt), json.dumps(lease).encode())
+    staged = f"{store.layout.tmp_dir(fingerprint, attempt)}/train/part-00000-{attempt}.parquet"
+    store.write_bytes(staged, b"staged by another machine")
+    return staged
+
+
+def test_another_machine_s_attempt_is_swept_once_its_lease_expires_and_kept_while_alive(store):
+    first = materialize(_frame(), store, ["x"], ["y"], num_proc=2)
+    fp = first.fingerprint
+    dead = _plant_attempt(store, fp, "deadbeef0001", heartbeat_age=600, ttl=60)  # silent for 10 min
+    live = _plant_attempt(store, fp, "livebeef0002", heartbeat_age=1, ttl=600)  # heartbeat 1 s ago
+    again = materialize(_frame(), store, ["x"], ["y"], num_proc=2, overwrite=True)
+    assert not again.reused
+    left = _entries(store, again)
+    assert "_tmp-deadbeef0001" not in left and "_lease-deadbeef0001.json" not in left and not store.exists(dead)
+    assert "_tmp-livebeef0002" in left and "_lease-livebeef0002.json" in left and store.exists(live)
+    store.rm(store.layout.tmp_dir(fp, "livebeef0002"), recursive=True)
+    store.rm(store.layout.lease_path(fp, "livebeef0002"))
+    _assert_clean_commit(store, again)
