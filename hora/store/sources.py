@@ -50,6 +50,22 @@ def check_scalar_role(name: str, kind: str, role: str) -> None:
         raise DataError(f"{role} column {name!r} must hold numeric/boolean scalars, not arrays")
 
 
+def stored_kinds(kinds: dict[str, str], val_col: str | None, weight: str | None) -> dict[str, str]:
+    """The kinds of the stored columns, once the validation and weight columns are found to be scalars.
+
+    Raises:
+        DataError: the validation or weight column holds arrays.
+    """
+    stored = {}
+    for c, kind in kinds.items():
+        if c == val_col:
+            check_scalar_role(c, kind, "validation")
+        else:
+            stored[c] = kind
+    if weight:
+        check_scalar_role(weight, stored[weight], "sample weight")
+    return stored
+
 
 class _PandasSource(Source):
     kind = "pandas"
@@ -63,11 +79,7 @@ class _PandasSource(Source):
         missing_columns(all_cols, [str(c) for c in self.df.columns])
         if len(self.df) == 0:
             raise DataError("the DataFrame is empty (0 rows)")
-        self.kinds = {c: pandas_column_kind(c, self.df[c]) for c in stored}
-        if weight:
-            check_scalar_role(weight, self.kinds[weight], "sample weight")
-        if val_col:
-            check_scalar_role(val_col, pandas_column_kind(val_col, self.df[val_col]), "validation")
+        self.kinds = stored_kinds({c: pandas_column_kind(c, self.df[c]) for c in all_cols}, val_col, weight)
 
     def data_token(self, cols):
         import pandas as pd
@@ -115,15 +127,10 @@ class _DaskSource(Source):
         sample = None
         if objects:
             sample = self.ddf[objects].head(1, npartitions=-1)
-        for c in all_cols:
-            series = sample[c] if (sample is not None and c in objects) else meta[c]
-            kind = pandas_column_kind(c, series)
-            if c == val_col:
-                check_scalar_role(c, kind, "validation")
-            else:
-                self.kinds[c] = kind
-        if weight:
-            check_scalar_role(weight, self.kinds[weight], "sample weight")
+        kinds = {
+            c: pandas_column_kind(c, sample[c] if (sample is not None and c in objects) else meta[c]) for c in all_cols
+        }
+        self.kinds = stored_kinds(kinds, val_col, weight)
 
     def data_token(self, cols):
         from dask.base import tokenize
@@ -175,4 +182,4 @@ def make_source(df: Any, vector_dtype: str) -> Source:
     )
 
 
-__all__ = ["Source", "make_source", "missing_columns", "check_scalar_role"]
+__all__ = ["Source", "make_source", "missing_columns", "check_scalar_role", "stored_kinds"]

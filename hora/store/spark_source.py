@@ -29,7 +29,7 @@ import pyarrow as pa
 from hora import _spark
 from hora.errors import DataError, StoreError
 from hora.store.layout import join
-from hora.store.sources import Source, check_scalar_role, missing_columns
+from hora.store.sources import Source, missing_columns, stored_kinds
 from hora.store.store import STORE_TIMEOUT_ENV, Store, store_timeout
 from hora.store.writer import WritePlan, write_part
 
@@ -78,20 +78,16 @@ class SparkSource(Source):
         fields = {f.name: f for f in self.df.schema.fields}
         all_cols = stored + ([val_col] if val_col else [])
         missing_columns(all_cols, list(fields))
+        kinds = {}
         for c in all_cols:
             dt = fields[c].dataType
-            kind = self._type_kind(dt)
-            if kind is None:
+            kinds[c] = self._type_kind(dt)
+            if kinds[c] is None:
                 raise DataError(
                     f"column {c!r} has Spark type {dt.simpleString()}; hora can feed numeric/boolean "
                     "scalars, ML vectors and arrays of numbers to a model (index or encode it first)"
                 )
-            if c == val_col:
-                check_scalar_role(c, kind, "validation")
-            else:
-                self.kinds[c] = kind
-        if weight:
-            check_scalar_role(weight, self.kinds[weight], "sample weight")
+        self.kinds = stored_kinds(kinds, val_col, weight)
 
     def data_token(self, cols):
         df = self.df
