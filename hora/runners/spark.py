@@ -1,4 +1,4 @@
-"""Spark backend: the ranks are the tasks of one barrier stage, started from the DataFrame API.
+"""Spark launcher: the ranks are the tasks of one barrier stage, started from the DataFrame API.
 
 ``spark.range(n, numPartitions=n).mapInArrow(task, schema, barrier=True, profile=...)``:
 one code path for classic and Spark Connect sessions (a Connect client has no
@@ -40,7 +40,7 @@ from typing import Any
 from hora import _spark
 from hora.errors import ConfigError, WorkerFailedError
 from hora.native.rendezvous import RendezvousServer, compute_placement
-from hora.runners.base import Backend, Job
+from hora.runners.base import Job, Launcher
 from hora.runners.driver import DriverService
 from hora.runners.spec import (
     DEFAULT_TERMINATE_GRACE,
@@ -124,14 +124,14 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, batches: Iterator[Any
             server.stop()
 
 
-def _stage_error(exc: BaseException, spec: LaunchSpec, backend: SparkBackend) -> Exception:
+def _stage_error(exc: BaseException, spec: LaunchSpec, launcher: SparkLauncher) -> Exception:
     """The error ``run()`` raises for a failed stage: ConfigError for what the cluster cannot do,
     else WorkerFailedError with the first meaningful line of Spark's message."""
     text = str(exc)
     if "SPARK-24819" in text:
         return ConfigError(
             f"num_proc={spec.num_proc} needs {spec.num_proc} task slots at once (one barrier stage) "
-            f"{backend.describe_task()}, but the Spark cluster ({backend.master}) has fewer; lower num_proc "
+            f"{launcher.describe_task()}, but the Spark cluster ({launcher.master}) has fewer; lower num_proc "
             f"or add executors/cores (Spark: {_first_line(text, 'SPARK-24819')})"
         )
     if "SPARK-24942" in text:
@@ -142,13 +142,13 @@ def _stage_error(exc: BaseException, spec: LaunchSpec, backend: SparkBackend) ->
     if "No executor resource configs were specified" in text:
         return ConfigError(
             f"use_gpu=True asks for one GPU per training task, but the executors of this Spark cluster "
-            f"({backend.master}) declare no GPUs (spark.executor.resource.gpu.amount and a discovery script): "
+            f"({launcher.master}) declare no GPUs (spark.executor.resource.gpu.amount and a discovery script): "
             f"Spark: {_first_line(text, 'No executor resource configs')}"
         )
     if "ResourceProfiles are only supported" in text:
         return ConfigError(
-            f"this Spark cluster ({backend.master}) cannot schedule the training stage's ResourceProfile "
-            f"({backend.describe_task()}): Spark: {_first_line(text, 'ResourceProfiles are only supported')}"
+            f"this Spark cluster ({launcher.master}) cannot schedule the training stage's ResourceProfile "
+            f"({launcher.describe_task()}): Spark: {_first_line(text, 'ResourceProfiles are only supported')}"
         )
     missing = _spark.missing_hora(exc)
     if missing is not None:
@@ -168,9 +168,9 @@ def _first_line(text: str, marker: str) -> str:
 class SparkJob(Job):
     """One barrier stage running on a background thread of the driver."""
 
-    def __init__(self, backend: SparkBackend, spec: LaunchSpec, service: DriverService) -> None:
-        self.backend = backend
-        self.spark = backend.spark
+    def __init__(self, launcher: SparkLauncher, spec: LaunchSpec, service: DriverService) -> None:
+        self.launcher = launcher
+        self.spark = launcher.spark
         self.spec = spec
         self.service = service
         self.tag = f"hora-train-{spec.run_id}"
@@ -184,11 +184,11 @@ class SparkJob(Job):
     def _run(self) -> None:
         try:
             n = self.spec.num_proc
-            task = functools.partial(_barrier_task, self.spec, self.backend.advertise)
+            task = functools.partial(_barrier_task, self.spec, self.launcher.advertise)
             task.__name__ = self.description  # type: ignore[attr-defined]  # the UDF's name in the Spark UI
             with _spark.job_scope(self.spark, self.tag, self.description):
                 frame = self.spark.range(0, n, 1, numPartitions=n)
-                stage = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=self.backend.profile())
+                stage = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=self.launcher.profile())
                 self._rows = stage.collect()
         except BaseException as exc:
             self._error = exc
@@ -197,7 +197,7 @@ class SparkJob(Job):
         if self._thread.is_alive():
             return None
         if self._error is not None:
-            raise _stage_error(self._error, self.spec, self.backend)
+            raise _stage_error(self._error, self.spec, self.launcher)
         import cloudpickle
 
         assert self._rows is not None
@@ -229,7 +229,7 @@ class SparkJob(Job):
             log.warning("rank(s) %s of run %s did not confirm that their processes stopped", sorted(left), self.spec.run_id)
 
 
-class SparkBackend(Backend):
+class SparkLauncher(Launcher):
     """Ranks as the tasks of one Spark barrier stage, on a classic or a Spark Connect session.
 
     Args:
@@ -327,4 +327,4 @@ class SparkBackend(Backend):
         return SparkJob(self, spec, service)
 
 
-__all__ = ["SparkBackend", "SparkJob"]
+__all__ = ["SparkLauncher", "SparkJob"]

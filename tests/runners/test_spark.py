@@ -147,7 +147,7 @@ def test_more_ranks_than_slots_fails_before_any_job(any_spark, request):
     with pytest.raises(ConfigError, match=r"num_proc=3 needs 3 task slots .* has 2"):
         hr.run(_fail_rank1, num_proc=3, backend="spark", spark=any_spark, run_id=run_id)
     with pytest.raises(ConfigError, match=r"num_proc=2 needs 2 task slots .* with 2 CPU\(s\) each.* has 1"):
-        hr.run(_fail_rank1, num_proc=2, backend=hr.SparkBackend(any_spark, task_cpus=2), run_id=run_id)
+        hr.run(_fail_rank1, num_proc=2, backend=hr.SparkLauncher(any_spark, task_cpus=2), run_id=run_id)
     assert tagged_job_results(event_log(any_spark, request), f"hora-train-{run_id}") == []
 
 
@@ -161,19 +161,19 @@ def test_keyboard_interrupt_cancels_the_job_by_its_tag(any_spark, request, tmp_p
     assert_no_workers_left(run_id)
 
 
-def test_backend_finds_the_active_session_and_checks_its_arguments(spark):
-    backend = hr.SparkBackend()
-    assert backend.spark is spark and not backend.connect and backend.slots() == 2
-    assert hr.SparkBackend(spark, task_cpus=2).slots() == 1
-    assert backend.profile() is None and hr.SparkBackend(spark, task_cpus=2).profile() is None  # local master
+def test_launcher_finds_the_active_session_and_checks_its_arguments(spark):
+    launcher = hr.SparkLauncher()
+    assert launcher.spark is spark and not launcher.connect and launcher.slots() == 2
+    assert hr.SparkLauncher(spark, task_cpus=2).slots() == 1
+    assert launcher.profile() is None and hr.SparkLauncher(spark, task_cpus=2).profile() is None  # local master
     with pytest.raises(ConfigError, match="task_cpus must be an int >= 1"):
-        hr.SparkBackend(spark, task_cpus=0)
+        hr.SparkLauncher(spark, task_cpus=0)
     with pytest.raises(ConfigError, match="use_gpu must be True or False"):
-        hr.SparkBackend(spark, use_gpu="yes")
+        hr.SparkLauncher(spark, use_gpu="yes")
 
 
 def test_slots_from_master():
-    from hora.runners.spark import SparkBackend
+    from hora.runners.spark import SparkLauncher
 
     class _Conf:
         def __init__(self, values):
@@ -194,7 +194,7 @@ def test_slots_from_master():
             self.conf = _Conf({"spark.task.cpus": cpus})
 
     def slots(master, cpus="1", **kwargs):
-        return SparkBackend(_Session(master, cpus), **kwargs).slots()
+        return SparkLauncher(_Session(master, cpus), **kwargs).slots()
 
     assert slots("local") == 1
     assert slots("local[4]") == 4
@@ -242,4 +242,32 @@ def test_a_connect_server_older_than_spark_4_is_refused_before_anything_runs():
     _OldConnectSession.__module__ = "pyspark.sql.connect.session"
     assert _spark.is_connect(_OldConnectSession())
     with pytest.raises(ConfigError, match=r"Spark Connect server runs Spark 3\.5\.3; .* from Spark 4\.0 on"):
-        hr.SparkBackend(_OldConnectSession())
+        hr.SparkLauncher(_OldConnectSession())
+
+
+def _horovod_spark_fn(offset):
+    import torch
+
+    import hora.torch as hvd
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="n")
+    print(f"spark rank {hvd.rank()} says hello", flush=True)
+    return hvd.rank() + offset, float(total[0])
+
+
+@pytest.mark.timeout(240)
+def test_hora_spark_run_is_horovods_spark_run(spark):
+    import io
+    import sys
+
+    import hora.spark
+
+    out = io.StringIO()
+    assert hora.spark.run(_horovod_spark_fn, args=(10,), num_proc=2, stdout=out,
+                          prefix_output_with_timestamp=True) == [(10, 2.0), (11, 2.0)]
+    lines = out.getvalue().splitlines()
+    assert any(line.endswith("[1]<stdout>:spark rank 1 says hello") and line[0].isalpha() for line in lines), lines
+    with pytest.raises(ConfigError, match="use_mpi / extra_mpi_args are not supported"):
+        hora.spark.run(_horovod_spark_fn, args=(0,), use_mpi=True)
+    assert_no_workers_left(f"{sys.executable} -m hora.runners.worker")  # this checkout's workers only

@@ -35,10 +35,10 @@ def _events(text: str) -> list[dict]:
 @pytest.mark.timeout(420)
 def test_profile_stage_runs_one_two_cpu_task_per_worker(standalone_connect):
     server, spark = standalone_connect
-    backend = hr.SparkBackend(spark, task_cpus=2)
-    assert backend.connect and backend.master.startswith("spark://")
-    assert backend.slots() == 2  # 2 workers x 2 cores, 2 CPUs per training task
-    results = hr.run(_where, num_proc=2, backend=backend, run_id="standalone-profile", verbose=0, start_timeout=180)
+    launcher = hr.SparkLauncher(spark, task_cpus=2)
+    assert launcher.connect and launcher.master.startswith("spark://")
+    assert launcher.slots() == 2  # 2 workers x 2 cores, 2 CPUs per training task
+    results = hr.run(_where, num_proc=2, backend=launcher, run_id="standalone-profile", verbose=0, start_timeout=180)
     assert [r[0] for r in results] == [[2.0, 1.0], [2.0, 1.0]]
     envs = [r[1] for r in results]
     # 2-CPU tasks on 2-core executors: one per worker, so the two ranks sit on the two hosts
@@ -59,16 +59,16 @@ def test_profile_stage_runs_one_two_cpu_task_per_worker(standalone_connect):
 
     # more ranks than the profile's slots: refused before any job starts
     with pytest.raises(ConfigError, match=r"num_proc=3 needs 3 task slots .* with 2 CPU\(s\) each.* has 2"):
-        hr.run(_where, num_proc=3, backend=backend, run_id="standalone-toomany")
+        hr.run(_where, num_proc=3, backend=launcher, run_id="standalone-toomany")
     assert tagged_job_results(server.event_log_text(), "hora-train-standalone-toomany") == []
 
 
 @pytest.mark.timeout(300)
 def test_gpu_profile_on_a_cluster_without_gpus_is_a_clear_error(standalone_connect):
     server, spark = standalone_connect
-    backend = hr.SparkBackend(spark, use_gpu=True)
+    launcher = hr.SparkLauncher(spark, use_gpu=True)
     # the CPU slots would fit; Spark refuses a GPU profile on executors that declare no GPUs
     with pytest.raises(ConfigError, match=r"use_gpu=True .* executors of this Spark cluster .* declare no GPUs"):
-        hr.run(_where, num_proc=2, backend=backend, run_id="standalone-gpu", verbose=0, start_timeout=120)
+        hr.run(_where, num_proc=2, backend=launcher, run_id="standalone-gpu", verbose=0, start_timeout=120)
     assert tagged_job_results(server.event_log_text(), "hora-train-standalone-gpu") == []  # refused at planning
     assert_no_workers_left("standalone-gpu")
