@@ -4,9 +4,22 @@
 functions on all of them together; see :mod:`hora.ray.executor`. To run one function
 on N Ray actors without keeping them, use ``hora.runners.run(fn, num_proc=N,
 backend="ray")`` (or ``backend=hora.runners.RayLauncher(cpus_per_rank=..., ...)``).
-Needs the ``hora[ray]`` extra.
+:mod:`hora.ray.placement` and :mod:`hora.ray.workers` hold the Ray side of that
+launcher (placement groups, rank actors). Needs the ``hora[ray]`` extra.
 """
 
-from hora.ray.executor import ElasticRayExecutor, RayExecutor, RaySettings
+from typing import Any
 
-__all__ = ["RayExecutor", "RaySettings", "ElasticRayExecutor"]
+_EXECUTOR = ("RayExecutor", "RaySettings", "ElasticRayExecutor")
+
+
+def __getattr__(name: str) -> Any:
+    # lazy: hora.runners.ray imports hora.ray.workers, and the executor imports hora.runners.ray
+    if name in _EXECUTOR:
+        from hora.ray import executor
+
+        return getattr(executor, name)
+    raise AttributeError(f"module 'hora.ray' has no attribute {name!r}")
+
+
+__all__ = list(_EXECUTOR)

@@ -34,7 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hora.errors import ConfigError, WorkerFailedError
-from hora.runners.ray import DEFAULT_PLACEMENT_TIMEOUT, RayLauncher, RayResources, RayWorkerGroup, require_ray
+from hora.ray.placement import DEFAULT_PLACEMENT_TIMEOUT, RayResources, require_ray
+from hora.ray.workers import RayWorkerGroup
+from hora.runners.ray import RayLauncher
 from hora.runners.spec import ENV_NETWORK_INTERFACE
 
 log = logging.getLogger(__name__)
