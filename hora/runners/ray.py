@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -66,6 +67,30 @@ def service_addresses(ray: Any) -> tuple[str, str]:
     return ("0.0.0.0", ray.util.get_node_ip_address())
 
 
+def _wait_process_end(pid: int, stop: threading.Event) -> bool:
+    """Block until process ``pid`` (not a child) ends (True) or ``stop`` is set (False)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (OSError, AttributeError):  # no pidfd (old kernel, not Linux): poll
+        while not stop.wait(0.05):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                pass
+        return False
+    try:
+        while not stop.is_set():
+            if select.select([fd], [], [], 0.2)[0]:
+                return True
+        return False
+    finally:
+        os.close(fd)
+
+
 class RayJob(Job):
     """One run's ranks as calls on a :class:`RayWorkerGroup`'s actors."""
 
@@ -82,7 +107,10 @@ class RayJob(Job):
         self._results: dict[int, Any] = {}
         self._failures: list[Failure] = []
         self._seen: set[int] = set()
+        self._lost: set[int] = set()
+        self._lock = threading.Lock()
         self._cancelled = False
+        self._stop_watching = threading.Event()
         self.started = threading.Event()  # the rank calls are submitted (RayExecutor.run_remote)
 
     def start(self) -> None:
@@ -95,7 +123,25 @@ class RayJob(Job):
             raise ConfigError(f"num_proc={self.spec.num_proc}, but the Ray worker group has {self.group.num_proc} actors")
         self.contexts = self.group.contexts(self.service.addr, self.loopback)
         self.refs = [a.run.remote(self.spec, ctx) for a, ctx in zip(self.group.actors, self.contexts)]
+        here = self.group.ray.get_runtime_context().get_node_id()
+        for rank, info in enumerate(self.group.infos):
+            if info.node_id == here:
+                threading.Thread(target=self._watch_process, args=(rank, info.pid), name=f"hora-ray-watch-{rank}",
+                                 daemon=True).start()
         self.started.set()
+
+    def _watch_process(self, rank: int, pid: int) -> None:
+        """Record a rank as lost the moment its actor's process on this machine ends: sooner
+        than Ray's notice, and so before its peers report the broken collective."""
+        if not _wait_process_end(pid, self._stop_watching):
+            return
+        with self._lock:
+            if self._cancelled or rank in self._seen or rank in self._lost:
+                return
+            self._lost.add(rank)
+            self._failures.append(Failure(seq=self.service.next_seq(), rank=rank, host=self.host_of(rank),
+                                          message=f"was lost: its Ray actor's process (pid {pid} on this machine) "
+                                                  "died"))
 
     def host_of(self, rank: int) -> str | None:
         return self.contexts[rank].hostname if 0 <= rank < len(self.contexts) else None
@@ -108,13 +154,17 @@ class RayJob(Job):
         for rank, ref in enumerate(self.refs):
             if rank in self._seen or ref not in ready_set:
                 continue
-            self._seen.add(rank)
             try:
-                self._results[rank] = self.group.ray.get(ref, timeout=0)
+                value = self.group.ray.get(ref, timeout=0)
             except Exception as exc:
-                if self._cancelled:
-                    continue
-                self._failures.append(self._failure(rank, exc))
+                with self._lock:
+                    self._seen.add(rank)
+                    if not self._cancelled and rank not in self._lost:
+                        self._failures.append(self._failure(rank, exc))
+                continue
+            with self._lock:
+                self._seen.add(rank)
+                self._results[rank] = value
 
     def _failure(self, rank: int, exc: BaseException) -> Failure:
         from ray.exceptions import RayActorError
@@ -141,12 +191,15 @@ class RayJob(Job):
 
     def failures(self) -> list[Failure]:
         self._check()
-        return list(self._failures)
+        with self._lock:
+            return list(self._failures)
 
     def cancel(self) -> None:
-        if self._cancelled:
-            return
-        self._cancelled = True
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+        self._stop_watching.set()
         if self.group is None:
             return
         pending = [r for i, r in enumerate(self.refs) if i not in self._seen]

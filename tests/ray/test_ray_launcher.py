@@ -57,25 +57,56 @@ def test_raising_rank_is_reported_with_its_traceback(free_cluster):
     assert "_raise_on_rank_one" in (err.remote_traceback or "")
 
 
-def _rank_one_dies(marker_dir):
+def _rank_one_dies(marker_dir, how):
     import signal
     import time
 
+    import numpy as np
+
     import hora.native as hn
 
+    hn.allreduce(np.array([1.0]), op=hn.Sum, name="first")
+    open(os.path.join(marker_dir, f"in.{hn.rank()}"), "w").close()
     if hn.rank() == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    open(os.path.join(marker_dir, "rank0-waiting"), "w").close()
-    time.sleep(120)  # stopped by the driver once rank 1 is reported lost
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)  # ray.kill by the test
+    hn.allreduce(np.array([1.0]), op=hn.Sum, name="second")  # rank 0 waits here for rank 1
+    time.sleep(120)
 
 
-@pytest.mark.timeout(180)
-def test_killed_actor_is_reported_lost_and_the_others_stopped(free_cluster, tmp_path):
+def _kill_when_inside(launcher, marker_dir):
+    """ray.kill rank 1's actor once both ranks are inside fn."""
+    import threading
+    import time
+
+    import ray
+
+    def kill():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all(os.path.exists(os.path.join(marker_dir, f"in.{r}")) for r in (0, 1)):
+                ray.kill(launcher.last_job.group.actors[1])
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", ["sigkill", "ray.kill"])
+def test_killed_actor_is_reported_lost_not_the_rank_waiting_for_it(free_cluster, tmp_path, how):
+    launcher = hora.runners.RayLauncher()
+    killer = _kill_when_inside(launcher, str(tmp_path)) if how == "ray.kill" else None
     with pytest.raises(WorkerFailedError) as info:
-        hora.runners.run(_rank_one_dies, args=(str(tmp_path),), num_proc=2, backend="ray", verbose=0)
+        hora.runners.run(_rank_one_dies, args=(str(tmp_path), how), num_proc=2, backend=launcher, verbose=0)
     err = info.value
-    assert err.rank == 1
-    assert "was lost" in err.message and "Ray actor" in err.message, err.message
+    assert err.rank == 1 and err.host == "127.0.0.1"
+    assert "was lost: its Ray actor" in err.message and "died" in err.message, err.message
+    if killer is not None:
+        killer.join(timeout=5)
     # free_cluster checks that both actors are gone and the placement group removed
 
 
