@@ -101,3 +101,22 @@ def test_executor_arguments_checked_before_anything_starts():
         RayExecutor(num_hosts=2, num_workers_per_host=2, strategy="PACK")
     with pytest.raises(NotImplementedError, match="report"):
         RayExecutor(num_workers=1).run(print, callbacks=[print])
+
+
+def _place():
+    import hora.torch as hvd
+
+    return hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_size()
+
+
+@pytest.mark.timeout(180)
+def test_executor_num_hosts_places_workers_per_node_with_extra_env(free_cluster):
+    from hora.ray import RayExecutor
+
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_hosts=1, num_workers_per_host=2)
+    executor.start(extra_env_vars={"HORA_TEST_MARK": "on-every-worker"})
+    try:
+        assert executor.run(_place) == [(0, 0, 2, 1), (1, 1, 2, 1)]
+        assert executor.run(lambda: __import__("os").environ.get("HORA_TEST_MARK")) == ["on-every-worker"] * 2
+    finally:
+        executor.shutdown()
