@@ -176,7 +176,7 @@ class RayExecutor:
             strategy, per_bundle = "STRICT_SPREAD", num_workers_per_host
         else:
             strategy, per_bundle = strategy or "PACK", 1
-        self.resources = RayResources(float(cpus_per_worker), float(self.gpus_per_worker), (), strategy, per_bundle,
+        self.resources = RayResources(cpus_per_worker, self.gpus_per_worker, (), strategy, per_bundle,
                                       float(self.settings.placement_group_timeout_s))
         self._group: RayWorkerGroup | None = None
         self._failure: str | None = None

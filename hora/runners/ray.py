@@ -241,8 +241,11 @@ class RayLauncher(Launcher):
                  placement_group: Any = None, ranks_per_bundle: int = 1) -> None:
         if placement_timeout is None:
             placement_timeout = env_seconds(ENV_PLACEMENT_TIMEOUT, DEFAULT_PLACEMENT_TIMEOUT)
-        self.resources = RayResources(float(cpus_per_rank), float(gpus_per_rank),
-                                      tuple(sorted((resources_per_rank or {}).items())), strategy,
+        if resources_per_rank is not None and not isinstance(resources_per_rank, Mapping):
+            raise ConfigError(f"resources_per_rank must be a mapping of resource names to amounts, "
+                              f"got {type(resources_per_rank).__name__}")
+        self.resources = RayResources(cpus_per_rank, gpus_per_rank, tuple(sorted((resources_per_rank or {}).items())),
+                                      strategy,
                                       ranks_per_bundle, placement_timeout)
         self.workers = workers
         self.placement_group = placement_group
