@@ -176,7 +176,11 @@ class SparkEstimator(Estimator, _Persisted):
         config = self._config()
         try:
             result = core.fit(dataset, config, self.framework, spark=dataset.sparkSession)
-        except (ConfigError, DataError):
+        except DataError:
+            raise
+        except ConfigError as exc:
+            if "executors cannot import" in str(exc):  # the launcher's or store's view: name the interpreter too
+                explain_worker_failure(dataset.sparkSession, exc, self.framework)
             raise
         except Exception as exc:
             explain_worker_failure(dataset.sparkSession, exc, self.framework)
