@@ -1,0 +1,100 @@
+"""The eager kernels of :mod:`hora.tensorflow.mpi_ops` (numpy in the backend, tensors at the
+edges), and Horovod's CPU arithmetic for scale factors and the integer average.
+
+A kernel takes eager tensors and returns eager tensors; :func:`hora.tensorflow.bridge.run`
+calls it directly in eager mode and from a ``tf.py_function`` in a graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hora.native as hn
+from hora.tensorflow import bridge
+from hora.tensorflow.bridge import from_numpy, movable, moved_back, reducible, to_numpy
+
+def names(name: str | None, n: int) -> list:
+    return [None] * n if name is None else ([name] if n == 1 else [f"{name}.{i}" for i in range(n)])
+
+
+def wait(handles: list) -> list:
+    results, first = [], None
+    for h in handles:
+        try:
+            results.append(h.synchronize())
+        except Exception as exc:  # wait for all, then raise the first error
+            results.append(None)
+            first = first or exc
+    if first is not None:
+        raise first
+    return results
+
+
+def k_allreduce(tensors, op, pre, post, name, ps, compression):
+    arrays = [to_numpy(reducible(t)) for t in tensors]
+    kwargs = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
+    if compression is not None:
+        kwargs["compression"] = compression
+    if len(arrays) == 1:
+        outs = [hn.allreduce(arrays[0], name=name, **kwargs)]
+    else:
+        outs = hn.grouped_allreduce(arrays, name=name, **kwargs)
+    # native allreduce writes each result into a tensor it allocated for this call
+    return [from_numpy(o, t.dtype, fresh=True) for o, t in zip(outs, tensors)]
+
+
+def k_allgather(tensors, name, ps):
+    arrays = [to_numpy(t) for t in tensors]
+    handles = [hn.allgather_async(movable(a), name=n, process_set=ps)
+               for a, n in zip(arrays, names(name, len(arrays)))]
+    return [from_numpy(moved_back(o, a.dtype), t.dtype) for o, a, t in zip(wait(handles), arrays, tensors)]
+
+
+def k_broadcast(tensors, root_rank, name, ps):
+    arrays = [to_numpy(t) for t in tensors]
+    handles = [hn.broadcast_async(movable(a), root_rank, name=n, process_set=ps)
+               for a, n in zip(arrays, names(name, len(arrays)))]
+    # native broadcast returns a clone made for this call
+    return [from_numpy(moved_back(o, a.dtype), t.dtype, fresh=True)
+            for o, a, t in zip(wait(handles), arrays, tensors)]
+
+
+def k_alltoall(t, splits, name, ps):
+    tf = bridge.tf_module()
+    a = to_numpy(t)
+    sp = None if splits is None else np.asarray(to_numpy(splits), dtype=np.int64).reshape(-1)
+    out, received = hn.alltoall(movable(a), splits=sp, name=name, process_set=ps)
+    return [from_numpy(moved_back(out, a.dtype), t.dtype), tf.constant(np.asarray(received, np.int32).reshape(-1))]
+
+
+def k_reducescatter(tensors, op, name, ps):
+    arrays = [to_numpy(reducible(t)) for t in tensors]
+    handles = [hn.reducescatter_async(a, op=op, name=n, process_set=ps)
+               for a, n in zip(arrays, names(name, len(arrays)))]
+    return [from_numpy(o, t.dtype) for o, t in zip(wait(handles), tensors)]
+
+
+# ---------------------------------------------------------------------------------------
+# Horovod's CPU arithmetic for scale factors and the integer average
+# ---------------------------------------------------------------------------------------
+def scale(t, factor: float):
+    """``t * factor``: integers in float64 truncated toward zero, float16 in float32."""
+    if factor == 1.0:
+        return t
+    tf = bridge.tf_module()
+    if t.dtype.is_integer:
+        return tf.cast(tf.cast(t, tf.float64) * factor, t.dtype)
+    if t.dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(tf.cast(t, tf.float32) * factor, t.dtype)
+    return t * tf.cast(factor, t.dtype)
+
+
+def divide(t, n: int, post: float):
+    """An Average's division by ``n`` (with ``post`` folded in), truncated toward zero for integers."""
+    tf = bridge.tf_module()
+    if t.dtype.is_integer and post == 1.0:
+        return tf.truncatediv(t, tf.cast(n, t.dtype))
+    return scale(t, post / n)
+
+
+__all__ = ["k_allreduce", "k_allgather", "k_broadcast", "k_alltoall", "k_reducescatter", "scale", "divide", "wait"]
