@@ -253,8 +253,10 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             self.model.optimizer.learning_rate = self.initial_lr
             if logs is not None:
                 logs["learning_rate"] = self.initial_lr
-            if self.verbose:
-                log.info("epoch %d: finished gradual learning rate warmup to %g", epoch + 1, self.initial_lr)
+            if self.verbose:  # printed like Keras' own callbacks' verbose messages (and Horovod's)
+                from keras.src.utils.io_utils import print_msg
+
+                print_msg(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self.initial_lr:g}.")
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):

@@ -62,10 +62,33 @@ def check_keras3_optimizer(optimizer: Any, where: str = "hora.keras.DistributedO
     raise ConfigError(f"{where}: expected a keras.optimizers.Optimizer instance, got {mod}.{cls.__name__}")
 
 
+class _CallableList(list):
+    """A list that can also be called: ``opt.variables`` and Keras 2's ``opt.variables()`` (Horovod's shim)."""
+
+    def __call__(self) -> list:
+        return self
+
+
 class _DistributedOptimizerMixin:
     """Grafted in front of the user's optimizer class: allreduce, then clip and update."""
 
     _hora_distributed = True
+
+    @property
+    def variables(self):
+        """The optimizer's variables; callable too, as Keras 2 programs (Horovod's examples) call it."""
+        return _CallableList(super().variables)
+
+    @property
+    def lr(self):
+        """Keras 2's name of the learning-rate variable (``keras.backend.set_value(opt.lr, v)``): the
+        ``tf.Variable`` behind it (a schedule is returned as is)."""
+        lr = self._learning_rate
+        return lr.value if hasattr(lr, "value") and hasattr(lr, "assign") else lr
+
+    @lr.setter
+    def lr(self, value) -> None:
+        self.learning_rate = value
 
     def register_local_var(self, var: Any) -> None:
         """Keep ``var``'s gradient local (not reduced; divided by the set's size with

@@ -159,3 +159,22 @@ def test_callbacks_reject_bad_configuration(hora_single, tmp_path):
                   callbacks=[hk.callbacks.LearningRateScheduleCallback(0.1, 0.5)])
     with pytest.raises(ConfigError, match="root_rank=3"):
         model.fit(x, x[:, :1], epochs=1, verbose=0, callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(3)])
+
+
+@pytest.mark.timeout(60)
+def test_distributed_optimizer_keeps_keras2_names_horovod_programs_use(hora_single):
+    """``opt.variables()`` and ``opt.lr`` (Keras 2 spellings in Horovod's examples) work on a distributed
+    optimizer; ``BestModelCheckpoint`` takes Horovod's arguments."""
+    opt = hk.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    opt.build([keras.Variable(np.zeros(2, "float32"))])
+    assert opt.variables() == opt.variables and len(opt.variables) > 0
+    tf.keras.backend.set_value(opt.lr, 0.5)  # as Horovod's elastic Keras example resets the rate
+    assert float(opt.learning_rate) == pytest.approx(0.5)
+    opt.lr = 0.25
+    assert float(opt.learning_rate) == pytest.approx(0.25)
+    best = hk.callbacks.BestModelCheckpoint(monitor="loss", save_weights_only=True)
+    assert best.monitor == "loss" and best.filepath is None
+    with pytest.raises(ConfigError, match="filepath="):
+        hk.callbacks.BestModelCheckpoint("best.keras")
+    with pytest.raises(ConfigError, match=".weights.h5"):
+        hk.callbacks.BestModelCheckpoint(save_weights_only=True, filepath="w.keras")
