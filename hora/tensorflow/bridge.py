@@ -17,9 +17,9 @@ order (a session may run independent ops in any order), so unnamed ops there are
 after their input tensor, as Horovod names its graph ops (``HorovodAllreduce_<tensor>``).
 
 Dtypes: data-movement ops (allgather, broadcast, alltoall) carry every TensorFlow
-numeric dtype and ``bool``: a dtype the backends cannot move (bool, uint16/32/64,
-bfloat16) travels as the bits of a same-width dtype they can, and is viewed back.
-Reductions take float16/32/64, bfloat16 (reduced in float32), int8/16/32/64, uint8.
+numeric dtype and ``bool`` (the engine moves what Gloo lacks as bytes; bfloat16, which has
+no torch-readable numpy form, travels here as int16 bits and is viewed back). Reductions
+take float16/32/64, bfloat16 (reduced in float32), int8/16/32/64, uint8.
 
 Threads: a ``tf.compat.v1`` session runs each ready op on an inter-op thread, and a hora
 op holds its thread while it waits for the other ranks. A session step with more
@@ -54,9 +54,6 @@ from hora.errors import CollectiveError, ConfigError, DataError
 
 _ALIGN = 64  # TensorFlow's CPU allocator alignment (EIGEN_MAX_ALIGN_BYTES); DLPack needs it
 _DLPACK_KINDS = frozenset("biufc")
-# numpy dtypes the backends cannot move, and the same-width dtype whose bits carry them
-_CARRY = {np.dtype(np.bool_): np.dtype(np.uint8), np.dtype(np.uint16): np.dtype(np.int16),
-          np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.int64)}
 _REDUCIBLE = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8"})
 _MOVABLE = _REDUCIBLE | {"bool", "uint16", "uint32", "uint64"}
 _INTEROP_THREADS = max(64, os.cpu_count() or 1)
@@ -141,12 +138,10 @@ def check_dtype(t, op: str, name: str | None, reduce: bool) -> None:
 
 
 def movable(arr: np.ndarray) -> np.ndarray:
-    """``arr`` as a dtype the backends move (bool, unsigned and bfloat16 travel as bits)."""
-    carry = _CARRY.get(arr.dtype)
-    if carry is None and arr.dtype.name == "bfloat16":
-        carry = np.dtype(np.int16)
-    if carry is None:
+    """``arr`` as an array torch can read: bfloat16 (numpy's is ml_dtypes') travels as int16 bits."""
+    if arr.dtype.name != "bfloat16":
         return arr
+    carry = np.dtype(np.int16)
     return arr.view(carry) if arr.ndim else arr.reshape(1).view(carry).reshape(())
 
 

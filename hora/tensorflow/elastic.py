@@ -15,9 +15,9 @@
 :func:`run` syncs the state from rank 0, calls the function, and when a collective
 fails (``HorovodInternalError``, hora's ``CollectiveError``, also when it surfaces as a
 TensorFlow ``OpError`` from inside a graph) restores the last commit, re-initializes
-hora (``shutdown()``; ``init()``) and calls it again. hora jobs have a fixed set of
-ranks (``hora run -np N``): re-initializing forms the same ranks again, and
-``HostsUpdatedInterrupt`` is honoured when raised but never raised by hora itself.
+hora (``shutdown()``; ``init()``) and calls it again (:mod:`hora.native.elastic`'s loop,
+with its ``HORA_ELASTIC_RESET_LIMIT``). hora jobs have a fixed set of ranks
+(``hora run -np N``): re-initializing forms the same ranks again.
 """
 
 from __future__ import annotations
@@ -28,49 +28,27 @@ from collections.abc import Callable
 from typing import Any
 
 import hora.native as hn
-from hora.errors import CollectiveError, ConfigError, HorovodInternalError, HostsUpdatedInterrupt
+from hora.errors import ConfigError, HorovodInternalError
+from hora.native.elastic import ObjectState, State, run_fn
 from hora.tensorflow import bridge, functions, mpi_ops
-from hora.torch.elastic import ObjectState, State
 
 log = logging.getLogger(__name__)
 
 
-def _as_internal_error(exc: BaseException) -> BaseException | None:
-    """The HorovodInternalError a failed op raised (directly, or inside a graph's OpError), else None."""
-    if isinstance(exc, CollectiveError):
-        return exc
-    tf = bridge.tf_module()
-    if isinstance(exc, tf.errors.OpError) and "CollectiveError" in (exc.message or ""):
-        return HorovodInternalError(exc.message)
-    return None
-
-
-def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
-    """Horovod's elastic loop around ``func(state, ...)``: sync, call, and on a failed collective restore and retry."""
+def _internal_errors(func: Callable) -> Callable:
+    """``func`` with a TensorFlow ``OpError`` that carries a CollectiveError (a collective that
+    failed inside a graph: ``tf.function``, ``model.fit``) raised as HorovodInternalError, as
+    Horovod's TensorFlow ``run`` does, so the retry loop sees it."""
 
     @functools.wraps(func)
-    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        if not isinstance(state, State):
-            raise ConfigError(f"an elastic function's first argument must be an elastic State, got "
-                              f"{type(state).__name__}")
-        skip_sync = False
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except HostsUpdatedInterrupt as exc:
-                skip_sync = exc.skip_sync
-            except Exception as exc:  # noqa: BLE001 - only a failed collective is retried
-                internal = _as_internal_error(exc)
-                if internal is None:
-                    raise
-                log.warning("rank %s: a collective failed (%s); restoring the last commit and retrying",
-                            hn.rank() if hn.is_initialized() else "?", str(internal).splitlines()[0][:200])
-                state.restore()
-                skip_sync = False
-            reset()
-            state.on_reset()
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        tf = bridge.tf_module()
+        try:
+            return func(*args, **kwargs)
+        except tf.errors.OpError as exc:
+            if isinstance(exc, HorovodInternalError) or "CollectiveError" not in (exc.message or ""):
+                raise
+            raise HorovodInternalError(exc.message) from exc
 
     return wrapper
 
@@ -81,8 +59,13 @@ def _reset() -> None:
 
 
 def run(func: Callable) -> Callable:
-    """Decorator: run ``func(state, ...)`` elastically (see the module docstring)."""
-    return run_fn(func, _reset)
+    """Decorator: run ``func(state, ...)`` elastically (see the module docstring; the loop is
+    :func:`hora.native.elastic.run_fn`, shared by every framework)."""
+    return run_fn(_internal_errors(func), _reset)
+
+
+def _bcast_object(obj: Any) -> Any:
+    return functions.broadcast_object(obj, root_rank=0)
 
 
 def _variables(obj: Any) -> list:
@@ -113,12 +96,16 @@ class TensorFlowKerasState(ObjectState):
         self.backend = backend
         self._saved_model: list = []
         self._saved_optimizer: list = []
-        super().__init__(**kwargs)
+        self._save_variables()
+        super().__init__(bcast_object=_bcast_object, get_rank=hn.rank, **kwargs)
 
-    def save(self) -> None:
-        super().save()
+    def _save_variables(self) -> None:
         self._saved_model = [bridge.tf_module().identity(bridge.as_tensor(v)) for v in _variables(self.model)]
         self._saved_optimizer = [bridge.tf_module().identity(bridge.as_tensor(v)) for v in _variables(self.optimizer)]
+
+    def save(self) -> None:
+        self._save_variables()
+        super().save()
 
     def restore(self) -> None:
         """Return the model, optimizer and attributes to the last commit (in place)."""
@@ -140,6 +127,7 @@ class TensorFlowKerasState(ObjectState):
         opt_vars = _variables(self.optimizer)
         if opt_vars:
             functions.broadcast_variables(opt_vars, root_rank=0)
+        self._save_variables()
         super().sync()
 
 
@@ -164,11 +152,15 @@ class TensorFlowState(ObjectState):
         self.variables = list(variables)
         self.session = session
         self._values: list = []
-        super().__init__(**kwargs)
+        self._save_variables()
+        super().__init__(bcast_object=_bcast_object, get_rank=hn.rank, **kwargs)
+
+    def _save_variables(self) -> None:
+        self._values = [bridge.tf_module().identity(bridge.as_tensor(v)) for v in self.variables]
 
     def save(self) -> None:
+        self._save_variables()
         super().save()
-        self._values = [bridge.tf_module().identity(bridge.as_tensor(v)) for v in self.variables]
 
     def restore(self) -> None:
         """Return the variables and attributes to the last commit (in place)."""
@@ -183,7 +175,8 @@ class TensorFlowState(ObjectState):
             NotInitializedError, CollectiveError: from the broadcasts.
         """
         functions.broadcast_variables(self.variables, root_rank=0)
+        self._save_variables()
         super().sync()
 
 
-__all__ = ["TensorFlowKerasState", "TensorFlowState", "run", "run_fn", "State", "ObjectState"]
+__all__ = ["TensorFlowKerasState", "TensorFlowState", "run", "State", "ObjectState"]

@@ -1,5 +1,4 @@
-"""The eager kernels of :mod:`hora.tensorflow.mpi_ops` (numpy in the backend, tensors at the
-edges), and Horovod's CPU arithmetic for scale factors and the integer average.
+"""The eager kernels of :mod:`hora.tensorflow.mpi_ops`: numpy in the backend, tensors at the edges.
 
 A kernel takes eager tensors and returns eager tensors; :func:`hora.tensorflow.bridge.run`
 calls it directly in eager mode and from a ``tf.py_function`` in a graph.
@@ -67,34 +66,11 @@ def k_alltoall(t, splits, name, ps):
     return [from_numpy(moved_back(out, a.dtype), t.dtype), tf.constant(np.asarray(received, np.int32).reshape(-1))]
 
 
-def k_reducescatter(tensors, op, name, ps):
+def k_reducescatter(tensors, op, pre, post, name, ps):
     arrays = [to_numpy(reducible(t)) for t in tensors]
-    handles = [hn.reducescatter_async(a, op=op, name=n, process_set=ps)
+    handles = [hn.reducescatter_async(a, op=op, name=n, process_set=ps, prescale_factor=pre, postscale_factor=post)
                for a, n in zip(arrays, names(name, len(arrays)))]
     return [from_numpy(o, t.dtype) for o, t in zip(wait(handles), tensors)]
 
 
-# ---------------------------------------------------------------------------------------
-# Horovod's CPU arithmetic for scale factors and the integer average
-# ---------------------------------------------------------------------------------------
-def scale(t, factor: float):
-    """``t * factor``: integers in float64 truncated toward zero, float16 in float32."""
-    if factor == 1.0:
-        return t
-    tf = bridge.tf_module()
-    if t.dtype.is_integer:
-        return tf.cast(tf.cast(t, tf.float64) * factor, t.dtype)
-    if t.dtype in (tf.float16, tf.bfloat16):
-        return tf.cast(tf.cast(t, tf.float32) * factor, t.dtype)
-    return t * tf.cast(factor, t.dtype)
-
-
-def divide(t, n: int, post: float):
-    """An Average's division by ``n`` (with ``post`` folded in), truncated toward zero for integers."""
-    tf = bridge.tf_module()
-    if t.dtype.is_integer and post == 1.0:
-        return tf.truncatediv(t, tf.cast(n, t.dtype))
-    return scale(t, post / n)
-
-
-__all__ = ["k_allreduce", "k_allgather", "k_broadcast", "k_alltoall", "k_reducescatter", "scale", "divide", "wait"]
+__all__ = ["k_allreduce", "k_allgather", "k_broadcast", "k_alltoall", "k_reducescatter", "names", "wait"]

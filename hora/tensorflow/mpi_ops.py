@@ -13,9 +13,9 @@ errors are typed). Gradients are Horovod's:
 * ``reducescatter``: the ``allgather`` of the upstream gradient, times the set's size
   for ``Sum``, times the scale factors.
 
-Scaling (``prescale_factor``/``postscale_factor``) and the integer ``Average`` follow
-Horovod's CPU arithmetic (:mod:`hora.tensorflow.kernels`): integer tensors are scaled in
-float64 and truncated toward zero, and an integer average is truncated toward zero.
+Scaling (``prescale_factor``/``postscale_factor``) and the integer ``Average`` are the
+engine's, which follows Horovod's CPU arithmetic: integer tensors are scaled in float64
+and truncated toward zero, and an integer average is truncated toward zero.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import hora.native as hn
 from hora.errors import ConfigError, DataError, NotInitializedError
 from hora.tensorflow import bridge, kernels
 from hora.tensorflow.bridge import as_tensor, from_numpy, to_numpy  # noqa: F401 (from_numpy, to_numpy: mpi_ops' names)
-from hora.tensorflow.kernels import divide, scale
 
 log = logging.getLogger(__name__)
 
@@ -193,17 +192,7 @@ def _grouped_allreduce(tensors: Sequence[Any], name: str | None = None, op=hn.Su
         return bridge.run(lambda *ys: kernels.k_allreduce(list(ys), rop, pre, post, nm, ps, compression),
                           xs, [x.dtype for x in xs], [x.shape for x in xs])
 
-    if any(t.dtype.is_integer for t in tensors) and (
-            prescale_factor != 1.0 or postscale_factor != 1.0 or _is(op, hn.Average)):
-        # integers: Horovod's truncating arithmetic around a plain reduction (no gradient to define)
-        average = _is(op, hn.Average)
-        ys = raw([scale(t, prescale_factor) for t in tensors], hn.Sum if average else op, 1.0, 1.0, name)
-        if average:
-            n = ps.size()
-            return [divide(y, n, postscale_factor) for y in ys]
-        return [scale(y, postscale_factor) for y in ys]
-
-    if not bridge.may_record():
+    if not bridge.may_record() or not all(t.dtype.is_floating for t in tensors):
         return raw(tensors, op, prescale_factor, postscale_factor, name)
 
     @tf.custom_gradient
@@ -415,19 +404,12 @@ def _grouped_reducescatter(tensors: Sequence[Any], name: str | None = None, op=h
             raise bridge.as_tf_error(DataError("hora.tensorflow.reducescatter: a scalar cannot be scattered; "
                                                "pass a tensor with at least one dimension"))
     name = _op_name("HorovodReducescatter", name, tensors[0], ps)
-    integer = any(t.dtype.is_integer for t in tensors)
-    average = _is(op, hn.Average)
-    native_op = hn.Sum if integer and average else op
 
     def raw(xs):
-        xs = [scale(x, prescale_factor) for x in xs]
-        ys = bridge.run(lambda *zs: kernels.k_reducescatter(list(zs), native_op, name, ps), xs, [x.dtype for x in xs],
-                        [bridge.static_shape(x.shape, False) for x in xs])
-        if integer and average:
-            return [divide(y, ps.size(), postscale_factor) for y in ys]
-        return [scale(y, postscale_factor) for y in ys]
+        return bridge.run(lambda *zs: kernels.k_reducescatter(list(zs), op, prescale_factor, postscale_factor, name, ps),
+                          xs, [x.dtype for x in xs], [bridge.static_shape(x.shape, False) for x in xs])
 
-    if not bridge.may_record() or integer:
+    if not bridge.may_record() or not all(t.dtype.is_floating for t in tensors):
         return raw(tensors)
 
     @tf.custom_gradient
@@ -477,5 +459,5 @@ def join():
 __all__ = [
     "init", "add_process_set", "remove_process_set", "size_op", "local_size_op", "rank_op", "local_rank_op",
     "process_set_included_op", "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
-    "barrier", "join", "scale", "check_init",
+    "barrier", "join", "check_init",
 ]
