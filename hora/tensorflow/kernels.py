@@ -12,21 +12,6 @@ import hora.native as hn
 from hora.tensorflow import bridge
 from hora.tensorflow.bridge import from_numpy, movable, moved_back, reducible, to_numpy
 
-def names(name: str | None, n: int) -> list:
-    return [None] * n if name is None else ([name] if n == 1 else [f"{name}.{i}" for i in range(n)])
-
-
-def wait(handles: list) -> list:
-    results, first = [], None
-    for h in handles:
-        try:
-            results.append(h.synchronize())
-        except Exception as exc:  # wait for all, then raise the first error
-            results.append(None)
-            first = first or exc
-    if first is not None:
-        raise first
-    return results
 
 
 def k_allreduce(tensors, op, pre, post, name, ps, compression):
@@ -44,18 +29,23 @@ def k_allreduce(tensors, op, pre, post, name, ps, compression):
 
 def k_allgather(tensors, name, ps):
     arrays = [to_numpy(t) for t in tensors]
-    handles = [hn.allgather_async(movable(a), name=n, process_set=ps)
-               for a, n in zip(arrays, names(name, len(arrays)))]
-    return [from_numpy(moved_back(o, a.dtype), t.dtype) for o, a, t in zip(wait(handles), arrays, tensors)]
+    if len(arrays) == 1:
+        outs = [hn.allgather(movable(arrays[0]), name=name, process_set=ps)]
+    else:
+        outs = hn.grouped_allgather([movable(a) for a in arrays], name=name, process_set=ps)
+    return [from_numpy(moved_back(o, a.dtype), t.dtype) for o, a, t in zip(outs, arrays, tensors)]
 
 
 def k_broadcast(tensors, root_rank, name, ps):
     arrays = [to_numpy(t) for t in tensors]
-    handles = [hn.broadcast_async(movable(a), root_rank, name=n, process_set=ps)
-               for a, n in zip(arrays, names(name, len(arrays)))]
+    if name is None or len(arrays) == 1:
+        names = [name] * len(arrays)
+    else:
+        names = [f"{name}.{i}" for i in range(len(arrays))]
+    handles = [hn.broadcast_async(movable(a), root_rank, name=n, process_set=ps) for a, n in zip(arrays, names)]
     # native broadcast returns a clone made for this call
     return [from_numpy(moved_back(o, a.dtype), t.dtype, fresh=True)
-            for o, a, t in zip(wait(handles), arrays, tensors)]
+            for o, a, t in zip(hn.GroupHandle(handles).synchronize(), arrays, tensors)]
 
 
 def k_alltoall(t, splits, name, ps):
@@ -68,9 +58,9 @@ def k_alltoall(t, splits, name, ps):
 
 def k_reducescatter(tensors, op, pre, post, name, ps):
     arrays = [to_numpy(reducible(t)) for t in tensors]
-    handles = [hn.reducescatter_async(a, op=op, name=n, process_set=ps, prescale_factor=pre, postscale_factor=post)
-               for a, n in zip(arrays, names(name, len(arrays)))]
-    return [from_numpy(o, t.dtype) for o, t in zip(wait(handles), tensors)]
+    kwargs = dict(op=op, name=name, process_set=ps, prescale_factor=pre, postscale_factor=post)
+    outs = [hn.reducescatter(arrays[0], **kwargs)] if len(arrays) == 1 else hn.grouped_reducescatter(arrays, **kwargs)
+    return [from_numpy(o, t.dtype) for o, t in zip(outs, tensors)]
 
 
-__all__ = ["k_allreduce", "k_allgather", "k_broadcast", "k_alltoall", "k_reducescatter", "names", "wait"]
+__all__ = ["k_allreduce", "k_allgather", "k_broadcast", "k_alltoall", "k_reducescatter"]
