@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hora-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean system-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,17 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# System packages some tests start for real: OpenSSH (the ssh launcher's tests in tests/ssh
+# skip, saying what is missing, without it). Debian/Ubuntu, as root or with sudo.
+system-deps:
+	@if [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null && command -v ssh-keygen >/dev/null; then \
+		echo "openssh-server and openssh-client are installed"; \
+	else \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends \
+			openssh-server openssh-client; \
+	fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache

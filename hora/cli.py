@@ -1,20 +1,21 @@
 """The ``hora`` command: ``hora run``, ``hora check``, ``hora timeline summarize``.
 
-``hora run -np N COMMAND...`` starts N copies of COMMAND on this machine with the
-``HORA_*`` environment of a job (a rendezvous server in the launcher on 127.0.0.1 and a
-fresh secret), prefixes every output line with its rank (``[1]<stdout>:...``), and when
-a rank fails stops the others, prints the failing rank's traceback and exits with its
-exit code. ``--mpi`` runs the same through ``mpiexec``.
+``hora run -np N [-H host:slots,... | --hostfile FILE] COMMAND...`` starts N copies of
+COMMAND on this machine and, over ssh, on the other hosts, with the ``HORA_*``
+environment of a job; every output line is prefixed with its rank
+(``[1]<stdout>:...``); when a rank fails every rank on every host is stopped, the first
+failure's rank, host, exit code and traceback are printed, and ``hora run`` exits with
+its exit code. ``--mpi`` runs the same through ``mpiexec``. The flags are horovodrun's
+(see ``hora run --help``); the launching itself is :mod:`hora.runners.command`, this
+module only parses arguments and prints.
 
-Exit codes: 0 success, the failing rank's code otherwise (128+N for signal N), 2 for
-usage errors.
+Exit codes: 0 success, the failing rank's code otherwise (128+N for signal N), 1 for a
+rank that never arrived, 2 for usage errors, 255 for a host ssh cannot reach.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -22,19 +23,15 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
-import time
-from collections.abc import Callable, Sequence
-from typing import IO
+from collections.abc import Sequence
 
-from hora.errors import ConfigError, HoraError
+from hora.errors import ConfigError, HoraError, RendezvousError, WorkerFailedError
 from hora.native.build_info import find_mpiexec
 
 EXIT_USAGE = 2
-POLL_INTERVAL = 0.05
-START_BARRIER_HINTS = ("start", "init")  # KV barriers watched by `hora run` during start-up
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
 log = logging.getLogger(__name__)
 
@@ -43,29 +40,25 @@ class UsageError(Exception):
     """A bad command line (exit code 2)."""
 
 
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP reached ``hora run`` (raised in the main thread)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 # --------------------------------------------------------------------------------------
 # argument parsing
 # --------------------------------------------------------------------------------------
-def _positive_int(name: str):
-    def parse(text: str) -> int:
+def _number(name: str, kind: type, minimum: float, strict: bool):
+    """An argparse type: an int/float > ``minimum`` (``strict``) or >= ``minimum``, naming the option."""
+    def parse(text: str):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-
-    return parse
-
-
-def _float_at_least(name: str, minimum: float, strict: bool):
-    """An argparse type: a float > ``minimum`` (``strict``) or >= ``minimum``, naming the option."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {text!r}") from None
         if not (value > minimum if strict else value >= minimum):
             raise argparse.ArgumentTypeError(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {text}")
         return value
@@ -73,37 +66,58 @@ def _float_at_least(name: str, minimum: float, strict: bool):
     return parse
 
 
-def _positive_float(name: str):
-    return _float_at_least(name, 0.0, strict=True)
-
-
-def _non_negative_float(name: str):
-    return _float_at_least(name, 0.0, strict=False)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hora`` command."""
     parser = argparse.ArgumentParser(prog="hora", description="Distributed deep-learning training launcher.")
     sub = parser.add_subparsers(dest="cmd", metavar="{run,check,timeline}")
 
-    run = sub.add_parser("run", help="start N processes of a training command on this machine")
-    run.add_argument("-np", "--num-proc", dest="np", type=_positive_int("-np"), required=True, help="number of ranks")
-    run.add_argument("--mpi", action="store_true", help="run through mpiexec with the MPI backend")
-    run.add_argument("--start-timeout", type=_positive_float("--start-timeout"), default=None,
-                     help="seconds every rank has to reach rendezvous (default HORA_START_TIMEOUT or 60)")
+    run = sub.add_parser("run", help="start N processes of a training command on this machine and ssh hosts",
+                         description="Start N ranks of COMMAND (horovodrun's flags).")
+    run.add_argument("-np", "--num-proc", dest="np", type=_number("-np", int, 1, False), default=None,
+                     help="number of ranks")
+    run.add_argument("-cb", "--check-build", action="store_true",
+                     help="print which frameworks, controllers and tensor operations this install has")
+    run.add_argument("--verbose", action="store_true", help="print the rank placement and ssh/mpiexec commands")
+    run.add_argument("--log-level", choices=LOG_LEVELS, default=None, type=str.upper,
+                     help="level of hora's log messages in the launcher and every rank (HORA_LOG_LEVEL)")
+    run.add_argument("--start-timeout", type=_number("--start-timeout", float, 0, True), default=None,
+                     help="seconds for hosts to answer and ranks to meet at start (default HORA_START_TIMEOUT or 60)")
     run.add_argument("--output-filename", metavar="DIR", default=None,
                      help="also write each rank's output to DIR/rank.<r>/stdout and stderr")
-    run.add_argument("-H", "--hosts", default=None, metavar="HOST:SLOTS,...",
-                     help="hosts and their slots; only this machine is supported for now")
-    run.add_argument("--timeline-filename", default=None, metavar="FILE", help="write a Chrome-trace timeline")
-    run.add_argument("--cycle-time-ms", type=_positive_float("--cycle-time-ms"), default=None)
-    run.add_argument("--fusion-threshold-mb", type=_non_negative_float("--fusion-threshold-mb"), default=None)
-    run.add_argument("--cache-capacity", type=int, default=None)
-    run.add_argument("--autotune", action="store_true")
-    run.add_argument("--no-shm", action="store_true",
-                     help="ranks on one host allreduce through Gloo instead of shared memory (HORA_SHM_ALLREDUCE=0)")
-    run.add_argument("--backend", default=None, choices=["auto", "gloo", "nccl", "mpi"],
-                     help="collective backend (HORA_BACKEND); default auto")
+    run.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
+                     help="prefix every output line with the time it arrived")
+    hosts = run.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", default=None, metavar="HOST:SLOTS,...",
+                       help="hosts and their slots (default localhost:NP); other hosts are reached over ssh")
+    hosts.add_argument("-hostfile", "--hostfile", default=None, metavar="FILE",
+                       help="a file of 'host slots=N' (or 'host:N') lines")
+    run.add_argument("--network-interface", "--network-interfaces", dest="nic", default=None, metavar="IFACE",
+                     help="interface every host communicates on (its address is advertised; Gloo/NCCL use it)")
+    run.add_argument("--network-address", default=None, metavar="ADDR",
+                     help="address of this machine the launcher's services bind (reachable from every host)")
+    ssh = run.add_argument_group("ssh")
+    ssh.add_argument("-p", "--ssh-port", type=_number("--ssh-port", int, 1, False), default=None,
+                     help="ssh port on every host")
+    ssh.add_argument("-i", "--ssh-identity-file", default=None, metavar="FILE", help="ssh private key file")
+    ssh.add_argument("--remote-python", default=None, metavar="PATH",
+                     help="the Python on remote hosts (default HORA_REMOTE_PYTHON or this interpreter's path)")
+    run.add_argument("-x", dest="export", action="append", default=[], metavar="NAME[=VALUE]",
+                     help="forward NAME (or set NAME=VALUE) on every rank, as mpirun -x; repeatable")
+    ctl = run.add_mutually_exclusive_group()
+    ctl.add_argument("--gloo", action="store_true", help="hora's own launcher with Gloo (the default)")
+    ctl.add_argument("--mpi", action="store_true", help="run through mpiexec with the MPI backend")
+    tune = run.add_argument_group("engine settings (HORA_* variables of every rank)")
+    tune.add_argument("--fusion-threshold-mb", type=_number("--fusion-threshold-mb", float, 0, False), default=None)
+    tune.add_argument("--cycle-time-ms", type=_number("--cycle-time-ms", float, 0, True), default=None)
+    tune.add_argument("--cache-capacity", type=_number("--cache-capacity", int, 0, False), default=None)
+    tune.add_argument("--autotune", action="store_true")
+    tune.add_argument("--timeline-filename", default=None, metavar="FILE", help="write a Chrome-trace timeline")
+    tune.add_argument("--timeline-mark-cycles", action="store_true",
+                      help="mark every engine cycle on the timeline (needs --timeline-filename)")
+    tune.add_argument("--no-shm", action="store_true",
+                      help="ranks on one host allreduce through Gloo instead of shared memory (HORA_SHM_ALLREDUCE=0)")
+    tune.add_argument("--backend", default=None, choices=["auto", "gloo", "nccl", "mpi"],
+                      help="collective backend (HORA_BACKEND); default auto")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command to run (e.g. python train.py)")
 
     sub.add_parser("check", help="show which frameworks, backends, engines and stores are usable here")
@@ -115,375 +129,194 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
-
-
-def _is_this_machine(host: str) -> bool:
-    if host in _LOCAL_NAMES or host.startswith("127."):
-        return True
-    names = {socket.gethostname(), socket.getfqdn()}
-    return host in names
-
-
-def parse_hosts(spec: str) -> list[tuple[str, int]]:
-    """Parse ``-H host:slots,host2:slots`` (slots default to 1).
-
-    Raises:
-        UsageError: malformed, or a host other than this machine.
-    """
-    out: list[tuple[str, int]] = []
-    for item in spec.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        host, sep, slots_s = item.rpartition(":")
-        if not sep:
-            host, slots_s = item, "1"
-        if not host:
-            raise UsageError(f"-H entry {item!r} has no host name")
-        try:
-            slots = int(slots_s)
-        except ValueError:
-            raise UsageError(f"-H entry {item!r}: slots must be an integer") from None
-        if slots < 1:
-            raise UsageError(f"-H entry {item!r}: slots must be >= 1")
-        if not _is_this_machine(host):
-            raise UsageError(
-                f"-H names the remote host {host!r}: hora run only starts processes on this machine for now "
-                "(use localhost, 127.0.0.1 or this machine's hostname)"
-            )
-        out.append((host, slots))
-    if not out:
-        raise UsageError("-H lists no hosts")
-    return out
-
-
 # --------------------------------------------------------------------------------------
 # hora run
 # --------------------------------------------------------------------------------------
-class _Printer:
-    """Writes prefixed rank output to the launcher's stdout/stderr, and the progress bar
-    of the metrics ranks send with :func:`hora.runners.report`."""
-
-    def __init__(self, run_id: str = "hora") -> None:
-        from hora.runners.progress import Progress
-
-        self.lock = threading.Lock()
-        self.progress = Progress(run_id)
-        self._metric_seq: dict[int, int] = {}
-
-    def __call__(self, rank: int, stream: str, line: str) -> None:
-        out: IO[str] = sys.stderr if stream == "stderr" else sys.stdout
-        with self.lock:
-            try:
-                self.progress.write(f"[{rank}]<{stream}>:{line}", out)
-            except (OSError, ValueError):
-                pass
-
-    def poll_metrics(self, server) -> None:
-        """Render the latest metrics posted to the launcher's rendezvous server."""
-        import pickle
-
-        from hora.runners.spec import KEY_METRICS
-
-        for key in server.keys(KEY_METRICS):
-            try:
-                rank = int(key[len(KEY_METRICS) :])
-                seq, metrics = pickle.loads(server.wait([key], 0.01)[0])
-            except Exception:
-                continue
-            if self._metric_seq.get(rank) != seq:
-                self._metric_seq[rank] = seq
-                with self.lock:
-                    self.progress.update(rank, metrics)
-
-    def close(self) -> None:
-        with self.lock:
-            self.progress.close()
+def _exports(items: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``-x NAME`` (forwarded if set here; a warning otherwise) and ``-x NAME=VALUE``."""
+    names, values = [], {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if sep:
+            values[name] = value
+        elif name in os.environ:
+            names.append(name)
+        else:
+            sys.stderr.write(f"hora run: warning: -x {name}: {name} is not set in this environment; not forwarded\n")
+    return tuple(names), values
 
 
-def _settings_env(args: argparse.Namespace) -> dict[str, str]:
+def _settings(args: argparse.Namespace) -> dict[str, str]:
     from hora.runners.spec import native_settings_env
 
-    if args.cache_capacity is not None and args.cache_capacity < 0:
-        raise UsageError(f"--cache-capacity must be >= 0, got {args.cache_capacity}")
+    if args.timeline_mark_cycles and not args.timeline_filename:
+        raise UsageError("--timeline-mark-cycles needs --timeline-filename")
+    out = native_settings_env(
+        timeline=args.timeline_filename,
+        timeline_mark_cycles=args.timeline_mark_cycles,
+        cycle_time_ms=args.cycle_time_ms,
+        fusion_threshold_mb=args.fusion_threshold_mb,
+        cache_capacity=args.cache_capacity,
+        autotune=args.autotune,
+        shm=not args.no_shm,
+    )
+    if args.log_level:
+        out["HORA_LOG_LEVEL"] = args.log_level
+    return out
+
+
+def command_config(args: argparse.Namespace):
+    """The :class:`~hora.runners.command.CommandConfig` of ``hora run``'s arguments.
+
+    Raises:
+        UsageError: a bad flag or combination (named).
+    """
+    from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_START_TIMEOUT, env_float
+    from hora.runners.command import CommandConfig
+    from hora.runners.hosts import resolve_hosts
+    from hora.runners.ssh import SshOptions
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if args.np is None:
+        raise UsageError("-np is required (the number of ranks)")
     try:
-        return native_settings_env(
-            timeline=args.timeline_filename,
-            cycle_time_ms=args.cycle_time_ms,
-            fusion_threshold_mb=args.fusion_threshold_mb,
-            cache_capacity=args.cache_capacity,
-            autotune=args.autotune,
-            shm=not args.no_shm,
+        start_timeout = args.start_timeout or env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)
+        forward, values = _exports(args.export)
+        output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
+        return CommandConfig(
+            command=tuple(command),
+            num_proc=args.np,
+            hosts=tuple(resolve_hosts(args.hosts, args.hostfile, args.np)),
+            ssh=SshOptions.from_environ(port=args.ssh_port, identity_file=args.ssh_identity_file,
+                                        connect_timeout=min(10.0, start_timeout)),
+            start_timeout=start_timeout,
+            settings=_settings(args),
+            forward=forward,
+            values=values,
+            output_dir=output_dir,
+            network_interface=args.nic,
+            network_address=args.network_address,
+            collective="mpi" if args.mpi else (args.backend or os.environ.get("HORA_BACKEND") or "auto").lower(),
+            mpi=args.mpi,
+            remote_python=args.remote_python,
+            verbose=args.verbose,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
 
-def _validate_run(args: argparse.Namespace) -> list[str]:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise UsageError("no command given (e.g. hora run -np 2 python train.py)")
-    if args.hosts is not None:
-        hosts = parse_hosts(args.hosts)
-        slots = sum(s for _, s in hosts)
-        if slots < args.np:
-            raise UsageError(f"-np {args.np} needs {args.np} slots but -H {args.hosts!r} offers {slots}")
-    if shutil.which(command[0]) is None:
-        raise UsageError(f"command not found: {command[0]!r} (not an executable file or on PATH)")
-    if args.mpi and args.backend not in (None, "mpi"):
-        raise UsageError(f"--mpi runs the MPI backend; it conflicts with --backend {args.backend}")
-    return command
-
-
-def _signal_name(code: int) -> str:
-    from hora.runners.procs import describe_exit
-
-    return describe_exit(code)
-
-
-class _Stop(Exception):
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-
-
-def _install_signal_handlers(flag: dict[str, int]) -> dict[int, object]:
-    previous = {}
+def _install_signal_handlers() -> dict[int, object]:
+    """The first SIGINT/SIGTERM/SIGHUP raises :class:`Interrupted` in the main thread; later
+    ones are ignored so the teardown they started can finish."""
+    previous: dict[int, object] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    state = {"fired": False}
 
     def handler(signum, _frame):
-        flag.setdefault("signum", signum)
+        if not state["fired"]:
+            state["fired"] = True
+            raise Interrupted(signum)
 
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, handler)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        previous[sig] = signal.signal(sig, handler)
     return previous
 
 
-def _restore_signal_handlers(previous: dict[int, object]) -> None:
-    for sig, old in previous.items():
-        signal.signal(sig, old)  # type: ignore[arg-type]
+def _print_failure(exc: WorkerFailedError, started: bool) -> int:
+    from hora.runners.procs import shell_exit_code
 
-
-def _missing_at_start_barrier(server, np_: int, since: float, timeout: float, first_seen: dict[str, float]) -> tuple[str, list[int]] | None:
-    """A start-up barrier some ranks reached but others not within ``timeout`` s of the first."""
-    now = time.monotonic()
-    arrived: dict[str, set[int]] = collections.defaultdict(set)
-    for key in server.keys("barrier/"):
-        name, _, rank_s = key[len("barrier/") :].rpartition("/")
-        last = name.rsplit("/", 1)[-1].lower()
-        if not name or not any(h in last for h in START_BARRIER_HINTS):
-            continue
-        try:
-            arrived[name].add(int(rank_s))
-        except ValueError:
-            continue
-    for name, ranks in arrived.items():
-        first_seen.setdefault(name, now)
-        missing = sorted(set(range(np_)) - ranks)
-        if missing and now - max(since, first_seen[name]) > timeout:
-            return name, missing
-    return None
+    sys.stderr.write(f"hora run: {exc.message}" + ("; stopping every rank\n" if started else "\n"))
+    if exc.remote_traceback:
+        where = f" on {exc.host}" if exc.host else ""
+        sys.stderr.write(f"hora run: traceback of rank {exc.rank}{where}:\n{exc.remote_traceback.rstrip()}\n")
+    sys.stderr.flush()
+    return shell_exit_code(exc.exitcode) if exc.exitcode not in (None, 0) else 1
 
 
 def run_command(args: argparse.Namespace) -> int:
     """``hora run``: returns the exit code."""
-    from hora.native.rendezvous import (
-        DEFAULT_START_TIMEOUT,
-        ENV_START_TIMEOUT,
-        RendezvousServer,
-        WorkerEnv,
-        compute_placement,
-        env_float,
-        make_secret,
-    )
-    from hora.runners.procs import ProcessLauncher, shell_exit_code
-    from hora.runners.spec import ENV_DRIVER_ADDR, ENV_RUN_ID, new_run_id
+    if args.check_build:
+        print(check_build_summary(args.verbose))
+        return 0
+    from hora.runners.command import CommandRun
 
-    command = _validate_run(args)
-    settings = _settings_env(args)
+    if args.log_level:
+        _configure_logging(args.log_level)
+    elif args.verbose:
+        _configure_logging("INFO")
+    cfg = command_config(args)
+    if cfg.output_dir:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+    previous = _install_signal_handlers()
+    runner = None
     try:
-        start_timeout = args.start_timeout or env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    grace = 5.0
-    output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
-    if output_dir:
-        os.makedirs(output_dir, exist_ok=True)
-    run_id = new_run_id()
-    base_env = dict(os.environ)
-    base_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    base_env.setdefault("PYTHONUNBUFFERED", "1")
-    base_env.update(settings)
-    base_env[ENV_RUN_ID] = run_id
-    if args.mpi:
-        return _run_mpi(args, command, base_env, output_dir, start_timeout)
-
-    secret = make_secret()
-    server = RendezvousServer(secret, host="127.0.0.1", port=0)
-    server.start()
-    base_env[ENV_DRIVER_ADDR] = server.addr
-    printer = _Printer(run_id)
-    launcher = ProcessLauncher(printer, output_dir=output_dir)
-    flag: dict[str, int] = {}
-    previous = _install_signal_handlers(flag)
-    started_at = time.monotonic()
-    exit_order: list[int] = []
-    try:
-        for p in compute_placement(["127.0.0.1"] * args.np):
-            env = dict(base_env)
-            env.update(
-                WorkerEnv(
-                    rank=p.rank, size=args.np, local_rank=p.local_rank, local_size=p.local_size,
-                    cross_rank=p.cross_rank, cross_size=p.cross_size, rendezvous_addr=server.addr,
-                    secret=secret, job_id=run_id, hostname="127.0.0.1",
-                    backend=args.backend or base_env.get("HORA_BACKEND", "auto") or "auto",
-                    start_timeout=start_timeout,
-                ).to_environ()
-            )
-            launcher.start(p.rank, command, env)
-        first_seen: dict[str, float] = {}
-        while True:
-            if "signum" in flag:
-                signum = flag["signum"]
-                sys.stderr.write(f"hora run: received {signal.Signals(signum).name}; stopping all ranks\n")
-                launcher.terminate(grace)
-                return 128 + signum
-            codes = launcher.poll()
-            for rank, code in sorted(codes.items()):
-                if code is not None and rank not in exit_order:
-                    exit_order.append(rank)
-            failed = [r for r in exit_order if codes[r] != 0]
-            if failed:
-                rank = failed[0]
-                code = codes[rank]
-                others = [r for r in launcher.alive() if r != rank]
-                sys.stderr.write(
-                    f"hora run: rank {rank} (pid {launcher.pid(rank)}) failed with {_signal_name(code)}"
-                    + (f"; stopping rank(s) {others}\n" if others else "\n")
-                )
-                launcher.terminate(grace)
-                launcher.wait_output(rank, 2.0)
-                tb = launcher.traceback_of(rank)
-                if tb:
-                    sys.stderr.write(f"hora run: traceback of rank {rank}:\n{tb}\n")
-                sys.stderr.flush()
-                return shell_exit_code(code)
-            if all(c == 0 for c in codes.values()):
-                for r in codes:
-                    launcher.wait_output(r, 5.0)
-                return 0
-            printer.poll_metrics(server)
-            stuck = _missing_at_start_barrier(server, args.np, started_at, start_timeout, first_seen)
-            if stuck is not None:
-                name, missing = stuck
-                sys.stderr.write(
-                    f"hora run: rank(s) {missing} never arrived at rendezvous '{name}' within "
-                    f"{start_timeout:g}s (--start-timeout); stopping all ranks\n"
-                )
-                launcher.terminate(grace)
-                return 1
-            time.sleep(POLL_INTERVAL)
+        try:
+            runner = CommandRun(cfg)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        if cfg.verbose:
+            sys.stderr.write("\n".join(runner.describe()) + "\n")
+        try:
+            runner.start()
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        runner.wait()
+        return 0
+    except WorkerFailedError as exc:
+        return _print_failure(exc, started=runner is not None and runner.started)
+    except RendezvousError as exc:
+        sys.stderr.write(f"hora run: {exc}; stopping all ranks\n")
+        return 1
+    except (Interrupted, KeyboardInterrupt) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        sys.stderr.write(f"hora run: received {signal.Signals(signum).name}; stopping all ranks\n")
+        return 128 + signum
     finally:
-        launcher.terminate(grace)
-        printer.close()
-        _restore_signal_handlers(previous)
-        server.stop()
+        if runner is not None:
+            runner.stop()
+        for sig, old in previous.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
 
 
-# mpiexec (hydra) prepends its pattern to every *chunk* a rank writes, not to every line,
-# so a line written in pieces arrives as "part one[1] part two". Marking chunks with
-# ASCII separators that program output does not contain lets the launcher put each
-# rank's pieces back together into whole lines.
-_CHUNK_START, _CHUNK_RANK_END = "\x1e", "\x1f"
+def _configure_logging(level: str) -> None:
+    import hora
+
+    hora.configure_logging(level)
 
 
-class _ChunkJoiner:
-    """Reassembles per-rank lines from one mpiexec stream of marked chunks."""
+def check_build_summary(verbose: bool = False) -> str:
+    """horovodrun's ``--check-build`` summary, with hora's answers (``hora check`` has details)."""
+    import hora
+    from hora.native import build_info
 
-    def __init__(self, emit: Callable[[int, str], None]) -> None:
-        self._emit = emit
-        self._rank = -1  # rank of the chunk being read; -1: mpiexec's own output
-        self._partial: dict[int, str] = collections.defaultdict(str)
+    def mark(ok: bool) -> str:
+        return "X" if ok else " "
 
-    def feed_line(self, line: str) -> None:
-        """Take one newline-terminated line of the stream (without the newline)."""
-        head, *chunks = line.split(_CHUNK_START)
-        self._partial[self._rank] += head
-        for chunk in chunks:
-            rank, sep, text = chunk.partition(_CHUNK_RANK_END)
-            if sep and rank.isdigit():
-                self._rank = int(rank)
-                self._partial[self._rank] += text
-            else:  # not a marker after all: keep the text as it was
-                self._partial[self._rank] += _CHUNK_START + chunk
-        # the newline belongs to the chunk read last
-        self._emit(self._rank, self._partial.pop(self._rank))
-
-
-def _run_mpi(args: argparse.Namespace, command: list[str], base_env: dict[str, str], output_dir: str | None,
-             start_timeout: float) -> int:
-    from hora.runners.procs import ProcessLauncher, shell_exit_code
-
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        raise UsageError("--mpi needs mpiexec on PATH (pip install mpich, or install an MPI)")
-    printer = _Printer(str(base_env.get("HORA_RUN_ID", "hora")))
-    tails: dict[int, collections.deque[str]] = collections.defaultdict(lambda: collections.deque(maxlen=400))
-    files: dict[tuple[int, str], IO[str]] = {}
-    lock = threading.Lock()
-
-    def on_rank_line(stream: str, rank: int, text: str) -> None:
-        printer(rank, stream, text)
-        if rank < 0:
-            return
-        with lock:
-            if stream == "stderr":
-                tails[rank].append(text)
-            if output_dir:
-                fh = files.get((rank, stream))
-                if fh is None:
-                    os.makedirs(os.path.join(output_dir, f"rank.{rank}"), exist_ok=True)
-                    fh = files[(rank, stream)] = open(os.path.join(output_dir, f"rank.{rank}", stream), "w")  # noqa: SIM115
-                fh.write(text + "\n")
-                fh.flush()
-
-    joiners = {name: _ChunkJoiner(functools.partial(on_rank_line, name)) for name in ("stdout", "stderr")}
-
-    def on_line(_launcher_rank: int, stream: str, line: str) -> None:
-        joiners[stream].feed_line(line)
-
-    env = dict(base_env)
-    env["HORA_BACKEND"] = "mpi"
-    env["PATH"] = os.path.dirname(mpiexec) + os.pathsep + env.get("PATH", "")
-    argv = [mpiexec, "-n", str(args.np), "-prepend-pattern", f"{_CHUNK_START}%r{_CHUNK_RANK_END}", *command]
-    launcher = ProcessLauncher(on_line)
-    flag: dict[str, int] = {}
-    previous = _install_signal_handlers(flag)
-    try:
-        launcher.start(0, argv, env)
-        while True:
-            if "signum" in flag:
-                launcher.terminate(5.0)
-                return 128 + flag["signum"]
-            code = launcher.poll()[0]
-            if code is not None:
-                launcher.wait_output(0, 5.0)
-                if code != 0:
-                    sys.stderr.write(f"hora run: mpiexec exited with {_signal_name(code)}\n")
-                    for rank, tail in sorted(tails.items()):
-                        text = list(tail)
-                        idx = [i for i, t in enumerate(text) if t.startswith("Traceback (most recent call last):")]
-                        if idx:
-                            sys.stderr.write(f"hora run: traceback of rank {rank}:\n" + "\n".join(text[idx[-1]:]) + "\n")
-                return shell_exit_code(code)
-            time.sleep(POLL_INTERVAL)
-    finally:
-        launcher.terminate(5.0)
-        _restore_signal_handlers(previous)
-        for fh in files.values():
-            fh.close()
+    torch_ok, tf_ok = _importable("torch"), _importable("tensorflow")
+    gloo, mpi = build_info.gloo_built(), build_info.mpi_built()
+    return "\n".join([
+        *([""] if verbose else []),
+        f"hora v{hora.__version__}:",
+        "",
+        "Available Frameworks:",
+        f"    [{mark(tf_ok)}] TensorFlow",
+        f"    [{mark(torch_ok)}] PyTorch",
+        "    [ ] MXNet",
+        "",
+        "Available Controllers:",
+        f"    [{mark(mpi)}] MPI",
+        f"    [{mark(gloo)}] Gloo",
+        "",
+        "Available Tensor Operations:",
+        f"    [{mark(build_info.nccl_built())}] NCCL",
+        f"    [{mark(build_info.ddl_built())}] DDL",
+        f"    [{mark(build_info.ccl_built())}] CCL",
+        f"    [{mark(mpi)}] MPI",
+        f"    [{mark(gloo)}] Gloo",
+    ])
 
 
 # --------------------------------------------------------------------------------------

@@ -2,47 +2,54 @@
 
 >>> import hora.runners
 >>> hora.runners.run(fn, args=(...,), num_proc=2, backend="local")   # or "spark", "dask"
+>>> hora.runners.run(fn, num_proc=4, backend=hora.runners.HostsLauncher("a:2,b:2"))  # ssh hosts
 
 Inside ``fn``, ``hora.native`` is initialised and :func:`report` sends live metrics to
-the driver's progress bar. See :func:`run`.
+the driver's progress bar. See :func:`run`. A *launcher* (local processes, ssh hosts,
+Spark, Dask) is where ranks run; the collective *backend* (Gloo, NCCL, MPI) is how they
+talk, chosen in :mod:`hora.native.backends`.
 """
 
-from hora.runners.base import Backend, Job, RunTimeoutError, resolve_backend, run
+from hora.runners.base import Job, Launcher, RunTimeoutError, resolve_launcher, run
 from hora.runners.spec import LaunchSpec, RankContext
+
+_LAZY = {
+    "LocalLauncher": "hora.runners.local",
+    "HostsLauncher": "hora.runners.local",
+    "SparkLauncher": "hora.runners.spark",
+    "DaskLauncher": "hora.runners.dask",
+    "SshOptions": "hora.runners.ssh",
+    "HostSlots": "hora.runners.hosts",
+}
 
 
 def __getattr__(name: str):
     # imported lazily: `python -m hora.runners.worker` must not find the worker module
-    # already imported, and the engine backends import pyspark / distributed only when asked
+    # already imported, and the engine launchers import pyspark / distributed only when asked
     if name == "report":
         from hora.runners.worker import report
 
         return report
-    if name == "LocalBackend":
-        from hora.runners.local import LocalBackend
+    if name in _LAZY:
+        import importlib
 
-        return LocalBackend
-    if name == "SparkBackend":
-        from hora.runners.spark import SparkBackend
-
-        return SparkBackend
-    if name == "DaskBackend":
-        from hora.runners.dask import DaskBackend
-
-        return DaskBackend
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'hora.runners' has no attribute {name!r}")
 
 
 __all__ = [
     "run",
     "report",
-    "Backend",
+    "Launcher",
     "Job",
     "LaunchSpec",
     "RankContext",
     "RunTimeoutError",
-    "resolve_backend",
-    "LocalBackend",
-    "SparkBackend",
-    "DaskBackend",
+    "resolve_launcher",
+    "LocalLauncher",
+    "HostsLauncher",
+    "SparkLauncher",
+    "DaskLauncher",
+    "SshOptions",
+    "HostSlots",
 ]

@@ -1,9 +1,13 @@
-"""``hora.runners.run``: run a function on N ranks on any backend, collect the results.
+"""``hora.runners.run``: run a function on N ranks with any launcher, collect the results.
 
-A :class:`Backend` knows how to start the ranks of one :class:`~hora.runners.spec.LaunchSpec`
-somewhere (local processes, one Spark barrier stage, pinned Dask tasks) and returns a
-:class:`Job`. Everything else is shared: the driver service the ranks report to, the
-checks for ranks that never start, fail, hang or die, and the teardown.
+A :class:`Launcher` knows how to start the ranks of one :class:`~hora.runners.spec.LaunchSpec`
+somewhere (processes on this machine and on ssh hosts, one Spark barrier stage, pinned
+Dask tasks) and returns a :class:`Job`. Everything else is shared: the driver service
+the ranks report to, the one monitor (:mod:`hora.runners.monitor`: first failure,
+ranks that never start, hang or die) and the teardown.
+
+A launcher is not a collective *backend* (Gloo, NCCL, MPI: :mod:`hora.native.backends`);
+``backend=`` of :func:`run` keeps Horovod's spelling for the launcher's name.
 """
 
 from __future__ import annotations
@@ -12,38 +16,23 @@ import abc
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
-from hora.errors import ConfigError, RendezvousError, WorkerFailedError
+from hora.errors import ConfigError
 from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float, make_secret
 from hora.runners.driver import DriverService
-from hora.runners.spec import (
-    DEFAULT_FINISH_TIMEOUT,
-    DEFAULT_HEARTBEAT_TIMEOUT,
-    ENV_FINISH_TIMEOUT,
-    ENV_HEARTBEAT_TIMEOUT,
-    FailureReport,
-    LaunchSpec,
-    check_run_id,
-    dumps,
-    env_seconds,
-    new_run_id,
-)
+from hora.runners.monitor import Policy, RunTimeoutError, watch
+from hora.runners.spec import LaunchSpec, check_run_id, dumps, new_run_id
+
+if TYPE_CHECKING:
+    from hora.runners.monitor import Failure
 
 log = logging.getLogger(__name__)
 
-FAILURE_REPORT_GRACE = 2.0  # seconds to wait for a rank's own failure report after its process died
-
-
-class RunTimeoutError(WorkerFailedError, TimeoutError):
-    """Ranks did not finish in time (``timeout`` of :func:`run`, or ``HORA_FINISH_TIMEOUT``
-    after another rank had already returned)."""
-
 
 class Job(abc.ABC):
-    """The ranks of one run, started by a :class:`Backend`."""
+    """The ranks of one run, started by a :class:`Launcher`; the monitor polls it."""
 
     @abc.abstractmethod
     def poll(self) -> list[Any] | None:
@@ -52,6 +41,11 @@ class Job(abc.ABC):
         Raises:
             WorkerFailedError: the engine reports a failed rank, task or worker.
         """
+
+    def failures(self) -> list[Failure]:
+        """Failures the launcher itself observed (rank exits, lost hosts), numbered by
+        the driver service's failure counter."""
+        return []
 
     @abc.abstractmethod
     def cancel(self) -> None:
@@ -62,18 +56,29 @@ class Job(abc.ABC):
         return None
 
 
-class Backend(abc.ABC):
-    """Where ranks run. Subclasses: :class:`~hora.runners.local.LocalBackend`,
-    :class:`~hora.runners.spark.SparkBackend`, :class:`~hora.runners.dask.DaskBackend`."""
+def start_or_cancel(job: Any) -> Any:
+    """``job.start()``; on any error (or Ctrl-C) ``job.cancel()`` first, then re-raise."""
+    try:
+        job.start()
+    except BaseException:
+        job.cancel()
+        raise
+    return job
 
-    name = "backend"
+
+class Launcher(abc.ABC):
+    """Where ranks run. Subclasses: :class:`~hora.runners.local.LocalLauncher`,
+    :class:`~hora.runners.local.HostsLauncher`, :class:`~hora.runners.spark.SparkLauncher`,
+    :class:`~hora.runners.dask.DaskLauncher`."""
+
+    name = "launcher"
 
     @abc.abstractmethod
     def default_num_proc(self) -> int:
         """The number of ranks when ``num_proc`` is not given."""
 
     def check_num_proc(self, num_proc: int) -> None:
-        """Fail at once when the backend cannot run ``num_proc`` ranks together.
+        """Fail at once when the launcher cannot run ``num_proc`` ranks together.
 
         Raises:
             ConfigError: not enough free slots (the message says how many there are).
@@ -86,30 +91,30 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def start(self, spec: LaunchSpec, service: DriverService) -> Job:
-        """Start ``spec.num_proc`` ranks; return at once with the running :class:`Job`."""
+        """Start ``spec.num_proc`` ranks; return the running :class:`Job`."""
 
 
-def resolve_backend(backend: str | Backend, *, spark: Any = None, client: Any = None) -> Backend:
-    """Turn ``"local"``, ``"spark"``, ``"dask"`` or a :class:`Backend` into a Backend.
+def resolve_launcher(backend: str | Launcher, *, spark: Any = None, client: Any = None) -> Launcher:
+    """Turn ``"local"``, ``"spark"``, ``"dask"`` or a :class:`Launcher` into a Launcher.
 
     Raises:
-        ConfigError: an unknown backend name.
+        ConfigError: an unknown launcher name.
     """
-    if isinstance(backend, Backend):
+    if isinstance(backend, Launcher):
         return backend
     if backend == "local":
-        from hora.runners.local import LocalBackend
+        from hora.runners.local import LocalLauncher
 
-        return LocalBackend()
+        return LocalLauncher()
     if backend == "spark":
-        from hora.runners.spark import SparkBackend
+        from hora.runners.spark import SparkLauncher
 
-        return SparkBackend(spark)
+        return SparkLauncher(spark)
     if backend == "dask":
-        from hora.runners.dask import DaskBackend
+        from hora.runners.dask import DaskLauncher
 
-        return DaskBackend(client)
-    raise ConfigError(f"backend {backend!r} is unknown; use 'local', 'spark', 'dask' or a hora.runners.Backend")
+        return DaskLauncher(client)
+    raise ConfigError(f"backend {backend!r} is unknown; use 'local', 'spark', 'dask' or a hora.runners.Launcher")
 
 
 def _open_store(store: Any) -> Any:
@@ -129,7 +134,7 @@ def run(
     args: tuple = (),
     kwargs: Mapping[str, Any] | None = None,
     num_proc: int | None = None,
-    backend: str | Backend = "local",
+    backend: str | Launcher = "local",
     env: Mapping[str, str] | None = None,
     start_timeout: float | None = None,
     run_id: str | None = None,
@@ -138,6 +143,11 @@ def run(
     spark: Any = None,
     client: Any = None,
     timeout: float | None = None,
+    *,
+    init_native: bool = True,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+    timestamps: bool = False,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks and return their values in rank order.
 
@@ -151,7 +161,8 @@ def run(
         args, kwargs: its arguments (pickled once, shipped to every rank).
         num_proc: ranks; default: the backend's slots (CPU count, Spark default
             parallelism, Dask workers).
-        backend: ``"local"``, ``"spark"``, ``"dask"`` or a :class:`Backend` instance.
+        backend: the launcher: ``"local"``, ``"spark"``, ``"dask"`` or a :class:`Launcher`
+            (e.g. :class:`~hora.runners.local.HostsLauncher` for ssh hosts).
         env: extra environment variables for every rank (``HORA_BACKEND`` picks the
             collective backend; ``HORA_TIMELINE``, ``HORA_CYCLE_TIME``, ... tune the engine).
         start_timeout: seconds every rank has to start (default ``HORA_START_TIMEOUT`` or 60).
@@ -161,6 +172,10 @@ def run(
         spark: the SparkSession for ``backend="spark"`` (default: the active one).
         client: the ``distributed.Client`` for ``backend="dask"`` (default: the active one).
         timeout: optional limit in seconds for the whole run.
+        init_native: call ``hora.native.init()`` before ``fn`` (and ``shutdown()`` after);
+            False when ``fn`` calls ``hvd.init()`` itself, as under :func:`hora.run`.
+        stdout, stderr: where rank output is printed (default: the driver's own).
+        timestamps: prefix every printed rank line with the time it arrived.
 
     Raises:
         ConfigError: bad arguments, or more ranks than the backend's free slots.
@@ -178,12 +193,12 @@ def run(
         raise ConfigError(f"verbose must be an int (0, 1 or 2), got {verbose!r}")
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    be = resolve_backend(backend, spark=spark, client=client)
+    launcher = resolve_launcher(backend, spark=spark, client=client)
     if num_proc is None:
-        num_proc = be.default_num_proc()
+        num_proc = launcher.default_num_proc()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ConfigError(f"num_proc must be an int >= 1, got {num_proc!r}")
-    be.check_num_proc(num_proc)
+    launcher.check_num_proc(num_proc)
     if start_timeout is None:
         start_timeout = env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)
     elif not (isinstance(start_timeout, (int, float)) and start_timeout > 0):
@@ -197,8 +212,9 @@ def run(
         raise ConfigError(f"fn {getattr(fn, '__qualname__', fn)!r} or its arguments cannot be pickled: {exc}") from exc
     store = _open_store(store)
     secret = make_secret()
-    bind, advertise = be.driver_addresses()
-    service = DriverService(secret, num_proc, run_id, bind=bind, advertise=advertise, verbose=verbose, store=store)
+    bind, advertise = launcher.driver_addresses()
+    service = DriverService(secret, num_proc, run_id, bind=bind, advertise=advertise, verbose=verbose, store=store,
+                            stdout=stdout, stderr=stderr, timestamps=timestamps)
     job: Job | None = None
     try:
         spec = LaunchSpec(
@@ -212,11 +228,13 @@ def run(
             start_timeout=float(start_timeout),
             collective_backend=collective,
             verbose=verbose,
+            init_native=bool(init_native),
             sys_path=tuple(p for p in sys.path if isinstance(p, str)),
         )
-        log.info("hora run %s: %d rank(s) of %s on %s", run_id, num_proc, spec.fn_name, be.name)
-        job = be.start(spec, service)
-        return _monitor(spec, service, job, timeout)
+        log.info("hora run %s: %d rank(s) of %s on %s", run_id, num_proc, spec.fn_name, launcher.name)
+        job = launcher.start(spec, service)
+        return watch(service, job, Policy(num_proc=num_proc, run_id=run_id, start_timeout=float(start_timeout),
+                                          functions=True, timeout=timeout))
     except KeyboardInterrupt:
         log.warning("hora run %s interrupted; stopping every rank", run_id)
         raise
@@ -227,74 +245,4 @@ def run(
         service.close()
 
 
-def _failure_error(report: FailureReport) -> WorkerFailedError:
-    return WorkerFailedError(
-        f"rank {report.rank} on {report.host} failed: {report.error}",
-        rank=report.rank,
-        host=report.host,
-        remote_traceback=report.traceback or None,
-        exitcode=report.exitcode,
-    )
-
-
-def _monitor(spec: LaunchSpec, service: DriverService, job: Job, timeout: float | None) -> list[Any]:
-    n = spec.num_proc
-    hb_timeout = env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT)
-    finish_timeout = env_seconds(ENV_FINISH_TIMEOUT, DEFAULT_FINISH_TIMEOUT)
-    t0 = time.monotonic()
-    first_done_at: float | None = None
-    while True:
-        failures = service.failures()
-        if failures:
-            raise _failure_error(failures[0])
-        try:
-            results = job.poll()
-        except WorkerFailedError as exc:
-            deadline = time.monotonic() + FAILURE_REPORT_GRACE
-            while time.monotonic() < deadline:
-                failures = service.failures()
-                if failures:
-                    raise _failure_error(failures[0]) from None
-                time.sleep(0.1)
-            raise exc
-        if results is not None:
-            if len(results) != n:
-                raise WorkerFailedError(f"expected {n} results, got {len(results)}")
-            return results
-        now = time.monotonic()
-        started = service.started()
-        if len(started) < n and now - t0 > spec.start_timeout:
-            missing = sorted(set(range(n)) - set(started))
-            raise RendezvousError(
-                f"rank(s) {missing} of run {spec.run_id} never started within {spec.start_timeout:g}s "
-                f"({len(started)} of {n} started; raise start_timeout or {ENV_START_TIMEOUT} if the cluster is slow)"
-            )
-        done = service.done()
-        if done and first_done_at is None:
-            first_done_at = now
-        if first_done_at is not None and len(done) < n and now - first_done_at > finish_timeout:
-            missing = sorted(set(range(n)) - done)
-            raise RunTimeoutError(
-                f"rank(s) {missing} did not finish within {finish_timeout:g}s after rank(s) {sorted(done)} "
-                f"returned (hanging? raise {ENV_FINISH_TIMEOUT} if this is expected)",
-                rank=missing[0],
-                host=started.get(missing[0]),
-            )
-        stale = service.stale_heartbeats(hb_timeout, ignore=done)
-        if stale:
-            raise WorkerFailedError(
-                f"rank(s) {stale} stopped sending heartbeats for {hb_timeout:g}s: their process or machine died",
-                rank=stale[0],
-                host=started.get(stale[0]),
-            )
-        if timeout is not None and now - t0 > timeout:
-            missing = sorted(set(range(n)) - done)
-            raise RunTimeoutError(
-                f"run {spec.run_id} did not finish within timeout={timeout:g}s; rank(s) {missing} still running",
-                rank=missing[0] if missing else None,
-                host=started.get(missing[0]) if missing else None,
-            )
-        time.sleep(0.1)
-
-
-__all__ = ["run", "Backend", "Job", "RunTimeoutError", "resolve_backend"]
+__all__ = ["run", "Launcher", "Job", "RunTimeoutError", "resolve_launcher"]

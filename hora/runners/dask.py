@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 from hora.errors import ConfigError, WorkerFailedError
 from hora.native.rendezvous import compute_placement
-from hora.runners.base import Backend, Job
+from hora.runners.base import Job, Launcher
 from hora.runners.driver import DriverService
 from hora.runners.spec import (
     DEFAULT_TERMINATE_GRACE,
@@ -60,7 +60,7 @@ def _is_loopback(host: str) -> bool:
 class DaskJob(Job):
     """The pinned futures of one run."""
 
-    def __init__(self, backend: DaskBackend, spec: LaunchSpec, service: DriverService) -> None:
+    def __init__(self, backend: DaskLauncher, spec: LaunchSpec, service: DriverService) -> None:
         self.client = backend.client
         self.spec = spec
         self.service = service
@@ -136,7 +136,7 @@ class DaskJob(Job):
             log.warning("rank(s) %s of run %s did not confirm that their processes stopped", sorted(left), self.spec.run_id)
 
 
-class DaskBackend(Backend):
+class DaskLauncher(Launcher):
     """Ranks as Dask tasks pinned one per worker.
 
     Args:
@@ -210,4 +210,4 @@ class DaskBackend(Backend):
         return DaskJob(self, spec, service)
 
 
-__all__ = ["DaskBackend", "DaskJob"]
+__all__ = ["DaskLauncher", "DaskJob"]

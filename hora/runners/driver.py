@@ -8,9 +8,12 @@ supervisors on Spark executors and Dask workers) push to it:
 * ``runner/hb/<r>`` heartbeats,
 * ``runner/log/<r>/<seq>`` batches of output lines,
 * ``runner/metrics/<r>`` the latest metrics of :func:`hora.runners.report`,
-* ``runner/failed/<r>`` a :class:`~hora.runners.spec.FailureReport` (with a sequence
-  number, so the driver reports the *first* failure),
+* ``runner/failed/<r>`` a :class:`~hora.runners.spec.FailureReport` (numbered by the
+  failure counter, so the monitor reports the *first* failure),
+* ``runner/result/<r>`` the value of ``fn`` of a rank on another host (in chunks),
 * ``runner/done/<r>`` when ``fn`` returned.
+
+Every key name comes from :mod:`hora.native.keys`.
 
 A thread on the driver polls it, prints output lines prefixed by rank, renders the
 progress bar and keeps the lines for the Store's run logs. The driver sets
@@ -24,24 +27,17 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any
+from typing import IO, Any
 
+from hora.errors import WorkerFailedError
+from hora.native import keys
 from hora.native.rendezvous import KVClient, RendezvousServer
 from hora.runners.progress import Progress
-from hora.runners.spec import (
-    KEY_ABORT,
-    KEY_FAILED,
-    KEY_HEARTBEAT,
-    KEY_LOG,
-    KEY_METRICS,
-    KEY_STARTED,
-    FailureReport,
-)
+from hora.runners.spec import FailureReport
 
 log = logging.getLogger(__name__)
 out_log = logging.getLogger("hora.runners.output")
 
-KEY_DONE = "runner/done/"
 POLL_INTERVAL = 0.2
 MAX_KEPT_LINES = 200_000  # per rank, for the store's run logs
 
@@ -57,6 +53,9 @@ class DriverService:
         advertise: the address ranks use to reach the service.
         verbose: 0 prints nothing, 1 prints rank output and the progress bar.
         store: a :class:`hora.store.Store`; rank output is saved to its run logs.
+        stdout, stderr: where rank output is printed (default: ``sys.stdout`` / ``sys.stderr``
+            at the time of printing).
+        timestamps: prefix every printed line with the time it arrived.
     """
 
     def __init__(
@@ -69,8 +68,12 @@ class DriverService:
         advertise: str = "127.0.0.1",
         verbose: int = 1,
         store: Any = None,
+        stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None,
+        timestamps: bool = False,
     ) -> None:
         self.num_proc = num_proc
+        self._stdout, self._stderr, self._timestamps = stdout, stderr, timestamps
         self.run_id = run_id
         self.verbose = verbose
         self.store = store
@@ -92,6 +95,15 @@ class DriverService:
         self._thread.start()
 
     # output -----------------------------------------------------------------------------
+    def _print(self, text: str, stream: str) -> None:
+        if self._timestamps:
+            text = time.ctime() + text  # horovodrun --prefix-output-with-timestamp
+        out = (self._stderr or sys.stderr) if stream == "stderr" else (self._stdout or sys.stdout)
+        try:
+            self.progress.write(text, out)
+        except (OSError, ValueError):
+            pass  # a closed terminal must not stop the run
+
     def emit(self, rank: int, stream: str, line: str) -> None:
         """Forward one output line of a rank: print it prefixed (verbose >= 1), keep it for the store."""
         text = f"[{rank}]<{stream}>:{line}"
@@ -103,7 +115,14 @@ class DriverService:
                 self._dropped[rank] = self._dropped.get(rank, 0) + 1
             out_log.debug("%s", text)
             if self.verbose >= 1:
-                self.progress.write(text, sys.stderr if stream == "stderr" else sys.stdout)
+                self._print(text, stream)
+
+    def emit_host(self, host: str, stream: str, line: str) -> None:
+        """Print a line that belongs to a host, not a rank (ssh's messages, a login banner)."""
+        with self._out_lock:
+            out_log.debug("[%s]<%s>:%s", host, stream, line)
+            if self.verbose >= 1:
+                self._print(f"[{host}]<{stream}>:{line}", stream)
 
     def lines(self, rank: int) -> list[str]:
         """The lines kept so far for ``rank`` (``<stream>:line``)."""
@@ -120,15 +139,11 @@ class DriverService:
 
     def poll_once(self) -> None:
         """Drain pending log batches and metrics (also called once at the end)."""
-        keys = self.server.keys(KEY_LOG)
         by_rank: dict[int, list[tuple[int, str]]] = {}
-        for key in keys:
-            _, _, rest = key.partition(KEY_LOG)
-            rank_s, _, seq_s = rest.partition("/")
-            try:
-                by_rank.setdefault(int(rank_s), []).append((int(seq_s), key))
-            except ValueError:
-                continue
+        for key in self.server.keys(keys.LOG):
+            parsed = keys.parse_log_key(key)
+            if parsed is not None:
+                by_rank.setdefault(parsed[0], []).append((parsed[1], key))
         for rank, items in by_rank.items():
             for seq, key in sorted(items):
                 try:
@@ -139,9 +154,11 @@ class DriverService:
                 for stream, line in batch:
                     self.emit(rank, stream, line)
                 self._client.delete(key)
-        for key in self.server.keys(KEY_METRICS):
+        for key in self.server.keys(keys.METRICS):
+            rank = keys.rank_of(keys.METRICS, key)
+            if rank is None:
+                continue
             try:
-                rank = int(key[len(KEY_METRICS) :])
                 (raw,) = self.server.wait([key], 0.01)
                 seq, metrics = pickle.loads(raw)
             except Exception:
@@ -155,25 +172,23 @@ class DriverService:
     def _ranks_with(self, prefix: str) -> dict[int, bytes]:
         out = {}
         for key in self.server.keys(prefix):
-            try:
-                rank = int(key[len(prefix) :])
-            except ValueError:
-                continue
-            out[rank] = self.server.wait([key], 0.01)[0]
+            rank = keys.rank_of(prefix, key)
+            if rank is not None:
+                out[rank] = self.server.wait([key], 0.01)[0]
         return out
 
     def started(self) -> dict[int, str]:
         """Ranks whose process is up, with their host."""
-        return {r: v.decode(errors="replace") for r, v in self._ranks_with(KEY_STARTED).items()}
+        return {r: v.decode(errors="replace") for r, v in self._ranks_with(keys.STARTED).items()}
 
     def done(self) -> set[int]:
         """Ranks whose ``fn`` returned."""
-        return set(self._ranks_with(KEY_DONE))
+        return set(self._ranks_with(keys.DONE))
 
     def failures(self) -> list[FailureReport]:
         """Failure reports posted by ranks, first failure first."""
         reports = []
-        for raw in self._ranks_with(KEY_FAILED).values():
+        for raw in self._ranks_with(keys.FAILED).values():
             try:
                 report = pickle.loads(raw)
             except Exception:
@@ -185,7 +200,7 @@ class DriverService:
     def stale_heartbeats(self, timeout: float, ignore: set[int]) -> list[int]:
         """Started ranks (not in ``ignore``) whose heartbeat has not moved for ``timeout`` s."""
         now = time.monotonic()
-        beats = self._ranks_with(KEY_HEARTBEAT)
+        beats = self._ranks_with(keys.HEARTBEAT)
         stale = []
         for rank in self.started():
             if rank in ignore:
@@ -200,7 +215,7 @@ class DriverService:
 
     def exited(self) -> set[int]:
         """Ranks whose supervisor (Spark/Dask task) has stopped its processes."""
-        return set(self._ranks_with("runner/exited/"))
+        return set(self._ranks_with(keys.EXITED))
 
     def wait_exited(self, ranks: set[int], timeout: float) -> set[int]:
         """Wait up to ``timeout`` s until the supervisors of ``ranks`` report their processes gone;
@@ -214,7 +229,29 @@ class DriverService:
 
     def abort(self) -> None:
         """Tell every rank to stop."""
-        self.server.set(KEY_ABORT, b"1")
+        self.server.set(keys.ABORT, b"1")
+
+    def next_seq(self) -> int:
+        """A number from the failure counter: stamps a failure the launcher itself observed
+        (ranks number their own reports from the same counter)."""
+        return self._client.add(keys.FAILSEQ, 1)
+
+    def result(self, rank: int, timeout: float = 30.0) -> Any:
+        """The value a rank on another host posted (:func:`hora.runners.worker.post_result`).
+
+        Raises:
+            WorkerFailedError: it never arrived within ``timeout`` seconds.
+        """
+        import cloudpickle
+
+        from hora.errors import RendezvousError
+
+        try:
+            (count,) = self.server.wait([keys.rank_key(keys.RESULT, rank)], timeout)
+            chunks = self.server.wait([keys.result_chunk_key(rank, i) for i in range(int(count))], timeout)
+        except RendezvousError as exc:
+            raise WorkerFailedError(f"rank {rank} exited without posting its result: {exc}", rank=rank) from None
+        return cloudpickle.loads(b"".join(chunks))
 
     # end ----------------------------------------------------------------------------------
     def save_logs(self) -> None:

@@ -1,8 +1,10 @@
-"""Local backend: one process per rank on this machine (the same code path as ``hora run``).
+"""Launchers of rank processes: this machine (:class:`LocalLauncher`) and a list of hosts
+reached over ssh (:class:`HostsLauncher`), on the same code path as ``hora run``.
 
-Each rank is ``python -m hora.runners.worker`` started by the shared
-:class:`~hora.runners.procs.ProcessLauncher` in its own process group, with the spec on
-its stdin. Every rank advertises 127.0.0.1 (``HORA_ADVERTISE_ADDR`` overrides).
+Each rank is ``python -m hora.runners.worker`` in its own process group with the
+(pickled) spec on its stdin; on this machine it writes its value to a private file, on
+another host it posts it to the driver service. Every rank on this machine advertises
+127.0.0.1 when the whole job is on loopback addresses (``HORA_ADVERTISE_ADDR`` overrides).
 """
 
 from __future__ import annotations
@@ -10,87 +12,124 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import shutil
-import tempfile
-from typing import Any
+import sys
+from collections.abc import Sequence
 
-from hora.errors import WorkerFailedError
-from hora.native.rendezvous import compute_placement
-from hora.runners.base import Backend, Job
+from hora.runners.base import Job, Launcher, start_or_cancel
 from hora.runners.driver import DriverService
-from hora.runners.procs import ProcessLauncher, describe_exit
+from hora.runners.hostjob import HostPlan, HostsConfig, HostsJob, RankOutput, RankProcess, forward_environment
+from hora.runners.hosts import HostSlots, RankSlot, resolve_hosts
 from hora.runners.spec import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_TERMINATE_GRACE,
-    ENV_ADVERTISE_ADDR,
+    ENV_HEARTBEAT_TIMEOUT,
     ENV_TERMINATE_GRACE,
     LaunchSpec,
     RankContext,
     env_seconds,
 )
-from hora.runners.worker import read_result, worker_argv, worker_process_env
+from hora.runners.ssh import SshOptions
+from hora.runners.worker import TO_DRIVER, worker_argv, worker_process_env
 
 log = logging.getLogger(__name__)
 
-
-class LocalJob(Job):
-    """Rank processes on this machine."""
-
-    def __init__(self, spec: LaunchSpec, service: DriverService, hostname: str) -> None:
-        self.spec = spec
-        self.hostname = hostname
-        self.grace = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE)
-        self.tmpdir = tempfile.mkdtemp(prefix=f"hora-{spec.run_id}-")
-        os.chmod(self.tmpdir, 0o700)
-        self.launcher = ProcessLauncher(service.emit)
-        self.result_paths = [os.path.join(self.tmpdir, f"rank.{r}.pkl") for r in range(spec.num_proc)]
-        self._cancelled = False
-        try:
-            for p in compute_placement([hostname] * spec.num_proc):
-                ctx = RankContext(
-                    rank=p.rank, size=spec.num_proc, local_rank=p.local_rank, local_size=p.local_size,
-                    cross_rank=p.cross_rank, cross_size=p.cross_size, hostname=hostname,
-                    rendezvous_addr=service.addr,
-                )
-                self.launcher.start(
-                    p.rank, worker_argv(self.result_paths[p.rank]), worker_process_env(),
-                    stdin_data=pickle.dumps((spec, ctx)),
-                )
-        except BaseException:
-            self.cancel()
-            raise
-
-    def pid(self, rank: int) -> int:
-        """The process id of a rank."""
-        return self.launcher.pid(rank)
-
-    def poll(self) -> list[Any] | None:
-        codes = self.launcher.poll()
-        failed = sorted((r, c) for r, c in codes.items() if c not in (0, None))
-        if failed:
-            rank, code = failed[0]
-            self.launcher.wait_output(rank, timeout=2.0)
-            raise WorkerFailedError(
-                f"rank {rank} on {self.hostname} failed with {describe_exit(code)}",
-                rank=rank, host=self.hostname, remote_traceback=self.launcher.traceback_of(rank), exitcode=code,
-            )
-        if all(c == 0 for c in codes.values()) and len(codes) == self.spec.num_proc:
-            for r in codes:
-                self.launcher.wait_output(r, timeout=5.0)
-            return [read_result(p) for p in self.result_paths]
-        return None
-
-    def cancel(self) -> None:
-        if self._cancelled:
-            return
-        self._cancelled = True
-        self.launcher.terminate(self.grace)
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
-
-    def host_of(self, rank: int) -> str | None:
-        return self.hostname
+ENV_REMOTE_PYTHON = "HORA_REMOTE_PYTHON"  # the interpreter on remote hosts (default: this one's path)
 
 
-class LocalBackend(Backend):
+def hosts_config(ssh: SshOptions, python: str | None, start_timeout: float) -> HostsConfig:
+    """A :class:`HostsConfig` from the arguments and ``HORA_REMOTE_PYTHON``,
+    ``HORA_TERMINATE_GRACE``, ``HORA_HEARTBEAT_TIMEOUT``."""
+    return HostsConfig(
+        ssh=ssh,
+        remote_python=python or os.environ.get(ENV_REMOTE_PYTHON) or sys.executable,
+        start_timeout=start_timeout,
+        grace=env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE),
+        heartbeat_timeout=env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT),
+    )
+
+
+class HostsLauncher(Launcher):
+    """Ranks as processes on hosts: this machine directly, every other host over ssh.
+
+    Args:
+        hosts: ``"a:2,b:2"`` or a list of :class:`~hora.runners.hosts.HostSlots`
+            (default: this machine, one slot per rank).
+        hostfile: a host file instead of ``hosts``.
+        ssh: how to reach remote hosts (default: ``HORA_SSH_ARGS`` only).
+        python: the interpreter of the ranks (default ``HORA_REMOTE_PYTHON`` on remote
+            hosts, this interpreter here).
+        network_interface: every host advertises this interface's address.
+        network_address: the address of this machine the driver service binds.
+        output_dir: also write each rank's output to ``<dir>/rank.<r>/stdout|stderr``.
+
+    Raises:
+        ConfigError: malformed hosts or host file, a bad ssh option.
+    """
+
+    name = "hosts"
+
+    def __init__(self, hosts: str | Sequence[HostSlots] | None = None, *, hostfile: str | None = None,
+                 ssh: SshOptions | None = None, python: str | None = None, network_interface: str | None = None,
+                 network_address: str | None = None, output_dir: str | None = None) -> None:
+        self.output_dir = os.path.abspath(output_dir) if output_dir else None
+        self._hosts = resolve_hosts(hosts, hostfile, 1) if (hosts is not None or hostfile is not None) else None
+        self.ssh = ssh or SshOptions.from_environ()
+        self.python = python
+        self.network_interface = network_interface
+        self.network_address = network_address
+        self._plan: HostPlan | None = None
+
+    def hosts_for(self, num_proc: int) -> list[HostSlots]:
+        """The hosts of a run of ``num_proc`` ranks."""
+        return list(self._hosts) if self._hosts is not None else [HostSlots("localhost", num_proc)]
+
+    def default_num_proc(self) -> int:
+        return sum(h.slots for h in self._hosts) if self._hosts is not None else (os.cpu_count() or 1)
+
+    def plan(self, num_proc: int) -> HostPlan:
+        """Assign ranks and choose addresses (once per launcher and size).
+
+        Raises:
+            ConfigError: more ranks than slots, unresolvable hosts, bad network options.
+        """
+        if self._plan is None or len(self._plan.slots) != num_proc:
+            self._plan = HostPlan.make(self.hosts_for(num_proc), num_proc, self.ssh,
+                                       interface=self.network_interface, address=self.network_address)
+        return self._plan
+
+    def check_num_proc(self, num_proc: int) -> None:
+        self.plan(num_proc)
+
+    def driver_addresses(self) -> tuple[str, str]:
+        if self._plan is None:
+            self.plan(self.default_num_proc())
+        assert self._plan is not None
+        return self._plan.bind, self._plan.service_address
+
+    def start(self, spec: LaunchSpec, service: DriverService) -> Job:
+        plan = self.plan(spec.num_proc)
+        config = hosts_config(self.ssh, self.python, spec.start_timeout)
+        output = RankOutput(service.emit, self.output_dir, spec.num_proc)
+        job: HostsJob | None = None
+
+        def make_rank(slot: RankSlot, advertise: str, remote: bool) -> RankProcess:
+            ctx = RankContext(rank=slot.rank, size=spec.num_proc, local_rank=slot.local_rank,
+                              local_size=slot.local_size, cross_rank=slot.cross_rank, cross_size=slot.cross_size,
+                              hostname=advertise, rendezvous_addr=service.addr)
+            stdin = pickle.dumps((spec, ctx))
+            if remote:
+                env = forward_environment(os.environ)
+                env["PYTHONUNBUFFERED"] = "1"
+                return RankProcess(slot.rank, tuple(worker_argv(TO_DRIVER, config.remote_python)), env, stdin)
+            assert job is not None
+            path = os.path.join(job.tmpdir, f"rank.{slot.rank}.pkl")
+            return RankProcess(slot.rank, tuple(worker_argv(path, self.python)), worker_process_env(), stdin, path)
+
+        job = HostsJob(plan, make_rank, service, output=output, config=config, functions=True)
+        return start_or_cancel(job)
+
+
+class LocalLauncher(HostsLauncher):
     """Ranks as processes on this machine.
 
     Args:
@@ -100,16 +139,17 @@ class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, hostname: str | None = None) -> None:
-        self.hostname = hostname or os.environ.get(ENV_ADVERTISE_ADDR) or "127.0.0.1"
+        super().__init__(None)
+        self._hostname = hostname
 
-    def default_num_proc(self) -> int:
-        return os.cpu_count() or 1
+    def plan(self, num_proc: int) -> HostPlan:
+        plan = super().plan(num_proc)
+        if self._hostname is not None and plan.local_address != self._hostname:
+            from hora.runners.network import is_loopback
 
-    def driver_addresses(self) -> tuple[str, str]:
-        return ("127.0.0.1" if self.hostname.startswith("127.") else "0.0.0.0", self.hostname)
-
-    def start(self, spec: LaunchSpec, service: DriverService) -> Job:
-        return LocalJob(spec, service, self.hostname)
+            bind = "127.0.0.1" if is_loopback(self._hostname) else "0.0.0.0"
+            self._plan = plan = HostPlan(plan.slots, {}, bind, self._hostname, self._hostname)
+        return plan
 
 
-__all__ = ["LocalBackend", "LocalJob"]
+__all__ = ["HostsLauncher", "LocalLauncher", "hosts_config", "ENV_REMOTE_PYTHON"]

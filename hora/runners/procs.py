@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -64,8 +65,12 @@ class ProcessLauncher:
         env: Mapping[str, str],
         stdin_data: bytes | None = None,
         cwd: str | None = None,
+        die_with_parent: bool = False,
     ) -> subprocess.Popen:
         """Start ``argv`` as rank ``rank`` in a new session with exactly ``env``.
+
+        ``die_with_parent``: Linux kills the rank (SIGKILL) when the thread that started it
+        exits, so a supervisor that is killed leaves no rank behind.
 
         Raises:
             ConfigError: the program cannot be started (not found, not executable).
@@ -82,6 +87,7 @@ class ProcessLauncher:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 close_fds=True,
+                preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux") else None,
             )
         except OSError as exc:
             raise ConfigError(f"cannot start rank {rank}: {argv[0]!r}: {exc.strerror or exc}") from exc
@@ -182,13 +188,7 @@ class ProcessLauncher:
 
     def traceback_of(self, rank: int) -> str | None:
         """The last Python traceback a rank wrote to stderr, or its stderr tail, or None."""
-        tail = self.stderr_tail(rank)
-        if not tail:
-            return None
-        for i in range(len(tail) - 1, -1, -1):
-            if tail[i].startswith(_TRACEBACK_HEAD):
-                return "\n".join(tail[i:])
-        return "\n".join(tail[-40:])
+        return last_traceback(self.stderr_tail(rank))
 
     def terminate(self, grace: float = 5.0, ranks: Sequence[int] | None = None) -> None:
         """Stop ranks (default all): SIGTERM to each process group, SIGKILL after ``grace`` s.
@@ -216,6 +216,34 @@ class ProcessLauncher:
                 t.join(timeout=2)
 
 
+_PR_SET_PDEATHSIG = 1
+_libc = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+if sys.platform.startswith("linux"):
+    try:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork
+    except OSError:
+        _libc = None
+
+
+def last_traceback(lines: Sequence[str]) -> str | None:
+    """The last Python traceback in ``lines`` (a stderr tail), else its last 40 lines, None if empty."""
+    if not lines:
+        return None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(_TRACEBACK_HEAD):
+            return "\n".join(lines[i:])
+    return "\n".join(lines[-40:])
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -239,4 +267,4 @@ def shell_exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-__all__ = ["ProcessLauncher", "describe_exit", "shell_exit_code"]
+__all__ = ["ProcessLauncher", "describe_exit", "shell_exit_code", "last_traceback"]

@@ -25,7 +25,7 @@ from typing import Any
 
 from hora.errors import ConfigError, WorkerFailedError
 from hora.native.rendezvous import RendezvousServer, compute_placement
-from hora.runners.base import Backend, Job
+from hora.runners.base import Job, Launcher
 from hora.runners.driver import DriverService
 from hora.runners.spec import (
     DEFAULT_TERMINATE_GRACE,
@@ -99,7 +99,7 @@ def _short_spark_error(exc: BaseException) -> str:
 class SparkJob(Job):
     """One barrier stage running on a background thread of the driver."""
 
-    def __init__(self, backend: SparkBackend, spec: LaunchSpec, service: DriverService) -> None:
+    def __init__(self, backend: SparkLauncher, spec: LaunchSpec, service: DriverService) -> None:
         self.sc = backend.sc
         self.spec = spec
         self.service = service
@@ -159,7 +159,7 @@ class SparkJob(Job):
             log.warning("rank(s) %s of run %s did not confirm that their processes stopped", sorted(left), self.spec.run_id)
 
 
-class SparkBackend(Backend):
+class SparkLauncher(Launcher):
     """Ranks as the tasks of one Spark barrier stage.
 
     Args:
@@ -219,4 +219,4 @@ class SparkBackend(Backend):
         return SparkJob(self, spec, service)
 
 
-__all__ = ["SparkBackend", "SparkJob"]
+__all__ = ["SparkLauncher", "SparkJob"]

@@ -30,10 +30,13 @@ ENV_ADVERTISE_ADDR = "HORA_ADVERTISE_ADDR"  # override the address workers adver
 ENV_HEARTBEAT_TIMEOUT = "HORA_HEARTBEAT_TIMEOUT"  # seconds without a heartbeat before a rank is dead
 ENV_FINISH_TIMEOUT = "HORA_FINISH_TIMEOUT"  # seconds the other ranks get once one rank returned
 ENV_TERMINATE_GRACE = "HORA_TERMINATE_GRACE"  # seconds between SIGTERM and SIGKILL
+ENV_NETWORK_INTERFACE = "HORA_NETWORK_INTERFACE"  # ranks advertise this interface's address (Gloo/NCCL use it)
+ENV_WORKER_PYTHON = "HORA_WORKER_PYTHON"  # the interpreter Spark/Dask task supervisors start ranks with
 ENV_TEST_HANG_AT_START = "HORA_TEST_HANG_AT_START"  # fault injection: comma list of ranks that never start
 
 # the native engine's settings (read by hora.native)
 ENV_TIMELINE = "HORA_TIMELINE"
+ENV_TIMELINE_MARK_CYCLES = "HORA_TIMELINE_MARK_CYCLES"  # 1: a CYCLE marker per engine round
 ENV_CYCLE_TIME = "HORA_CYCLE_TIME"  # milliseconds
 ENV_FUSION_THRESHOLD = "HORA_FUSION_THRESHOLD"  # bytes
 ENV_CACHE_CAPACITY = "HORA_CACHE_CAPACITY"
@@ -44,14 +47,7 @@ DEFAULT_FINISH_TIMEOUT = 600.0
 DEFAULT_TERMINATE_GRACE = 5.0
 HEARTBEAT_INTERVAL = 1.0
 
-# key prefixes in the driver service
-KEY_STARTED = "runner/started/"  # runner/started/<rank> = host
-KEY_FAILED = "runner/failed/"  # runner/failed/<rank> = pickled FailureReport
-KEY_FAILSEQ = "runner/failseq"  # counter ordering failures
-KEY_HEARTBEAT = "runner/hb/"  # runner/hb/<rank> = counter
-KEY_LOG = "runner/log/"  # runner/log/<rank>/<seq> = pickled list of (stream, line)
-KEY_METRICS = "runner/metrics/"  # runner/metrics/<rank> = pickled (seq, dict)
-KEY_ABORT = "runner/abort"  # set by the driver: every rank stops
+# the keys ranks and launchers exchange are in hora.native.keys (one module owns them)
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 
@@ -96,6 +92,7 @@ def env_seconds(name: str, default: float) -> float:
 def native_settings_env(
     *,
     timeline: str | None = None,
+    timeline_mark_cycles: bool = False,
     cycle_time_ms: float | None = None,
     fusion_threshold_mb: float | None = None,
     cache_capacity: int | None = None,
@@ -111,6 +108,8 @@ def native_settings_env(
     out: dict[str, str] = {}
     if timeline:
         out[ENV_TIMELINE] = os.path.abspath(timeline)
+        if timeline_mark_cycles:
+            out[ENV_TIMELINE_MARK_CYCLES] = "1"
     if cycle_time_ms is not None:
         if cycle_time_ms <= 0:
             raise ConfigError(f"cycle time must be > 0 ms, got {cycle_time_ms}")

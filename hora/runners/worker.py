@@ -34,23 +34,19 @@ import traceback
 from typing import Any
 
 from hora.errors import HoraError, RendezvousError, WorkerFailedError
+from hora.native import keys
 from hora.native.rendezvous import KVClient, WorkerEnv
 from hora.runners.spec import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_TERMINATE_GRACE,
     ENV_DRIVER_ADDR,
     ENV_HEARTBEAT_TIMEOUT,
+    ENV_NETWORK_INTERFACE,
     ENV_RUN_ID,
     ENV_TERMINATE_GRACE,
     ENV_TEST_HANG_AT_START,
-    DEFAULT_HEARTBEAT_TIMEOUT,
-    DEFAULT_TERMINATE_GRACE,
+    ENV_WORKER_PYTHON,
     HEARTBEAT_INTERVAL,
-    KEY_ABORT,
-    KEY_FAILED,
-    KEY_FAILSEQ,
-    KEY_HEARTBEAT,
-    KEY_LOG,
-    KEY_METRICS,
-    KEY_STARTED,
     FailureReport,
     LaunchSpec,
     RankContext,
@@ -59,11 +55,12 @@ from hora.runners.spec import (
 
 log = logging.getLogger(__name__)
 
-KEY_DONE = "runner/done/"
-KEY_EXITED = "runner/exited/"  # set by a supervisor once its rank's processes are gone
 ENV_SUPERVISOR_PID = "HORA_SUPERVISOR_PID"
 EXIT_FAILED = 1
 EXIT_ABORTED = 143
+TO_DRIVER = "--to-driver"  # post the result to the driver service instead of a file
+FROM_DRIVER = "--from-driver"  # also fetch the spec from the driver (ranks started by mpiexec)
+RESULT_CHUNK = 64 * 1024 * 1024  # bytes per key of a result posted to the driver
 
 # ------------------------------------------------------------------------------------------
 # report(): metrics to the driver's progress bar
@@ -107,7 +104,7 @@ def report(**metrics: Any) -> None:
     except Exception as exc:
         raise TypeError(f"report(): metrics must be picklable: {exc}") from exc
     try:
-        client.set(f"{KEY_METRICS}{rank}", payload)
+        client.set(keys.rank_key(keys.METRICS, rank), payload)
     except RendezvousError as exc:
         log.warning("report(): could not reach the driver: %s", exc)
 
@@ -154,8 +151,8 @@ class _Watchdog(threading.Thread):
                 log.error("rank %d: its supervisor (pid %d) is gone; exiting", self.rank, self.parent_pid)
                 os._exit(EXIT_ABORTED)
             try:
-                self.client.add(f"{KEY_HEARTBEAT}{self.rank}", 1)
-                aborted = bool(self.client.keys(KEY_ABORT))
+                self.client.add(keys.rank_key(keys.HEARTBEAT, self.rank), 1)
+                aborted = bool(self.client.keys(keys.ABORT))
                 last_ok = time.monotonic()
             except HoraError:
                 if time.monotonic() - last_ok > self.lost_after:
@@ -186,17 +183,34 @@ def _post_failure(client: KVClient | None, rank: int, host: str, exc: BaseExcept
     if client is None:
         return
     try:
-        seq = client.add(KEY_FAILSEQ, 1)
-        report_ = FailureReport(seq=seq, rank=rank, host=host, error=f"{type(exc).__name__}: {exc}", traceback=tb, exitcode=code)
-        client.set(f"{KEY_FAILED}{rank}", pickle.dumps(report_))
+        seq = client.add(keys.FAILSEQ, 1)
+        report_ = FailureReport(seq=seq, rank=rank, host=host, error=f"{type(exc).__name__}: {exc}", traceback=tb,
+                                exitcode=code)
+        client.set(keys.rank_key(keys.FAILED, rank), pickle.dumps(report_))
     except Exception as post_exc:  # the exit code still tells the launcher
         log.warning("rank %d could not post its failure to the driver: %s", rank, post_exc)
 
 
-def rank_environ(spec: LaunchSpec, ctx: RankContext) -> dict[str, str]:
-    """The environment variables one rank runs with (spec env, contract, settings)."""
+def rank_environ(spec: LaunchSpec, ctx: RankContext | None) -> dict[str, str]:
+    """The environment variables one rank runs with (spec env, contract, settings).
+
+    Without a ``ctx`` (ranks started by mpiexec) the rank learns its place from MPI and
+    only the spec's variables and the driver's address are set.
+    """
     env = dict(spec.env)
+    env[ENV_DRIVER_ADDR] = spec.driver_addr
+    env[ENV_RUN_ID] = spec.run_id
+    if ctx is None:
+        env["HORA_BACKEND"] = spec.collective_backend
+        return env
     env.update(dict(ctx.extra_env))
+    hostname = ctx.hostname
+    iface = env.get(ENV_NETWORK_INTERFACE)
+    if iface:  # advertise the chosen interface's address of this host (hora.spark.run(nics=...))
+        from hora.runners.network import interface_address
+
+        hostname = interface_address(iface)
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = iface
     env.update(
         WorkerEnv(
             rank=ctx.rank,
@@ -208,30 +222,61 @@ def rank_environ(spec: LaunchSpec, ctx: RankContext) -> dict[str, str]:
             rendezvous_addr=ctx.rendezvous_addr,
             secret=spec.secret,
             job_id=spec.run_id,
-            hostname=ctx.hostname,
+            hostname=hostname,
             backend=spec.collective_backend,
             start_timeout=spec.start_timeout,
         ).to_environ()
     )
-    env[ENV_DRIVER_ADDR] = spec.driver_addr
-    env[ENV_RUN_ID] = spec.run_id
-    if ctx.hostname.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
+    if hostname.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = "lo"
     return env
 
 
-def run_rank(spec: LaunchSpec, ctx: RankContext, result_path: str) -> int:
-    """Run one rank in this process; return the process exit code (0 on success)."""
+def _mpi_rank() -> int:
+    from hora.native.backends import MPI_LAUNCH_VARS
+
+    for name in MPI_LAUNCH_VARS:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    raise WorkerFailedError(f"--from-driver needs a rank from mpiexec ({', '.join(MPI_LAUNCH_VARS)} unset)")
+
+
+def post_result(client: KVClient, rank: int, value: Any) -> None:
+    """Send a rank's value to the driver service in chunks (``runner/result/<r>``)."""
+    import cloudpickle
+
+    data = cloudpickle.dumps(value)
+    chunks = [data[i:i + RESULT_CHUNK] for i in range(0, len(data), RESULT_CHUNK)] or [b""]
+    for i, chunk in enumerate(chunks):
+        client.set(keys.result_chunk_key(rank, i), chunk)
+    client.set(keys.rank_key(keys.RESULT, rank), str(len(chunks)).encode())
+
+
+def _write_result(result_path: str, value: Any) -> None:
+    import cloudpickle
+
+    tmp = result_path + ".tmp"
+    with open(tmp, "wb") as fh:
+        cloudpickle.dump((True, value), fh)
+    os.replace(tmp, result_path)
+
+
+def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None) -> int:
+    """Run one rank in this process; return the process exit code (0 on success).
+
+    The value of ``fn`` goes to ``result_path``, or to the driver service when it is None.
+    """
     os.environ.update(rank_environ(spec, ctx))
     _configure_logging(spec.verbose)
     for entry in reversed(spec.sys_path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    rank = ctx.rank
-    host = ctx.hostname or socket.gethostname()
+    host = ctx.hostname if ctx is not None else socket.gethostname()
+    rank = ctx.rank if ctx is not None else -1
     parent = os.environ.get(ENV_SUPERVISOR_PID)
     client: KVClient | None = None
     try:
+        rank = ctx.rank if ctx is not None else _mpi_rank()
         client = KVClient(spec.driver_addr, spec.secret)
         hang = os.environ.get(ENV_TEST_HANG_AT_START, "")
         if str(rank) in [x.strip() for x in hang.split(",") if x.strip()]:
@@ -240,7 +285,7 @@ def run_rank(spec: LaunchSpec, ctx: RankContext, result_path: str) -> int:
             watchdog.start()
             while True:
                 time.sleep(3600)
-        client.set(f"{KEY_STARTED}{rank}", host.encode())
+        client.set(keys.rank_key(keys.STARTED, rank), host.encode())
         watchdog = _Watchdog(client, rank, int(parent) if parent else None)
         watchdog.start()
         _set_reporter(client, rank)
@@ -253,11 +298,11 @@ def run_rank(spec: LaunchSpec, ctx: RankContext, result_path: str) -> int:
         value = fn(*args, **kwargs)
         if hn is not None:
             hn.shutdown()
-        tmp = result_path + ".tmp"
-        with open(tmp, "wb") as fh:
-            cloudpickle.dump((True, value), fh)
-        os.replace(tmp, result_path)
-        client.set(f"{KEY_DONE}{rank}", b"1")
+        if result_path is None:
+            post_result(client, rank, value)
+        else:
+            _write_result(result_path, value)
+        client.set(keys.rank_key(keys.DONE, rank), b"1")
         watchdog.stopped.set()
         return 0
     except BaseException as exc:
@@ -271,23 +316,43 @@ def run_rank(spec: LaunchSpec, ctx: RankContext, result_path: str) -> int:
         _set_reporter(None, rank)
 
 
+def _spec_from_driver() -> tuple[LaunchSpec, None]:
+    """The spec a rank started by mpiexec fetches from the driver (address and secret in its environment)."""
+    env = os.environ
+    missing = [n for n in (ENV_DRIVER_ADDR, "HORA_SECRET") if not env.get(n)]
+    if missing:
+        raise WorkerFailedError(f"--from-driver needs {', '.join(missing)} in the environment")
+    client = KVClient(env[ENV_DRIVER_ADDR], bytes.fromhex(env["HORA_SECRET"]))
+    try:
+        spec = pickle.loads(client.get(keys.SPEC))
+    finally:
+        client.close()
+    return spec, None
+
+
+USAGE = (f"usage: python -m hora.runners.worker RESULT_PATH | {TO_DRIVER} | {FROM_DRIVER}\n"
+         "  (the pickled (LaunchSpec, RankContext) on stdin, except with --from-driver)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m hora.runners.worker RESULT_PATH`` (spec on stdin)."""
+    """Entry point of ``python -m hora.runners.worker RESULT_PATH | --to-driver | --from-driver``."""
     argv = sys.argv[1:] if argv is None else argv
     _set_parent_death_signal()
     parent = os.environ.get(ENV_SUPERVISOR_PID)
     if parent and os.getppid() != int(parent):
         return EXIT_ABORTED  # the parent died before PR_SET_PDEATHSIG took effect
     if len(argv) != 1:
-        sys.stderr.write("usage: python -m hora.runners.worker RESULT_PATH  (LaunchSpec pickled on stdin)\n")
+        sys.stderr.write(USAGE)
         return 2
-    data = sys.stdin.buffer.read()
     try:
-        spec, ctx = pickle.loads(data)
+        if argv[0] == FROM_DRIVER:
+            spec, ctx = _spec_from_driver()
+        else:
+            spec, ctx = pickle.loads(sys.stdin.buffer.read())
     except Exception as exc:
-        sys.stderr.write(f"hora worker: cannot read the launch spec from stdin: {exc}\n")
+        sys.stderr.write(f"hora worker: cannot read the launch spec: {exc}\n")
         return 2
-    return run_rank(spec, ctx, argv[0])
+    return run_rank(spec, ctx, None if argv[0] in (TO_DRIVER, FROM_DRIVER) else argv[0])
 
 
 # ------------------------------------------------------------------------------------------
@@ -315,7 +380,7 @@ class _LogPusher:
             batch, self.buffer = self.buffer, []
         if batch:
             try:
-                self.client.set(f"{KEY_LOG}{self.rank}/{next(self.seq):09d}", pickle.dumps(batch))
+                self.client.set(keys.log_key(self.rank, next(self.seq)), pickle.dumps(batch))
             except HoraError as exc:
                 log.warning("rank %d: could not forward %d output line(s) to the driver: %s", self.rank, len(batch), exc)
 
@@ -329,9 +394,10 @@ class _LogPusher:
         self.flush()
 
 
-def worker_argv(result_path: str) -> list[str]:
-    """The command line of the worker entry point."""
-    return [sys.executable, "-m", "hora.runners.worker", result_path]
+def worker_argv(result: str, python: str | None = None) -> list[str]:
+    """The command line of the worker entry point (``result``: a file path, :data:`TO_DRIVER`
+    or :data:`FROM_DRIVER`; ``python``: the interpreter, default this one)."""
+    return [python or sys.executable, "-m", "hora.runners.worker", result]
 
 
 def worker_process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -371,7 +437,9 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) ->
     tmpdir = tempfile.mkdtemp(prefix=f"hora-{spec.run_id}-rank{ctx.rank}-")
     result_path = os.path.join(tmpdir, "result.pkl")
     try:
-        launcher.start(ctx.rank, worker_argv(result_path), worker_process_env(), stdin_data=pickle.dumps((spec, ctx)))
+        python = spec.env_dict.get(ENV_WORKER_PYTHON)  # hora.spark.run(executable=...)
+        launcher.start(ctx.rank, worker_argv(result_path, python), worker_process_env(),
+                       stdin_data=pickle.dumps((spec, ctx)))
         last_abort_check = 0.0
         while True:
             code = launcher.poll()[ctx.rank]
@@ -381,7 +449,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) ->
             if now - last_abort_check > 1.0:
                 last_abort_check = now
                 with contextlib.suppress(HoraError):
-                    if client.keys(KEY_ABORT):
+                    if client.keys(keys.ABORT):
                         launcher.terminate(grace)
                         raise WorkerFailedError(
                             f"rank {ctx.rank} was stopped because the driver aborted run {spec.run_id}",
@@ -392,7 +460,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) ->
         if code == 0:
             return read_result(result_path)
         tb = launcher.traceback_of(ctx.rank)
-        if not client.keys(f"{KEY_FAILED}{ctx.rank}"):  # killed, or died before it could report
+        if not client.keys(keys.rank_key(keys.FAILED, ctx.rank)):  # killed, or died before it could report
             exc = WorkerFailedError(f"rank {ctx.rank} process died with {describe_exit(code)}")
             _post_failure(client, ctx.rank, ctx.hostname, exc, tb or "", code)
         raise WorkerFailedError(
@@ -403,7 +471,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) ->
         launcher.terminate(grace)
         pusher.close()
         with contextlib.suppress(HoraError):
-            client.set(f"{KEY_EXITED}{ctx.rank}", b"1")
+            client.set(keys.rank_key(keys.EXITED, ctx.rank), b"1")
         client.close()
         with contextlib.suppress(OSError):
             for name in os.listdir(tmpdir):

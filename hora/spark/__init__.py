@@ -21,6 +21,7 @@ from typing import Any
 
 from hora.estimators.callbacks import BestModelCheckpoint, Callback, EarlyStopping
 from hora.estimators.spark_estimator import TorchEstimator, TorchModel
+from hora.spark.runner import run  # Horovod's horovod.spark.run
 
 _LAZY = {"KerasEstimator": "SparkKerasEstimator", "KerasModel": "SparkKerasModel"}
 

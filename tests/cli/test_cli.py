@@ -40,7 +40,8 @@ def test_run_prefixes_output_and_writes_output_files(tmp_path):
         assert os.environ["HORA_CYCLE_TIME"] == "3" and os.environ["HORA_FUSION_THRESHOLD"] == str(2 * 1024 * 1024)
         assert os.environ["HORA_CACHE_CAPACITY"] == "10" and os.environ["HORA_AUTOTUNE"] == "1"
         assert os.environ["HORA_SHM_ALLREDUCE"] == "0"
-        assert os.environ["HORA_TIMELINE"].endswith("tl.json")
+        assert os.environ["HORA_TIMELINE"].endswith("tl.json") and os.environ["HORA_TIMELINE_MARK_CYCLES"] == "1"
+        assert os.environ["HORA_LOG_LEVEL"] == "ERROR" and os.environ["EXTRA_SETTING"] == "a=b"
         if os.environ["HORA_RANK"] == "0":
             import time
             import hora.runners
@@ -50,7 +51,8 @@ def test_run_prefixes_output_and_writes_output_files(tmp_path):
     out_dir = tmp_path / "out"
     res = hora("run", "-np", "2", "--output-filename", str(out_dir), "--cycle-time-ms", "3",
                "--fusion-threshold-mb", "2", "--cache-capacity", "10", "--autotune", "--no-shm",
-               "--timeline-filename", str(tmp_path / "tl.json"), sys.executable, script)
+               "--timeline-filename", str(tmp_path / "tl.json"), "--timeline-mark-cycles", "--log-level", "error",
+               "-x", "EXTRA_SETTING=a=b", sys.executable, script)
     assert res.returncode == 0, res.stderr
     assert "[0]<stdout>:hello from 0 of 2 127.0.0.1" in res.stdout
     assert "[1]<stdout>:hello from 1 of 2 127.0.0.1" in res.stdout
@@ -98,19 +100,49 @@ def test_failing_rank_stops_the_others_exits_with_its_code_and_leaves_no_orphans
         (["-np", "0", "echo", "hi"], "-np must be >= 1, got 0"),
         (["-np", "-3", "echo", "hi"], "-np must be >= 1, got -3"),
         (["-np", "2", "surely-no-such-command-xyz"], "command not found: 'surely-no-such-command-xyz'"),
-        (["-np", "2", "-H", "remote-host:2", "echo", "hi"], "remote host 'remote-host'"),
-        (["-np", "3", "-H", "localhost:2", "echo", "hi"], "-np 3 needs 3 slots but -H 'localhost:2' offers 2"),
+        (["-np", "2", "-H", "no-such-host.invalid:2", "echo", "hi"], "host 'no-such-host.invalid' does not resolve"),
+        (["-np", "3", "-H", "localhost:2", "echo", "hi"], "-np 3 needs 3 slots but the hosts 'localhost:2' offer 2"),
         (["-np", "2", "-H", "localhost:x", "echo", "hi"], "slots must be an integer"),
         (["-np", "2"], "no command given"),
         (["-np", "2", "--start-timeout", "0", "echo"], "--start-timeout must be > 0"),
         (["-np", "2", "--cache-capacity", "-1", "echo"], "--cache-capacity must be >= 0"),
+        (["echo", "hi"], "-np is required"),
+        (["-np", "2", "-H", "a:1", "--hostfile", "hosts.txt", "echo"], "not allowed with argument -H/--hosts"),
+        (["-np", "2", "--hostfile", "hosts.txt", "echo"], "hosts.txt line 3 'b slots=x': slots must be an integer"),
+        (["-np", "5", "--hostfile", "ok.txt", "echo"], "-np 5 needs 5 slots but the hosts 'localhost:3' offer 3"),
+        (["-np", "2", "-H", "localhost:1,127.0.0.2:1", "--network-address", "198.51.100.7", "echo"],
+         "--network-address 198.51.100.7 is not an address of this machine"),
+        (["-np", "2", "-H", "localhost:1,127.0.0.2:1", "--network-interface", "nope0", "echo"],
+         "network interface 'nope0' does not exist on"),
+        (["-np", "2", "--timeline-mark-cycles", "echo"], "--timeline-mark-cycles needs --timeline-filename"),
+        (["-np", "2", "-p", "0", "echo"], "--ssh-port must be >= 1"),
+        (["-np", "2", "-i", "/no/such/key", "echo"], "ssh identity file '/no/such/key' does not exist"),
     ],
 )
 def test_usage_errors_exit_2_before_starting_anything(args, message, tmp_path):
+    (tmp_path / "hosts.txt").write_text("# hosts\na slots=2\nb slots=x\n")
+    (tmp_path / "ok.txt").write_text("localhost slots=2\n127.0.0.1 slots=1\n")
     res = hora("run", *args, cwd=str(tmp_path))
     assert res.returncode == 2
     assert message in res.stderr
     assert "[0]<" not in res.stdout
+
+
+@pytest.mark.timeout(60)
+def test_check_build_prints_horovods_summary_with_horas_answers():
+    from hora.native import build_info
+
+    res = hora("run", "--check-build")
+    assert res.returncode == 0, res.stderr
+    mark = {True: "X", False: " "}
+    from hora import __version__
+
+    expected = [f"hora v{__version__}:", "Available Frameworks:", "    [X] PyTorch", "    [ ] MXNet",
+                "Available Controllers:", f"    [{mark[build_info.mpi_built()]}] MPI",
+                f"    [{mark[build_info.gloo_built()]}] Gloo", "Available Tensor Operations:",
+                f"    [{mark[build_info.nccl_built()]}] NCCL", "    [ ] DDL", "    [ ] CCL"]
+    for line in expected:
+        assert line in res.stdout.splitlines(), (line, res.stdout)
 
 
 @pytest.mark.timeout(60)
@@ -256,9 +288,9 @@ def test_timeline_filename_reaches_the_engine_and_summarize_reads_it(tmp_path):
 
 def test_mpi_chunks_are_joined_into_whole_lines_per_rank():
     """mpiexec marks chunks, not lines: pieces of one rank's line must be put back together."""
-    from hora.cli import _CHUNK_RANK_END as E
-    from hora.cli import _CHUNK_START as S
-    from hora.cli import _ChunkJoiner
+    from hora.runners.mpi import CHUNK_RANK_END as E
+    from hora.runners.mpi import CHUNK_START as S
+    from hora.runners.mpi import ChunkJoiner as _ChunkJoiner
 
     got: list[tuple[int, str]] = []
     j = _ChunkJoiner(lambda rank, text: got.append((rank, text)))

@@ -115,19 +115,19 @@ class _FakeClient:
 
 
 def test_dask_gpu_resource_is_honoured_where_workers_declare_it():
-    from hora.runners.dask import DaskBackend
+    from hora.runners.dask import DaskLauncher
 
     workers = {
         "tcp://10.0.0.2:1": {"host": "10.0.0.2", "resources": {}},
         "tcp://10.0.0.3:1": {"host": "10.0.0.3", "resources": {"GPU": 1}},
         "tcp://10.0.0.2:2": {"host": "10.0.0.2", "resources": {"GPU": 2}},
     }
-    be = DaskBackend(_FakeClient(workers))
+    be = DaskLauncher(_FakeClient(workers))
     assert be.default_num_proc() == 2  # only the GPU workers
     assert [a for a, _ in be.pick_workers(2)] == ["tcp://10.0.0.2:2", "tcp://10.0.0.3:1"]
     with pytest.raises(ConfigError, match="num_proc=3 needs 3 distinct Dask workers"):
         be.check_num_proc(3)
     assert be.advertise_for("10.0.0.3") == "10.0.0.3"
     assert be.advertise_for("127.0.0.1") == "127.0.0.1"
-    cpu_only = DaskBackend(_FakeClient({k: {**v, "resources": {}} for k, v in workers.items()}))
+    cpu_only = DaskLauncher(_FakeClient({k: {**v, "resources": {}} for k, v in workers.items()}))
     assert cpu_only.default_num_proc() == 3

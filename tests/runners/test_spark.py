@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import signal
 import time
 
@@ -101,7 +102,7 @@ def test_spark_more_ranks_than_slots_fails_at_once(spark):
 
 
 def test_spark_slots_from_master():
-    from hora.runners.spark import SparkBackend
+    from hora.runners.spark import SparkLauncher
 
     class _Conf:
         def __init__(self, cpus):
@@ -124,7 +125,7 @@ def test_spark_slots_from_master():
             self.sparkContext = sc
 
     def slots(master, cpus="1"):
-        return SparkBackend(_Session(_SC(master, cpus))).slots()
+        return SparkLauncher(_Session(_SC(master, cpus))).slots()
 
     assert slots("local") == 1
     assert slots("local[4]") == 4
@@ -148,3 +149,30 @@ def test_spark_keyboard_interrupt_cancels_the_job(spark, tmp_path):
     for job_id in job_ids:
         assert tracker.getJobInfo(job_id).status != "RUNNING"
     assert_no_workers_left("spark-ctrl-c")
+
+
+def _horovod_spark_fn(offset):
+    import torch
+
+    import hora.torch as hvd
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="n")
+    print(f"spark rank {hvd.rank()} says hello", flush=True)
+    return hvd.rank() + offset, float(total[0])
+
+
+@pytest.mark.timeout(240)
+def test_hora_spark_run_is_horovods_spark_run(spark):
+    import io
+
+    import hora.spark
+
+    out = io.StringIO()
+    assert hora.spark.run(_horovod_spark_fn, args=(10,), num_proc=2, stdout=out,
+                          prefix_output_with_timestamp=True) == [(10, 2.0), (11, 2.0)]
+    lines = out.getvalue().splitlines()
+    assert any(line.endswith("[1]<stdout>:spark rank 1 says hello") and line[0].isalpha() for line in lines), lines
+    with pytest.raises(ConfigError, match="use_mpi / extra_mpi_args are not supported"):
+        hora.spark.run(_horovod_spark_fn, args=(0,), use_mpi=True)
+    assert_no_workers_left(f"{sys.executable} -m hora.runners.worker")  # this checkout's workers only

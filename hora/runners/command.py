@@ -1,0 +1,195 @@
+"""``hora run``'s launcher: a command as N ranks on hosts, or through mpiexec.
+
+:class:`CommandRun` starts the ranks of a :class:`CommandConfig` (one validated
+dataclass built by the CLI from its flags), watches them with the one monitor
+(:func:`hora.runners.monitor.watch`) and stops them; the CLI only parses and prints.
+Each rank gets the environment of a job: the launcher's own on this machine, the
+forwarded variables on other hosts (:func:`hora.runners.hostjob.forward_environment`),
+the engine settings of the flags, ``-x`` variables, and the ``HORA_*`` contract with
+the launcher's rendezvous service (``HORA_DRIVER_ADDR`` for ``hora.runners.report``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from typing import IO
+
+from hora.errors import ConfigError
+from hora.native.rendezvous import WorkerEnv, make_secret
+from hora.runners.driver import DriverService
+from hora.runners.hostjob import HostPlan, HostsJob, RankOutput, RankProcess, forward_environment
+from hora.runners.hosts import HostSlots, RankSlot
+from hora.runners.local import hosts_config
+from hora.runners.monitor import Policy, watch
+from hora.runners.mpi import MpiJob
+from hora.runners.spec import ENV_DRIVER_ADDR, ENV_RUN_ID, new_run_id
+from hora.runners.ssh import SshOptions
+
+log = logging.getLogger(__name__)
+
+COLLECTIVES = ("auto", "gloo", "nccl", "mpi")
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandConfig:
+    """One ``hora run``.
+
+    Attributes:
+        command: the program and its arguments.
+        num_proc: ranks (``-np``).
+        hosts: where they run (``-H`` / ``--hostfile``; default this machine).
+        ssh: how remote hosts are reached (``-p``, ``-i``, ``HORA_SSH_ARGS``).
+        start_timeout: seconds for hosts to answer and ranks to meet at the engine's start.
+        settings: engine variables from the flags (``HORA_CYCLE_TIME``, ...).
+        forward: ``-x NAME``: variables passed to remote hosts too.
+        values: ``-x NAME=VALUE``: variables set on every rank.
+        output_dir: ``--output-filename``.
+        network_interface, network_address: what the launcher's services bind.
+        collective: the collective backend (``HORA_BACKEND``).
+        mpi: start the ranks with mpiexec.
+        remote_python: the interpreter of hora's supervisor on remote hosts.
+        verbose: print the hosts and commands.
+    """
+
+    command: tuple[str, ...]
+    num_proc: int
+    hosts: tuple[HostSlots, ...]
+    ssh: SshOptions
+    start_timeout: float
+    settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    forward: tuple[str, ...] = ()
+    values: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    output_dir: str | None = None
+    network_interface: str | None = None
+    network_address: str | None = None
+    collective: str = "auto"
+    mpi: bool = False
+    remote_python: str | None = None
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("no command given (e.g. hora run -np 2 python train.py)")
+        if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
+            raise ConfigError(f"-np must be >= 1, got {self.num_proc!r}")
+        if not self.start_timeout > 0:
+            raise ConfigError(f"--start-timeout must be > 0, got {self.start_timeout!r}")
+        if self.collective not in COLLECTIVES:
+            raise ConfigError(f"collective backend {self.collective!r} is unknown; use one of {', '.join(COLLECTIVES)}")
+        if self.mpi and self.collective not in ("auto", "mpi"):
+            raise ConfigError(f"--mpi runs the MPI backend; it conflicts with --backend {self.collective}")
+        if not self.hosts:
+            raise ConfigError("no hosts")
+        if any(h.is_local for h in self.hosts) and shutil.which(self.command[0]) is None:
+            raise ConfigError(f"command not found: {self.command[0]!r} (not an executable file or on PATH)")
+        for name in (*self.forward, *self.values):
+            if not name or "=" in name or not name.replace("_", "a").isalnum():
+                raise ConfigError(f"-x {name!r} is not a valid environment variable name")
+
+
+class CommandRun:
+    """Start, watch and stop the ranks of one :class:`CommandConfig`.
+
+    Use as ``run.start(); run.wait()`` inside ``try/finally: run.stop()``.
+    """
+
+    def __init__(self, cfg: CommandConfig, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> None:
+        self.cfg = cfg
+        self.run_id = new_run_id()
+        self.plan = HostPlan.make(cfg.hosts, cfg.num_proc, cfg.ssh, interface=cfg.network_interface,
+                                  address=cfg.network_address)
+        self.secret = make_secret()
+        self.service = DriverService(self.secret, cfg.num_proc, self.run_id, bind=self.plan.bind,
+                                     advertise=self.plan.service_address, verbose=1, stdout=stdout, stderr=stderr)
+        self.output = RankOutput(self.service.emit, cfg.output_dir, cfg.num_proc)
+        self.job: HostsJob | MpiJob | None = None
+        self.started = False  # every rank was started
+
+    def describe(self) -> list[str]:
+        """What ``--verbose`` prints before starting."""
+        lines = [f"hora run {self.run_id}: {self.cfg.num_proc} rank(s), services on {self.service.addr}"]
+        for s in self.plan.slots:
+            how = "ssh" if s.host.name in self.plan.addresses else "local"
+            lines.append(f"  rank {s.rank}: {s.host.name} ({how}) local_rank {s.local_rank}/{s.local_size} "
+                         f"cross_rank {s.cross_rank}/{s.cross_size}")
+        return lines
+
+    def _env(self, remote: bool) -> dict[str, str]:
+        cfg = self.cfg
+        if remote:
+            env = forward_environment(os.environ, cfg.forward)
+        else:
+            env = dict(os.environ)
+            env.pop("HORA_SUPERVISOR_PID", None)
+        env.update(cfg.settings)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.plan.interface:
+            env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.plan.interface
+        elif self.plan.all_loopback:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.update(cfg.values)
+        env[ENV_DRIVER_ADDR] = self.service.addr
+        env[ENV_RUN_ID] = self.run_id
+        return env
+
+    def _make_rank(self, slot: RankSlot, advertise: str, remote: bool) -> RankProcess:
+        env = self._env(remote)
+        env.update(WorkerEnv(
+            rank=slot.rank, size=self.cfg.num_proc, local_rank=slot.local_rank, local_size=slot.local_size,
+            cross_rank=slot.cross_rank, cross_size=slot.cross_size, rendezvous_addr=self.service.addr,
+            secret=self.secret, job_id=self.run_id, hostname=advertise, backend=self.cfg.collective,
+            start_timeout=self.cfg.start_timeout,
+        ).to_environ())
+        return RankProcess(slot.rank, self.cfg.command, env)
+
+    def start(self) -> None:
+        """Reach the hosts and start every rank.
+
+        Raises:
+            WorkerFailedError: a host cannot be reached or cannot run hora (named).
+            ConfigError: no mpiexec (``--mpi``), an interface a host lacks.
+        """
+        cfg = self.cfg
+        if cfg.mpi:
+            env = self._env(remote=False)
+            env["HORA_BACKEND"] = "mpi"
+            self.job = MpiJob(cfg.command, cfg.hosts, cfg.ssh, env, self.output, self.service, cfg.num_proc,
+                              functions=False, interface=cfg.network_interface)
+            log.info("mpiexec: %s", self.job.describe())
+            self.job.start()
+            self.started = True
+            return
+        config = hosts_config(cfg.ssh, cfg.remote_python, cfg.start_timeout)
+        self.job = HostsJob(self.plan, self._make_rank, self.service, output=self.output, config=config,
+                            functions=False)
+        self.job.start()
+        self.started = True
+
+    def wait(self) -> None:
+        """Return once every rank exited 0.
+
+        Raises:
+            WorkerFailedError: the first failure (rank, host, exit code, traceback).
+            RendezvousError: ranks never reached the engine's start barrier.
+        """
+        assert self.job is not None
+        watch(self.service, self.job, Policy(num_proc=self.cfg.num_proc, run_id=self.run_id,
+                                             start_timeout=self.cfg.start_timeout, functions=False,
+                                             poll_interval=0.05))
+
+    def stop(self) -> None:
+        """Stop every rank on every host and close the services (idempotent)."""
+        try:
+            if self.job is not None:
+                self.job.cancel()
+            else:
+                self.output.close()
+        finally:
+            self.service.close()
+
+
+__all__ = ["CommandConfig", "CommandRun"]

@@ -1,0 +1,416 @@
+"""Ranks on a list of hosts, as one :class:`~hora.runners.base.Job`: processes on this
+machine, and on every other host a supervisor reached over ssh.
+
+:class:`HostsJob` starts in two steps, so a bad host stops the run before any rank
+starts: it opens one ssh session per remote host and waits for each supervisor's hello
+(ssh's own error names a host it cannot reach, at once), then builds every rank's
+process (:data:`RankFactory`, which learns the address each host advertises) and
+starts them. Every rank exit is seen the moment it happens (a waiter thread per local
+rank, the supervisor's ``exit`` event for a remote one) and a non-zero exit takes a
+number from the driver service's failure counter then, so the monitor can tell which
+rank failed first. :meth:`HostsJob.cancel` stops every host at once (``stop`` to each
+supervisor, SIGTERM/SIGKILL to each local process group) and ends the ssh sessions.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+from hora.errors import WorkerFailedError
+from hora.runners import network, remote
+from hora.runners.base import Job
+from hora.runners.hosts import HostSlots, RankSlot, assign_ranks
+from hora.runners.monitor import Failure
+from hora.runners.procs import ProcessLauncher, last_traceback
+from hora.runners.spec import ENV_ADVERTISE_ADDR
+from hora.runners.ssh import HostUnreachable, SshHost, SshOptions
+
+if TYPE_CHECKING:
+    from hora.runners.driver import DriverService
+
+log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT = 2.0
+FORWARDED = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+NOT_FORWARDED = frozenset({"HORA_SECRET", "HORA_SUPERVISOR_PID", "HORA_SSH_ARGS"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RankProcess:
+    """What to start for one rank.
+
+    Attributes:
+        rank: the rank.
+        argv: the command line.
+        env: on this machine the whole environment; on a remote host the variables set on
+            top of the supervisor's own environment (the forwarded ones).
+        stdin: bytes written to the rank's stdin (a pickled spec; may hold the secret).
+        result_path: where a local function rank writes its value (else it is posted to
+            the driver service).
+    """
+
+    rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = dataclasses.field(repr=False)
+    stdin: bytes | None = dataclasses.field(default=None, repr=False)
+    result_path: str | None = None
+
+
+#: ``(slot, address its host advertises, the host is remote) -> RankProcess``
+RankFactory = Callable[[RankSlot, str, bool], RankProcess]
+
+
+def forward_environment(environ: Mapping[str, str], names: Sequence[str] = (),
+                        values: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a rank on a remote host gets from the launcher: the job's ``HORA_*``
+    (not the secret of another job), ``PATH``, ``PYTHONPATH`` and a few more
+    (:data:`FORWARDED`), the ``names`` of ``-x NAME`` and the ``values`` of ``-x NAME=VALUE``."""
+    out = {k: v for k, v in environ.items()
+           if (k.startswith("HORA_") or k in FORWARDED) and k not in NOT_FORWARDED}
+    for name in names:
+        if name in environ:
+            out[name] = environ[name]
+    out.update(values or {})
+    return out
+
+
+class RankOutput:
+    """Where rank output goes: the driver service's printer, the per-rank files of
+    ``--output-filename`` (``<dir>/rank.<r>/stdout|stderr``, ranks zero-padded as Horovod
+    does), and a tail of each rank's stderr for failure reports."""
+
+    def __init__(self, emit: Callable[[int, str, str], None], output_dir: str | None, num_proc: int,
+                 tail_lines: int = 400) -> None:
+        self._emit = emit
+        self._dir = output_dir
+        self._width = len(str(max(0, num_proc - 1)))
+        self._files: dict[tuple[int, str], IO[str]] = {}
+        self._tails: dict[int, collections.deque[str]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=tail_lines))
+        self._lock = threading.Lock()
+        self._closed = False
+        for rank in range(num_proc if output_dir is not None else 0):  # as Horovod: every rank has both files
+            folder = self.rank_dir(rank)
+            assert folder is not None
+            os.makedirs(folder, exist_ok=True)
+            for stream in ("stdout", "stderr"):
+                self._files[(rank, stream)] = open(os.path.join(folder, stream), "w")  # noqa: SIM115
+
+    def rank_dir(self, rank: int) -> str | None:
+        """The output folder of a rank (None without ``--output-filename``)."""
+        return None if self._dir is None else os.path.join(self._dir, f"rank.{rank:0{self._width}d}")
+
+    def __call__(self, rank: int, stream: str, line: str) -> None:
+        with self._lock:
+            if stream == "stderr":
+                self._tails[rank].append(line)
+            if self._dir is not None and not self._closed:
+                fh = self._files.get((rank, stream))
+                if fh is None:
+                    folder = self.rank_dir(rank)
+                    assert folder is not None
+                    os.makedirs(folder, exist_ok=True)
+                    fh = self._files[(rank, stream)] = open(os.path.join(folder, stream), "w")  # noqa: SIM115
+                fh.write(line + "\n")
+                fh.flush()
+        self._emit(rank, stream, line)
+
+    def traceback_of(self, rank: int) -> str | None:
+        """The last Python traceback a rank wrote to stderr, else its last stderr lines."""
+        with self._lock:
+            return last_traceback(list(self._tails.get(rank, ())))
+
+    def close(self) -> None:
+        """Close the files (lines that still arrive are printed, not written)."""
+        with self._lock:
+            self._closed = True
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPlan:
+    """Where the ranks of a run go and which addresses everything uses.
+
+    Attributes:
+        slots: each rank's host and place (:func:`hora.runners.hosts.assign_ranks`).
+        addresses: each remote host's address, as resolved here (through ``ssh -G``, so
+            ``~/.ssh/config`` aliases work); its ranks advertise it.
+        bind: where the launcher's services listen.
+        service_address: how every rank reaches them.
+        local_address: what the ranks on this machine advertise to their peers.
+        interface: ``--network-interface``: every host advertises that interface's address.
+    """
+
+    slots: tuple[RankSlot, ...]
+    addresses: Mapping[str, str]
+    bind: str
+    service_address: str
+    local_address: str
+    interface: str | None = None
+
+    @property
+    def all_loopback(self) -> bool:
+        """Every rank is on this machine or on a loopback address (Gloo may bind ``lo``)."""
+        return network.is_loopback(self.service_address)
+
+    @classmethod
+    def make(cls, hosts: Sequence[HostSlots], num_proc: int, ssh: SshOptions, *, interface: str | None = None,
+             address: str | None = None) -> HostPlan:
+        """Assign ranks and choose addresses.
+
+        Raises:
+            ConfigError: more ranks than slots, a host that does not resolve, a bad
+                ``interface`` / ``address`` (see :func:`hora.runners.network.choose_service_address`).
+        """
+        slots = tuple(assign_ranks(hosts, num_proc))
+        remote_names = list(dict.fromkeys(s.host.name for s in slots if not s.host.is_local))
+        addresses = {h: network.resolve(ssh.destination_hostname(h)) for h in remote_names}
+        override = os.environ.get(ENV_ADVERTISE_ADDR)
+        if not remote_names and override and not (interface or address):
+            bind = "127.0.0.1" if network.is_loopback(override) else "0.0.0.0"
+            return cls(slots, addresses, bind, override, override, None)
+        chosen = network.choose_service_address(list(addresses.values()), interface=interface, address=address)
+        return cls(slots, addresses, chosen, chosen, chosen, interface)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostsConfig:
+    """How a :class:`HostsJob` reaches and runs its hosts.
+
+    Attributes:
+        ssh: options for the remote hosts.
+        remote_python: the interpreter that runs the supervisor on remote hosts.
+        start_timeout: seconds for every remote host to answer.
+        grace: seconds between SIGTERM and SIGKILL when stopping ranks.
+        heartbeat_timeout: seconds of silence after which a host counts as lost.
+    """
+
+    ssh: SshOptions
+    remote_python: str
+    start_timeout: float
+    grace: float
+    heartbeat_timeout: float
+
+
+class HostsJob(Job):
+    """The ranks of one run on their hosts (see the module docstring).
+
+    Args:
+        plan: where each rank runs, and the addresses.
+        make_rank: builds each rank's process.
+        service: the driver service (failure counter, results of remote ranks).
+        output: the sink of every output line.
+        config: how hosts are reached.
+        functions: ranks are hora workers whose values :meth:`poll` returns; else commands
+            whose exit codes it returns.
+    """
+
+    def __init__(self, plan: HostPlan, make_rank: RankFactory, service: DriverService, *,
+                 output: RankOutput, config: HostsConfig, functions: bool) -> None:
+        self.plan = plan
+        self.slots = list(plan.slots)
+        self.make_rank = make_rank
+        self.service = service
+        self.output = output
+        self.config = config
+        self.functions = functions
+        self.num_proc = len(self.slots)
+        self._by_host: dict[str, list[RankSlot]] = {}
+        for s in self.slots:
+            self._by_host.setdefault(s.host.name, []).append(s)
+        self._local = ProcessLauncher(output)
+        self._ssh: dict[str, SshHost] = {}
+        self._procs: dict[int, RankProcess] = {}
+        self._exits: dict[int, int] = {}
+        self._remote_exit: dict[int, tuple[int, int | None]] = {}
+        self._failures: list[Failure] = []
+        self._lost: set[str] = set()
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._tmpdir = tempfile.mkdtemp(prefix="hora-job-")
+        os.chmod(self._tmpdir, 0o700)
+
+    @property
+    def tmpdir(self) -> str:
+        """A private folder that lives as long as the job (local result files)."""
+        return self._tmpdir
+
+    def host_of(self, rank: int) -> str | None:
+        return self.slots[rank].host.name if 0 <= rank < self.num_proc else None
+
+    def pid(self, rank: int) -> int:
+        """The process id of a rank on this machine."""
+        return self._local.pid(rank)
+
+    # -- start ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Reach every remote host, then start every rank.
+
+        Raises:
+            WorkerFailedError: a host cannot be reached or cannot run hora (nothing was started).
+            ConfigError: a host name does not resolve, or lacks ``--network-interface``.
+        """
+        cfg, plan = self.config, self.plan
+        remote_hosts = [h for h in self._by_host if h in plan.addresses]
+        advertise = {h: plan.local_address for h in self._by_host if h not in plan.addresses}
+        if plan.interface is None:
+            advertise.update(plan.addresses)
+        for h in remote_hosts:
+            self._ssh[h] = SshHost(h, cfg.ssh, cfg.remote_python, functools.partial(self._on_event, h),
+                                   functools.partial(self.service.emit_host, h))
+            self._ssh[h].connect()
+        deadline = time.monotonic() + cfg.start_timeout
+        for h in remote_hosts:
+            try:
+                self._ssh[h].wait_hello(max(0.1, deadline - time.monotonic()))
+            except HostUnreachable as exc:
+                first = self._by_host[h][0].rank
+                raise WorkerFailedError(exc.text, rank=first, host=h, exitcode=exc.code) from None
+            if plan.interface is not None:
+                advertise[h] = self._remote_interface(h)
+        for s in self.slots:
+            self._procs[s.rank] = self.make_rank(s, advertise[s.host.name], s.host.name in self._ssh)
+        for h, host in self._ssh.items():
+            host.send(op="plan", cwd=os.getcwd(), grace=cfg.grace, heartbeat_timeout=cfg.heartbeat_timeout,
+                      ranks=[{"rank": s.rank, "argv": list(self._procs[s.rank].argv),
+                              "env": dict(self._procs[s.rank].env), "stdin": remote.b64(self._procs[s.rank].stdin)}
+                             for s in self._by_host[h]])
+            threading.Thread(target=self._watch_session, args=(h,), name=f"hora-session-{h}", daemon=True).start()
+        for s in self.slots:
+            if s.host.name in self._ssh:
+                continue
+            rp = self._procs[s.rank]
+            proc = self._local.start(s.rank, rp.argv, rp.env, stdin_data=rp.stdin, die_with_parent=True)
+            threading.Thread(target=self._watch_local, args=(s.rank, proc), name=f"hora-wait-{s.rank}",
+                             daemon=True).start()
+
+    def _remote_interface(self, host: str) -> str:
+        from hora.errors import ConfigError
+
+        table = (self._ssh[host].hello or {}).get("interfaces") or {}
+        addrs = table.get(self.plan.interface)
+        if not addrs:
+            raise ConfigError(f"--network-interface {self.plan.interface!r}: host {host} has no such interface "
+                              f"with an address (its interfaces: {', '.join(sorted(table)) or 'none'})")
+        return addrs[0]
+
+    # -- events -----------------------------------------------------------------------------
+    def _record_exit(self, rank: int, code: int, seq: int | None) -> None:
+        with self._lock:
+            self._exits[rank] = code
+            if seq is not None:
+                self._failures.append(Failure.from_exit(seq, rank, self.slots[rank].host.name, code,
+                                                        self.output.traceback_of(rank)))
+
+    def _watch_local(self, rank: int, proc: Any) -> None:
+        code = proc.wait()
+        seq = self.service.next_seq() if code != 0 and not self._cancelled else None
+        self._local.wait_output(rank, DRAIN_TIMEOUT)
+        self._record_exit(rank, code, seq)
+
+    def _on_event(self, host: str, event: dict[str, Any]) -> None:
+        kind = event.get("ev")
+        rank = event.get("rank")
+        if kind == "line":
+            self.output(int(rank), str(event.get("stream")), str(event.get("text", "")))
+        elif kind == "exit":
+            code = int(event["code"])
+            seq = self.service.next_seq() if code != 0 and not self._cancelled else None
+            with self._lock:
+                self._remote_exit[int(rank)] = (code, seq)
+        elif kind == "drained":
+            with self._lock:
+                code, seq = self._remote_exit.get(int(rank), (0, None))
+            self._record_exit(int(rank), code, seq)
+        elif kind == "error":
+            first = int(rank) if rank is not None else self._by_host[host][0].rank
+            if not self._cancelled:
+                with self._lock:
+                    self._failures.append(Failure(seq=self.service.next_seq(), rank=first, host=host,
+                                                  message=f"could not start on {host}: {event.get('text')}"))
+        elif kind == "warning":
+            self.service.emit_host(host, "stderr", f"hora: {event.get('text')}")
+
+    def _watch_session(self, host: str) -> None:
+        ssh = self._ssh[host]
+        ssh.wait_closed(1e9)
+        if self._cancelled:
+            return
+        with self._lock:
+            left = [s.rank for s in self._by_host[host] if s.rank not in self._exits]
+        if not left:
+            return
+        time.sleep(0.2)  # events read just before the end are handled
+        if self._cancelled:
+            return
+        code = ssh.exit_code()
+        with self._lock:
+            left = [s.rank for s in self._by_host[host] if s.rank not in self._exits]
+            if left:
+                self._failures.append(Failure(seq=self.service.next_seq(), rank=left[0], host=host,
+                                              message=f"was lost: {ssh.failure_text(code)}", exitcode=code))
+
+    # -- Job ----------------------------------------------------------------------------------
+    def failures(self) -> list[Failure]:
+        now = time.monotonic()
+        for host, ssh in self._ssh.items():
+            if (host not in self._lost and not self._cancelled and ssh.exit_code() is None
+                    and now - ssh.last_heard > self.config.heartbeat_timeout):
+                self._lost.add(host)
+                with self._lock:
+                    left = [s.rank for s in self._by_host[host] if s.rank not in self._exits]
+                    self._failures.append(Failure(
+                        seq=self.service.next_seq(), rank=left[0] if left else self._by_host[host][0].rank,
+                        host=host, message=f"was lost: no word from host {host} for "
+                                           f"{self.config.heartbeat_timeout:g}s (HORA_HEARTBEAT_TIMEOUT)"))
+        with self._lock:
+            return list(self._failures)
+
+    def exit_codes(self) -> dict[int, int]:
+        """The exit code of every rank that ended so far."""
+        with self._lock:
+            return dict(self._exits)
+
+    def poll(self) -> list[Any] | None:
+        with self._lock:
+            if len(self._exits) < self.num_proc or any(self._exits.values()):
+                return None
+        if not self.functions:
+            return [0] * self.num_proc
+        from hora.runners.worker import read_result
+
+        out = []
+        for rank in range(self.num_proc):
+            path = self._procs[rank].result_path
+            out.append(read_result(path) if path else self.service.result(rank))
+        return out
+
+    def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        for ssh in self._ssh.values():
+            ssh.stop()
+        self._local.terminate(self.config.grace)
+        wait_until = time.monotonic() + self.config.grace + DRAIN_TIMEOUT + 3.0
+        for host, ssh in self._ssh.items():
+            if not ssh.wait_closed(wait_until - time.monotonic()):
+                log.warning("host %s did not confirm that its ranks stopped; ending its ssh session", host)
+            ssh.kill()
+        self.output.close()
+        shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+
+__all__ = ["HostsJob", "HostPlan", "HostsConfig", "RankProcess", "RankFactory", "RankOutput", "forward_environment"]
