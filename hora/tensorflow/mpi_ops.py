@@ -124,12 +124,13 @@ def _set_by_id(process_set_id: int) -> Any:
 
 
 def _int_op(value_fn, opname: str, name: str | None):
-    """An int32 scalar op whose value is read when it runs (eager: now)."""
+    """An int32 scalar op whose value is read when it runs (eager: now); ``opname`` names the
+    graph op unless ``name`` does."""
     tf = bridge.tf_module()
     if tf.executing_eagerly():
         return tf.constant(int(value_fn()), dtype=tf.int32)
     out = tf.py_function(func=lambda: tf.constant(int(value_fn()), dtype=tf.int32), inp=[], Tout=tf.int32,
-                         name=name)
+                         name=name or opname)
     out.set_shape([])
     return out
 
