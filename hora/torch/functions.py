@@ -106,7 +106,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
 
     Unlike Horovod this never runs a zero-gradient ``step()`` to create the state:
     such a step changes parameters under weight decay and advances step counters,
-    so a model would no longer match single-process training.
+    so a model would no longer match single-process training. As Horovod, a rank whose
+    optimizer has no state yet gives every parameter that requires a gradient and has
+    none a zero gradient (code written for Horovod may read it).
 
     Raises:
         ConfigError: ``optimizer`` is not an optimizer, or its parameter groups do not
@@ -118,6 +120,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     ps = _hn.global_process_set if process_set is None else process_set
     me = _hn.rank()
     sd = optimizer.state_dict()
+    if not sd["state"]:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     skeleton, local_tensors = _split_state(sd["state"])
     layout = [len(g["params"]) for g in sd["param_groups"]]
     meta = (layout, sd["param_groups"], skeleton) if me == root_rank else None

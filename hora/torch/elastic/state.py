@@ -1,159 +1,183 @@
-"""Training state that can be committed, rolled back and re-synchronized (Horovod's
-``hvd.elastic.TorchState``).
+"""``TorchState``: a model, optimizers, samplers and picklable attributes, committed,
+restored and synchronized together (Horovod's ``hvd.elastic.TorchState``).
 
 ::
 
     state = hora.torch.elastic.TorchState(model, optimizer, epoch=0, batch=0)
     state.sync()                      # every rank starts from rank 0's state
-    for state.epoch in range(state.epoch, epochs):
-        ...train...
-        state.commit()                # an in-memory snapshot to roll back to
-    # after a failed step (e.g. a CollectiveError) on every rank:
-    state.restore()                   # back to the last commit
+    ...train...
+    state.commit()                    # an in-memory snapshot to roll back to
+    state.restore()                   # back to the last commit (after a failed step)
 
-Snapshots live in memory (deep copies of the model's and optimizer's ``state_dict``
-and of the extra attributes). What hora does not have yet is Horovod's elastic *driver*
-(adding and removing hosts while a job runs, re-forming the ranks, ``hvd.elastic.run``):
-hora jobs have a fixed set of ranks, so ``check_host_updates`` has nothing to check
-and there is no ``run`` decorator.
+Every keyword argument becomes an attribute. A ``torch.nn.Module``, a
+``torch.optim.Optimizer`` (plain or a DistributedOptimizer) or an
+:class:`~hora.torch.elastic.sampler.ElasticSampler` is kept by a handler that snapshots
+its ``state_dict`` (deep copies, in memory) and synchronizes it with broadcasts from rank
+0; anything else is a picklable object broadcast as such. Assigning a new model or
+optimizer to the attribute (``state.model = m``) snapshots the new one.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from hora.errors import ConfigError
+import hora.native as _hn
+from hora.native.elastic import ObjectState, State
+from hora.torch.elastic.sampler import ElasticSampler
 from hora.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
-log = logging.getLogger(__name__)
 
+class StateHandler:
+    """Keeps one value of a :class:`TorchState` (save, restore, sync)."""
 
-class State:
-    """Base class: commit/restore/sync of some state, with reset callbacks."""
-
-    def __init__(self) -> None:
-        self._reset_callbacks: list[Callable[[], None]] = []
-
-    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
-        """Functions called by :meth:`on_reset` (e.g. to rescale the learning rate)."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        """Run the reset callbacks (after the job's ranks were re-formed)."""
-        for cb in self._reset_callbacks:
-            cb()
-
-    def commit(self) -> None:
-        """Snapshot the current state in memory (what :meth:`restore` returns to)."""
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self) -> None:
-        """Horovod raises HostsUpdatedInterrupt here when its driver added or removed
-        hosts; hora jobs have a fixed set of ranks, so there is never an update."""
-
-    def save(self) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement save()")
-
-    def restore(self) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement restore()")
-
-    def sync(self) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement sync()")
-
-
-class ObjectState(State):
-    """Picklable attributes (``epoch=0, batch=0, ...``) kept in sync across ranks."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__()
-        self._known = list(kwargs)
-        for k, v in kwargs.items():
-            setattr(self, k, v)
-        self._saved: dict[str, Any] = {}
+    def __init__(self, value: Any) -> None:
+        self.value = value
         self.save()
 
     def save(self) -> None:
-        self._saved = {k: copy.deepcopy(getattr(self, k)) for k in self._known}
+        raise NotImplementedError
 
     def restore(self) -> None:
-        for k, v in self._saved.items():
-            setattr(self, k, copy.deepcopy(v))
+        raise NotImplementedError
 
     def sync(self) -> None:
-        """Every rank takes rank 0's values (and commits them).
+        raise NotImplementedError
 
-        Raises:
-            CollectiveError: the broadcast failed.
-        """
-        if self._known:
-            values = broadcast_object({k: getattr(self, k) for k in self._known}, root_rank=0,
-                                      name="elastic.object_state")
-            for k, v in values.items():
-                setattr(self, k, v)
+    def set_value(self, value: Any) -> None:
+        self.value = value
         self.save()
+
+
+class ModelStateHandler(StateHandler):
+    """A ``torch.nn.Module``: its ``state_dict`` (parameters and buffers)."""
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved)
+
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class OptimizerStateHandler(StateHandler):
+    """A ``torch.optim.Optimizer``: its ``state_dict``; a restored DistributedOptimizer
+    starts a fresh step (no reduction in flight)."""
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self._saved))
+        reset = getattr(self.value, "_hora_forget_step", None)
+        if reset is not None:
+            reset()
+
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class SamplerStateHandler(StateHandler):
+    """An :class:`ElasticSampler`: its epoch and how many samples were processed."""
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved)
+
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0,
+                                                    name="elastic.sampler_state"))
+
+
+_handler_registry: list[tuple[type, type[StateHandler]]] = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
+]
+
+
+def get_handler_registry() -> list[tuple[type, type[StateHandler]]]:
+    """The (type, handler class) pairs :class:`TorchState` picks handlers from, first match wins."""
+    return _handler_registry
+
+
+def set_handler_registry(registry: list[tuple[type, type[StateHandler]]]) -> None:
+    """Replace the handler registry (Horovod's extension point)."""
+    global _handler_registry
+    _handler_registry = list(registry)
+
+
+def _handler_for(value: Any) -> StateHandler | None:
+    for kind, handler in _handler_registry:
+        if isinstance(value, kind):
+            return handler(value)
+    return None
+
+
+def _bcast(obj: Any) -> Any:
+    return broadcast_object(obj, root_rank=0, name="elastic.object_state")
 
 
 class TorchState(ObjectState):
-    """A model, an optimizer and picklable attributes, committed and restored together.
+    """The state of a torch training loop (module docstring).
 
     Args:
-        model: a ``torch.nn.Module`` (or ``None``).
-        optimizer: a ``torch.optim.Optimizer``, plain or a DistributedOptimizer (or ``None``).
-        **kwargs: attributes such as ``epoch=0, batch=0``.
-
-    Raises:
-        ConfigError: ``model`` or ``optimizer`` has the wrong type.
+        model: a ``torch.nn.Module`` or ``None``.
+        optimizer: a ``torch.optim.Optimizer`` or ``None``.
+        **kwargs: more attributes: models, optimizers, samplers or picklable values.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **kwargs: Any) -> None:
-        if model is not None and not isinstance(model, torch.nn.Module):
-            raise ConfigError(f"TorchState model must be a torch.nn.Module, got {type(model).__name__}")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise ConfigError(f"TorchState optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        self.model = model
-        self.optimizer = optimizer
-        self._model_saved: dict[str, torch.Tensor] | None = None
-        self._opt_saved: dict[str, Any] | None = None
-        super().__init__(**kwargs)
+        kwargs.update(model=model, optimizer=optimizer)
+        handlers: dict[str, StateHandler] = {}
+        plain: dict[str, Any] = {}
+        for k, v in kwargs.items():
+            h = _handler_for(v)
+            if h is not None:
+                handlers[k] = h
+            else:
+                plain[k] = v
+        object.__setattr__(self, "_handlers", handlers)
+        for k, h in handlers.items():
+            object.__setattr__(self, k, h.value)
+        super().__init__(bcast_object=_bcast, get_rank=_hn.rank, **plain)
 
     def save(self) -> None:
+        for h in self._handlers.values():
+            h.save()
         super().save()
-        if self.model is not None:
-            self._model_saved = copy.deepcopy(self.model.state_dict())
-        if self.optimizer is not None:
-            self._opt_saved = copy.deepcopy(self.optimizer.state_dict())
 
     def restore(self) -> None:
-        """Return the model, optimizer and attributes to the last commit (in place)."""
+        for h in self._handlers.values():
+            h.restore()
         super().restore()
-        if self.model is not None and self._model_saved is not None:
-            self.model.load_state_dict(self._model_saved)
-        if self.optimizer is not None and self._opt_saved is not None:
-            self.optimizer.load_state_dict(copy.deepcopy(self._opt_saved))
-            if hasattr(self.optimizer, "_hora_handles"):
-                # a restored DistributedOptimizer starts a fresh step (nothing in flight)
-                self.optimizer._hora_handles.clear()
-                self.optimizer._hora_reset_counts()
 
     def sync(self) -> None:
-        """Every rank takes rank 0's model, optimizer and attributes, then commits.
+        """Every rank takes rank 0's models, optimizers, samplers and attributes, then saves.
 
         Raises:
             NotInitializedError: hora.init() was not called.
             CollectiveError: a broadcast failed.
         """
-        if self.model is not None:
-            broadcast_parameters(self.model.state_dict(), root_rank=0)
-        if self.optimizer is not None:
-            broadcast_optimizer_state(self.optimizer, root_rank=0)
+        for h in self._handlers.values():
+            h.sync()
         super().sync()
+        for h in self._handlers.values():
+            h.save()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers")
+        if handlers is not None and name in handlers:
+            handlers[name].set_value(value)
+        super().__setattr__(name, value)
 
 
-__all__ = ["State", "ObjectState", "TorchState"]
+__all__ = ["State", "ObjectState", "TorchState", "StateHandler", "ModelStateHandler", "OptimizerStateHandler",
+           "SamplerStateHandler", "get_handler_registry", "set_handler_registry"]
