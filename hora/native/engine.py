@@ -66,9 +66,10 @@ candidate, default 20), ``HORA_TIMELINE``. The backends' own collective timeout 
 memory unless ``HORA_SHM_ALLREDUCE=0`` (``HORA_SHM_BUFFER_MB``, default 8: see
 :mod:`hora.native.backends.shm`).
 
-Semantics worth knowing: integer Average floors; a name may be in flight only once per
-rank; a burst of submissions is gathered (up to 10 cycles, ended early by any caller
-that blocks on a handle) before it is negotiated, so it is fused.
+Semantics worth knowing: integer Average rounds toward zero (as Horovod); a name may be
+in flight only once per rank and process set; a burst of submissions is gathered (up to
+10 cycles, ended early by any caller that blocks on a handle) before it is negotiated, so
+it is fused.
 """
 
 from __future__ import annotations
