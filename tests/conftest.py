@@ -13,6 +13,9 @@ import sys
 
 import pytest
 
+# Spark Connect server, standalone cluster and the classic/Connect parametrization (tests/spark_clusters.py)
+from .spark_clusters import any_spark, connect_server, connect_spark, standalone_cluster, standalone_connect  # noqa: F401
+
 # Workers spawned by tests inherit these: one thread per rank on a 2-core machine,
 # Spark's Python workers run this interpreter, everything stays on loopback, TF is quiet.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -49,7 +49,7 @@ for _name in (
 del _name
 
 # submodules reachable as attributes (``hn.engine``) even before anything imported them
-_SUBMODULES = ("adasum", "backends", "build_info", "compression", "elastic", "engine", "ops", "process_sets",
+_SUBMODULES = ("adasum", "backends", "build_info", "compression", "elastic", "engine", "keys", "ops", "process_sets",
                "rendezvous", "timeline")
 
 __all__ = [

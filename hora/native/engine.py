@@ -36,7 +36,12 @@ the whole prediction, a caller that blocks on a handle runs the round in its own
 after each bucket) ends a burst's gathering at once, so buckets become rounds of their own.
 
 Shutdown is collective: a rank that has shut down keeps answering rounds until every
-rank has (``HORA_SHUTDOWN_TIMEOUT``), so ranks still working are not cut off.
+rank has (``HORA_SHUTDOWN_TIMEOUT``), so ranks still working are not cut off; the round
+after its shutdown tells every rank, and an op that needs its part then fails at once.
+Op errors (mismatches, bad arguments, a rank that joined or shut down) fail only the ops
+concerned; the engine stops only when a rank is lost (its sockets close, the store is
+gone) or on a bug. The thread is joined before anything it uses is released
+(:meth:`Engine.shutdown`, :meth:`Engine.on_exit`).
 
 After a round every rank's thread goes idle (a decision every rank takes alike, from the
 round's job-wide results) and blocks on a job-wide wake-up signal
@@ -61,9 +66,10 @@ candidate, default 20), ``HORA_TIMELINE``. The backends' own collective timeout 
 memory unless ``HORA_SHM_ALLREDUCE=0`` (``HORA_SHM_BUFFER_MB``, default 8: see
 :mod:`hora.native.backends.shm`).
 
-Semantics worth knowing: integer Average floors; a name may be in flight only once per
-rank; a burst of submissions is gathered (up to 10 cycles, ended early by any caller
-that blocks on a handle) before it is negotiated, so it is fused.
+Semantics worth knowing: integer Average rounds toward zero (as Horovod); a name may be
+in flight only once per rank and process set; a burst of submissions is gathered (up to
+10 cycles, ended early by any caller that blocks on a handle) before it is negotiated, so
+it is fused.
 """
 
 from __future__ import annotations
@@ -814,10 +820,19 @@ class Engine:
         chance, and interrupt the backend call it may be blocked in."""
         with self._lock:
             self._aborted = True
+            if self._broken is None:
+                self._broken = exc  # no new submissions
             self._gather_cond.notify_all()
             self._woken = False
             self._wake_locked()
-        self._fail_all(exc)
+            reqs = list(self._names.values())
+        # fail the handles, but leave the engine's tables to its thread (it may be using them)
+        for r in reqs:
+            if not r._done:
+                r._error = exc
+                r._done = True
+        with self._done_cond:
+            self._done_cond.notify_all()
         groups = [g for info in self.process_sets.values() for g in info.device_groups.values()]
         for be in list(self.device_backends.values()):
             try:
@@ -1007,6 +1022,8 @@ class Engine:
 
     def _round_body(self, t0: float, tl0: float, spec: _Spec | None) -> bool:
         """The round after its gather: negotiate, execute, decide what comes next."""
+        if self._aborted:
+            raise CollectiveError(f"rank {self.rank}: hora was shut down without the other ranks")
         cache = self.cache
         C = cache.capacity
         with self._lock:

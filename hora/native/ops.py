@@ -1,8 +1,9 @@
 """The public collective API of :mod:`hora.native` (Horovod-style).
 
 Every op accepts a torch tensor or a numpy array and returns the same kind. Ops are
-matched across ranks *by name* (``name=None`` picks ``"<op>.noname.<n>"``, which matches
-when every rank calls its unnamed ops in the same order). Synchronous ops are async
+matched across ranks *by name* within their process set, as in Horovod (``name=None``
+picks ``"<op>.noname.<n>"``, which matches when every rank calls its unnamed ops in the
+same order). Synchronous ops are async
 ops followed by ``synchronize``; everything runs through the background engine
 (:mod:`hora.native.engine`).
 

@@ -18,6 +18,7 @@ _LAZY = {
     "HostsLauncher": "hora.runners.local",
     "SparkLauncher": "hora.runners.spark",
     "DaskLauncher": "hora.runners.dask",
+    "RayLauncher": "hora.runners.ray",
     "SshOptions": "hora.runners.ssh",
     "HostSlots": "hora.runners.hosts",
 }
@@ -50,6 +51,7 @@ __all__ = [
     "HostsLauncher",
     "SparkLauncher",
     "DaskLauncher",
+    "RayLauncher",
     "SshOptions",
     "HostSlots",
 ]

@@ -114,7 +114,11 @@ def resolve_launcher(backend: str | Launcher, *, spark: Any = None, client: Any 
         from hora.runners.dask import DaskLauncher
 
         return DaskLauncher(client)
-    raise ConfigError(f"backend {backend!r} is unknown; use 'local', 'spark', 'dask' or a hora.runners.Launcher")
+    if backend == "ray":
+        from hora.runners.ray import RayLauncher
+
+        return RayLauncher()
+    raise ConfigError(f"backend {backend!r} is unknown; use 'local', 'spark', 'dask', 'ray' or a hora.runners.Launcher")
 
 
 def _open_store(store: Any) -> Any:

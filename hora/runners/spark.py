@@ -1,21 +1,35 @@
-"""Spark backend: the ranks are the tasks of one barrier stage.
+"""Spark launcher: the ranks are the tasks of one barrier stage, started from the DataFrame API.
 
-``sc.parallelize(range(n), n).barrier().mapPartitions(task)``: every task learns the
-executors' addresses from :meth:`BarrierTaskContext.getTaskInfos`; rank 0 starts the
-collective :class:`~hora.native.rendezvous.RendezvousServer` and shares its host and
-port with :meth:`BarrierTaskContext.allGather`; local ranks come from the hosts; GPU
-addresses of the task (``resources()["gpu"]``) become ``CUDA_VISIBLE_DEVICES``. Each task
-runs its rank as a subprocess through :func:`hora.runners.worker.supervise`.
+``spark.range(n, numPartitions=n).mapInArrow(task, schema, barrier=True, profile=...)``:
+one code path for classic and Spark Connect sessions (a Connect client has no
+SparkContext). Every task tells the others its host (``HORA_ADVERTISE_ADDR`` or
+``SPARK_LOCAL_IP`` of its executor, else the address in
+:meth:`BarrierTaskContext.getTaskInfos`) through :meth:`BarrierTaskContext.allGather`;
+rank 0 starts the collective :class:`~hora.native.rendezvous.RendezvousServer` and sends
+its address in the same exchange; local ranks come from the hosts; the task's GPU
+addresses (``resources()["gpu"]``) become ``CUDA_VISIBLE_DEVICES``. Each task runs its
+rank as a subprocess through :func:`hora.runners.worker.supervise` and returns the
+rank's pickled value as rows of the stage's result (in chunks, so large values cross
+Spark Connect's message limits).
 
-The job runs in the job group ``hora-<run_id>`` with the description
-``"hora: train <run_id>"`` (visible in the Spark UI) and is cancelled when the driver is
-interrupted or a rank fails. The job secret travels inside the pickled task closure; it
-is never in a job description or property.
+Resources: with ``task_cpus`` or ``use_gpu`` the stage carries a task
+``ResourceProfile`` (``task_cpus`` CPUs and one GPU per task), scheduled on the
+executors the cluster already has, while the user's other jobs keep their settings.
+Spark supports it on Standalone, YARN and Kubernetes with dynamic allocation off (a
+barrier stage needs that anyway); local masters run the stage without a profile and
+count slots with ``task_cpus``.
+
+Names in the Spark UI: the function of the stage is named ``hora: train <run_id>`` and
+its jobs carry the tag ``hora-train-<run_id>`` (classic and Connect); on classic the job
+description is ``hora: train <run_id>`` too (a Connect server writes its own
+description). Cancellation goes by the tag. The job secret travels inside the pickled
+task function; it is never in a job description, tag or property.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import re
@@ -23,6 +37,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from hora import _spark
 from hora.errors import ConfigError, WorkerFailedError
 from hora.native.rendezvous import RendezvousServer, compute_placement
 from hora.runners.base import Job, Launcher
@@ -41,29 +56,46 @@ log = logging.getLogger(__name__)
 _LOCAL_RE = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
 _LOCAL_CLUSTER_RE = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
 
+#: The stage's result: each rank's pickled value, cut into chunks of at most CHUNK_BYTES.
+RESULT_SCHEMA = "rank int, seq int, chunk binary"
+CHUNK_BYTES = 1 << 20
 
-def _spark_task(spec: LaunchSpec, advertise: str | None, _partition: Iterator[Any]) -> Iterator[tuple[int, bytes]]:
-    """The body of one barrier task: rendezvous through the BarrierTaskContext, then supervise the rank."""
+
+def _is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host == "localhost"
+
+
+def _task_host(task_address: str) -> str:
+    """The address this task's peers reach it at: ``HORA_ADVERTISE_ADDR`` or ``SPARK_LOCAL_IP`` of the
+    executor when set (Spark binds there), else the host Spark's driver sees for the executor."""
+    return os.environ.get(ENV_ADVERTISE_ADDR) or os.environ.get("SPARK_LOCAL_IP") or task_address.rsplit(":", 1)[0]
+
+
+def _barrier_task(spec: LaunchSpec, advertise: str | None, batches: Iterator[Any]) -> Iterator[Any]:
+    """The body of one barrier task: rendezvous through the BarrierTaskContext, supervise the rank,
+    yield its pickled value as ``(rank, seq, chunk)`` rows."""
     import cloudpickle
+    import pyarrow as pa
     from pyspark import BarrierTaskContext
 
     from hora.runners.worker import supervise
 
+    for _ in batches:  # the input is one row of spark.range per task
+        pass
     context = BarrierTaskContext.get()
     rank = context.partitionId()
-    infos = context.getTaskInfos()
-    hosts = [advertise or info.address.rsplit(":", 1)[0] for info in infos]
-    placement = compute_placement(hosts)[rank]
+    me = advertise or _task_host(context.getTaskInfos()[rank].address)
     server: RendezvousServer | None = None
     try:
+        message = {"host": me}
         if rank == 0:
-            bind = "127.0.0.1" if hosts[0].startswith("127.") else "0.0.0.0"
-            server = RendezvousServer(spec.secret, host=bind, port=0)
+            server = RendezvousServer(spec.secret, host=me if _is_loopback(me) else "0.0.0.0", port=0)
             server.start()
-            message = f"{hosts[0]}:{server.addr.rpartition(':')[2]}"
-        else:
-            message = ""
-        rendezvous_addr = context.allGather(message)[0]
+            message["rendezvous"] = f"{me}:{server.addr.rpartition(':')[2]}"
+        gathered = [json.loads(m) for m in context.allGather(json.dumps(message))]
+        hosts = [m["host"] for m in gathered]
+        rendezvous_addr = gathered[0]["rendezvous"]
+        placement = compute_placement(hosts)[rank]
         extra_env: list[tuple[str, str]] = []
         gpu = context.resources().get("gpu")
         if gpu is not None and gpu.addresses:
@@ -79,34 +111,71 @@ def _spark_task(spec: LaunchSpec, advertise: str | None, _partition: Iterator[An
             rendezvous_addr=rendezvous_addr,
             extra_env=tuple(extra_env),
         )
-        value = supervise(spec, ctx)
+        value = cloudpickle.dumps(supervise(spec, ctx))
         context.barrier()  # rank 0 keeps the rendezvous up until every rank is done
-        yield rank, cloudpickle.dumps(value)
+        chunks = [value[i : i + CHUNK_BYTES] for i in range(0, len(value), CHUNK_BYTES)] or [b""]
+        yield pa.RecordBatch.from_pydict({
+            "rank": pa.array([rank] * len(chunks), pa.int32()),
+            "seq": pa.array(range(len(chunks)), pa.int32()),
+            "chunk": pa.array(chunks, pa.binary()),
+        })
     finally:
         if server is not None:
             server.stop()
 
 
-def _short_spark_error(exc: BaseException) -> str:
+def _stage_error(exc: BaseException, spec: LaunchSpec, launcher: SparkLauncher) -> Exception:
+    """The error ``run()`` raises for a failed stage: ConfigError for what the cluster cannot do,
+    else WorkerFailedError with the first meaningful line of Spark's message."""
     text = str(exc)
+    if "SPARK-24819" in text:
+        return ConfigError(
+            f"num_proc={spec.num_proc} needs {spec.num_proc} task slots at once (one barrier stage) "
+            f"{launcher.describe_task()}, but the Spark cluster ({launcher.master}) has fewer; lower num_proc "
+            f"or add executors/cores (Spark: {_first_line(text, 'SPARK-24819')})"
+        )
+    if "SPARK-24942" in text:
+        return ConfigError(
+            "the Spark cluster runs with dynamic allocation, and Spark cannot run barrier stages then: set "
+            f"spark.dynamicAllocation.enabled=false for training (Spark: {_first_line(text, 'SPARK-24942')})"
+        )
+    if "No executor resource configs were specified" in text:
+        return ConfigError(
+            f"use_gpu=True asks for one GPU per training task, but the executors of this Spark cluster "
+            f"({launcher.master}) declare no GPUs (spark.executor.resource.gpu.amount and a discovery script): "
+            f"Spark: {_first_line(text, 'No executor resource configs')}"
+        )
+    if "ResourceProfiles are only supported" in text:
+        return ConfigError(
+            f"this Spark cluster ({launcher.master}) cannot schedule the training stage's ResourceProfile "
+            f"({launcher.describe_task()}): Spark: {_first_line(text, 'ResourceProfiles are only supported')}"
+        )
+    missing = _spark.missing_hora(exc)
+    if missing is not None:
+        return missing
     match = re.search(r"(hora\.errors\.WorkerFailedError: [^\n]*)", text)
-    if match:
-        return match.group(1)
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return " / ".join(lines[:3])[:1000]
+    short = match.group(1) if match else " / ".join([ln for ln in text.splitlines() if ln.strip()][:3])[:1000]
+    return WorkerFailedError(f"the Spark barrier stage of run {spec.run_id} failed: {short}")
+
+
+def _first_line(text: str, marker: str) -> str:
+    for line in text.splitlines():
+        if marker in line:
+            return line.strip()[:500]
+    return text.strip().splitlines()[0][:500] if text.strip() else ""
 
 
 class SparkJob(Job):
     """One barrier stage running on a background thread of the driver."""
 
-    def __init__(self, backend: SparkLauncher, spec: LaunchSpec, service: DriverService) -> None:
-        self.sc = backend.sc
+    def __init__(self, launcher: SparkLauncher, spec: LaunchSpec, service: DriverService) -> None:
+        self.launcher = launcher
+        self.spark = launcher.spark
         self.spec = spec
         self.service = service
-        self.group = f"hora-{spec.run_id}"
+        self.tag = f"hora-train-{spec.run_id}"
         self.description = f"hora: train {spec.run_id}"
-        self.advertise = backend.advertise
-        self._results: list[tuple[int, bytes]] | None = None
+        self._rows: list[Any] | None = None
         self._error: BaseException | None = None
         self._cancelled = False
         self._thread = threading.Thread(target=self._run, name=f"hora-spark-{spec.run_id}", daemon=True)
@@ -114,41 +183,42 @@ class SparkJob(Job):
 
     def _run(self) -> None:
         try:
-            self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
             n = self.spec.num_proc
-            rdd = self.sc.parallelize(range(n), n).barrier().mapPartitions(
-                functools.partial(_spark_task, self.spec, self.advertise)
-            )
-            self._results = rdd.collect()
+            task = functools.partial(_barrier_task, self.spec, self.launcher.advertise)
+            task.__name__ = self.description  # type: ignore[attr-defined]  # the UDF's name in the Spark UI
+            with _spark.job_scope(self.spark, self.tag, self.description):
+                frame = self.spark.range(0, n, 1, numPartitions=n)
+                stage = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=self.launcher.profile())
+                self._rows = stage.collect()
         except BaseException as exc:
             self._error = exc
-        finally:
-            try:
-                self.sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-                self.sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
-            except Exception:
-                pass
 
     def poll(self) -> list[Any] | None:
         if self._thread.is_alive():
             return None
         if self._error is not None:
-            raise WorkerFailedError(
-                f"the Spark barrier stage of run {self.spec.run_id} failed: {_short_spark_error(self._error)}"
-            )
+            raise _stage_error(self._error, self.spec, self.launcher)
         import cloudpickle
 
-        assert self._results is not None
-        by_rank = dict(self._results)
-        return [cloudpickle.loads(by_rank[r]) for r in range(self.spec.num_proc)]
+        assert self._rows is not None
+        chunks: dict[int, list[tuple[int, bytes]]] = {}
+        for row in self._rows:
+            chunks.setdefault(int(row["rank"]), []).append((int(row["seq"]), bytes(row["chunk"])))
+        missing = [r for r in range(self.spec.num_proc) if r not in chunks]
+        if missing:
+            raise WorkerFailedError(f"the Spark stage of run {self.spec.run_id} returned no result for rank(s) {missing}")
+        return [cloudpickle.loads(b"".join(c for _, c in sorted(chunks[r]))) for r in range(self.spec.num_proc)]
 
     def cancel(self) -> None:
         if self._cancelled:
             return
         self._cancelled = True
         if self._thread.is_alive():
-            log.info("cancelling Spark job group %s", self.group)
-            self.sc.cancelJobGroup(self.group)
+            log.info("cancelling the Spark jobs tagged %s", self.tag)
+            try:
+                _spark.cancel_jobs(self.spark, self.tag)
+            except Exception as exc:  # the session may be gone; the ranks still stop on the driver's abort
+                log.warning("could not cancel the Spark jobs of run %s: %s", self.spec.run_id, exc)
         grace = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE)
         self._thread.join(timeout=grace + 30)
         if self._thread.is_alive():
@@ -160,60 +230,98 @@ class SparkJob(Job):
 
 
 class SparkLauncher(Launcher):
-    """Ranks as the tasks of one Spark barrier stage.
+    """Ranks as the tasks of one Spark barrier stage, on a classic or a Spark Connect session.
 
     Args:
-        spark: the SparkSession (default: the active one).
+        spark: the SparkSession (default: the active one; classic first, then Connect).
+        task_cpus: CPUs per training task; with it (or ``use_gpu``) the stage asks for its
+            resources through a task ResourceProfile. Default: ``spark.task.cpus``.
+        use_gpu: one GPU per training task (its address becomes ``CUDA_VISIBLE_DEVICES``).
 
     Raises:
-        ConfigError: no SparkSession is active and none was given.
+        ConfigError: no SparkSession is active and none was given, ``task_cpus`` is not an
+            int >= 1, or a Connect server older than Spark 4.0.
     """
 
     name = "spark"
 
-    def __init__(self, spark: Any = None) -> None:
-        if spark is None:
-            from pyspark.sql import SparkSession
+    def __init__(self, spark: Any = None, *, task_cpus: int | None = None, use_gpu: bool = False) -> None:
+        if task_cpus is not None and (isinstance(task_cpus, bool) or not isinstance(task_cpus, int) or task_cpus < 1):
+            raise ConfigError(f"task_cpus must be an int >= 1 or None, got {task_cpus!r}")
+        if not isinstance(use_gpu, bool):
+            raise ConfigError(f"use_gpu must be True or False, got {use_gpu!r}")
+        self.spark = _spark.active_session(spark)
+        self.connect = _spark.is_connect(self.spark)
+        _spark.check_connect_server(self.spark)
+        self.master = _spark.master(self.spark)
+        self.local_mode = bool(_LOCAL_RE.match(self.master))
+        self.task_cpus = task_cpus or int(_spark.conf_get(self.spark, "spark.task.cpus", "1") or 1)
+        self.use_gpu = use_gpu
+        self.wants_profile = task_cpus is not None or use_gpu
+        # local masters run every task in the driver's host: loopback; elsewhere each task finds its own
+        self.advertise: str | None = "127.0.0.1" if self.local_mode else None
+        self._profile: Any = None
+        self._parallelism: int | None = None
 
-            spark = SparkSession.getActiveSession()
-            if spark is None:
-                raise ConfigError("backend='spark' needs a SparkSession: start one or pass spark=")
-        self.spark = spark
-        self.sc = spark.sparkContext
-        self.master = self.sc.master
-        self.local_mode = self.master.startswith("local")
-        override = os.environ.get(ENV_ADVERTISE_ADDR)
-        self.advertise: str | None = override or ("127.0.0.1" if self.local_mode else None)
+    def describe_task(self) -> str:
+        """What one training task asks for, for messages."""
+        return f"with {self.task_cpus} CPU(s){' and 1 GPU' if self.use_gpu else ''} each"
+
+    def profile(self) -> Any:
+        """The task ResourceProfile of the training stage, or None (no request, or a local master)."""
+        if not self.wants_profile:
+            return None
+        if self.local_mode:
+            # Spark refuses task profiles on local masters; local tasks share the driver's cores anyway
+            log.debug("local master %s: the training stage runs without a ResourceProfile", self.master)
+            return None
+        if self._profile is None:
+            self._profile = _spark.task_profile(self.spark, self.task_cpus, 1 if self.use_gpu else 0)
+        return self._profile
+
+    def _default_parallelism(self) -> int:
+        if self._parallelism is None:
+            self._parallelism = _spark.default_parallelism(self.spark)
+        return self._parallelism
 
     def slots(self) -> int:
-        """How many tasks can run at once (local master: its threads; else the default parallelism)."""
-        task_cpus = int(self.sc.getConf().get("spark.task.cpus", "1") or 1)
+        """How many training tasks can run at once: a local master's threads (or a local
+        cluster's cores) per task's CPUs; on a cluster, the default parallelism per task's CPUs
+        (Spark checks the exact count against the profile when the stage starts)."""
         m = _LOCAL_RE.match(self.master)
         if m:
             threads = m.group(1)
             total = 1 if threads is None else (os.cpu_count() or 1) if threads == "*" else int(threads)
-            return max(0, total // task_cpus)
+            return max(0, total // self.task_cpus)
         m = _LOCAL_CLUSTER_RE.match(self.master)
         if m:
-            return int(m.group(1)) * int(m.group(2)) // task_cpus
-        return int(self.sc.defaultParallelism)
+            return int(m.group(1)) * (int(m.group(2)) // self.task_cpus)
+        return self._default_parallelism() // self.task_cpus
 
     def default_num_proc(self) -> int:
-        return int(self.sc.defaultParallelism)
+        return max(1, self.slots())
 
     def check_num_proc(self, num_proc: int) -> None:
         slots = self.slots()
         if num_proc > slots:
             raise ConfigError(
-                f"num_proc={num_proc} needs {num_proc} task slots at once (one barrier stage), but the Spark "
-                f"cluster ({self.master}) has {slots}; lower num_proc or add executors/cores"
+                f"num_proc={num_proc} needs {num_proc} task slots at once (one barrier stage) {self.describe_task()}, "
+                f"but the Spark cluster ({self.master}) has {slots}; lower num_proc or add executors/cores"
             )
 
     def driver_addresses(self) -> tuple[str, str]:
-        if self.advertise is not None and self.advertise.startswith("127."):
-            return ("127.0.0.1", self.advertise)
-        host = os.environ.get(ENV_ADVERTISE_ADDR) or self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
-        return ("0.0.0.0", host)
+        host = os.environ.get(ENV_ADVERTISE_ADDR)
+        if not host and self.connect:
+            # the client may sit outside the cluster: its address on the route to the Connect server
+            server = _spark.connect_server_host(self.spark)
+            host = _spark.address_towards(server) if server else None
+        if not host and self.advertise is not None:
+            host = self.advertise
+        if not host:
+            host = _spark.conf_get(self.spark, "spark.driver.host") or "127.0.0.1"
+        if host == "localhost":
+            host = "127.0.0.1"
+        return ("127.0.0.1" if _is_loopback(host) else "0.0.0.0", host)
 
     def start(self, spec: LaunchSpec, service: DriverService) -> Job:
         return SparkJob(self, spec, service)

@@ -8,6 +8,7 @@ store root, joined with ``/`` on every filesystem::
     <root>/datasets/<fingerprint>/train/part-*.parquet  training split
     <root>/datasets/<fingerprint>/val/part-*.parquet    validation split
     <root>/datasets/<fingerprint>/_tmp-<token>/...      a materialization in progress
+    <root>/datasets/<fingerprint>/_lease-<token>.json   its lease (heartbeat; see hora.store.lease)
     <root>/runs/<run_id>/checkpoints/epoch-000007.ckpt  checkpoints, one per epoch
     <root>/runs/<run_id>/logs/                          logs (e.g. TensorBoard)
     <root>/runs/<run_id>/history.json                   per-epoch metrics
@@ -26,6 +27,7 @@ RUNS = "runs"
 METADATA_FILE = "_metadata.json"
 COMMIT_MARKER = "_COMMITTED"
 TMP_PREFIX = "_tmp-"
+LEASE_PREFIX = "_lease-"
 CHECKPOINT_PREFIX = "epoch-"
 CHECKPOINT_SUFFIX = ".ckpt"
 SPLITS = ("train", "val")
@@ -104,6 +106,10 @@ class StoreLayout:
         """The staging folder of one materialization attempt (``token`` is unique per attempt)."""
         return join(self.dataset_dir(fingerprint), TMP_PREFIX + _check_name("token", token))
 
+    def lease_path(self, fingerprint: str, token: str) -> str:
+        """The lease of one materialization attempt (its heartbeat tells others it is alive)."""
+        return join(self.dataset_dir(fingerprint), f"{LEASE_PREFIX}{_check_name('token', token)}.json")
+
     # runs -----------------------------------------------------------------------------
     def runs_dir(self) -> str:
         """The folder holding every training run."""
@@ -145,4 +151,4 @@ class StoreLayout:
         return int(digits) if digits.isdigit() else None
 
 
-__all__ = ["StoreLayout", "join", "SPLITS", "METADATA_FILE", "COMMIT_MARKER"]
+__all__ = ["StoreLayout", "join", "SPLITS", "METADATA_FILE", "COMMIT_MARKER", "TMP_PREFIX", "LEASE_PREFIX"]

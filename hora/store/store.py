@@ -270,18 +270,28 @@ class Store:
         except Exception as exc:
             raise StoreError(f"{what} {self.url_for(path)} failed: {type(exc).__name__}: {exc}") from exc
 
+    def _fresh(self, full: str) -> None:
+        # Object-store filesystems (s3fs, gcsfs, adlfs) cache listings per process; another process's
+        # writes (a concurrent materialization's lease or commit) would stay invisible. Ask afresh.
+        try:
+            self.fs.invalidate_cache(full)
+        except Exception:  # pragma: no cover - filesystems without a cache
+            pass
+
     def exists(self, path: str) -> bool:
-        """Whether a file or folder exists at ``path``.
+        """Whether a file or folder exists at ``path`` (asked afresh, never from a listing cache).
 
         Raises:
             StoreError: the store cannot be reached.
         """
         full = self._resolve(path)
+        self._fresh(full)
         return bool(self._call("exists", full, self.fs.exists, full))
 
     def isdir(self, path: str) -> bool:
         """Whether ``path`` is a folder."""
         full = self._resolve(path)
+        self._fresh(full)
         return bool(self._call("isdir", full, self.fs.isdir, full))
 
     def read_bytes(self, path: str) -> bytes:
@@ -352,12 +362,14 @@ class Store:
         self.write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode("utf-8"))
 
     def listdir(self, path: str) -> list[str]:
-        """Sorted full paths of the entries directly inside a folder ([] when it does not exist).
+        """Sorted full paths of the entries directly inside a folder ([] when it does not exist),
+        listed afresh (what other processes wrote is seen).
 
         Raises:
             StoreError: the store cannot be reached.
         """
         full = self._resolve(path)
+        self._fresh(full)
 
         def _ls() -> list[str]:
             try:

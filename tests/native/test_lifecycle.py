@@ -12,7 +12,8 @@ from tests.spawn_util import run_ranks
 
 @pytest.mark.timeout(280)
 def test_200_init_shutdown_cycles_leak_no_fd_thread_or_shared_memory():
-    outs = run_ranks(W.cycles, 2, args=(200,), timeout=270)
+    # (small shared-memory segments: the test is about their life cycle, not their speed)
+    outs = run_ranks(W.cycles, 2, args=(200,), env={"HORA_SHM_BUFFER_MB": "0.25"}, timeout=270)
     for rank, out in enumerate(outs):
         assert out["wrong"] == [], (rank, out["wrong"])
         assert not out["initialized"]
@@ -23,7 +24,7 @@ def test_200_init_shutdown_cycles_leak_no_fd_thread_or_shared_memory():
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [3])  # (2 ranks: the same code; Horovod's suite runs them on 2)
 def test_every_kind_of_op_error_raises_and_the_next_ops_work(size):
     outs = run_ranks(W.errors_then_good_ops, size, env={"HORA_OP_TIMEOUT": "60"}, timeout=140)
     want = {
@@ -40,7 +41,7 @@ def test_every_kind_of_op_error_raises_and_the_next_ops_work(size):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [3])  # (2 ranks: tests/torch/test_horovod_api.py joins on 2)
 def test_ops_other_than_allreduce_fail_at_once_while_a_rank_has_joined(size):
     outs = run_ranks(W.join_then_other_ops, size, timeout=110)
     lasts = {out["last"] for out in outs}

@@ -1,17 +1,28 @@
-"""Materialization of Spark DataFrames (one session-scoped SparkSession local[2])."""
+"""Materialization of Spark DataFrames, on the classic session (local[2]) and on a Spark Connect
+session (a real Connect server, local[2]): every test runs on both, with the same assertions."""
+
+import uuid
 
 import numpy as np
 import pytest
 
-from hora.errors import DataError
-from hora.store import ColumnSpec, load_dataset_info, make_reader, materialize
+from hora import _spark
+from hora.errors import DataError, StoreError
+from hora.store import ColumnSpec, Store, load_dataset_info, make_reader, materialize
+
+from .conftest import S3_BUCKET
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
 
 
+@pytest.fixture(scope="module", params=["classic", "connect"])
+def session(request):
+    """The classic ``spark`` session, then the Connect ``connect_spark`` session."""
+    return request.getfixturevalue("spark" if request.param == "classic" else "connect_spark")
+
+
 @pytest.fixture(scope="module")
-def sdf(spark):
-    from pyspark.ml.feature import VectorAssembler
+def sdf(session):
     from pyspark.ml.linalg import Vectors
 
     rows = [
@@ -29,8 +40,18 @@ def sdf(spark):
         )
         for i in range(120)
     ]
-    df = spark.createDataFrame(rows, ["id", "x", "vec", "arr", "nested", "y", "is_val", "text", "mapping", "ynan"])
-    return VectorAssembler(inputCols=["x", "vec"], outputCol="assembled").transform(df).repartition(3)
+    df = session.createDataFrame(rows, ["id", "x", "vec", "arr", "nested", "y", "is_val", "text", "mapping", "ynan"])
+    if not _spark.is_connect(session):
+        from pyspark.ml.feature import VectorAssembler
+
+        return VectorAssembler(inputCols=["x", "vec"], outputCol="assembled").transform(df).repartition(3)
+    # pyspark.ml's classic stages need the process-wide Connect flag, which this test process (holding a
+    # classic session too) cannot set: build VectorAssembler's output from Connect column functions
+    from pyspark.ml.connect.functions import array_to_vector
+    from pyspark.sql.connect import functions as F
+
+    assembled = array_to_vector(F.concat(F.array(F.col("x")), _spark.vector_to_array(df, F.col("vec"), "float64")))
+    return df.withColumn("assembled", assembled).repartition(3)
 
 
 def read_all(store, info, split="train"):
@@ -38,7 +59,7 @@ def read_all(store, info, split="train"):
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
 
 
-def test_vectors_arrays_and_scalars(spark, sdf, file_store):
+def test_vectors_arrays_and_scalars(sdf, file_store):
     info = materialize(sdf, file_store, ["x", "vec", "assembled", "arr", "nested"], ["y"], num_proc=2, seed=3,
                        validation=0.25)
     assert info.source == "spark" and info.train_rows + info.val_rows == 120 and info.val_rows > 0
@@ -63,7 +84,7 @@ def test_vectors_arrays_and_scalars(spark, sdf, file_store):
         np.testing.assert_array_equal(nested, [[i, 1], [2, 3], [4, 5]])
 
 
-def test_reuse_validation_column_and_invalidation(spark, sdf, file_store):
+def test_reuse_validation_column_and_invalidation(sdf, file_store):
     a = materialize(sdf, file_store, ["x", "vec"], ["y"], validation="is_val", num_proc=2)
     assert a.val_rows == 24 and "is_val" not in a.columns
     b = materialize(sdf, file_store, ["x", "vec"], ["y"], validation="is_val", num_proc=2)
@@ -75,36 +96,39 @@ def test_reuse_validation_column_and_invalidation(spark, sdf, file_store):
     assert load_dataset_info(file_store, a.fingerprint) is not None
 
 
-def test_spark_reads_the_materialized_parquet_back(spark, sdf, file_store):
+def test_spark_reads_the_materialized_parquet_back(session, sdf, file_store):
     info = materialize(sdf, file_store, ["vec", "nested"], ["y"], num_proc=2)
-    back = spark.read.parquet(file_store.layout.train_dir(info.fingerprint))
+    back = session.read.parquet(file_store.layout.train_dir(info.fingerprint))
     assert back.count() == 120
     assert back.schema["vec"].dataType.simpleString() == "array<float>"
     assert back.schema["nested"].dataType.simpleString() == "array<array<bigint>>"
 
 
-def test_fewer_partitions_than_processes(spark, sdf, file_store):
+def test_fewer_partitions_than_processes(sdf, file_store):
     info = materialize(sdf.coalesce(1), file_store, ["x"], ["y"], num_proc=3)
     assert len(info.files["train"]) >= 3 and info.train_rows == 120
 
 
-def test_bad_input_fails_before_writing(spark, sdf, file_store):
+def test_bad_input_fails_before_writing(sdf, file_store):
     with pytest.raises(DataError, match="'text' has Spark type string"):
         materialize(sdf, file_store, ["x", "text"], ["y"])
     with pytest.raises(DataError, match="'mapping' has Spark type map"):
         materialize(sdf, file_store, ["mapping"], ["y"])
     with pytest.raises(DataError, match=r"\['nope'\] not found"):
         materialize(sdf, file_store, ["nope"], ["y"])
+    assert file_store.listdir(file_store.layout.datasets_dir()) == []  # nothing written for bad schemas
     with pytest.raises(DataError, match="validation column 'x' must hold|validation column"):
         materialize(sdf, file_store, ["vec"], ["y"], validation="x")
-    assert file_store.listdir(file_store.layout.datasets_dir())[:0] == []
     with pytest.raises(DataError, match=r"'ynan': 1 of 120 rows"):
         materialize(sdf, file_store, ["x"], ["ynan"])
     with pytest.raises(DataError, match="empty"):
         materialize(sdf.limit(0), file_store, ["x"], ["y"])
+    # bad data is found while writing: the attempt leaves nothing behind (no commit, no staging, no lease)
+    left = [e for d in file_store.listdir(file_store.layout.datasets_dir()) for e in file_store.listdir(d)]
+    assert left == []
 
 
-def test_spark_executors_write_to_s3(spark, sdf, s3_store):
+def test_spark_executors_write_to_s3(sdf, s3_store):
     info = materialize(sdf, s3_store, ["vec", "x"], ["y"], num_proc=2, validation=0.2)
     assert info.train_rows + info.val_rows == 120
     assert all(s3_store.exists(p) for p in info.train_files + info.val_files)
@@ -112,10 +136,19 @@ def test_spark_executors_write_to_s3(spark, sdf, s3_store):
     assert got["vec"].shape == (info.train_rows, 4)
 
 
-def test_memory_store_collects_to_the_driver(spark, sdf):
-    from hora.store import Store
-
-    store = Store.create("memory://spark-mem")
+def test_memory_store_collects_to_the_driver(sdf):
+    store = Store.create(f"memory://spark-mem-{uuid.uuid4().hex[:8]}")
     info = materialize(sdf, store, ["vec"], ["y"], num_proc=2)
     assert info.train_rows == 120 and len(info.files["train"]) == 2
     assert read_all(store, info)["vec"].shape == (120, 4)
+
+
+def test_a_store_the_executors_cannot_reach_fails_before_writing(sdf, s3_endpoint, monkeypatch):
+    # s3fs finds the endpoint in this process's environment only: the driver reaches the store,
+    # the executors (their Python workers started before) try the real AWS and cannot
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    url = f"s3://{S3_BUCKET}/unreachable-{uuid.uuid4().hex[:8]}"
+    store = Store.create(url, skip_instance_cache=True)
+    with pytest.raises(StoreError, match=rf"the Spark executors cannot use the store {url}: .*Could not connect"):
+        materialize(sdf, store, ["x"], ["y"], num_proc=2)
+    assert store.listdir(store.layout.datasets_dir()) == []  # nothing was written

@@ -329,3 +329,8 @@ def elastic_run(fail_ranks: list[int], fail_step: int) -> dict[str, Any]:
     weights = copy.deepcopy(model.state_dict())
     hvd.shutdown()
     return {"steps": steps, "resets": resets, "trace": list(state.trace), "close": close, "weights": weights}
+
+
+def elastic_runs(scenarios: list[list[int]], fail_step: int) -> list[dict[str, Any]]:
+    """:func:`elastic_run` once per failing-ranks list, one after the other."""
+    return [elastic_run(fail_ranks, fail_step) for fail_ranks in scenarios]

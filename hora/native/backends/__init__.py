@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hora.errors import ConfigError
+from hora.native import keys
 from hora.native.backends.base import Backend, Group, ReduceOp, Waker
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,8 @@ def create_backend() -> tuple[Backend, tuple[int, int, int, int], list[Any]]:
     # Gloo connect timeout (HORA_COLLECTIVE_TIMEOUT) while the group is being built.
     try:
         gen = join_generation(kv, env.job_id, env.rank, env.start_timeout)
-        barrier(kv, f"hora/native/{env.job_id}/{gen}/init", env.rank, env.size, env.start_timeout)
-        key = f"hora/native/{env.job_id}/{gen}/collective_store"
+        barrier(kv, keys.native_init_barrier(env.job_id, gen), env.rank, env.size, env.start_timeout)
+        key = keys.native_collective_store(env.job_id, gen)
         store, wait_store = make_stores(env.rank, env.size, env.hostname, kv, key, env.start_timeout)
         be = GlooBackend(env.rank, env.size, store=store, wait_store=wait_store, hostname=env.hostname,
                          timeout=timeout)
@@ -123,16 +124,15 @@ def join_generation(kv: Any, job_id: str, rank: int, timeout: float) -> int:
         RendezvousError: rank 0 opened no new generation within ``timeout`` seconds.
     """
     global _LAST_GENERATION
-    base = f"hora/native/{job_id}/generation"
     if rank == 0:
-        gen = kv.add(base, 1)
-        kv.set(f"{base}/{gen}", b"open")
+        gen = kv.add(keys.native_generation(job_id), 1)
+        kv.set(keys.native_generation_open(job_id, gen), b"open")
     else:
-        gen = kv.add(base, 0)  # the newest generation rank 0 has opened
+        gen = kv.add(keys.native_generation(job_id), 0)  # the newest generation rank 0 has opened
         if gen <= _LAST_GENERATION:
             gen = _LAST_GENERATION + 1
             try:
-                kv.wait([f"{base}/{gen}"], timeout)
+                kv.wait([keys.native_generation_open(job_id, gen)], timeout)
             except Exception as exc:
                 from hora.errors import RendezvousError
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hora.errors import CollectiveError, RendezvousError
+from hora.errors import CollectiveError, DataError, RendezvousError
 from hora.native.backends.base import Backend, Group, ReduceOp, StoreWaker, Waker
 from hora.native.backends import shm
 
@@ -195,6 +195,10 @@ class GlooBackend(Backend):
         try:
             work.wait()
         except Exception as exc:
+            if "Invalid scalar type" in str(exc):
+                # refused before anything moved, alike on every member (the dtype agreed in
+                # negotiation): this op fails, the engine goes on
+                raise DataError(f"gloo cannot {what} this dtype over ranks {group.ranks}: {exc}") from exc
             raise CollectiveError(f"gloo {what} over ranks {group.ranks} failed: {exc}") from exc
 
     def allreduce(self, buf: torch.Tensor, op: ReduceOp, group: Group) -> None:
