@@ -1,9 +1,10 @@
 """The Horovod-style Keras 3 API (TensorFlow backend): ``import hora.keras as hvd``.
 
-::
+The same module is ``hora.tensorflow.keras`` (Horovod's ``horovod.tensorflow.keras``;
+both names give these objects)::
 
     import keras
-    import hora.keras as hvd
+    import hora.tensorflow.keras as hvd      # or: import hora.keras as hvd
 
     hvd.init()
     opt = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size()))
@@ -14,29 +15,25 @@
         hvd.callbacks.LearningRateWarmupCallback(initial_lr=1e-3 * hvd.size(), warmup_epochs=2),
     ], verbose=1 if hvd.rank() == 0 else 0)
 
-``allreduce``/``allgather``/``broadcast`` here take and return numpy values (Horovod's
-Keras helpers); the tensor collectives are in :mod:`hora.tensorflow`.
+``allreduce``/``allgather``/``broadcast``/``reducescatter`` take tensor-compatible
+values (numbers, numpy arrays, tensors, variables) and return tensors, as Horovod's
+Keras helpers do in TensorFlow 2; ``hvd.elastic`` holds the elastic state and callbacks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-import hora.native as hn
 from hora.errors import ConfigError
 from hora.keras import callbacks
 from hora.keras.optimizer import DistributedOptimizer, is_distributed_optimizer, make_distributed_in_place
 from hora.native import (
     Average,
-    Compression,
     Max,
     Min,
     ProcessSet,
     Product,
     Sum,
-    add_process_set,
     cross_rank,
     cross_size,
     global_process_set,
@@ -44,52 +41,81 @@ from hora.native import (
     local_rank,
     local_size,
     rank,
-    remove_process_set,
     shutdown,
     size,
 )
-from hora.tensorflow.functions import broadcast_variables
-from hora.tensorflow.mpi_ops import allgather_object, broadcast_object, init
+from hora.native.build_info import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
+from hora.tensorflow import collectives as _collectives
+from hora.tensorflow import mpi_ops as _mpi_ops
+from hora.tensorflow.compression import Compression
+from hora.tensorflow.functions import (
+    allgather_object,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_variables,
+)
+from hora.tensorflow.mpi_ops import add_process_set, init, remove_process_set
 
 
-def _value(x: Any) -> np.ndarray:
-    from hora.tensorflow.mpi_ops import _as_tensor, to_numpy
+def _constant(value: Any, name: str | None):
+    import tensorflow as tf
 
-    if isinstance(x, np.ndarray) or np.isscalar(x):
-        return np.asarray(x)
-    return to_numpy(_as_tensor(x))
+    from hora.tensorflow.bridge import as_tensor, is_keras_variable
+
+    if isinstance(value, (tf.Tensor, tf.Variable)) or is_keras_variable(value):
+        return as_tensor(value)
+    return tf.constant(value, name=name)
 
 
-def allreduce(value: Any, name: str | None = None, average: bool = True, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, op: Any = None, compression: Any = None) -> np.ndarray:
-    """Average (or sum) a value (number, numpy array, tensor, variable) across ranks; returns numpy.
+def allreduce(value: Any, name: str | None = None, average: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: Any = None, compression: Any = None):
+    """Reduce a tensor-compatible value across ranks (``op``: Average by default); returns a tensor.
+
+    ``average`` is Horovod's deprecated spelling of ``op=Average``/``Sum`` (it warns).
 
     Raises:
-        NotInitializedError, CollectiveError: from the backend.
+        NotInitializedError, DataError, CollectiveError: from :func:`hora.tensorflow.allreduce`.
     """
-    op = op if op is not None else (hn.Average if average else hn.Sum)
-    kwargs: dict[str, Any] = dict(op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor)
-    if compression is not None:
-        kwargs["compression"] = compression
-    return np.asarray(hn.allreduce(_value(value), **kwargs))
+    return _collectives.allreduce(_constant(value, name), average=average, prescale_factor=prescale_factor,
+                                  postscale_factor=postscale_factor, op=op, compression=compression, name=name)
 
 
-def allgather(value: Any, name: str | None = None) -> np.ndarray:
-    """Concatenate a value from every rank along dimension 0; returns numpy.
+def allgather(value: Any, name: str | None = None):
+    """Concatenate a tensor-compatible value from every rank along dimension 0; returns a tensor.
 
     Raises:
-        NotInitializedError, CollectiveError: from the backend.
+        NotInitializedError, DataError, CollectiveError: from :func:`hora.tensorflow.allgather`.
     """
-    return np.asarray(hn.allgather(_value(value), name=name))
+    return _mpi_ops.allgather(_constant(value, name), name=name)
 
 
-def broadcast(value: Any, root_rank: int, name: str | None = None) -> np.ndarray:
-    """``root_rank``'s value on every rank; returns numpy.
+def broadcast(value: Any, root_rank: int, name: str | None = None):
+    """``root_rank``'s tensor-compatible value on every rank; returns a tensor.
 
     Raises:
-        NotInitializedError, CollectiveError: from the backend.
+        NotInitializedError, DataError, CollectiveError: from :func:`hora.tensorflow.broadcast`.
     """
-    return np.asarray(hn.broadcast(_value(value), root_rank, name=name))
+    return _mpi_ops.broadcast(_constant(value, name), root_rank, name=name)
+
+
+def reducescatter(value: Any, name: str | None = None, op: Any = Average):
+    """Reduce a tensor-compatible value across ranks; this rank's block of dimension 0 (a tensor).
+
+    Raises:
+        NotInitializedError, DataError, CollectiveError: from :func:`hora.tensorflow.reducescatter`.
+    """
+    return _collectives.reducescatter(_constant(value, name), op=op, name=name)
 
 
 def broadcast_model(model: Any, root_rank: int = 0) -> None:
@@ -108,28 +134,58 @@ def broadcast_model(model: Any, root_rank: int = 0) -> None:
         broadcast_variables(opt.variables, root_rank)
 
 
-def load_model(filepath: str, custom_objects: dict | None = None, compile: bool = True, **distributed: Any) -> Any:
-    """Load a ``.keras`` model; its optimizer (with its saved state) becomes distributed.
+def load_model(filepath: str, custom_optimizers: list | None = None, custom_objects: dict | None = None,
+               compression: Any = None, legacy_opts: bool = False, *, compile: bool = True,
+               **distributed: Any) -> Any:
+    """Load a saved Keras model; its optimizer (with its saved state) becomes distributed.
 
-    ``distributed`` are :func:`DistributedOptimizer` keyword arguments (``compression``,
-    ``sparse_as_dense``, ``op``, ...).
+    Horovod's signature: ``custom_optimizers`` are optimizer classes of your own the
+    file uses (plain Keras optimizers need nothing), ``custom_objects`` as in
+    ``keras.models.load_model``, ``compression`` for the gradient allreduce.
+    ``distributed`` are further :func:`DistributedOptimizer` keyword arguments
+    (``sparse_as_dense``, ``op``, ...).
 
     Raises:
-        ConfigError: the loaded optimizer is not a Keras 3 optimizer, or a bad argument.
+        ConfigError: ``legacy_opts=True`` (Keras 2 optimizers do not exist in Keras 3), the
+            loaded optimizer is not a Keras 3 optimizer, or a bad argument.
     """
     import keras
 
-    model = keras.models.load_model(filepath, custom_objects=custom_objects, compile=compile)
+    if legacy_opts:
+        raise ConfigError("load_model(legacy_opts=True): keras.optimizers.legacy does not exist in Keras 3; "
+                          "save the model with a Keras 3 optimizer")
+    objects = {cls.__name__: cls for cls in custom_optimizers or ()}
+    objects.update(custom_objects or {})
+    model = keras.models.load_model(filepath, custom_objects=objects or None, compile=compile)
     opt = getattr(model, "optimizer", None)
     if compile and opt is not None:
+        if compression is not None:
+            distributed["compression"] = compression
         make_distributed_in_place(opt, **distributed)
     return model
 
 
+def __getattr__(name: str) -> Any:
+    """``hvd.elastic`` is imported on first use.
+
+    Raises:
+        AttributeError: any other unknown name.
+    """
+    if name == "elastic":
+        import importlib
+
+        module = importlib.import_module("hora.keras.elastic")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "Average", "Compression", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",
-    "allgather_object", "allreduce", "broadcast", "broadcast_model", "broadcast_object", "broadcast_variables",
-    "callbacks", "cross_rank", "cross_size", "DistributedOptimizer", "global_process_set", "init",
-    "is_distributed_optimizer", "is_initialized", "load_model", "local_rank", "local_size", "rank",
-    "remove_process_set", "shutdown", "size",
+    "allgather_object", "allreduce", "broadcast", "broadcast_global_variables", "broadcast_model",
+    "broadcast_object", "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built",
+    "ddl_built", "DistributedOptimizer", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "init",
+    "is_distributed_optimizer", "is_initialized", "load_model", "local_rank", "local_size", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "reducescatter", "remove_process_set", "rank",
+    "rocm_built", "shutdown", "size",
 ]

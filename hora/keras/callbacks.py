@@ -31,16 +31,20 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     ``model.fit`` builds the optimizer before ``on_train_begin``, so both are broadcast
     there and every rank takes its first step from the same state. An optimizer that is
-    not built yet is broadcast after the first batch. ``device`` is accepted for Horovod
-    compatibility and unused.
+    not built yet is broadcast after the first batch. ``local_variables`` (variables
+    each rank keeps its own, e.g. a model-parallel embedding) are not broadcast.
+    ``device`` is accepted for Horovod compatibility and unused.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         if not isinstance(root_rank, int) or root_rank < 0:
             raise ConfigError(f"BroadcastGlobalVariablesCallback: root_rank must be an int >= 0, got {root_rank!r}")
         self.root_rank = root_rank
         self.device = device
+        if local_variables is not None and not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self._local = {id(v) for v in local_variables or ()}
         self.broadcast_done = False
         self._optimizer_done = False
 
@@ -50,7 +54,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if self.root_rank >= hn.size():
             raise ConfigError(f"BroadcastGlobalVariablesCallback: root_rank={self.root_rank} but the job has "
                               f"{hn.size()} ranks")
-        broadcast_variables(self.model.variables, root_rank=self.root_rank)
+        broadcast_variables([v for v in self.model.variables if id(v) not in self._local], root_rank=self.root_rank)
         opt_vars = _optimizer_variables(getattr(self.model, "optimizer", None))
         if opt_vars:
             broadcast_variables(opt_vars, root_rank=self.root_rank)
@@ -128,7 +132,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     ``momentum_correction`` (Horovod rescales momentum for one step when the rate
     changes) is not available: Keras 3 bakes an optimizer's momentum into its compiled
-    step as a constant.
+    step as a constant. Left unset (Horovod's default is on), training goes on without it
+    and a warning says so once if the optimizer has a momentum.
 
     Raises:
         ConfigError: bad arguments, or a ``LearningRateSchedule`` learning rate.
@@ -142,11 +147,12 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         start_epoch: int = 0,
         end_epoch: int | None = None,
         staircase: bool = True,
-        momentum_correction: bool = False,
+        momentum_correction: bool | None = None,
         steps_per_epoch: int | None = None,
         verbose: int = 0,
     ) -> None:
         super().__init__()
+        self._warn_momentum = momentum_correction is None
         if momentum_correction:
             raise NotImplementedError(
                 "momentum_correction is not supported with Keras 3: the optimizer's momentum is a Python constant "
@@ -185,6 +191,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             log.info("epoch %.3f: learning rate set to %g", epoch, value)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        if self._warn_momentum and float(getattr(self.model.optimizer, "momentum", 0.0) or 0.0) != 0.0:
+            log.warning("%s: Horovod would apply momentum correction when the learning rate changes; hora cannot "
+                        "with Keras 3 (the momentum is compiled into the train step), so training goes on without "
+                        "it. Pass momentum_correction=False to silence this.", type(self).__name__)
+            self._warn_momentum = False
         if self.steps_per_epoch is None and not self.staircase:
             steps = (self.params or {}).get("steps")
             if not steps:
@@ -220,7 +231,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         self,
         initial_lr: float,
         warmup_epochs: int = 5,
-        momentum_correction: bool = False,
+        momentum_correction: bool | None = None,
         steps_per_epoch: int | None = None,
         verbose: int = 0,
     ) -> None:
@@ -242,44 +253,58 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             self.model.optimizer.learning_rate = self.initial_lr
             if logs is not None:
                 logs["learning_rate"] = self.initial_lr
-            if self.verbose:
-                log.info("epoch %d: finished gradual learning rate warmup to %g", epoch + 1, self.initial_lr)
+            if self.verbose:  # printed like Keras' own callbacks' verbose messages (and Horovod's)
+                from keras.src.utils.io_utils import print_msg
+
+                print_msg(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self.initial_lr:g}.")
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """Save the model (``.keras``) whenever ``monitor`` improves; only rank 0 writes.
+    """Save the model whenever ``monitor`` improves; only rank 0 writes (Horovod's arguments).
 
-    ``filepath`` may be left ``None`` and set (``callback.filepath = ...``) before
-    training, as the estimators do. Put :class:`MetricAverageCallback` before it so every
-    rank sees the same metric.
+    ``filepath`` (a ``.keras`` file, or ``.weights.h5`` with ``save_weights_only``) may be
+    left ``None`` and set (``callback.filepath = ...``) before training, as Horovod's
+    estimators do. Put :class:`MetricAverageCallback` before it so every rank sees the
+    same metric.
 
     Raises:
-        ConfigError: training starts with no ``filepath``, or it does not end in ``.keras``.
+        ConfigError: training starts with no ``filepath``, or one with the wrong suffix;
+            a file name passed as ``monitor`` (the first parameter, as in Horovod).
     """
 
     def __init__(
         self,
-        filepath: str | None = None,
         monitor: str = "val_loss",
         verbose: int = 0,
+        save_weights_only: bool = False,
         mode: str = "auto",
         save_freq: str | int = "epoch",
+        filepath: str | None = None,
     ) -> None:
-        if filepath is not None and not str(filepath).endswith(".keras"):
-            raise ConfigError(f"BestModelCheckpoint: filepath must end in .keras, got {filepath!r}")
-        super().__init__(filepath="unset.keras" if filepath is None else filepath, monitor=monitor, verbose=verbose,
-                         save_best_only=True, save_weights_only=False, mode=mode, save_freq=save_freq)
+        if str(monitor).endswith((".keras", ".h5")):
+            raise ConfigError(f"BestModelCheckpoint: {monitor!r} was passed as `monitor` (the first parameter, as in "
+                              "Horovod); pass the file as filepath=...")
+        self._suffix = ".weights.h5" if save_weights_only else ".keras"
+        self._check_path(filepath, allow_none=True)
+        super().__init__(filepath=f"unset{self._suffix}" if filepath is None else filepath, monitor=monitor,
+                         verbose=verbose, save_best_only=True, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq)
         if filepath is None:
             self.filepath = None
+
+    def _check_path(self, filepath: Any, allow_none: bool = False) -> None:
+        if filepath is None:
+            if allow_none:
+                return
+            raise ConfigError(f"BestModelCheckpoint: set filepath (a path ending in {self._suffix}) before training")
+        if not str(filepath).endswith(self._suffix):
+            raise ConfigError(f"BestModelCheckpoint: filepath must end in {self._suffix}, got {filepath!r}")
 
     def _is_writer(self) -> bool:
         return not hn.is_initialized() or hn.rank() == 0
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        if self.filepath is None:
-            raise ConfigError("BestModelCheckpoint: set filepath (a path ending in .keras) before training")
-        if not str(self.filepath).endswith(".keras"):
-            raise ConfigError(f"BestModelCheckpoint: filepath must end in .keras, got {self.filepath!r}")
+        self._check_path(self.filepath)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._is_writer():

@@ -30,13 +30,15 @@ _EXPORTS: dict[str, str] = {
     "global_process_set": "hora.native.process_sets",
 }
 for _name in (
-    "Average", "GroupHandle", "Max", "Min", "Product", "Sum", "add_process_set", "allgather", "allgather_async",
-    "allgather_object", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
-    "alltoall_async", "backend_name", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "broadcast_object", "cross_rank", "cross_size", "engine_stats", "grouped_allreduce", "grouped_allreduce_",
-    "grouped_allreduce_async", "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank",
-    "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "remove_process_set", "shutdown", "size",
-    "synchronize",
+    "Adasum", "Average", "GroupHandle", "Max", "Min", "Product", "Sum", "add_process_set", "allgather",
+    "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "alltoall", "alltoall_async", "backend_name", "barrier", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "broadcast_object", "cross_rank", "cross_size", "engine_stats", "grouped_allgather",
+    "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
+    "handle_average_backwards_compatibility", "init", "is_initialized", "join", "local_rank", "local_size", "poll",
+    "rank", "reducescatter", "reducescatter_async", "remove_process_set", "shutdown", "size", "start_timeline",
+    "stop_timeline", "synchronize",
 ):
     _EXPORTS[_name] = "hora.native.ops"
 for _name in (
@@ -47,18 +49,22 @@ for _name in (
 del _name
 
 # submodules reachable as attributes (``hn.engine``) even before anything imported them
-_SUBMODULES = ("backends", "build_info", "compression", "engine", "ops", "process_sets", "rendezvous", "timeline")
+_SUBMODULES = ("adasum", "backends", "build_info", "compression", "elastic", "engine", "keys", "ops", "process_sets",
+               "rendezvous", "timeline")
 
 __all__ = [
-    "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Compression", "Compressor", "Handle", "GroupHandle",
+    "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor", "Handle", "GroupHandle",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
     "backend_name", "engine_stats",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
-    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
-    "broadcast_object", "allgather_object", "synchronize", "poll",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
+    "broadcast_object", "allgather_object", "synchronize", "poll", "start_timeline", "stop_timeline",
+    "handle_average_backwards_compatibility",
     "gloo_built", "nccl_built", "mpi_built", "cuda_built", "rocm_built", "ccl_built", "ddl_built",
     "gloo_enabled", "mpi_enabled", "mpi_threads_supported",
 ]
@@ -102,6 +108,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ provides the
     from hora.native.compression import Compression, Compressor
     from hora.native.engine import Handle
     from hora.native.ops import (
+        Adasum,
         Average,
         GroupHandle,
         Max,
@@ -128,10 +135,15 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ provides the
         cross_rank,
         cross_size,
         engine_stats,
+        grouped_allgather,
+        grouped_allgather_async,
         grouped_allreduce,
         grouped_allreduce_,
         grouped_allreduce_async,
         grouped_allreduce_async_,
+        grouped_reducescatter,
+        grouped_reducescatter_async,
+        handle_average_backwards_compatibility,
         init,
         is_initialized,
         join,
@@ -144,6 +156,8 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ provides the
         remove_process_set,
         shutdown,
         size,
+        start_timeline,
+        stop_timeline,
         synchronize,
     )
     from hora.native.process_sets import ProcessSet, global_process_set

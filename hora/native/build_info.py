@@ -2,7 +2,7 @@
 
 The ``*_built`` functions answer for the installed packages, without initializing
 anything: ``gloo_built`` (torch.distributed with Gloo: hora's default transport),
-``nccl_built`` (a torch built with NCCL), ``mpi_built`` (mpi4py and an ``mpiexec``),
+``nccl_built`` (the NCCL version code of a torch built with NCCL, else 0), ``mpi_built`` (mpi4py and an ``mpiexec``),
 ``cuda_built`` / ``rocm_built`` (the torch build), and ``ccl_built`` / ``ddl_built``
 (oneCCL and IBM DDL: hora has no such transport, so always ``False``).
 
@@ -38,14 +38,22 @@ def gloo_built() -> bool:
     return bool(dist.is_available() and dist.is_gloo_available())
 
 
-def nccl_built() -> bool:
-    """Whether the installed torch was built with NCCL (CUDA tensors then go through NCCL)."""
+def nccl_built() -> int:
+    """The NCCL version code of the installed torch (``2.21.5`` -> 22105, as Horovod's
+    ``NCCL_VERSION_CODE``), or 0 without NCCL (CUDA tensors go through NCCL when it has it).
+    Horovod returns the code so that ``nccl_built() >= 2700`` can check for a feature."""
     torch = _torch()
     if torch is None:
-        return False
+        return 0
     import torch.distributed as dist
 
-    return bool(dist.is_available() and dist.is_nccl_available())
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return 0
+    try:
+        major, minor, patch = torch.cuda.nccl.version()[:3]
+    except Exception:  # built with NCCL but it cannot say which: "some NCCL"
+        return 1
+    return major * 1000 + minor * 100 + patch if (major, minor) < (2, 9) else major * 10000 + minor * 100 + patch
 
 
 def mpi_built() -> bool:

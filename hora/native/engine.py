@@ -36,7 +36,12 @@ the whole prediction, a caller that blocks on a handle runs the round in its own
 after each bucket) ends a burst's gathering at once, so buckets become rounds of their own.
 
 Shutdown is collective: a rank that has shut down keeps answering rounds until every
-rank has (``HORA_SHUTDOWN_TIMEOUT``), so ranks still working are not cut off.
+rank has (``HORA_SHUTDOWN_TIMEOUT``), so ranks still working are not cut off; the round
+after its shutdown tells every rank, and an op that needs its part then fails at once.
+Op errors (mismatches, bad arguments, a rank that joined or shut down) fail only the ops
+concerned; the engine stops only when a rank is lost (its sockets close, the store is
+gone) or on a bug. The thread is joined before anything it uses is released
+(:meth:`Engine.shutdown`, :meth:`Engine.on_exit`).
 
 After a round every rank's thread goes idle (a decision every rank takes alike, from the
 round's job-wide results) and blocks on a job-wide wake-up signal
@@ -61,9 +66,10 @@ candidate, default 20), ``HORA_TIMELINE``. The backends' own collective timeout 
 memory unless ``HORA_SHM_ALLREDUCE=0`` (``HORA_SHM_BUFFER_MB``, default 8: see
 :mod:`hora.native.backends.shm`).
 
-Semantics worth knowing: integer Average floors; a name may be in flight only once per
-rank; a burst of submissions is gathered (up to 10 cycles, ended early by any caller
-that blocks on a handle) before it is negotiated, so it is fused.
+Semantics worth knowing: integer Average rounds toward zero (as Horovod); a name may be
+in flight only once per rank and process set; a burst of submissions is gathered (up to
+10 cycles, ended early by any caller that blocks on a handle) before it is negotiated, so
+it is fused.
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ import numpy as np
 import torch
 
 from hora.errors import CollectiveError, ConfigError
+from hora.native import adasum
 from hora.native.backends.base import Backend, Group, ReduceOp
 from hora.native.compression import NoneCompressor
 from hora.native.timeline import Timeline
@@ -123,7 +130,11 @@ BARRIER = "barrier"
 JOIN = "join"
 PS_ADD = "process_set_add"
 PS_REMOVE = "process_set_remove"
+QUIT = "shutdown"  # not an op: a rank's announcement, in a round's metadata, that it shut down
 _UNCACHEABLE = (JOIN, PS_ADD, PS_REMOVE)
+# the metadata a rank sends once when it shuts down (see Engine._process_metas)
+_QUIT_KEY = (QUIT, "", (), 0, 0, -1, 0, 1.0, 1.0, "none", "", None)
+ABORT_JOIN_TIMEOUT = 5.0  # seconds shutdown waits for an interrupted engine thread before leaving it
 
 
 def _env_number(name: str, default: float, *, allow_zero: bool = True) -> float:
@@ -305,7 +316,9 @@ class Request(Handle):
         extra: Any = None,
     ) -> None:
         self.kind = kind
-        self.name = name
+        # names are matched within a process set, as in Horovod: the same name in two
+        # sets is two ops (the set is part of the name the engine negotiates)
+        self.name = name if not ps_id else f"{name} (process set {ps_id})"
         self.ps_id = ps_id
         self.tensor = tensor
         self.output = output
@@ -575,8 +588,14 @@ class Engine:
         self._ps_version = 0
         self._nm_key: tuple = ()
         self._nm_slots: list[int] = []
-        self._quit_announced = False
+        self._quit_announced = False  # this rank, done, asked for the round that may end the job
+        self._quit_sent = False  # this rank told the others it shut down (QUIT metadata)
+        self._quit: set[int] = set()  # ranks that have shut down (job-wide, from rounds' metadata)
         self._all_quit = False
+        self._aborted = False  # shutdown gave up waiting for the others: leave at the next chance
+        self._exit_lock = threading.Lock()
+        self._exited = False  # the engine thread has ended
+        self._on_exit: list[Callable[[], None]] = []
         # speculation (identical on every rank: only changed from rounds' job-wide results)
         self._spec: _Spec | None = None
         self._spec_allowed = False
@@ -605,8 +624,9 @@ class Engine:
         """Enqueue ``req``; return its handle.
 
         Raises:
-            CollectiveError: the engine has failed or shut down, or a request with the
-                same name is still in flight on this rank.
+            CollectiveError: the engine has failed or shut down.
+            ConfigError: a request with the same name is still in flight on this rank
+                (a ValueError, as Horovod's).
         """
         req._engine = self
         if self.timeline.enabled:
@@ -617,7 +637,7 @@ class Engine:
             if self._shutdown:
                 raise CollectiveError("hora is shutting down; no new collectives are accepted")
             if req.name in self._names:
-                raise CollectiveError(
+                raise ConfigError(
                     f"a collective named '{req.name}' is already in flight on rank {self.rank}; "
                     "wait for it (synchronize) before submitting the same name again"
                 )
@@ -670,7 +690,8 @@ class Engine:
             args = self._claim_args
             self.stats["rounds_run_by_caller"] += 1
         try:
-            result: Any = self._round_body(*args)
+            with torch.no_grad():
+                result: Any = self._round_body(*args)
         except BaseException as exc:  # noqa: BLE001 - the engine thread raises it
             result = exc
         with self._lock:
@@ -742,38 +763,133 @@ class Engine:
         s["cycle_time_us"] = int(self.config.cycle_time * 1e6)
         return s
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> bool:
         """Stop the engine once this rank has nothing in flight and every rank has shut down.
 
         Shutdown is collective, like ``MPI_Finalize``: until every rank has called it, this
         rank's engine keeps taking part in rounds, so ranks still working (say, on a
-        process set this rank is not in) are not cut off. Waits up to
-        ``HORA_SHUTDOWN_TIMEOUT`` seconds; then pending handles are failed with
-        CollectiveError and this rank leaves anyway.
+        process set this rank is not in) are not cut off. The next round tells every rank
+        that this one has shut down: from then on an op that needs this rank's part fails
+        at once on the ranks that submitted it (this rank will never submit anything
+        again), instead of waiting for it. This rank's own ops in flight still complete
+        when the others submit them, and fail once every rank that has not has shut down.
+
+        Waits up to ``HORA_SHUTDOWN_TIMEOUT`` seconds; then pending handles are failed
+        with CollectiveError, the backend calls the thread may be blocked in are
+        interrupted where the backend can (shared-memory sockets), and this rank leaves.
+
+        Returns:
+            True when the engine thread has ended, so its backend can be released now;
+            False when it is still inside a backend call that cannot be interrupted (a
+            Gloo collective, which returns at its timeout or once the peers leave): the
+            thread then runs what :meth:`on_exit` registered itself when it ends.
         """
         with self._lock:
             self._shutdown = True
             if self._gathering:
                 self._gather_cond.notify()
-            if self._idle and not self._woken:
-                self._woken = True
-                if self.size == 1:
-                    self._waker.wake_self(self._epoch)
-                else:  # a round in which every rank learns that this one is done
-                    self._quit_announced = True
-                    self._waker.signal(self._epoch)
+            self._wake_locked()
         self._thread.join(self.config.shutdown_timeout)
         if self._thread.is_alive():
             log.warning("rank %d: the hora engine did not stop within %gs (%s); leaving without the other ranks "
                         "(raise %s to wait longer)", self.rank, self.config.shutdown_timeout,
                         "collectives still in flight here" if self._names else "other ranks have not shut down",
                         ENV_SHUTDOWN_TIMEOUT)
-            self._fail_all(CollectiveError(f"rank {self.rank}: hora was shut down with collectives in flight"))
+            self._abort(CollectiveError(f"rank {self.rank}: hora was shut down with collectives in flight"))
+            self._thread.join(ABORT_JOIN_TIMEOUT)
         self.timeline.close()
-        self._waker.close()
+        ended = not self._thread.is_alive()
+        if ended:
+            self._waker.close()
+        return ended
+
+    def _wake_locked(self) -> None:
+        """(Under the lock.) Get an idle engine thread to run a round (or, alone, to exit)."""
+        if self._idle and not self._woken:
+            self._woken = True
+            try:
+                if self.size == 1:
+                    self._waker.wake_self(self._epoch)
+                else:
+                    self._waker.signal(self._epoch)
+            except Exception as exc:  # the store's host is gone: the thread notices by itself
+                log.debug("rank %d: cannot wake the engine: %s", self.rank, exc)
+
+    def _abort(self, exc: CollectiveError) -> None:
+        """Give up on the other ranks: fail every handle, make the thread leave at its next
+        chance, and interrupt the backend call it may be blocked in."""
+        with self._lock:
+            self._aborted = True
+            if self._broken is None:
+                self._broken = exc  # no new submissions
+            self._gather_cond.notify_all()
+            self._woken = False
+            self._wake_locked()
+            reqs = list(self._names.values())
+        # fail the handles, but leave the engine's tables to its thread (it may be using them)
+        for r in reqs:
+            if not r._done:
+                r._error = exc
+                r._done = True
+        with self._done_cond:
+            self._done_cond.notify_all()
+        groups = [g for info in self.process_sets.values() for g in info.device_groups.values()]
+        for be in list(self.device_backends.values()):
+            try:
+                be.interrupt([g for g in groups if g is not None])
+            except Exception as err:  # best effort: the call ends at its timeout instead
+                log.debug("rank %d: interrupting %s failed: %s", self.rank, be.name, err)
+
+    def on_exit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the engine thread has ended (now, if it has): releasing the
+        backend must wait until no thread can be inside one of its calls."""
+        with self._exit_lock:
+            if not self._exited:
+                self._on_exit.append(fn)
+                return
+        fn()
+
+    def release(self) -> None:
+        """Release every group of every process set and every backend (call it once the
+        thread has ended: see :meth:`on_exit`)."""
+        for info in list(self.process_sets.values()):
+            for dev, g in list(info.device_groups.items()):
+                be = self.device_backends.get(dev, self.backend)
+                if g is None or g is be.world:
+                    continue  # the world group goes with its backend
+                try:
+                    be.destroy_group(g)
+                except Exception as exc:
+                    log.debug("rank %d: releasing process set %d on %s failed: %s", self.rank, info.id, dev, exc)
+        self.process_sets.clear()
+        for dev, be in list(self.device_backends.items()):
+            try:
+                be.shutdown()
+            except Exception as exc:
+                log.warning("rank %d: shutting down the %s backend failed: %s", self.rank, be.name, exc)
+        self.device_backends.clear()
+        self._fusion.clear()
+
+    def unusable_reason(self) -> str | None:
+        """Why this engine cannot run the job's collectives any more (it failed, this or
+        another rank has shut down), or None while it can."""
+        if self._broken is not None:
+            return f"has stopped ({self._broken})"
+        if self._shutdown:
+            return "is shutting down"
+        if self._quit:
+            return f"lost rank(s) {sorted(self._quit)}, which have shut down"
+        return None
+
+    def set_timeline(self, timeline: Timeline) -> None:
+        """Record into ``timeline`` from now on (``hora.native.start_timeline``); the one
+        recorded so far is written and closed."""
+        old, self.timeline = self.timeline, timeline
+        old.close()
 
     # -- the thread -----------------------------------------------------------------------
     def _main(self) -> None:
+        torch.set_grad_enabled(False)  # (thread-local) buffers are moved and summed, never differentiated
         try:
             while True:
                 if not self._active_wait():
@@ -787,6 +903,15 @@ class Engine:
                 log.exception("rank %d: the hora engine failed", self.rank)
                 exc = CollectiveError(f"rank {self.rank}: the hora engine failed: {exc!r}")
             self._fail_all(exc)
+        finally:
+            with self._exit_lock:
+                self._exited = True
+                callbacks, self._on_exit = self._on_exit, []
+            for fn in callbacks:
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - the thread is ending; say so and go on
+                    log.exception("rank %d: releasing the hora engine failed", self.rank)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
@@ -809,16 +934,20 @@ class Engine:
         with self._lock:
             self._idle = True
             self._woken = False
-            if self._shutdown and not self._names:
+            if self._aborted:
+                return False
+            if self._shutdown:
                 if self.size == 1:
-                    return False
-                if not self._quit_announced:
-                    # one round tells every rank this one is done; the engine then keeps
-                    # answering rounds until the round in which every rank is done
-                    self._quit_announced = True
+                    if not self._names:
+                        return False
+                elif not self._quit_sent or (not self._names and not self._quit_announced):
+                    # a round tells every rank that this one has shut down; once it has
+                    # nothing in flight, one more may be the round in which every rank
+                    # is done (the engine keeps answering rounds until then)
+                    self._quit_announced = not self._names
                     self._woken = True
                     self._waker.signal(self._epoch)
-            if self._incoming:
+            if self._incoming and not self._woken:
                 self._woken = True
                 self._waker.signal(self._epoch)
         if self._to_forget and (not self._woken or len(self._to_forget) > 64):
@@ -839,6 +968,8 @@ class Engine:
                     "did another rank exit or crash?"
                 ) from None
             with self._lock:
+                if self._aborted:
+                    return False
                 if woken:
                     self._idle = False
                     return True
@@ -858,6 +989,8 @@ class Engine:
 
     def _round(self) -> bool:
         """One negotiation round (+ execution). Returns False when the job went idle."""
+        if self._aborted:
+            raise CollectiveError(f"rank {self.rank}: hora was shut down without the other ranks")
         t0 = time.perf_counter()
         tl0 = self.timeline.now() if self.timeline.enabled else 0.0
         self._round_no += 1
@@ -889,6 +1022,8 @@ class Engine:
 
     def _round_body(self, t0: float, tl0: float, spec: _Spec | None) -> bool:
         """The round after its gather: negotiate, execute, decide what comes next."""
+        if self._aborted:
+            raise CollectiveError(f"rank {self.rank}: hora was shut down without the other ranks")
         cache = self.cache
         C = cache.capacity
         with self._lock:
@@ -922,6 +1057,9 @@ class Engine:
                 uncached.append((req.name, req.key, req.local))
                 if req.kind == JOIN:
                     self._my_join_round = self._round_no
+        if self._shutdown and not self._quit_sent:
+            self._quit_sent = True  # from now on nothing new comes from this rank: say so
+            uncached.append((f"{QUIT}.{me}", _QUIT_KEY, None))
         if self._my_join_round is not None and self._my_join_round < self._round_no and C:
             # a joined rank stands in (with zeros) for every cached allreduce of its sets
             for e in cache.by_name.values():
@@ -1378,9 +1516,13 @@ class Engine:
                        errors: dict[str, str]) -> None:
         touched: dict[str, _Pending] = {}
         joined_changed = False
+        quit_before = len(self._quit)
         table = self._table
         for r, lst in enumerate(metas):
             for name, key, local in lst:
+                if key[0] == QUIT:
+                    self._quit.add(r)
+                    continue
                 if self.cache.capacity:
                     self.cache.erase(name)
                 poison = self._poisoned.get(name)
@@ -1402,7 +1544,14 @@ class Engine:
                 if key[0] == JOIN:
                     self._joined[r] = self._round_no
                     joined_changed = True
-        if joined_changed:
+        if len(self._quit) != quit_before:
+            # cached ops that need a rank that shut down would never become ready: drop
+            # them, so that their requests are negotiated by name and fail at once
+            for e in list(self.cache.by_name.values()):
+                if not self._quit.isdisjoint(self._members(e.key) or range(self.size)):
+                    self.cache.erase(e.name)
+            self._learn(None)
+        if joined_changed or len(self._quit) != quit_before:
             for p in table.values():
                 touched.setdefault(p.name, p)
         for p in sorted(touched.values(), key=lambda x: x.seq):
@@ -1417,7 +1566,7 @@ class Engine:
             members: set[int] = set()
             for k in keys.values():
                 members.update(self._members(k) or range(self.size))
-            present = set(keys)
+            present = set(keys) | self._quit  # (a rank that shut down never speaks again)
             if all(k[0] == ALLREDUCE for k in keys.values()):
                 present |= set(self._joined)
             if not members <= present:
@@ -1429,6 +1578,13 @@ class Engine:
             return
         kind = first[0]
         ps = self.process_sets.get(first[6])
+        if self._quit or self._joined:
+            msg = self._cannot_complete(p.name, kind, ps, keys)
+            if msg is not None:
+                del self._table[p.name]
+                if self.rank in keys:
+                    errors[p.name] = msg
+                return
         if ps is not None and kind != JOIN and len(keys) == len(ps.ranks) and not self._joined:
             # every member has submitted the same thing (non-members cannot submit)
             del self._table[p.name]
@@ -1456,6 +1612,25 @@ class Engine:
             self._joined.clear()
             self._my_join_round = None
         ready.append(_Response(p.name, first, locals_, seq=p.seq, extra_result=extra))
+
+    def _cannot_complete(self, name: str, kind: str, ps: ProcessSetInfo | None, keys: dict[int, tuple]) -> str | None:
+        """Why the pending op ``name`` can never complete, or None: a member that has not
+        submitted it has shut down, or has joined and the op is not an allreduce (only
+        allreduces go on with joined ranks, which contribute zeros)."""
+        members = ps.ranks if ps is not None else list(range(self.size))
+        if kind == JOIN:
+            absent = [m for m in members if m not in self._joined]
+        else:
+            absent = [m for m in members if m not in keys and not (kind == ALLREDUCE and m in self._joined)]
+        gone = [m for m in absent if m in self._quit]
+        if gone:
+            return (f"{kind} '{name}' cannot complete: rank(s) {gone} shut down without submitting it "
+                    f"(submitted by ranks {sorted(keys)})")
+        joined = [m for m in absent if m in self._joined and kind not in (JOIN, ALLREDUCE)]
+        if joined:
+            return (f"{kind} '{name}' cannot run while rank(s) {joined} have joined (hora.join): only allreduce "
+                    "goes on with joined ranks; submit it on every rank before they join")
+        return None
 
     def _check_stalls(self, now: int, partial: Any, errors: dict[str, str]) -> None:
         check = self.config.stall_check_time
@@ -1615,7 +1790,7 @@ class Engine:
                 torch._foreach_copy_(parts, [_flat(q.tensor) for q in reqs])
             try:
                 self._reduce_buffer(buf, ReduceOp(key[4]), key[7], key[8], reqs[0].compressor, unit.ps.group,
-                                    self.backend)
+                                    self.backend, unit.sizes)
             except CollectiveError:
                 raise
             except Exception as exc:
@@ -1716,7 +1891,7 @@ class Engine:
                 t_start = t1
         try:
             self._reduce_buffer(buf, op, pre, post, compressor, self._group_for(ps, dev_type),
-                                self._backend_for(dev_type))
+                                self._backend_for(dev_type), [r.numel for r in resps])
         except CollectiveError:
             raise
         except Exception as exc:
@@ -1755,14 +1930,19 @@ class Engine:
                 completed.append(req)
 
     def _reduce_buffer(self, buf: torch.Tensor, op: ReduceOp, pre: float, post: float, compressor: Any,
-                       group: Group, backend: Backend | None = None) -> None:
-        """Reduce ``buf`` in place over ``group``: prescale, compress, reduce, average, postscale."""
+                       group: Group, backend: Backend | None = None, segments: Sequence[int] | None = None) -> None:
+        """Reduce ``buf`` in place over ``group``: prescale, compress, reduce, average, postscale.
+
+        ``segments``: the element counts of the tensors fused in ``buf`` (Adasum gives
+        each its own coefficients; the other ops need not know)."""
         if pre != 1.0:
             _scale_(buf, pre)
         wire_op = ReduceOp.Sum if op == ReduceOp.Average else op
         wire, ctx = compressor.compress(buf) if buf.is_floating_point() else (buf, None)
         be = backend or self.backend
-        if not be.supports_reduce(wire.dtype, wire_op):
+        if op == ReduceOp.Adasum:
+            adasum.allreduce(wire, segments or [wire.numel()], be, group)
+        elif not be.supports_reduce(wire.dtype, wire_op):
             up = wire.to(torch.float64 if wire.dtype in (torch.int32, torch.int64, torch.float64) else torch.float32)
             be.allreduce(up, wire_op, group)
             wire.copy_(up)
@@ -1771,10 +1951,10 @@ class Engine:
         if wire is not buf:
             buf.copy_(compressor.decompress(wire, ctx))
         if op == ReduceOp.Average:
-            if buf.is_floating_point():
-                post = post / group.size
+            if buf.is_floating_point() or post != 1.0:
+                post = post / group.size  # (integers: one truncation, after the postscale)
             else:
-                buf.div_(group.size, rounding_mode="floor")
+                buf.div_(group.size, rounding_mode="trunc")
         if post != 1.0:
             _scale_(buf, post)
 
@@ -1854,20 +2034,26 @@ class Engine:
             rows = t.shape[0] if t.dim() else 1
             counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
             op = ReduceOp(resp.key[4])
+            pre, post = resp.key[7], resp.key[8]
             wire_op = ReduceOp.Sum if op == ReduceOp.Average else op
             if rows % n == 0 and be.supports_reduce(t.dtype, wire_op):
+                inp = t
+                if pre != 1.0:
+                    inp = t.clone()
+                    _scale_(inp, pre)
                 out = torch.empty((counts[group.rank],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-                be.reducescatter(out, t, wire_op, group)
+                be.reducescatter(out, inp, wire_op, group)
+                if op == ReduceOp.Average and (out.is_floating_point() or post != 1.0):
+                    post = post / n
+                elif op == ReduceOp.Average:
+                    out.div_(n, rounding_mode="trunc")
+                if post != 1.0:
+                    _scale_(out, post)
             else:
                 tmp = t.clone()
-                self._reduce_buffer(tmp.view(-1), wire_op, 1.0, 1.0, NoneCompressor, group, be)
+                self._reduce_buffer(tmp.view(-1), op, pre, post, NoneCompressor, group, be)
                 start = sum(counts[: group.rank])
                 out = tmp[start : start + counts[group.rank]].clone()
-            if op == ReduceOp.Average:
-                if out.is_floating_point():
-                    out.div_(n)
-                else:
-                    out.div_(n, rounding_mode="floor")
             return out
         raise CollectiveError(f"unknown collective kind {kind!r}")
 
@@ -1974,11 +2160,12 @@ def _itemsize(dtype: str) -> int:
 
 
 def _scale_(buf: torch.Tensor, factor: float) -> None:
-    """Multiply in place; integer tensors are scaled in float64 and floored."""
+    """Multiply in place; integer tensors are scaled in float64 and rounded toward zero
+    (as Horovod, and as a cast of the float64 product would)."""
     if buf.is_floating_point():
         buf.mul_(factor)
     else:
-        buf.copy_(torch.floor(buf.to(torch.float64) * factor).to(buf.dtype))
+        buf.copy_(torch.trunc(buf.to(torch.float64) * factor).to(buf.dtype))
 
 
 class _Autotuner:

@@ -5,9 +5,11 @@ A job has one authenticated :class:`~hora.native.rendezvous.RendezvousServer` (i
 launcher for ``hora run`` and the local/ssh launchers, in the driver service of
 :func:`hora.runners.run`). Two families of keys live there:
 
-* the collective core's: barriers (``barrier/<name>/<rank>``) and, per ``init()`` of
-  the engine (its *generation*), the start barrier ``hora/native/<job>/<gen>/init``
-  and the address of the collective store ``hora/native/<job>/<gen>/collective_store``;
+* the collective core's: barriers (``barrier/<name>/<rank>``), the job's generation
+  counter ``hora/native/<job>/generation`` (rank 0 opens each generation,
+  ``hora/native/<job>/generation/<gen>``, at its ``init()``) and, per generation, the
+  start barrier ``hora/native/<job>/<gen>/init`` and the address of the collective store
+  ``hora/native/<job>/<gen>/collective_store``;
 * the launcher's (``runner/...``): which ranks started, heartbeats, output batches,
   metrics, failure reports (ordered by one counter), results and the abort flag.
 
@@ -60,6 +62,16 @@ def parse_barrier_key(key: str) -> BarrierArrival | None:
     if not sep or not name or not rank_s.isdigit():
         return None
     return BarrierArrival(name, int(rank_s))
+
+
+def native_generation(job_id: str) -> str:
+    """The counter of the job's generations (rank 0 adds one at each ``init()``)."""
+    return f"{NATIVE}{job_id}/generation"
+
+
+def native_generation_open(job_id: str, generation: int) -> str:
+    """Set by rank 0 once it has opened ``generation`` (the other ranks wait for it)."""
+    return f"{NATIVE}{job_id}/generation/{generation}"
 
 
 def native_init_barrier(job_id: str, generation: int) -> str:
@@ -133,7 +145,8 @@ def result_chunk_key(rank: int, index: int) -> str:
 
 
 __all__ = [
-    "BarrierArrival", "NativeInit", "barrier_key", "barrier_prefix", "parse_barrier_key", "native_init_barrier",
+    "BarrierArrival", "NativeInit", "barrier_key", "barrier_prefix", "parse_barrier_key", "native_generation",
+    "native_generation_open", "native_init_barrier",
     "native_collective_store", "parse_native_init", "rank_key", "rank_of", "log_key", "parse_log_key",
     "result_chunk_key", "STARTED", "HEARTBEAT", "LOG", "METRICS", "FAILED", "FAILSEQ", "DONE", "EXITED", "RESULT",
     "SPEC", "ABORT",

@@ -1,14 +1,16 @@
 """The public collective API of :mod:`hora.native` (Horovod-style).
 
 Every op accepts a torch tensor or a numpy array and returns the same kind. Ops are
-matched across ranks *by name* (``name=None`` picks ``"<op>.noname.<n>"``, which matches
-when every rank calls its unnamed ops in the same order). Synchronous ops are async
+matched across ranks *by name* within their process set, as in Horovod (``name=None``
+picks ``"<op>.noname.<n>"``, which matches when every rank calls its unnamed ops in the
+same order). Synchronous ops are async
 ops followed by ``synchronize``; everything runs through the background engine
 (:mod:`hora.native.engine`).
 
-Integer ``Average`` is the floor of the mean (Sum, then floor division by the number
+Integer ``Average`` is the mean rounded toward zero (Sum, then division by the number
 of ranks), like Horovod; integer prescale/postscale factors are applied in float64 and
-floored. ``root_rank`` of broadcast is a *global* rank that must belong to the process
+the result rounded toward zero. ``Adasum`` (floating point only) combines gradients
+adaptively (:mod:`hora.native.adasum`). ``root_rank`` of broadcast is a *global* rank that must belong to the process
 set. Ranks that called :func:`join` contribute zeros to other ranks' allreduces (and
 count in the Average's divisor) until every rank has joined.
 """
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import pickle
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +58,7 @@ Sum = ReduceOp.Sum
 Min = ReduceOp.Min
 Max = ReduceOp.Max
 Product = ReduceOp.Product
+Adasum = ReduceOp.Adasum
 
 _NUMERIC = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64,
             torch.int8, torch.uint8, torch.int16}
@@ -73,6 +78,7 @@ class _State:
         self.extras = extras  # objects to close at shutdown (stores, clients)
         self.counters: dict[str, int] = {}
         self.next_ps_id = 1
+        self.registered: list[ProcessSet] = []  # unbound at shutdown
         self.lock = threading.Lock()
 
     def auto_name(self, kind: str) -> str:
@@ -97,24 +103,45 @@ def _state_or_raise() -> _State:
 # ---------------------------------------------------------------------------------------
 # life cycle
 # ---------------------------------------------------------------------------------------
-def init(process_sets: Sequence[ProcessSet | Sequence[int]] | None = None) -> None:
+def init(process_sets: Sequence[ProcessSet | Sequence[int]] | str | None = None, *, comm: Any = None) -> None:
     """Join the job described by the ``HORA_*`` environment and start the engine.
 
     The backend is ``HORA_BACKEND`` (auto, gloo, nccl, mpi). ``auto`` picks MPI when the
     process was started by ``mpiexec`` (PMI_RANK, OMPI_COMM_WORLD_RANK or PMIX_RANK set)
     and no hora rendezvous address is given, else Gloo (plus NCCL for CUDA tensors when a
     GPU is present). Without any launcher variables the job has one rank and needs no
-    network. ``process_sets`` are registered (collectively) after start-up. Calling init
-    twice is a no-op.
+    network. ``process_sets`` are registered (collectively) after start-up (Horovod's
+    ``"dynamic"`` registers none: hora always allows adding them later).
+
+    ``init -> shutdown -> init`` may repeat any number of times: each init joins the job's
+    next *generation* (rank 0 opens it on the rendezvous store, the others join the
+    newest one), with fresh stores, groups and shared memory. Calling init while
+    initialized is a no-op, as in Horovod, unless the engine can no longer run the job's
+    collectives (it failed, or another rank has shut down): then init shuts it down and
+    joins the next generation, as an elastic reset does.
 
     Raises:
-        ConfigError: unknown backend or malformed environment.
+        ConfigError: unknown backend, malformed environment, or Horovod's ``comm=``
+            (a subset of MPI ranks), which hora does not support.
         RendezvousError: peers never arrived within ``HORA_START_TIMEOUT``.
     """
     global _state, _atexit_registered
+    if comm is not None and not (isinstance(comm, (list, tuple)) and not comm):
+        raise ConfigError(f"init(comm={comm!r}): hora runs collectives over every rank the launcher started; "
+                          "to work on a subset of ranks, register it with add_process_set(ranks)")
+    if isinstance(process_sets, str):
+        if process_sets.strip().lower() != "dynamic":
+            raise ConfigError(f"init(process_sets={process_sets!r}): pass a list of ProcessSet (or of rank lists), "
+                              "'dynamic' or None")
+        process_sets = None
     with _init_lock:
         if _state is not None:
-            return
+            reason = _state.engine.unusable_reason()
+            if reason is None:
+                return
+            log.warning("rank %d: hora.init(): the running engine %s; shutting it down and joining the job "
+                        "afresh", _state.rank, reason)
+            _shutdown_locked()
         from hora.native.backends import create_backend, requested_backend
         from hora.native.backends.nccl import nccl_available
 
@@ -122,9 +149,13 @@ def init(process_sets: Sequence[ProcessSet | Sequence[int]] | None = None) -> No
             raise ConfigError("HORA_BACKEND=nccl, but this torch build has no NCCL or no GPU is visible; "
                               "use HORA_BACKEND=gloo (or auto)")
         backend, placement, extras = create_backend()
-        config = EngineConfig()
-        timeline = Timeline.from_environ(backend.rank)
-        engine = Engine(backend, config, timeline, _device_factories(backend, placement[0]))
+        try:
+            config = EngineConfig()
+            timeline = Timeline.from_environ(backend.rank)
+            engine = Engine(backend, config, timeline, _device_factories(backend, placement[0]))
+        except BaseException:
+            _release(None, backend, extras)
+            raise
         _state = _State(backend, engine, *placement, extras=extras)
         if not _atexit_registered:
             atexit.register(shutdown)  # drain and stop the engine even if the script forgets
@@ -158,26 +189,53 @@ def _device_factories(backend: Backend, local_rank: int) -> dict[str, Any]:
 
 
 def shutdown() -> None:
-    """Stop the engine and release the backend (idempotent)."""
-    global _state
+    """Stop the engine and release everything :func:`init` built (idempotent).
+
+    The engine thread is stopped and joined first (collectively: see
+    :meth:`Engine.shutdown <hora.native.engine.Engine.shutdown>`); only then are its
+    process sets' groups, shared memory, backends, stores and sockets released, so no
+    thread is ever inside a resource being freed. A thread stuck in a backend call that
+    cannot be interrupted releases them itself when the call returns.
+    """
     with _init_lock:
-        st, _state = _state, None
+        _shutdown_locked()
+
+
+def _shutdown_locked() -> None:
+    global _state
+    st, _state = _state, None
     if st is None:
         return
     try:
-        st.engine.shutdown()
+        ended = st.engine.shutdown()
     finally:
-        try:
-            st.backend.shutdown()
-        finally:
-            for obj in st.extras:
-                close = getattr(obj, "close", None)
-                if close is not None:
-                    try:
-                        close()
-                    except Exception:  # best effort
-                        pass
-            global_process_set.ranks = None
+        for ps in st.registered:
+            ps.process_set_id = None  # a set of an earlier init is not registered in the next
+        global_process_set.ranks = None
+    engine, backend, extras = st.engine, st.backend, st.extras
+    if ended:
+        _release(engine, backend, extras)
+    else:
+        log.warning("rank %d: the hora engine thread is inside a backend call; it releases the backend when "
+                    "the call returns", st.rank)
+        engine.on_exit(lambda: _release(engine, backend, extras))
+
+
+def _release(engine: Engine | None, backend: Backend, extras: list[Any]) -> None:
+    """Release an engine's groups and backends, then the objects init made for it."""
+    try:
+        if engine is not None:
+            engine.release()
+        else:
+            backend.shutdown()
+    finally:
+        for obj in extras:
+            close = getattr(obj, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # best effort
+                    pass
 
 
 def is_initialized() -> bool:
@@ -229,8 +287,10 @@ def engine_stats() -> dict[str, int]:
 # helpers
 # ---------------------------------------------------------------------------------------
 def _as_torch(x: Any, what: str) -> tuple[torch.Tensor, bool]:
+    """``x`` as a torch tensor the engine may read and write (detached from autograd:
+    the collectives' own gradients are hora.torch's business), and whether it was numpy."""
     if isinstance(x, torch.Tensor):
-        return x, False
+        return (x.detach() if x.requires_grad else x), False
     if isinstance(x, np.ndarray):
         if x.dtype == object:
             raise DataError(f"{what}: numpy arrays of dtype object cannot be communicated")
@@ -298,6 +358,8 @@ def _allreduce_request(tensor: Any, op: Any, name: str | None, prescale_factor: 
     if t.dtype not in _NUMERIC:
         raise DataError(f"allreduce: dtype {t.dtype} cannot be reduced; use one of float16, bfloat16, float32, "
                         "float64, int32, int64 (or int8/uint8/int16)")
+    if rop == ReduceOp.Adasum and not t.is_floating_point():
+        raise DataError(f"allreduce: op=Adasum combines floating-point tensors only, got {t.dtype}")
     _check_tensor(t, "allreduce", st)
     ps = _resolve_ps(st, process_set, "allreduce")
     if compression is None:
@@ -357,7 +419,8 @@ def allreduce_async_(tensor: Any, op: Any = Average, name: str | None = None, pr
     """In-place :func:`allreduce_async`: the result is written into ``tensor``."""
     st = _state
     if (st is not None and type(tensor) is torch.Tensor and process_set is None and compression is None
-            and type(op) is ReduceOp and tensor.is_cpu and tensor.dtype in _NUMERIC and tensor.is_contiguous()):
+            and type(op) is ReduceOp and op is not ReduceOp.Adasum and tensor.is_cpu and tensor.dtype in _NUMERIC
+            and tensor.is_contiguous() and not tensor.requires_grad):
         # the hot path of gradient reduction: same checks, none of the general machinery
         if name is None:
             name = st.auto_name(ALLREDUCE)
@@ -498,8 +561,7 @@ def grouped_allreduce_(tensors: Sequence[Any], op: Any = Average, name: str | No
 # ---------------------------------------------------------------------------------------
 # allgather, broadcast, alltoall, reducescatter
 # ---------------------------------------------------------------------------------------
-def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Handle:
-    """Start concatenating every member's ``tensor`` along dim 0 (dim 0 may differ by rank)."""
+def _allgather_request(tensor: Any, name: str | None, process_set: ProcessSet | None) -> tuple[Request, Any]:
     st = _state_or_raise()
     t, is_np = _as_torch(tensor, "allgather: tensor")
     _check_tensor(t, "allgather", st)
@@ -507,7 +569,12 @@ def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSe
         t = t.reshape(1)
     ps = _resolve_ps(st, process_set, "allgather")
     req = Request(ALLGATHER, _name(st, ALLGATHER, name), ps.process_set_id, tensor=t.contiguous())
-    return _submit(req, lambda r: _ret(r, is_np))
+    return req, (lambda r: _ret(r, is_np))
+
+
+def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Handle:
+    """Start concatenating every member's ``tensor`` along dim 0 (dim 0 may differ by rank)."""
+    return _submit(*_allgather_request(tensor, name, process_set))
 
 
 def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Any:
@@ -586,14 +653,16 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
             raise DataError(f"alltoall: dim 0 ({rows}) is not divisible by the {n} ranks; pass splits=")
         split_list = [rows // n] * n
     else:
-        if isinstance(splits, torch.Tensor):
+        if isinstance(splits, (torch.Tensor, np.ndarray)):
+            is_int = (not splits.dtype.is_floating_point and not splits.dtype.is_complex and splits.dtype != torch.bool
+                      if isinstance(splits, torch.Tensor) else np.issubdtype(splits.dtype, np.integer))
+            if not is_int:
+                raise ConfigError(f"alltoall: splits must hold integers (int32, as Horovod), got {splits.dtype}")
             splits = splits.tolist()
-        elif isinstance(splits, np.ndarray):
-            splits = splits.tolist()
-        try:
-            split_list = [int(s) for s in splits]
-        except (TypeError, ValueError):
-            raise ConfigError(f"alltoall: splits must be a sequence of integers, got {splits!r}") from None
+        if not isinstance(splits, (list, tuple)) or not all(
+                isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in splits):
+            raise ConfigError(f"alltoall: splits must be a sequence of integers, got {splits!r}")
+        split_list = [int(s) for s in splits]
         if len(split_list) != n:
             raise ConfigError(f"alltoall: splits has {len(split_list)} entries but the process set has {n} ranks")
         if any(s < 0 for s in split_list) or sum(split_list) != rows:
@@ -617,27 +686,94 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     return alltoall_async(tensor, splits, name, process_set).synchronize()
 
 
-def reducescatter_async(tensor: Any, op: Any = Average, name: str | None = None,
-                        process_set: ProcessSet | None = None) -> Handle:
-    """Start a reduce-scatter: reduce ``tensor`` and give member i the i-th block of dim 0
-    (blocks as even as possible, the first ranks get one extra row)."""
+def _reducescatter_request(tensor: Any, op: Any, name: str | None, process_set: ProcessSet | None,
+                           prescale_factor: float, postscale_factor: float,
+                           what: str = "reducescatter") -> tuple[Request, Any]:
     st = _state_or_raise()
-    t, is_np = _as_torch(tensor, "reducescatter: tensor")
-    rop = _op(op, "reducescatter")
+    t, is_np = _as_torch(tensor, f"{what}: tensor")
+    rop = _op(op, what)
+    if rop == ReduceOp.Adasum:
+        raise NotImplementedError(f"{what}: op=Adasum is not supported (as in Horovod); use Sum or Average")
     if t.dtype not in _NUMERIC:
-        raise DataError(f"reducescatter: dtype {t.dtype} cannot be reduced")
-    _check_tensor(t, "reducescatter", st)
+        raise DataError(f"{what}: dtype {t.dtype} cannot be reduced")
+    _check_tensor(t, what, st)
     if t.dim() == 0:
-        raise DataError("reducescatter: tensor must have at least one dimension")
-    ps = _resolve_ps(st, process_set, "reducescatter")
-    req = Request(REDUCESCATTER, _name(st, REDUCESCATTER, name), ps.process_set_id, tensor=t.contiguous(), op=rop)
-    return _submit(req, lambda r: _ret(r, is_np))
+        raise DataError(f"{what}: tensor must have at least one dimension (got a scalar)")
+    ps = _resolve_ps(st, process_set, what)
+    req = Request(REDUCESCATTER, _name(st, REDUCESCATTER, name), ps.process_set_id, tensor=t.contiguous(), op=rop,
+                  prescale=prescale_factor, postscale=postscale_factor)
+    return req, (lambda r: _ret(r, is_np))
+
+
+def reducescatter_async(tensor: Any, op: Any = Average, name: str | None = None,
+                        process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    """Start a reduce-scatter: reduce ``tensor`` and give member i the i-th block of dim 0
+    (blocks as even as possible, the first ranks get one extra row). ``prescale_factor``
+    scales every input before the reduction, ``postscale_factor`` the result."""
+    return _submit(*_reducescatter_request(tensor, op, name, process_set, prescale_factor, postscale_factor))
 
 
 def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
-                  process_set: ProcessSet | None = None) -> Any:
-    """Reduce ``tensor`` across members and return this member's block of dim 0."""
-    return reducescatter_async(tensor, op, name, process_set).synchronize()
+                  process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Any:
+    """Reduce ``tensor`` across members and return this member's block of dim 0.
+
+    Raises:
+        DataError: a scalar or a dtype that cannot be reduced.
+        NotImplementedError: op=Adasum.
+        CollectiveError: ranks disagree on shape, dtype or op.
+    """
+    return reducescatter_async(tensor, op, name, process_set, prescale_factor, postscale_factor).synchronize()
+
+
+def _group_names(st: _State, kind: str, name: str | None, n: int) -> list[str]:
+    base = _name(st, kind, name)
+    return [f"{base}.{i}" for i in range(n)]
+
+
+def _tensor_list(tensors: Any, what: str) -> list[Any]:
+    if not isinstance(tensors, (list, tuple)):
+        raise DataError(f"{what}: expected a list of tensors, got {type(tensors).__name__}")
+    return list(tensors)
+
+
+def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None,
+                            process_set: ProcessSet | None = None) -> GroupHandle:
+    """Start an allgather of every tensor of ``tensors`` (each is gathered along dim 0,
+    which may differ by rank); ``synchronize()`` returns the list of results."""
+    st = _state_or_raise()
+    tensors = _tensor_list(tensors, "grouped_allgather")
+    names = _group_names(st, "grouped_allgather", name, len(tensors))
+    reqs = [_allgather_request(t, nm, process_set) for t, nm in zip(tensors, names)]
+    return GroupHandle([_submit(r, p) for r, p in reqs])
+
+
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
+                      process_set: ProcessSet | None = None) -> list[Any]:
+    """Allgather a list of tensors; returns the list of gathered tensors."""
+    return grouped_allgather_async(tensors, name, process_set).synchronize()
+
+
+def grouped_reducescatter_async(tensors: Sequence[Any], op: Any = Average, name: str | None = None,
+                                process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> GroupHandle:
+    """Start a reduce-scatter of every tensor of ``tensors`` (all are checked before any
+    is submitted); ``synchronize()`` returns the list of this member's blocks."""
+    st = _state_or_raise()
+    tensors = _tensor_list(tensors, "grouped_reducescatter")
+    names = _group_names(st, "grouped_reducescatter", name, len(tensors))
+    reqs = [_reducescatter_request(t, op, nm, process_set, prescale_factor, postscale_factor,
+                                   "grouped_reducescatter") for t, nm in zip(tensors, names)]
+    return GroupHandle([_submit(r, p) for r, p in reqs])
+
+
+def grouped_reducescatter(tensors: Sequence[Any], op: Any = Average, name: str | None = None,
+                          process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[Any]:
+    """Reduce-scatter a list of tensors; returns the list of this member's blocks."""
+    return grouped_reducescatter_async(tensors, op, name, process_set, prescale_factor,
+                                       postscale_factor).synchronize()
 
 
 # ---------------------------------------------------------------------------------------
@@ -651,9 +787,20 @@ def barrier(process_set: ProcessSet | None = None) -> None:
     _submit(req, None).synchronize()
 
 
-def join() -> int:
+def join(device: Any = -1) -> int:
     """Declare that this rank has no more data; until every rank has joined, this rank
-    contributes zeros to the other ranks' allreduces. Returns the last rank to join."""
+    contributes zeros to the other ranks' allreduces (any other op submitted by a rank
+    while another has joined fails with CollectiveError). Blocks until every rank has
+    joined; returns the last rank to join, the same on every rank.
+
+    ``device`` is Horovod's: the GPU on which to make the zeros. hora makes them where
+    the other ranks' tensors are, so it only checks the argument.
+
+    Raises:
+        ConfigError: ``device`` is not an int, a torch.device or a device string.
+    """
+    if not isinstance(device, (int, str, torch.device)) or isinstance(device, bool):
+        raise ConfigError(f"join(device={device!r}): expected a GPU index (-1 for CPU) or a torch.device")
     st = _state_or_raise()
     req = Request(JOIN, st.auto_name(JOIN), 0)
     return int(_submit(req, None).synchronize())
@@ -722,19 +869,67 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     req = Request(PS_ADD, f"process_set.add.{ps_id}", 0, extra=(ps_id, tuple(ps.ranks)))
     _submit(req, None).synchronize()
     ps._bind(ps_id, list(ps.ranks))
+    st.registered.append(ps)
     return ps
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister ``process_set`` (collective over every rank). Returns True if it was registered."""
-    _state_or_raise()  # NotInitializedError before init()
+    st = _state_or_raise()  # NotInitializedError before init()
     if not isinstance(process_set, ProcessSet) or process_set.process_set_id in (None, 0):
         return False
     ps_id = process_set.process_set_id
     req = Request(PS_REMOVE, f"process_set.remove.{ps_id}", 0, extra=ps_id)
     _submit(req, None).synchronize()
     process_set.process_set_id = None
+    st.registered = [p for p in st.registered if p is not process_set]
     return True
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start recording a timeline to ``file_path`` (Horovod's ``hvd.start_timeline``): a
+    Chrome trace of every op's phases, written by rank 0 (every rank with
+    ``HORA_TIMELINE_ALL_RANKS=1``, to ``file_path.rank<r>``) when :func:`stop_timeline`
+    or :func:`shutdown` is called. ``mark_cycles`` adds a marker per negotiation round.
+    A timeline already recording is written first.
+
+    Raises:
+        NotInitializedError: before init().
+        ConfigError: ``file_path`` is empty or not a string.
+    """
+    st = _state_or_raise()
+    if not isinstance(file_path, (str, os.PathLike)) or not str(file_path):
+        raise ConfigError(f"start_timeline: file_path must be a path, got {file_path!r}")
+    st.engine.set_timeline(Timeline.for_rank(str(file_path), st.rank, mark_cycles=bool(mark_cycles)))
+
+
+def stop_timeline() -> None:
+    """Stop the timeline started by :func:`start_timeline` (or ``HORA_TIMELINE``) and write it.
+
+    Raises:
+        NotInitializedError: before init().
+    """
+    st = _state_or_raise()
+    st.engine.set_timeline(Timeline(None, st.rank))
+
+
+def handle_average_backwards_compatibility(op: Any, average: Any) -> ReduceOp:
+    """Horovod's rule for its deprecated ``average=`` argument: ``op`` wins; mixing both is
+    an error; ``average=True/False`` means Average/Sum (with Horovod's DeprecationWarning);
+    neither means Average.
+
+    Raises:
+        ConfigError: both ``op`` and ``average`` were given (a ValueError, as Horovod's).
+    """
+    if op is not None:
+        if average is not None:
+            raise ConfigError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
 
 
 def synchronize(handle: Handle | GroupHandle, timeout: float | None = None) -> Any:

@@ -1,11 +1,14 @@
 """Chrome-trace timeline of the engine's work.
 
-Set ``HORA_TIMELINE=path.json`` (``hora run --timeline-filename``) and rank 0 writes a
-trace that opens in chrome://tracing and Perfetto: one row per tensor name with its
-phases ``NEGOTIATE`` (submitted until every rank agreed), ``QUEUE`` (agreed until its
+Set ``HORA_TIMELINE=path.json`` (``hora run --timeline-filename``), or call
+``hora.native.start_timeline(path)`` / ``stop_timeline()`` while the job runs, and rank 0
+writes a trace that opens in chrome://tracing and Perfetto: one row per tensor name with
+its phases ``NEGOTIATE`` (submitted until every rank agreed), ``QUEUE`` (agreed until its
 collective starts), ``FUSE_COPY_IN`` / ``FUSE_COPY_OUT`` (fusion-buffer copies),
-``COLLECTIVE`` (the backend call), plus a ``CYCLE`` instant marker per negotiation round
-on the engine row. ``summarize(path)`` turns a trace into a table of time per phase.
+``COLLECTIVE`` (the backend call), and a ``NEGOTIATION_ROUND`` span per round on the
+engine row; with ``HORA_TIMELINE_MARK_CYCLES=1`` (``mark_cycles=True``) also a
+``CYCLE_START`` instant marker per round. ``summarize(path)`` turns a trace into a table
+of time per phase.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ log = logging.getLogger(__name__)
 
 ENV_TIMELINE = "HORA_TIMELINE"
 ENV_TIMELINE_ALL_RANKS = "HORA_TIMELINE_ALL_RANKS"
+ENV_TIMELINE_MARK_CYCLES = "HORA_TIMELINE_MARK_CYCLES"
 PHASES = ("NEGOTIATE", "QUEUE", "FUSE_COPY_IN", "COLLECTIVE", "FUSE_COPY_OUT")
 MAX_EVENTS = 2_000_000
 
@@ -38,10 +42,11 @@ class Timeline:
     All methods are cheap no-ops when the timeline is disabled (``path`` is None).
     """
 
-    def __init__(self, path: str | None, rank: int = 0) -> None:
+    def __init__(self, path: str | None, rank: int = 0, mark_cycles: bool = False) -> None:
         self.path = path
         self.enabled = path is not None
         self.rank = rank
+        self.mark_cycles = mark_cycles
         self._events: list[dict[str, Any]] = []
         self._tids: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -53,13 +58,21 @@ class Timeline:
 
     @classmethod
     def from_environ(cls, rank: int) -> Timeline:
+        """The timeline ``HORA_TIMELINE`` asks for (a disabled one without it)."""
         path = os.environ.get(ENV_TIMELINE) or None
+        marks = os.environ.get(ENV_TIMELINE_MARK_CYCLES, "").strip().lower() in ("1", "true", "yes", "on")
+        return cls.for_rank(path, rank, mark_cycles=marks)
+
+    @classmethod
+    def for_rank(cls, path: str | None, rank: int, mark_cycles: bool = False) -> Timeline:
+        """The timeline of ``rank`` for a job-wide ``path``: rank 0 writes ``path``; the
+        others write ``path.rank<r>`` with ``HORA_TIMELINE_ALL_RANKS=1``, else nothing."""
         if path and rank != 0:
             if os.environ.get(ENV_TIMELINE_ALL_RANKS, "") in ("1", "true", "yes"):
                 path = f"{path}.rank{rank}"
             else:
                 path = None
-        return cls(path, rank)
+        return cls(path, rank, mark_cycles=mark_cycles)
 
     def now(self) -> float:
         return _now_us()
@@ -96,7 +109,9 @@ class Timeline:
         if not self.enabled:
             return
         with self._lock:
-            self._add({"name": "CYCLE", "ph": "i", "s": "t", "pid": self.rank, "tid": 0, "ts": start_us - self._t0})
+            if self.mark_cycles:
+                self._add({"name": "CYCLE_START", "ph": "i", "s": "t", "pid": self.rank, "tid": 0,
+                           "ts": start_us - self._t0})
             self._add({"name": "NEGOTIATION_ROUND", "ph": "X", "pid": self.rank, "tid": 0,
                        "ts": start_us - self._t0, "dur": max(0.0, end_us - start_us), "args": args})
 
@@ -159,4 +174,4 @@ def summarize(path: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Timeline", "summarize", "PHASES", "ENV_TIMELINE"]
+__all__ = ["Timeline", "summarize", "PHASES", "ENV_TIMELINE", "ENV_TIMELINE_MARK_CYCLES"]

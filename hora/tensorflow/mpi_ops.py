@@ -1,31 +1,21 @@
-"""Collectives of :mod:`hora.native` on TensorFlow tensors, eager and inside ``tf.function``.
+"""Collectives of :mod:`hora.native` on TensorFlow tensors, eager and in graphs (Horovod's ``mpi_ops``).
 
-The bridge between TensorFlow and the backend copies at most once each way:
+Every op works eagerly, inside ``tf.function`` and in a ``tf.compat.v1`` graph (see
+:mod:`hora.tensorflow.bridge` for how tensors cross, how graph ops are named and how
+errors are typed). Gradients are Horovod's:
 
-* in: a CPU ``EagerTensor`` (or a variable's current value) is handed to the backend as
-  a numpy *view* of its buffer (``EagerTensor._numpy()``, no copy). The backend's ops
-  are out of place, so the tensor, which TensorFlow treats as immutable, is never written.
-* out: the backend's result array becomes a tensor through DLPack without a copy when
-  TensorFlow can alias it (a fresh, C-contiguous, 64-byte aligned numeric buffer), and
-  through one ``tf.convert_to_tensor`` copy otherwise.
+* ``allreduce``: the allreduce of the upstream gradient, same op and scale factors;
+* ``allgather``: the *Average*-allreduce of the upstream gradient, sliced to this
+  rank's rows;
+* ``broadcast``: the *Average*-allreduce of the upstream gradient on the root, zeros
+  elsewhere;
+* ``alltoall``: an ``alltoall`` of the upstream gradient back with the received splits;
+* ``reducescatter``: the ``allgather`` of the upstream gradient, times the set's size
+  for ``Sum``, times the scale factors.
 
-Inside ``tf.function`` every op is a ``tf.py_function`` whose body runs the eager path;
-static shapes are restored on the outputs where they are known (all dimensions for
-``allreduce``/``broadcast``, all but the first for ``allgather``/``alltoall``/
-``reducescatter``). ``tf.function`` runs stateful ops, ``py_function`` included, in
-program order, so every rank issues its collectives in the same order.
-
-Gradients follow Horovod: the gradient of ``allreduce`` is the ``allreduce`` of the
-upstream gradient (same op and scale factors); of ``allgather``, the ``Sum``-allreduce of
-the upstream gradient sliced to this rank's rows; of ``broadcast``, the ``Sum``-allreduce
-of the upstream gradient on the root and zeros elsewhere; of ``alltoall``, an
-``alltoall`` back with the received splits; of ``reducescatter``, an ``allgather``
-(divided by the set's size for ``Average``).
-
-Errors: in eager mode the backend's :class:`~hora.errors.CollectiveError` (mismatched
-shapes or dtypes across ranks, ...) propagates unchanged. Inside ``tf.function``
-TensorFlow turns any Python exception raised by a ``py_function`` into a
-``tf.errors.OpError``; its message carries the ``CollectiveError`` text.
+Scaling (``prescale_factor``/``postscale_factor``) and the integer ``Average`` are the
+engine's, which follows Horovod's CPU arithmetic: integer tensors are scaled in float64
+and truncated toward zero, and an integer average is truncated toward zero.
 """
 
 from __future__ import annotations
@@ -35,27 +25,18 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 import hora.native as hn
-from hora.errors import ConfigError
+from hora.errors import ConfigError, DataError, NotInitializedError
+from hora.tensorflow import bridge, kernels
+from hora.tensorflow.bridge import as_tensor, from_numpy, to_numpy  # noqa: F401 (from_numpy, to_numpy: mpi_ops' names)
 
 log = logging.getLogger(__name__)
 
-_ALIGN = 64  # TensorFlow's CPU allocator alignment (EIGEN_MAX_ALIGN_BYTES); DLPack needs it
-_DLPACK_KINDS = frozenset("biufc")
-
-
-def _tf():
-    import tensorflow as tf
-
-    return tf
-
-
 # ---------------------------------------------------------------------------------------
-# Life cycle
+# life cycle, process sets, and the rank/size ops
 # ---------------------------------------------------------------------------------------
 _atexit_registered = False
+_process_sets: dict[int, Any] = {}  # process_set_id -> ProcessSet, for size_op(process_set_id=...)
 
 
 def init(process_sets: Any = None) -> None:
@@ -69,488 +50,401 @@ def init(process_sets: Any = None) -> None:
         ConfigError, RendezvousError: from :func:`hora.native.init`.
     """
     global _atexit_registered
-    hn.init(process_sets)
+    hn.init()
+    for ps in process_sets or ():
+        add_process_set(ps)
     if not _atexit_registered:
         atexit.register(hn.shutdown)
         _atexit_registered = True
 
 
-# ---------------------------------------------------------------------------------------
-# The bridge
-# ---------------------------------------------------------------------------------------
-def _is_keras_variable(x: Any) -> bool:
-    mod = type(x).__module__
-    return mod.startswith("keras") and hasattr(x, "value") and hasattr(x, "assign")
+def add_process_set(process_set: Any) -> Any:
+    """:func:`hora.native.add_process_set` (collective), remembered for :func:`size_op`."""
+    ps = hn.add_process_set(process_set)
+    _process_sets[ps.process_set_id] = ps
+    _forget_counts(ps.process_set_id)
+    return ps
 
 
-def _as_tensor(x: Any):
-    """A tf.Tensor for ``x`` (a tensor, tf.Variable, keras.Variable, numpy array, scalar)."""
-    tf = _tf()
-    if _is_keras_variable(x):
-        x = x.value
-    if isinstance(x, tf.Tensor):
-        return x
-    return tf.convert_to_tensor(x)
+def remove_process_set(process_set: Any) -> bool:
+    """:func:`hora.native.remove_process_set` (collective)."""
+    ps_id = getattr(process_set, "process_set_id", None)
+    removed = hn.remove_process_set(process_set)
+    _process_sets.pop(ps_id, None)
+    _forget_counts(ps_id)
+    return removed
 
 
-def _check_dtype(t, op: str, name: str | None) -> None:
-    tf = _tf()
-    if t.dtype in (tf.string, tf.resource, tf.variant):
-        raise ConfigError(
-            f"hora.tensorflow.{op}: tensor {name or '(unnamed)'!s} has dtype {t.dtype.name}, which cannot be reduced or communicated; use a numeric dtype "
-            "(or broadcast_object/allgather_object for Python objects)"
-        )
-
-
-def to_numpy(t) -> np.ndarray:
-    """A numpy view of an eager tensor's buffer (no copy on CPU; one host copy on GPU)."""
-    t = _as_tensor(t)
-    get = getattr(t, "_numpy", None)
-    if get is None:  # not an EagerTensor in this TensorFlow: fall back to the copying accessor
-        return np.asarray(t.numpy())
-    arr = get()
-    return arr if isinstance(arr, np.ndarray) else np.asarray(arr)
-
-
-def from_numpy(arr: np.ndarray, dtype=None, fresh: bool = False):
-    """A tensor holding ``arr``: aliased through DLPack when TensorFlow can, else one copy.
-
-    The buffer is aliased only when nothing else can write to it: ``arr`` owns it, or the
-    caller says it is ``fresh`` (a result the backend allocated for this call alone).
-    """
-    tf = _tf()
-    arr = np.asarray(arr)
-    if (
-        arr.size > 0
-        and arr.flags.c_contiguous
-        and (fresh or (arr.flags.owndata and arr.base is None))
-        and arr.dtype.kind in _DLPACK_KINDS
-        and arr.dtype.isnative
-        and arr.ctypes.data % _ALIGN == 0
-    ):
-        out = tf.experimental.dlpack.from_dlpack(arr.__dlpack__())
-    else:
-        out = tf.convert_to_tensor(arr)
-    if dtype is not None and out.dtype != dtype:
-        out = tf.cast(out, dtype)
-    return out
-
-
-def _run(eager_fn, inputs: Sequence, tout: Sequence, shapes: Sequence):
-    """Run ``eager_fn(*inputs) -> list of tensors`` now (eager) or as a ``tf.py_function``.
-
-    ``shapes`` are the static shapes to restore on the graph outputs (``None``: unknown).
-    """
-    tf = _tf()
-    if tf.executing_eagerly():
-        return list(eager_fn(*inputs))
-    outs = tf.py_function(func=lambda *xs: list(eager_fn(*xs)), inp=list(inputs), Tout=list(tout))
-    if not isinstance(outs, (list, tuple)):
-        outs = [outs]
-    outs = list(outs)
-    for o, s in zip(outs, shapes):
-        if s is not None:
-            o.set_shape(s)
-    return outs
-
-
-def _may_record() -> bool:
-    """Whether a gradient tape could record an op now (always, when tracing a graph).
-
-    Eager calls outside any ``tf.GradientTape`` skip ``tf.custom_gradient``, whose
-    per-call bookkeeping costs more than a small collective.
-    """
-    tf = _tf()
-    if not tf.executing_eagerly():
-        return True
-    try:
-        from tensorflow.python.eager import record
-    except ImportError:  # a TensorFlow without this internal: always go through custom_gradient
-        return True
-    return bool(record.could_possibly_record())
-
-
-def _differentiable(fwd, raw):
-    """``fwd`` (a ``tf.custom_gradient`` function) when a tape may record, else the plain ``raw`` op."""
-    return fwd if _may_record() else raw
-
-
-def _wide(t):
-    """bfloat16 has no numpy/DLPack form the backends reduce: compute it in float32."""
-    tf = _tf()
-    return tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t
-
-
-def _scale_to(shape, first_dim_known: bool):
-    tf = _tf()
-    shape = tf.TensorShape(shape)
-    if shape.rank is None:
-        return None
-    if first_dim_known or shape.rank == 0:
-        return shape
-    return tf.TensorShape([None] + shape.as_list()[1:])
-
-
-# ---------------------------------------------------------------------------------------
-# Eager kernels (numpy in the backend, tensors at the edges)
-# ---------------------------------------------------------------------------------------
-def _eager_grouped_allreduce(tensors, op, prescale_factor, postscale_factor, name, process_set, compression):
-    dtypes = [t.dtype for t in tensors]
-    arrays = [to_numpy(_wide(t)) for t in tensors]
-    kwargs = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                  process_set=process_set)
-    if compression is not None:
-        kwargs["compression"] = compression
-    if len(arrays) == 1:
-        outs = [hn.allreduce(arrays[0], name=name, **kwargs)]
-    else:
-        outs = hn.grouped_allreduce(arrays, name=name, **kwargs)
-    # native allreduce writes each result into a tensor it allocated for this call (empty_like)
-    return [from_numpy(o, dt, fresh=True) for o, dt in zip(outs, dtypes)]
-
-
-def _eager_allgather(t, name, process_set):
-    dtype = t.dtype
-    return [from_numpy(hn.allgather(to_numpy(_wide(t)), name=name, process_set=process_set), dtype)]
-
-
-def _eager_broadcast(t, root_rank, name, process_set):
-    dtype = t.dtype
-    out = hn.broadcast(to_numpy(_wide(t)), root_rank, name=name, process_set=process_set)
-    return [from_numpy(out, dtype, fresh=True)]  # native broadcast returns a clone made for this call
-
-
-def _eager_alltoall(t, splits, name, process_set):
-    tf = _tf()
-    dtype = t.dtype
-    sp = None if splits is None else np.asarray(to_numpy(splits), dtype=np.int64).reshape(-1)
-    out, received = hn.alltoall(to_numpy(_wide(t)), splits=sp, name=name, process_set=process_set)
-    return [from_numpy(out, dtype), tf.constant(np.asarray(received, dtype=np.int32).reshape(-1))]
-
-
-def _eager_reducescatter(t, op, name, process_set):
-    dtype = t.dtype
-    return [from_numpy(hn.reducescatter(to_numpy(_wide(t)), op=op, name=name, process_set=process_set), dtype)]
-
-
-def _set_size(process_set) -> int:
-    size = getattr(process_set, "size", None)
-    if callable(size):
-        return int(size())
-    if size is not None:
-        return int(size)
-    ranks = getattr(process_set, "ranks", None)
-    if ranks:
-        return len(ranks)
-    return hn.size()
-
-
-def _set_rank(process_set) -> int:
-    rank = getattr(process_set, "rank", None)
-    if callable(rank):
-        return int(rank())
-    if rank is not None:
-        return int(rank)
-    ranks = getattr(process_set, "ranks", None)
-    if ranks:
-        return list(ranks).index(hn.rank())
-    return hn.rank()
-
-
-def _op_name(op) -> str:
-    return getattr(op, "name", str(op))
-
-
-def _is_avg(op) -> bool:
-    return op == hn.Average
-
-
-def _is_sum(op) -> bool:
-    return op == hn.Sum
-
-
-# ---------------------------------------------------------------------------------------
-# Public ops
-# ---------------------------------------------------------------------------------------
-def _check_init(opname: str) -> None:
+def check_init(opname: str) -> None:
+    """Raise NotInitializedError unless hora is initialized."""
     if not hn.is_initialized():
-        from hora.errors import NotInitializedError
-
         raise NotInitializedError(f"hora has not been initialized; call hora.init() (before hora.tensorflow.{opname})")
 
 
-def grouped_allreduce(
-    tensors: Sequence[Any],
-    op=None,
-    name: str | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set=None,
-    compression=None,
-) -> list:
-    """Allreduce a list of tensors as one fused operation; returns a list of tensors.
+def _ps(process_set: Any) -> Any:
+    return hn.global_process_set if process_set is None else process_set
 
-    Differentiable: the gradient of each output is the grouped allreduce of the upstream
-    gradients with the same op and scale factors (``Sum`` and ``Average`` only).
+
+_subset_counts: dict[tuple[str, int], int] = {}
+
+
+def _op_name(prefix: str, name: str | None, tensor: Any, ps: Any) -> str | None:
+    """The engine name of an op (see :func:`hora.tensorflow.bridge.graph_op_name`).
+
+    An unnamed op over a process set other than the global one is named from a counter
+    of its own set (``<prefix>.ps<id>.<k>``): only the set's members call it, so it must
+    not advance the engine's counter of unnamed ops, which every rank shares.
+    """
+    return subset_name(prefix, bridge.graph_op_name(prefix, name, tensor), ps)
+
+
+def subset_name(prefix: str, name: str | None, ps: Any) -> str | None:
+    """``name``, or for an unnamed op over a non-global process set ``<prefix>.ps<id>.<k>``."""
+    ps_id = getattr(ps, "process_set_id", 0)
+    if name is not None or ps is hn.global_process_set or not ps_id:
+        return name
+    k = _subset_counts.get((prefix, ps_id), 0)
+    _subset_counts[(prefix, ps_id)] = k + 1
+    return f"{prefix}.ps{ps_id}.{k}"
+
+
+def _forget_counts(ps_id: Any) -> None:
+    for key in [k for k in _subset_counts if k[1] == ps_id]:
+        del _subset_counts[key]
+
+
+def _set_by_id(process_set_id: int) -> Any:
+    if process_set_id == 0:
+        return hn.global_process_set
+    ps = _process_sets.get(process_set_id)
+    if ps is None:
+        raise ConfigError(f"process set id {process_set_id} is not registered (add it with "
+                          "hora.tensorflow.add_process_set)")
+    return ps
+
+
+def _int_op(value_fn, opname: str, name: str | None):
+    """An int32 scalar op whose value is read when it runs (eager: now); ``opname`` names the
+    graph op unless ``name`` does."""
+    tf = bridge.tf_module()
+    if tf.executing_eagerly():
+        return tf.constant(int(value_fn()), dtype=tf.int32)
+    out = tf.py_function(func=lambda: tf.constant(int(value_fn()), dtype=tf.int32), inp=[], Tout=tf.int32,
+                         name=name or opname)
+    out.set_shape([])
+    return out
+
+
+def size_op(process_set_id: int = 0, name: str | None = None):
+    """The size of a process set (default: the job) as an int32 op, read when it runs."""
+    return _int_op(lambda: _set_by_id(process_set_id).size(), "size_op", name)
+
+
+def local_size_op(name: str | None = None):
+    """The number of ranks on this host, as an int32 op read when it runs."""
+    return _int_op(hn.local_size, "local_size_op", name)
+
+
+def rank_op(name: str | None = None):
+    """This process's rank, as an int32 op read when it runs."""
+    return _int_op(hn.rank, "rank_op", name)
+
+
+def local_rank_op(name: str | None = None):
+    """This process's rank on its host, as an int32 op read when it runs."""
+    return _int_op(hn.local_rank, "local_rank_op", name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: str | None = None):
+    """1 when this process belongs to the process set, else 0 (an int32 op read when it runs)."""
+    return _int_op(lambda: int(_set_by_id(process_set_id).included()), "process_set_included_op", name)
+
+
+def _is(op, which) -> bool:
+    return op is which or op == which
+
+
+def _check_grad_op(op, what: str) -> None:
+    if not (_is(op, hn.Average) or _is(op, hn.Sum)):
+        raise NotImplementedError(f"hora.tensorflow.{what}: no gradient for op {getattr(op, 'name', op)} "
+                                  "(defined for Sum and Average)")
+
+
+# ---------------------------------------------------------------------------------------
+# the ops
+# ---------------------------------------------------------------------------------------
+def _grouped_allreduce(tensors: Sequence[Any], name: str | None = None, op=hn.Sum, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0, ignore_name_scope: bool = False, process_set=None,
+                       compression: Any = None) -> list:
+    """Allreduce dense tensors as one fused operation (``compression``: a hora.native compressor).
 
     Raises:
-        NotInitializedError: before ``hora.init()``.
-        ConfigError: a tensor has a non-numeric dtype, or is an ``IndexedSlices``.
-        CollectiveError: ranks disagree about the tensors (in graph mode: a
-            ``tf.errors.OpError`` carrying its message).
+        NotInitializedError, DataError, CollectiveError (also tf.errors.FailedPreconditionError).
     """
-    tf = _tf()
-    _check_init("grouped_allreduce")
-    op = hn.Average if op is None else op
-    process_set = hn.global_process_set if process_set is None else process_set
-    tensors = [_as_tensor(t) for t in tensors]
-    if not tensors:
-        return []
+    tf = bridge.tf_module()
+    check_init("grouped_allreduce")
+    ps = _ps(process_set)
+    tensors = [as_tensor(t) for t in tensors]
     for t in tensors:
-        if isinstance(t, tf.IndexedSlices):
-            raise ConfigError("hora.tensorflow.grouped_allreduce: IndexedSlices are not supported; use allreduce")
-        _check_dtype(t, "grouped_allreduce", name)
+        bridge.check_dtype(t, "allreduce", name, reduce=True)
+    name = _op_name("HorovodAllreduce", name, tensors[0], ps)
 
-    def raw(xs):
-        return _run(
-            lambda *ys: _eager_grouped_allreduce(list(ys), op, prescale_factor, postscale_factor, name,
-                                                 process_set, compression),
-            xs, [x.dtype for x in xs], [x.shape for x in xs],
-        )
+    def raw(xs, rop, pre, post, nm):
+        return bridge.run(lambda *ys: kernels.k_allreduce(list(ys), rop, pre, post, nm, ps, compression),
+                          xs, [x.dtype for x in xs], [x.shape for x in xs])
+
+    if not bridge.may_record() or not all(t.dtype.is_floating for t in tensors):
+        return raw(tensors, op, prescale_factor, postscale_factor, name)
 
     @tf.custom_gradient
-    def _fwd(*xs):
-        ys = raw(list(xs))
+    def fwd(*xs):
+        ys = raw(list(xs), op, prescale_factor, postscale_factor, name)
 
         def grad(*dys):
-            if not (_is_avg(op) or _is_sum(op)):
-                raise NotImplementedError(
-                    f"hora.tensorflow.allreduce: no gradient for op {_op_name(op)} (defined for Sum and Average)"
-                )
+            _check_grad_op(op, "allreduce")
             dys = [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d) for d, y in zip(dys, ys)]
-            return raw(dys)
+            return raw(dys, op, prescale_factor, postscale_factor,
+                       _op_name("HorovodAllreduce", None, dys[0], ps))
 
         return ys, grad
 
-    outs = _fwd(*tensors) if _may_record() else raw(tensors)
-    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    return list(fwd(*tensors))
 
 
-def allreduce(
-    tensor: Any,
-    op=None,
-    name: str | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set=None,
-    compression=None,
-    average: bool | None = None,
-):
-    """Reduce ``tensor`` across the ranks of ``process_set``; every rank gets the result.
-
-    ``tensor`` may be a ``tf.Tensor``, ``tf.Variable``/``keras.Variable`` (its value is
-    reduced; the variable is not changed) or ``tf.IndexedSlices``, whose values and indices
-    are allgathered (values divided by the set's size for ``Average``), as Horovod does.
-    ``average`` is Horovod's deprecated spelling of ``op=Average``/``Sum``.
-
-    Raises:
-        NotInitializedError: before ``hora.init()``.
-        ConfigError: non-numeric dtype; ``Min``/``Max``/``Product`` or scale factors on
-            ``IndexedSlices``.
-        CollectiveError: ranks disagree about the tensor (shape, dtype, op).
-    """
-    tf = _tf()
-    if average is not None:
-        if op is not None:
-            raise ConfigError("hora.tensorflow.allreduce: pass either op= or the deprecated average=, not both")
-        op = hn.Average if average else hn.Sum
-    op = hn.Average if op is None else op
-    process_set = hn.global_process_set if process_set is None else process_set
-    if isinstance(tensor, tf.IndexedSlices):
-        _check_init("allreduce")
-        if not (_is_avg(op) or _is_sum(op)):
-            raise ConfigError(
-                f"hora.tensorflow.allreduce: op {_op_name(op)} is not supported on IndexedSlices "
-                "(use Sum or Average, or densify with tf.convert_to_tensor / sparse_as_dense=True)"
-            )
-        values = allgather(tensor.values, name=None if name is None else f"{name}.values", process_set=process_set)
-        indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices",
-                            process_set=process_set)
-        scale = prescale_factor * postscale_factor
-        if _is_avg(op):
-            scale = scale / _set_size(process_set)
-        if scale != 1.0:
-            values = values * tf.cast(scale, values.dtype)
-        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
-    return grouped_allreduce([tensor], op=op, name=name, prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor, process_set=process_set,
-                             compression=compression)[0]
+def _allreduce(tensor: Any, name: str | None = None, op=hn.Sum, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, ignore_name_scope: bool = False, process_set=None,
+               compression: Any = None):
+    """Allreduce one dense tensor (Horovod's ``mpi_ops._allreduce``); see :func:`_grouped_allreduce`."""
+    return _grouped_allreduce([tensor], name=name, op=op, prescale_factor=prescale_factor,
+                              postscale_factor=postscale_factor, process_set=process_set,
+                              compression=compression)[0]
 
 
-def allgather(tensor: Any, name: str | None = None, process_set=None):
-    """Concatenate ``tensor`` from every rank along dimension 0 (which may differ by rank).
+def _gathered_rows(xs: Sequence[Any], grads: Sequence[Any], ps) -> list:
+    """This rank's rows of each gathered gradient, after averaging it across the set."""
+    tf = bridge.tf_module()
+    n, r = ps.size(), ps.rank()
+    out = []
+    for x, g in zip(xs, grads):
+        g = _allreduce(g, op=hn.Average, process_set=ps)
+        d = tf.reshape(tf.shape(x, out_type=tf.int32)[0], [1])
+        sizes = tf.reshape(allgather(d, process_set=ps), [n])
+        out.append(tf.split(g, num_or_size_splits=sizes, axis=0)[r])
+    return out
 
-    Differentiable: the gradient is the ``Sum``-allreduce of the upstream gradient,
-    sliced to the rows this rank contributed.
+
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
+                      process_set=None) -> list:
+    """Concatenate each tensor from every rank along dimension 0 (which may differ by rank).
 
     Raises:
-        NotInitializedError, ConfigError, CollectiveError: as :func:`allreduce`
-        (the trailing dimensions and dtype must agree across ranks).
+        NotInitializedError, DataError; CollectiveError (also FailedPreconditionError):
+        the trailing dimensions or the dtype differ across ranks.
     """
-    tf = _tf()
-    _check_init("allgather")
-    process_set = hn.global_process_set if process_set is None else process_set
-    tensor = _as_tensor(tensor)
-    _check_dtype(tensor, "allgather", name)
+    tf = bridge.tf_module()
+    check_init("allgather")
+    ps = _ps(process_set)
+    tensors = [as_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    for t in tensors:
+        bridge.check_dtype(t, "allgather", name, reduce=False)
+    name = _op_name("HorovodAllgather", name, tensors[0], ps)
 
-    def raw(x):
-        return _run(lambda y: _eager_allgather(y, name, process_set), [x], [x.dtype],
-                    [_scale_to(x.shape, False)])[0]
+    def raw(xs):
+        return bridge.run(lambda *ys: kernels.k_allgather(list(ys), name, ps), xs, [x.dtype for x in xs],
+                          [bridge.static_shape(x.shape, False) for x in xs])
+
+    if not bridge.may_record() or not all(t.dtype.is_floating for t in tensors):
+        return raw(tensors)
 
     @tf.custom_gradient
-    def _fwd(x):
-        y = raw(x)
+    def fwd(*xs):
+        ys = raw(list(xs))
 
-        def grad(dy):
-            dy = tf.convert_to_tensor(dy)
-            reduced = grouped_allreduce([dy], op=hn.Sum, process_set=process_set)[0]
-            dim0 = tf.reshape(tf.cast(tf.shape(x)[0], tf.int64), [1])
-            sizes = tf.reshape(raw_sizes(dim0), [-1])
-            r = _set_rank(process_set)
-            start = tf.reduce_sum(sizes[:r])
-            return reduced[start:start + sizes[r]]
+        def grad(*dys):
+            dys = [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d) for d, y in zip(dys, ys)]
+            return _gathered_rows(xs, dys, ps)
 
-        return y, grad
+        return ys, grad
 
-    def raw_sizes(d):
-        return _run(lambda z: _eager_allgather(z, None, process_set), [d], [d.dtype], [None])[0]
-
-    return _differentiable(_fwd, raw)(tensor)
+    return list(fwd(*tensors))
 
 
-def broadcast(tensor: Any, root_rank: int, name: str | None = None, process_set=None):
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False, process_set=None):
+    """Concatenate ``tensor`` from every rank along dimension 0; see :func:`grouped_allgather`."""
+    return grouped_allgather([tensor], name=name, process_set=process_set)[0]
+
+
+def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
+              process_set=None):
     """Every rank gets ``root_rank``'s ``tensor`` (a new tensor; variables are not assigned).
 
-    Differentiable: the gradient is the ``Sum``-allreduce of the upstream gradient on the
-    root, zeros on every other rank.
-
     Raises:
-        NotInitializedError, ConfigError, CollectiveError: as :func:`allreduce`.
+        NotInitializedError, DataError; ConfigError: ``root_rank`` is not in the set;
+        CollectiveError (also FailedPreconditionError): shapes, dtypes or roots differ.
     """
-    tf = _tf()
-    _check_init("broadcast")
-    process_set = hn.global_process_set if process_set is None else process_set
-    tensor = _as_tensor(tensor)
-    _check_dtype(tensor, "broadcast", name)
+    tf = bridge.tf_module()
+    check_init("broadcast")
+    ps = _ps(process_set)
+    tensor = as_tensor(tensor)
+    bridge.check_dtype(tensor, "broadcast", name, reduce=False)
+    name = _op_name("HorovodBroadcast", name, tensor, ps)
 
     def raw(x):
-        return _run(lambda y: _eager_broadcast(y, root_rank, name, process_set), [x], [x.dtype], [x.shape])[0]
+        return bridge.run(lambda y: kernels.k_broadcast([y], root_rank, name, ps), [x], [x.dtype], [x.shape])[0]
+
+    if not bridge.may_record() or not tensor.dtype.is_floating:
+        return raw(tensor)
 
     @tf.custom_gradient
-    def _fwd(x):
-        y = raw(x)
-
+    def fwd(x):
         def grad(dy):
-            reduced = grouped_allreduce([tf.convert_to_tensor(dy)], op=hn.Sum, process_set=process_set)[0]
-            if hn.rank() != root_rank:
-                return reduced * tf.cast(0, reduced.dtype)
-            return reduced
+            reduced = _allreduce(tf.convert_to_tensor(dy), op=hn.Average, process_set=ps)
+            return reduced if hn.rank() == root_rank else reduced * tf.cast(0, reduced.dtype)
 
-        return y, grad
+        return raw(x), grad
 
-    return _differentiable(_fwd, raw)(tensor)
+    return fwd(tensor)
 
 
-def alltoall(tensor: Any, splits: Any = None, name: str | None = None, process_set=None):
-    """Send ``splits[i]`` rows of ``tensor`` to rank ``i``; returns ``(output, received_splits)``.
+def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None, process_set=None) -> list:
+    """Assign ``root_rank``'s values to ``variables`` in place; returns their new values.
 
-    Without ``splits`` dimension 0 is split evenly. Differentiable with respect to
-    ``tensor``: the gradient is an ``alltoall`` of the upstream gradient back with the
-    received splits.
+    Eager: the variables are assigned before this returns. In a graph the returned
+    tensors depend on the assignments.
 
     Raises:
-        NotInitializedError, ConfigError, CollectiveError: as :func:`allreduce`.
+        ConfigError: an element is not a variable. Otherwise as :func:`broadcast`.
     """
-    tf = _tf()
-    _check_init("alltoall")
-    process_set = hn.global_process_set if process_set is None else process_set
-    tensor = _as_tensor(tensor)
-    _check_dtype(tensor, "alltoall", name)
-    splits_t = None if splits is None else tf.cast(_as_tensor(splits), tf.int32)
+    tf = bridge.tf_module()
+    check_init("broadcast_")
+    ps = _ps(process_set)
+    variables = list(variables)
+    for i, v in enumerate(variables):
+        if not (isinstance(v, tf.Variable) or bridge.is_keras_variable(v)):
+            raise ConfigError(f"broadcast_: element {i} is a {type(v).__name__}, not a tf.Variable or keras.Variable")
+    if not variables:
+        return []
+    values = [as_tensor(v) for v in variables]
+    for v, x in zip(variables, values):
+        bridge.check_dtype(x, "broadcast_", getattr(v, "name", None), reduce=False)
+    name = _op_name("HorovodBroadcastInplace", name, values[0], ps)
+    new = bridge.run(lambda *xs: kernels.k_broadcast(list(xs), root_rank, name, ps), values, [x.dtype for x in values],
+                     [x.shape for x in values])
+    assigns = [v.assign(x) for v, x in zip(variables, new)]
+    if tf.executing_eagerly():
+        return [as_tensor(v) for v in variables]
+    with tf.control_dependencies([a for a in assigns if a is not None]):
+        return [tf.identity(v.read_value() if hasattr(v, "read_value") else as_tensor(v)) for v in variables]
 
-    def raw(x, sp):
+
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
+             process_set=None):
+    """Send ``splits[i]`` rows of ``tensor`` to rank ``i``, receive every rank's rows for this one.
+
+    Returns the received tensor, and with ``splits`` also the received splits (Horovod's
+    convention). Without ``splits`` dimension 0 is split evenly.
+
+    Raises:
+        NotInitializedError; DataError/ConfigError (also InvalidArgumentError): dimension 0
+        not divisible, or bad splits; CollectiveError (also FailedPreconditionError).
+    """
+    tf = bridge.tf_module()
+    check_init("alltoall")
+    ps = _ps(process_set)
+    tensor = as_tensor(tensor)
+    bridge.check_dtype(tensor, "alltoall", name, reduce=False)
+    splits_t = None if splits is None else tf.cast(as_tensor(splits), tf.int32)
+    name = _op_name("HorovodAlltoall", name, tensor, ps)
+    shapes = [bridge.static_shape(tensor.shape, False), tf.TensorShape([None])]
+
+    def raw(x, sp, nm):
         if sp is None:
-            return _run(lambda y: _eager_alltoall(y, None, name, process_set), [x], [x.dtype, tf.int32],
-                        [_scale_to(x.shape, False), tf.TensorShape([None])])
-        return _run(lambda y, s: _eager_alltoall(y, s, name, process_set), [x, sp], [x.dtype, tf.int32],
-                    [_scale_to(x.shape, False), tf.TensorShape([None])])
+            return bridge.run(lambda y: kernels.k_alltoall(y, None, nm, ps), [x], [x.dtype, tf.int32], shapes)
+        return bridge.run(lambda y, s: kernels.k_alltoall(y, s, nm, ps), [x, sp], [x.dtype, tf.int32], shapes)
 
-    @tf.custom_gradient
-    def _fwd(x):
-        y, received = raw(x, splits_t)
+    if not bridge.may_record() or not tensor.dtype.is_floating:
+        out, received = raw(tensor, splits_t, name)
+    else:
+        @tf.custom_gradient
+        def fwd(x):
+            y, rec = raw(x, splits_t, name)
 
-        def grad(dy, _dreceived=None):
-            back, _ = raw(tf.convert_to_tensor(dy), received)
-            return back
+            def grad(dy, _drec=None):
+                dy = tf.convert_to_tensor(dy)
+                return raw(dy, rec, _op_name("HorovodAlltoall", None, dy, ps))[0]
 
-        return (y, received), grad
+            return (y, rec), grad
 
-    if not _may_record():
-        out, received = raw(tensor, splits_t)
-        return out, received
-    out, received = _fwd(tensor)
-    return out, tf.stop_gradient(received)
+        out, received = fwd(tensor)
+        received = tf.stop_gradient(received)
+    return out if splits is None else (out, received)
 
 
-def reducescatter(tensor: Any, op=None, name: str | None = None, process_set=None):
-    """Reduce ``tensor`` across ranks and give each rank its slice of dimension 0.
+def _grouped_reducescatter(tensors: Sequence[Any], name: str | None = None, op=hn.Sum,
+                           ignore_name_scope: bool = False, process_set=None, prescale_factor: float = 1.0,
+                           postscale_factor: float = 1.0) -> list:
+    """Reduce each tensor across ranks and give each rank its block of dimension 0.
 
-    Differentiable for ``Sum``/``Average``: the gradient is the ``allgather`` of the
-    upstream gradient (divided by the set's size for ``Average``).
+    Blocks are as even as possible; the first ranks get one extra row.
 
     Raises:
-        NotInitializedError, ConfigError, CollectiveError: as :func:`allreduce`.
+        NotInitializedError; DataError (also InvalidArgumentError): a scalar or a dtype
+        that cannot be reduced; CollectiveError (also FailedPreconditionError).
     """
-    tf = _tf()
-    _check_init("reducescatter")
-    op = hn.Average if op is None else op
-    process_set = hn.global_process_set if process_set is None else process_set
-    tensor = _as_tensor(tensor)
-    _check_dtype(tensor, "reducescatter", name)
+    tf = bridge.tf_module()
+    check_init("reducescatter")
+    ps = _ps(process_set)
+    tensors = [as_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    for t in tensors:
+        bridge.check_dtype(t, "reducescatter", name, reduce=True)
+        if t.shape.rank == 0:
+            raise bridge.as_tf_error(DataError("hora.tensorflow.reducescatter: a scalar cannot be scattered; "
+                                               "pass a tensor with at least one dimension"))
+    name = _op_name("HorovodReducescatter", name, tensors[0], ps)
 
-    def raw(x):
-        return _run(lambda y: _eager_reducescatter(y, op, name, process_set), [x], [x.dtype],
-                    [_scale_to(x.shape, False)])[0]
+    def raw(xs):
+        return bridge.run(lambda *zs: kernels.k_reducescatter(list(zs), op, prescale_factor, postscale_factor, name, ps),
+                          xs, [x.dtype for x in xs], [bridge.static_shape(x.shape, False) for x in xs])
+
+    if not bridge.may_record() or not all(t.dtype.is_floating for t in tensors):
+        return raw(tensors)
 
     @tf.custom_gradient
-    def _fwd(x):
-        y = raw(x)
+    def fwd(*xs):
+        ys = raw(list(xs))
 
-        def grad(dy):
-            if not (_is_avg(op) or _is_sum(op)):
-                raise NotImplementedError(
-                    f"hora.tensorflow.reducescatter: no gradient for op {_op_name(op)} (defined for Sum and Average)"
-                )
-            g = allgather(tf.convert_to_tensor(dy), process_set=process_set)
-            if _is_avg(op):
-                g = g / tf.cast(_set_size(process_set), g.dtype)
-            return g
+        def grad(*dys):
+            factor = (ps.size() if _is(op, hn.Sum) else 1) * prescale_factor * postscale_factor
+            dys = [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d) for d, y in zip(dys, ys)]
+            return [allgather(d * tf.cast(factor, d.dtype) if factor != 1 else d, process_set=ps) for d in dys]
 
-        return y, grad
+        return ys, grad
 
-    return _differentiable(_fwd, raw)(tensor)
+    return list(fwd(*tensors))
+
+
+def _reducescatter(tensor: Any, name: str | None = None, op=hn.Sum, ignore_name_scope: bool = False,
+                   process_set=None, prescale_factor: float = 1.0, postscale_factor: float = 1.0):
+    """Reduce-scatter one tensor (Horovod's ``mpi_ops._reducescatter``); see :func:`_grouped_reducescatter`."""
+    return _grouped_reducescatter([tensor], name=name, op=op, process_set=process_set,
+                                  prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
 
 
 def barrier(process_set=None) -> None:
     """Block until every rank of ``process_set`` reaches the barrier (eager only).
 
     Raises:
-        ConfigError: called while tracing a ``tf.function``.
+        ConfigError: called while building a graph.
         CollectiveError: a rank never arrived within the backend's timeout.
     """
-    _eager_only("barrier")
-    _check_init("barrier")
-    hn.barrier(process_set=hn.global_process_set if process_set is None else process_set)
+    if not bridge.executing_eagerly():
+        raise ConfigError("hora.tensorflow.barrier must be called eagerly, not while building a graph")
+    check_init("barrier")
+    hn.barrier(process_set=_ps(process_set))
 
 
 def join():
@@ -559,50 +453,12 @@ def join():
     Raises:
         CollectiveError: the backend failed.
     """
-    tf = _tf()
-    _check_init("join")
-    if tf.executing_eagerly():
-        return tf.constant(int(hn.join()), dtype=tf.int32)
-    out = tf.py_function(func=lambda: tf.constant(int(hn.join()), dtype=tf.int32), inp=[], Tout=tf.int32)
-    out.set_shape([])
-    return out
-
-
-def _eager_only(what: str) -> None:
-    if not _tf().executing_eagerly():
-        raise ConfigError(
-            f"hora.tensorflow.{what} works on Python objects and must be called eagerly, not inside "
-            "tf.function (it would run once at trace time)"
-        )
-
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set=None) -> Any:
-    """Return ``root_rank``'s Python object on every rank (pickled by the backend; eager only).
-
-    Raises:
-        ConfigError: called inside ``tf.function``.
-        CollectiveError: the backend failed.
-    """
-    _eager_only("broadcast_object")
-    _check_init("broadcast_object")
-    return hn.broadcast_object(obj, root_rank=root_rank, name=name,
-                               process_set=hn.global_process_set if process_set is None else process_set)
-
-
-def allgather_object(obj: Any, name: str | None = None, process_set=None) -> list:
-    """Return the list of every rank's Python object, in rank order (eager only).
-
-    Raises:
-        ConfigError: called inside ``tf.function``.
-        CollectiveError: the backend failed.
-    """
-    _eager_only("allgather_object")
-    _check_init("allgather_object")
-    return hn.allgather_object(obj, name=name,
-                               process_set=hn.global_process_set if process_set is None else process_set)
+    check_init("join")
+    return _int_op(hn.join, "join", None)
 
 
 __all__ = [
-    "init", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
-    "barrier", "join", "broadcast_object", "allgather_object", "to_numpy", "from_numpy",
+    "init", "add_process_set", "remove_process_set", "size_op", "local_size_op", "rank_op", "local_rank_op",
+    "process_set_included_op", "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
+    "barrier", "join", "check_init",
 ]

@@ -12,25 +12,57 @@
     for x, y in shard_of_this_rank:
         opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
 
-The collectives (``allreduce``, ``allgather``, ``broadcast``, ``alltoall``,
-``reducescatter``, their ``_async`` and in-place ``_`` variants, ``barrier``, ``join``,
-process sets, ``Compression``) come from :mod:`hora.native` and act on torch tensors;
-this package adds :func:`DistributedOptimizer`, :func:`broadcast_parameters`,
-:func:`broadcast_optimizer_state`, :class:`SyncBatchNorm` and ``elastic.TorchState``.
+Every name of ``horovod.torch`` is here with Horovod's signature: the collectives
+(:mod:`hora.torch.mpi_ops`: ``allreduce``, ``allgather``, ``broadcast``, ``alltoall``,
+``reducescatter``, their grouped, ``_async`` and in-place ``_`` variants, differentiable
+as Horovod's, ``sparse_allreduce_async``, ``barrier``, ``join``), the life cycle
+(``init``, ``shutdown``, ``start_timeline``...), what the install can do
+(``nccl_built``, ``gloo_enabled``...), process sets, ``Compression``, the ops ``Average,
+Sum, Adasum, Min, Max, Product``, :func:`DistributedOptimizer`,
+:func:`broadcast_parameters`, :func:`broadcast_optimizer_state`, :class:`SyncBatchNorm`,
+``elastic`` (``TorchState``, ``run``) and Horovod's exception names.
 """
 
 from __future__ import annotations
 
+from hora.errors import HorovodInternalError, HostsUpdatedInterrupt
 from hora.native import (
-    Average,
     Compression,
+    ProcessSet,
+    ReduceOp,
+    add_process_set,
+    cross_rank,
+    cross_size,
+    global_process_set,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    remove_process_set,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from hora.native.build_info import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
+from hora.torch.mpi_ops import (
+    Adasum,
+    Average,
     Max,
     Min,
-    ProcessSet,
     Product,
-    ReduceOp,
     Sum,
-    add_process_set,
     allgather,
     allgather_async,
     allreduce,
@@ -44,39 +76,21 @@ from hora.native import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    cross_rank,
-    cross_size,
-    global_process_set,
+    grouped_allgather,
+    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     init,
-    is_initialized,
     join,
-    local_rank,
-    local_size,
     poll,
-    rank,
     reducescatter,
     reducescatter_async,
-    remove_process_set,
-    shutdown,
-    size,
+    sparse_allreduce_async,
     synchronize,
-)
-from hora.errors import HorovodInternalError, HostsUpdatedInterrupt
-from hora.native.build_info import (
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
 )
 from hora.torch.functions import (
     allgather_object,
@@ -91,14 +105,15 @@ from hora.torch import elastic  # noqa: E402  (hvd.elastic.TorchState, as in Hor
 __all__ = [
     "HorovodInternalError", "HostsUpdatedInterrupt", "ccl_built", "cuda_built", "ddl_built", "gloo_built",
     "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built",
-    "Average", "Compression", "Max", "Min", "ProcessSet", "Product", "ReduceOp", "Sum",
+    "Adasum", "Average", "Compression", "Max", "Min", "ProcessSet", "Product", "ReduceOp", "Sum",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
     "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "cross_rank",
-    "cross_size", "DistributedOptimizer", "elastic", "global_process_set", "grouped_allreduce",
-    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "init",
+    "cross_size", "DistributedOptimizer", "elastic", "global_process_set", "grouped_allgather",
+    "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "init",
     "is_distributed_optimizer", "is_initialized", "join", "local_rank", "local_size", "poll",
     "rank", "reducescatter", "reducescatter_async", "remove_process_set", "shutdown", "size",
-    "SyncBatchNorm", "synchronize",
+    "sparse_allreduce_async", "start_timeline", "stop_timeline", "SyncBatchNorm", "synchronize",
 ]

@@ -95,7 +95,8 @@ def _split_state(state: Mapping[Any, Mapping[str, Any]]) -> tuple[dict, list[tup
     return skeleton, tensors
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, process_set: Any = None) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, model: Any = None,
+                              process_set: Any = None) -> None:
     """Give every rank the optimizer state and hyperparameters of ``root_rank``.
 
     Everything in ``optimizer.state_dict()`` travels: per-parameter state tensors
@@ -106,7 +107,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
 
     Unlike Horovod this never runs a zero-gradient ``step()`` to create the state:
     such a step changes parameters under weight decay and advances step counters,
-    so a model would no longer match single-process training.
+    so a model would no longer match single-process training. As Horovod, a rank whose
+    optimizer has no state yet gives every parameter that requires a gradient and has
+    none a zero gradient (code written for Horovod may read it): a sparse one for a
+    ``SparseAdam`` and for the sparse embeddings of ``model`` (Horovod's third argument,
+    used for nothing else).
 
     Raises:
         ConfigError: ``optimizer`` is not an optimizer, or its parameter groups do not
@@ -118,6 +123,15 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     ps = _hn.global_process_set if process_set is None else process_set
     me = _hn.rank()
     sd = optimizer.state_dict()
+    if not sd["state"]:
+        sparse = {id(p) for m in (model.modules() if isinstance(model, torch.nn.Module) else ())
+                  if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
+                        p.grad = p.grad.to_sparse(1)  # rows, as an embedding's gradient
     skeleton, local_tensors = _split_state(sd["state"])
     layout = [len(g["params"]) for g in sd["param_groups"]]
     meta = (layout, sd["param_groups"], skeleton) if me == root_rank else None

@@ -43,6 +43,8 @@ import torch
 import hora.native as _hn
 from hora.native import ops as _ops
 from hora.errors import ConfigError
+from hora.torch import adasum_optimizer as _adasum
+from hora.torch.parameters import explicit_groups, first_difference, normalize_named_parameters
 
 log = logging.getLogger(__name__)
 
@@ -52,67 +54,6 @@ DEFAULT_BUCKET_CAP_MB = 25.0  # as DDP
 # as DDP: the first bucket is small, so its reduction starts early (for GPU parameters; see
 # first_bucket_mb for why CPU parameters get none)
 FIRST_BUCKET_BYTES = 1024 * 1024
-
-
-def _normalize_named_parameters(
-    named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-    param_groups: list[dict[str, Any]],
-) -> dict[torch.Tensor, str]:
-    """Map each optimizer parameter to the name its gradient is reduced under.
-
-    Raises:
-        ConfigError: items are not ``(str, Tensor)`` pairs, a name occurs twice, or a
-            parameter of the optimizer is missing from ``named_parameters``.
-    """
-    names: dict[int, str] = {}
-    if named_parameters is None:
-        for gi, group in enumerate(param_groups):
-            for pi, p in enumerate(group["params"]):
-                names.setdefault(id(p), f"noname.{gi}.{pi}")
-    else:
-        if isinstance(named_parameters, dict):
-            items = list(named_parameters.items())
-        else:
-            try:
-                items = list(named_parameters)
-            except TypeError:
-                raise ConfigError(
-                    "named_parameters must be a sequence of (name, parameter) pairs such as "
-                    f"model.named_parameters(), got {type(named_parameters).__name__}"
-                ) from None
-        seen: dict[str, int] = {}
-        for i, item in enumerate(items):
-            if not (
-                isinstance(item, tuple)
-                and len(item) == 2
-                and isinstance(item[0], str)
-                and isinstance(item[1], torch.Tensor)
-            ):
-                raise ConfigError(
-                    "named_parameters must be a sequence of (name, parameter) pairs such as "
-                    f"model.named_parameters(); item {i} is {type(item).__name__}: {item!r:.80}"
-                )
-            name, p = item
-            if name in seen:
-                raise ConfigError(
-                    f"named_parameters holds the name {name!r} twice (items {seen[name]} and {i}); "
-                    "every parameter name must be unique because gradients are matched across "
-                    "ranks by name"
-                )
-            seen[name] = i
-            names.setdefault(id(p), name)
-        missing = []
-        for gi, group in enumerate(param_groups):
-            for pi, p in enumerate(group["params"]):
-                if id(p) not in names:
-                    missing.append(f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})")
-        if missing:
-            raise ConfigError(
-                "named_parameters was given but does not name these parameters of the "
-                f"optimizer: {', '.join(missing)}; pass model.named_parameters() of the model "
-                "that owns every optimized parameter"
-            )
-    return {p: names[id(p)] for group in param_groups for p in group["params"]}
 
 
 def _resolve_compression(compression: Any) -> Any:
@@ -128,30 +69,10 @@ def _viewable(p: torch.Tensor) -> bool:
     return p.layout == torch.strided and p.is_contiguous()
 
 
-def _first_difference(mine: list[Any] | None, theirs: list[Any] | None) -> str:
-    """Words for where two bucket layouts (lists of (name, shape, dtype)) part."""
-    if mine is None or theirs is None:
-        which = "this rank" if mine is None else "that rank"
-        return f"{which} has no flat buffer for it (mine: {mine!r:.200}, theirs: {theirs!r:.200})"
-    for i in range(max(len(mine), len(theirs))):
-        a = mine[i] if i < len(mine) else None
-        o = theirs[i] if i < len(theirs) else None
-        if a != o:
-            return f"entry {i} is {a} here and {o} there"
-    return "they differ"  # unreachable for unequal lists; kept total
-
-
-def _sparse_error(name: str) -> ConfigError:
-    return ConfigError(
-        f"parameter {name!r} has a sparse gradient; hora reduces dense gradients only (use a "
-        "dense embedding, sparse=False)"
-    )
-
-
 class _Slot:
     """A reduced parameter's state, reached from its hooks without hashing the tensor."""
 
-    __slots__ = ("p", "name", "bucket", "delay", "view", "scaled")
+    __slots__ = ("p", "name", "bucket", "delay", "view", "scaled", "sparse")
 
     def __init__(self, p: torch.Tensor, name: str, delay: int) -> None:
         self.p = p
@@ -160,6 +81,18 @@ class _Slot:
         self.delay = delay  # backward passes still to come before the reduction
         self.view: torch.Tensor | None = None  # its view of the bucket's flat buffer
         self.scaled = False  # this step, the view holds the gradient times the bucket's fold
+        self.sparse = False  # its gradients are sparse (seen once): reduced by name, outside the bucket
+
+
+class _SparseReduction:
+    """The reduction of one sparse gradient; ``synchronize()`` puts the result in ``p.grad``."""
+
+    def __init__(self, p: torch.Tensor, handle: Any, dense: bool) -> None:
+        self.p, self.handle, self.dense = p, handle, dense
+
+    def synchronize(self) -> None:
+        out = self.handle.synchronize()
+        self.p.grad = out.to_sparse() if self.dense else out
 
 
 class _DistributedMixin:
@@ -182,6 +115,8 @@ class _DistributedMixin:
         bucket_cap_mb: float,
         gradient_as_bucket_view: bool,
         first_bucket_mb: float | None,
+        groups: Any = None,
+        sparse_as_dense: bool = False,
     ) -> None:
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
                 or backward_passes_per_step < 1:
@@ -219,10 +154,18 @@ class _DistributedMixin:
                 raise ConfigError(f"first_bucket_mb must be a number > 0, got {first_bucket_mb!r}")
         if not isinstance(gradient_as_bucket_view, bool):
             raise ConfigError(f"gradient_as_bucket_view must be True or False, got {gradient_as_bucket_view!r}")
-        names = _normalize_named_parameters(named_parameters, self.param_groups)  # type: ignore[attr-defined]
+        names = normalize_named_parameters(named_parameters, self.param_groups)  # type: ignore[attr-defined]
         self._hora_names = names
+        self._parameter_names = names  # Horovod's attribute: parameter -> name
+        self._hora_sparse_as_dense = bool(sparse_as_dense)
         self._hora_compression = compression
         self._hora_bpps = backward_passes_per_step
+        # Horovod's public attributes
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = factor
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.process_set = process_set
         self._hora_op = op
         # Horovod's split of the average: x * (1/f) summed, then * (f / size) by the engine
         self._hora_prescale = 1.0 / factor if op == _hn.Average else 1.0
@@ -259,7 +202,11 @@ class _DistributedMixin:
             first_bytes = cap_bytes if on_cpu else FIRST_BUCKET_BYTES
         size = cap_bytes + 1  # force a new bucket first
         key: Any = None
-        for p in reversed(self._hora_requires_update):
+        explicit = explicit_groups(groups, self._hora_requires_update)
+        if explicit is not None:  # Horovod's groups: each is reduced as one
+            self._hora_bucketed = True
+            self._hora_buckets = explicit
+        for p in reversed(self._hora_requires_update) if explicit is None else ():
             nbytes = p.numel() * p.element_size()
             limit = min(cap_bytes, first_bytes) if len(self._hora_buckets) <= 1 else cap_bytes
             p_key = (p.dtype, p.device, _viewable(p)) if gradient_as_bucket_view and self._hora_bucketed else None
@@ -268,11 +215,13 @@ class _DistributedMixin:
                 size = 0
                 key = p_key
             self._hora_buckets[-1].append(p)
-            self._hora_slots[p].bucket = len(self._hora_buckets) - 1
             size += nbytes
+        for b, bucket in enumerate(self._hora_buckets):
+            for p in bucket:
+                self._hora_slots[p].bucket = b
         # a bucket's flat buffer is made at its first gradient (it needs hora.init())
         self._hora_flat_ok = [gradient_as_bucket_view and len(bucket) > 1 and all(_viewable(p) for p in bucket)
-                              for bucket in self._hora_buckets]
+                              and len({(p.dtype, p.device) for p in bucket}) == 1 for bucket in self._hora_buckets]
         self._hora_flats = [None] * len(self._hora_buckets)
         self._hora_numel = [sum(p.numel() for p in bucket) for bucket in self._hora_buckets]
         self._hora_room = [False] * len(self._hora_buckets)
@@ -349,7 +298,9 @@ class _DistributedMixin:
         if not (self._hora_member or self._hora_participates()):
             return
         b = s.bucket
-        if self._hora_flat_ok[b]:
+        if p.grad is not None and p.grad.is_sparse:
+            s.sparse = True  # reduced by name, outside the bucket (its view carries zeros)
+        elif self._hora_flat_ok[b] and not s.sparse:
             view = s.view
             if view is None:
                 self._hora_make_flat(b)
@@ -373,8 +324,6 @@ class _DistributedMixin:
         if grad is None:
             view.zero_()
         else:
-            if grad.is_sparse:
-                raise _sparse_error(s.name)
             if fold:
                 torch.mul(grad, fold, out=view)
             else:
@@ -396,7 +345,10 @@ class _DistributedMixin:
         flat = self._hora_flats[b]
         slots = self._hora_bucket_slots[b]
         for s in slots:  # gradients this rank did not compute, or replaced by the user
-            if s.p.grad is not s.view:
+            if s.sparse:
+                s.view.zero_()
+                self._hora_handles[s.p] = self._hora_submit_sparse(s.p)
+            elif s.p.grad is not s.view:
                 self._hora_adopt(s, s.view)
         if not self._hora_layout_checked:
             self._hora_check_layout()
@@ -444,21 +396,41 @@ class _DistributedMixin:
                 if a != o:
                     raise ConfigError(
                         f"DistributedOptimizer: gradient bucket {b} differs between this rank "
-                        f"({_hn.rank()}) and rank {rank}: {_first_difference(a, o)}. Every rank "
+                        f"({_hn.rank()}) and rank {rank}: {first_difference(a, o)}. Every rank "
                         "must build the same model and register its parameters in the same order "
                         "(or pass gradient_as_bucket_view=False to match gradients by name)"
                     )
 
     def _hora_submit(self, p: torch.Tensor) -> Any:
         """Start the allreduce of ``p.grad`` (zeros when it has none)."""
+        if self._hora_slots[p].sparse:
+            return self._hora_submit_sparse(p)
         if p.grad is None:
             # This rank computed no gradient for p this step, another may have: reduce zeros.
             p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
-        grad = p.grad
-        if grad.is_sparse:
-            raise _sparse_error(self._hora_names[p])
         # The engine fuses ready gradients and applies the compressor to the fused buffer.
-        return self._hora_allreduce(grad, _GRAD_PREFIX + self._hora_names[p])
+        return self._hora_allreduce(p.grad, _GRAD_PREFIX + self._hora_names[p])
+
+    def _hora_submit_sparse(self, p: torch.Tensor) -> _SparseReduction:
+        """Start reducing a sparse gradient: densified and allreduced with
+        ``sparse_as_dense``, else by allgather of its indices and values (as Horovod).
+        A rank without a gradient for ``p`` this step contributes an empty one."""
+        from hora.torch.mpi_ops import sparse_allreduce_async
+
+        grad = p.grad
+        if grad is None:
+            dense_dims = tuple(p.shape[1:])
+            grad = torch.sparse_coo_tensor(torch.empty(1, 0, dtype=torch.long), torch.empty((0,) + dense_dims,
+                                           dtype=p.dtype), tuple(p.shape), device=p.device)
+        name = _GRAD_PREFIX + self._hora_names[p]
+        if self._hora_sparse_as_dense:
+            return _SparseReduction(p, self._hora_allreduce(grad.to_dense().contiguous(), name), dense=True)
+        op = self._hora_op
+        if op not in (_hn.Average, _hn.Sum):
+            raise ConfigError(f"DistributedOptimizer(op={op!r}): the sparse gradient of {self._hora_names[p]!r} is "
+                              "reduced with Average or Sum only (or pass sparse_as_dense=True)")
+        return _SparseReduction(p, sparse_allreduce_async(grad.coalesce(), name, op, self._hora_process_set),
+                                dense=False)
 
     def _hora_allreduce(self, tensor: torch.Tensor, name: str) -> Any:
         """The in-place allreduce of a gradient or a flat bucket, with this optimizer's
@@ -519,10 +491,11 @@ class _DistributedMixin:
         """Wait for the gradients still in flight, then step the wrapped optimizer."""
         if self._hora_should_sync:
             if self._hora_synchronized:
-                warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() outside "
-                    "optimizer.skip_synchronize(): gradients are reduced a second time. Wrap "
-                    "step() in `with optimizer.skip_synchronize():`",
+                warnings.warn(  # Horovod's words (code written for it may look for them)
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                    "consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.",
                     stacklevel=2,
                 )
             self.synchronize()
@@ -549,6 +522,30 @@ class _DistributedMixin:
             h.remove()
         self._hora_hooks.clear()
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change ``backward_passes_per_step`` (Horovod's method); takes effect at the next step.
+
+        Raises:
+            ConfigError: ``passes`` is not an integer >= 1.
+        """
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ConfigError(f"backward_passes_per_step must be an integer >= 1, got {passes!r}")
+        self._hora_bpps = passes
+        self.backward_passes_per_step = passes
+        self._hora_reset_counts()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state; the step in progress is forgotten (as Horovod)."""
+        self._hora_forget_step()
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+
+    def _hora_forget_step(self) -> None:
+        """Drop what the current step has submitted (after an elastic restore: the engine
+        that ran those reductions is gone)."""
+        self._hora_handles.clear()
+        self._hora_synchronized = False
+        self._hora_reset_counts()
+
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     optimizer: torch.optim.Optimizer,
@@ -557,12 +554,18 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     backward_passes_per_step: int = 1,
     op: Any = _hn.Average,
     gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
     process_set: Any = _hn.global_process_set,
+    *,
     bucket_cap_mb: float | None = None,
     gradient_as_bucket_view: bool = True,
     first_bucket_mb: float | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged across ranks before each step.
+
+    Horovod's signature (positional order included), plus hora's bucketing keywords.
 
     Args:
         optimizer: any ``torch.optim.Optimizer``; the returned object is an instance of
@@ -576,9 +579,18 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         backward_passes_per_step: reduce once every this many backward passes,
             accumulating locally in between. The reduction averages over ranks only:
             divide each micro-batch loss by this number to average over passes too.
-        op: ``Average`` (default) or ``Sum`` (any hora ReduceOp).
+        op: ``Average`` (default), ``Sum``, or ``Adasum``: then, as Horovod, each rank
+            steps the wrapped optimizer on its own gradients and the *updates* are
+            combined with Adasum (:mod:`hora.torch.adasum_optimizer`).
         gradient_predivide_factor: with ``Average``, scale by ``1/f`` before the sum and
             by ``f/size`` after it (guards fp16 sums against overflow).
+        num_groups: deprecated (Horovod's): the same as ``groups=num_groups``.
+        groups: reduce these parameters together: a number of groups to split the
+            parameters into, or lists of parameters (each list one group, every other
+            parameter alone). Replaces the size-based buckets below.
+        sparse_as_dense: reduce sparse gradients (``nn.Embedding(sparse=True)``) as dense
+            tensors and make them sparse again; by default they are reduced by an
+            allgather of their indices and values, as Horovod.
         process_set: the ranks that reduce together (default: all).
         bucket_cap_mb: groups consecutive parameters (in reverse registration order, about
             the order backward produces their gradients) into buckets, DDP style: the
@@ -587,6 +599,9 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
             gradients are ready and negotiated as one group, so a bucket is reduced
             while backward still computes the next ones. 0 submits each gradient the
             moment backward produces it and lets the engine gather them.
+        gradient_as_bucket_view: each bucket owns one flat buffer and every ``.grad`` is
+            a view of it, reduced in place (default); False: each gradient is reduced
+            under its own name and the engine fuses them.
         first_bucket_mb: the size of the first bucket. Default: 1 MiB (as DDP) when
             any parameter is on a GPU, where the reduction of the last layers then
             overlaps the rest of backward at no cost; ``bucket_cap_mb`` when all are on
@@ -600,17 +615,26 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     Raises:
         ConfigError: bad ``named_parameters`` (duplicate names, a parameter missing),
             ``backward_passes_per_step < 1``, an unknown ``op`` or compression,
-            ``gradient_predivide_factor`` with an op other than Average, a negative
-            ``bucket_cap_mb``, ``first_bucket_mb <= 0``, or ranks whose buckets differ
-            (first step).
+            ``gradient_predivide_factor`` with an op other than Average, bad ``groups``,
+            a negative ``bucket_cap_mb``, ``first_bucket_mb <= 0``, or ranks whose
+            buckets differ (first step). All are ValueErrors, as Horovod's.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(
             f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
-    if isinstance(optimizer, _DistributedMixin):
+    if isinstance(optimizer, (_DistributedMixin, _adasum.AdasumMixin)):
         raise ConfigError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
+    op = _hn.Average if op is None else op
+    process_set = _hn.global_process_set if process_set is None else process_set
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
     base = optimizer.__class__
+    if op == _hn.Adasum and _hn.size() > 1:  # (size(): NotInitializedError before init, as Horovod)
+        return _adasum.wrap(optimizer, named_parameters, compression, backward_passes_per_step, process_set)
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__,
                                                           "__qualname__": base.__qualname__})
     dist = cls.__new__(cls)
@@ -619,12 +643,14 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         named_parameters,
         compression,
         backward_passes_per_step,
-        _hn.Average if op is None else op,
+        op,
         gradient_predivide_factor,
-        _hn.global_process_set if process_set is None else process_set,
+        process_set,
         _default_bucket_cap_mb() if bucket_cap_mb is None else bucket_cap_mb,
         gradient_as_bucket_view,
         first_bucket_mb,
+        groups,
+        sparse_as_dense,
     )
     return dist
 
@@ -641,4 +667,4 @@ def _default_bucket_cap_mb() -> float:
 
 def is_distributed_optimizer(optimizer: Any) -> bool:
     """True when ``optimizer`` was returned by :func:`DistributedOptimizer`."""
-    return isinstance(optimizer, _DistributedMixin)
+    return isinstance(optimizer, (_DistributedMixin, _adasum.AdasumMixin))

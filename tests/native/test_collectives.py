@@ -138,11 +138,13 @@ def test_timeline_is_valid_chrome_trace_with_phases(tmp_path):
     from hora.native.timeline import summarize
 
     path = tmp_path / "timeline.json"
-    outs = run_ranks(workers.timeline_job, 2, args=(str(path),), env={"HORA_TIMELINE": str(path)}, timeout=110)
+    outs = run_ranks(workers.timeline_job, 2, args=(str(path),),
+                     env={"HORA_TIMELINE": str(path), "HORA_TIMELINE_MARK_CYCLES": "1"}, timeout=110)
     assert outs[0]["exists"]
     doc = json.loads(path.read_text())
     names = {e["name"] for e in doc["traceEvents"]}
-    for phase in ("NEGOTIATE", "QUEUE", "FUSE_COPY_IN", "COLLECTIVE", "FUSE_COPY_OUT", "CYCLE"):
+    for phase in ("NEGOTIATE", "QUEUE", "FUSE_COPY_IN", "COLLECTIVE", "FUSE_COPY_OUT", "CYCLE_START",
+                  "NEGOTIATION_ROUND"):
         assert phase in names, (phase, names)
     rows = {e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e["name"] == "thread_name"}
     assert {"tl.0", "tl.bc", "engine"} <= rows

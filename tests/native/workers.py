@@ -298,7 +298,7 @@ def mismatches() -> list[str]:
     """Shape, dtype, op and root mismatches: CollectiveError on every rank; the engine
     keeps working afterwards. Returns the error messages seen on this rank."""
     import hora.native as hn
-    from hora.errors import CollectiveError
+    from hora.errors import CollectiveError, ConfigError
 
     hn.init()
     r = hn.rank()
@@ -328,12 +328,12 @@ def mismatches() -> list[str]:
         msgs.append("NO ERROR for cached shape change")
     except CollectiveError as exc:
         msgs.append(str(exc))
-    # duplicate in-flight names are refused on the submitting rank
+    # duplicate in-flight names are refused on the submitting rank (a ValueError, as Horovod's)
     h = hn.allreduce_async(torch.ones(1), name="dup")
     try:
         hn.allreduce_async(torch.ones(1), name="dup")
         msgs.append("NO ERROR for duplicate name")
-    except CollectiveError as exc:
+    except ConfigError as exc:
         msgs.append(str(exc))
     h.synchronize()
     hn.shutdown()

@@ -169,11 +169,12 @@ def test_collectives_and_gradients_on_two_ranks():
             gr = o[key]
             np.testing.assert_allclose(gr[0], [3.0] * 3, err_msg=key)  # allreduce(Sum) of upstream (1 + 2)
             np.testing.assert_allclose(gr[1], [1.5] * 3, err_msg=key)  # allreduce(Average) of upstream
-            np.testing.assert_allclose(gr[2], np.full([r + 1, 2], 3.0), err_msg=key)  # sum, this rank's rows
-            np.testing.assert_allclose(gr[3], [3.0, 3.0] if r == 0 else [0.0, 0.0], err_msg=key)  # root only
+            np.testing.assert_allclose(gr[2], np.full([r + 1, 2], 1.5), err_msg=key)  # average, this rank's rows
+            np.testing.assert_allclose(gr[3], [1.5, 1.5] if r == 0 else [0.0, 0.0], err_msg=key)  # average, root
             sent_to = [0] * 1 + [1] * 3 if r == 0 else [0] * 2 + [1] * 2
             np.testing.assert_allclose(gr[4], np.array([[j + 1.0] for j in sent_to]), err_msg=key)  # back
-            np.testing.assert_allclose(gr[5], np.array([[1.0, 1.0]] * 2 + [[2.0, 2.0]] * 2), err_msg=key)
+            # reducescatter(Sum): the allgather of the upstream gradients, times the size
+            np.testing.assert_allclose(gr[5], np.array([[2.0, 2.0]] * 2 + [[4.0, 4.0]] * 2), err_msg=key)
         np.testing.assert_allclose(o["grad_var"], [2.0 * (r + 1)] * 2)  # Sum of upstream ones, times r + 1
         values, indices, dense = o["sparse"]
         np.testing.assert_allclose(values, [[0.5, 1.0], [1.0, 2.0]])

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hora.errors import ConfigError
+from hora.native import keys
 from hora.native.backends.base import Backend, Group, ReduceOp, Waker
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ BACKENDS = ("auto", "gloo", "nccl", "mpi")
 MPI_LAUNCH_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 ENV_COLLECTIVE_TIMEOUT = "HORA_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
-_INIT_COUNT = 0  # init() may run more than once per process (init, shutdown, init)
+_LAST_GENERATION = 0  # the job generation this process joined last (init, shutdown, init, ...)
 
 
 def launched_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
@@ -85,16 +86,15 @@ def create_backend() -> tuple[Backend, tuple[int, int, int, int], list[Any]]:
         return be, (0, 1, 0, 1), []
     from hora.native.rendezvous import KVClient, WorkerEnv, barrier
 
-    global _INIT_COUNT
-    _INIT_COUNT += 1
     env = WorkerEnv.from_environ()
     kv = KVClient(env.rendezvous_addr, env.secret)
     # Meet every rank first, bounded by HORA_START_TIMEOUT: a rank that never starts is
     # then named by the barrier (RendezvousError) instead of surfacing, much later, as a
     # Gloo connect timeout (HORA_COLLECTIVE_TIMEOUT) while the group is being built.
     try:
-        barrier(kv, f"hora/native/{env.job_id}/{_INIT_COUNT}/init", env.rank, env.size, env.start_timeout)
-        key = f"hora/native/{env.job_id}/{_INIT_COUNT}/collective_store"
+        gen = join_generation(kv, env.job_id, env.rank, env.start_timeout)
+        barrier(kv, keys.native_init_barrier(env.job_id, gen), env.rank, env.size, env.start_timeout)
+        key = keys.native_collective_store(env.job_id, gen)
         store, wait_store = make_stores(env.rank, env.size, env.hostname, kv, key, env.start_timeout)
         be = GlooBackend(env.rank, env.size, store=store, wait_store=wait_store, hostname=env.hostname,
                          timeout=timeout)
@@ -108,6 +108,38 @@ def create_backend() -> tuple[Backend, tuple[int, int, int, int], list[Any]]:
         except Exception:  # the key is only a hint; a later init publishes a new one
             pass
     return be, (env.local_rank, env.local_size, env.cross_rank, env.cross_size), [kv]
+
+
+def join_generation(kv: Any, job_id: str, rank: int, timeout: float) -> int:
+    """The job generation this init joins: every ``init`` after a ``shutdown`` builds its
+    stores and groups under a new one, so nothing of an earlier init is ever reached.
+
+    Rank 0 opens the next generation (an atomic counter on the rendezvous store); the
+    other ranks join the newest one opened since they last joined, waiting for it when
+    rank 0 has not opened it yet. A rank that skipped a generation (it never shut down
+    the engine of the one before) thus meets the others in the current one rather than
+    in one they have left.
+
+    Raises:
+        RendezvousError: rank 0 opened no new generation within ``timeout`` seconds.
+    """
+    global _LAST_GENERATION
+    if rank == 0:
+        gen = kv.add(keys.native_generation(job_id), 1)
+        kv.set(keys.native_generation_open(job_id, gen), b"open")
+    else:
+        gen = kv.add(keys.native_generation(job_id), 0)  # the newest generation rank 0 has opened
+        if gen <= _LAST_GENERATION:
+            gen = _LAST_GENERATION + 1
+            try:
+                kv.wait([keys.native_generation_open(job_id, gen)], timeout)
+            except Exception as exc:
+                from hora.errors import RendezvousError
+
+                raise RendezvousError(f"rank {rank}: rank 0 did not start generation {gen} of the job within "
+                                      f"{timeout:g}s (did it call hora.init()?): {exc}") from None
+    _LAST_GENERATION = gen
+    return gen
 
 
 __all__ = ["Backend", "Group", "ReduceOp", "Waker", "create_backend", "choose_backend", "launched_by_mpi",

@@ -31,6 +31,7 @@ class ReduceOp(enum.IntEnum):
     Min = 2
     Max = 3
     Product = 4
+    Adasum = 5  # floating point only; the engine builds it from alltoall and allreduce (hora.native.adasum)
 
     def __repr__(self) -> str:  # hn.Sum reads better than <ReduceOp.Sum: 1>
         return f"hora.{self.name}"
@@ -158,6 +159,12 @@ class Backend(abc.ABC):
 
     def destroy_group(self, group: Group) -> None:  # noqa: B027
         """Release a group made by :meth:`new_group`."""
+
+    def interrupt(self, groups: Sequence[Group]) -> None:  # noqa: B027
+        """Unblock, best effort, a collective the engine thread is waiting in over one of
+        ``groups`` (called from another thread when a shutdown gives up waiting; the
+        groups are unusable afterwards). A call that cannot be interrupted returns at the
+        collective timeout."""
 
     # -- collectives ----------------------------------------------------------------------
     @abc.abstractmethod

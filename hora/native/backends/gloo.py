@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hora.errors import CollectiveError, RendezvousError
+from hora.errors import CollectiveError, DataError, RendezvousError
 from hora.native.backends.base import Backend, Group, ReduceOp, StoreWaker, Waker
 from hora.native.backends import shm
 
@@ -35,12 +35,22 @@ _TORCH_OPS = {
     ReduceOp.Product: dist.ReduceOp.PRODUCT,
 }
 
-_GLOO_NO_REDUCE = frozenset({torch.int16})  # "Invalid scalar type" (torch 2.13)
+# dtypes Gloo reduces (torch 2.13: int16, uint16/32/64 fail with "Invalid scalar type")
+_GLOO_REDUCES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                           torch.float32, torch.float64, torch.bool})
+# dtypes Gloo moves as they are (allgather, broadcast, alltoall); any other one travels as its bytes
+_GLOO_MOVES = _GLOO_REDUCES
 
 
 def _movable(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a dtype Gloo moves: int16 travels as float16 bits (moved, never computed on)."""
-    return t.view(torch.float16) if t.dtype == torch.int16 else t
+    """``t`` as a tensor Gloo moves: itself, or its bytes (uint8, one row per row of dim
+    0, so alltoall's row counts keep their meaning) for a dtype Gloo lacks (int16,
+    uint16/32/64, complex...): moved, never computed on."""
+    if t.dtype in _GLOO_MOVES:
+        return t
+    rows = t.shape[0] if t.dim() else 1
+    per_row = t.numel() // rows if rows else int(torch.Size(t.shape[1:]).numel())
+    return t.reshape(rows, per_row).view(torch.uint8)
 
 
 def torch_reduce_op(op: ReduceOp) -> Any:
@@ -157,7 +167,7 @@ class GlooBackend(Backend):
         return opts
 
     def supports_reduce(self, dtype: torch.dtype, op: ReduceOp) -> bool:
-        return dtype not in _GLOO_NO_REDUCE  # shared memory could, but a group may not have it
+        return dtype in _GLOO_REDUCES  # shared memory could do int16, but a group may not have it
 
     def new_group(self, ranks: Sequence[int], group_id: int) -> Group:
         return self._make_group(ranks, f"ps{group_id}")
@@ -166,13 +176,29 @@ class GlooBackend(Backend):
         if group.shm is not None:
             group.shm.close()
             group.shm = None
-        group.handle = None
+        handle, group.handle = group.handle, None
+        if handle is not None:
+            try:
+                handle.shutdown()  # closes its connections now rather than at garbage collection
+            except Exception as exc:  # already broken: nothing to close
+                log.debug("rank %d: shutting down the Gloo group of ranks %s: %s", self.rank, group.ranks, exc)
+
+    def interrupt(self, groups: Sequence[Group]) -> None:
+        """Wake a thread blocked in a shared-memory step (its sockets are shut down); a Gloo
+        call cannot be interrupted and returns at its timeout or when the peers leave."""
+        for group in groups:
+            if group.shm is not None:
+                group.shm.interrupt()
 
     @staticmethod
     def _wait(work: Any, what: str, group: Group) -> None:
         try:
             work.wait()
         except Exception as exc:
+            if "Invalid scalar type" in str(exc):
+                # refused before anything moved, alike on every member (the dtype agreed in
+                # negotiation): this op fails, the engine goes on
+                raise DataError(f"gloo cannot {what} this dtype over ranks {group.ranks}: {exc}") from exc
             raise CollectiveError(f"gloo {what} over ranks {group.ranks} failed: {exc}") from exc
 
     def allreduce(self, buf: torch.Tensor, op: ReduceOp, group: Group) -> None:
@@ -219,5 +245,5 @@ class GlooBackend(Backend):
 
     def shutdown(self) -> None:
         self.destroy_group(self.world)
-        self._wait_store = None
+        self._wait_store = None  # the stores' sockets (and rank 0's server) close with the last reference
         self._store = None

@@ -232,8 +232,16 @@ class ShmReducer:
                 os.unlink(path)
         self._files.clear()
 
+    def interrupt(self) -> None:
+        """Wake a thread blocked in a step of this reducer (from another thread): its
+        sockets are shut down, so the step fails at once; the reducer is broken after."""
+        for s in list(self._socks.values()):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
-        """Release the segments and sockets (idempotent)."""
+        """Release the segments and sockets (idempotent). Call it only once no thread can
+        be inside :meth:`allreduce` or :meth:`broadcast`: the segments are unmapped."""
         self._unlink()
         for s in self._socks.values():
             with contextlib.suppress(OSError):
@@ -395,6 +403,10 @@ class HierarchicalReducer:
             self.cross_allreduce(buf, op)
         if self.local is not None:
             self.local.broadcast(buf)
+
+    def interrupt(self) -> None:
+        if self.local is not None:
+            self.local.interrupt()
 
     def close(self) -> None:
         if self.local is not None:
