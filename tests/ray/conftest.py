@@ -1,6 +1,8 @@
 """One real local Ray cluster for every test in tests/ray: ``ray.init(num_cpus=2)``, no
-dashboard, its session files in a temporary folder, started once and shut down at the
-end; the teardown fails when a process of the cluster outlives ``ray.shutdown()``."""
+dashboard, its session files in a temporary folder, started once and shut down when the
+last test of this package is done (package scope: at the end of the whole session, other
+packages' session fixtures, e.g. the Dask cluster, would hold processes of their own);
+the teardown fails when a process of the cluster outlives ``ray.shutdown()``."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def _ray_children() -> list:
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster():
     """The ``ray`` module, connected to a fresh 2-CPU local cluster."""
     ray = pytest.importorskip("ray", reason="the Ray tests need the hora[ray] extra (pip install 'hora[ray]')")
