@@ -21,7 +21,9 @@ BACKENDS = ("auto", "gloo", "nccl", "mpi")
 MPI_LAUNCH_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 ENV_COLLECTIVE_TIMEOUT = "HORA_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
-_LAST_GENERATION = 0  # the job generation this process joined last (init, shutdown, init, ...)
+# per job id: the generation this process joined last (init, shutdown, init, ...); an elastic
+# run gives each membership round its own job id, whose generations start afresh
+_LAST_GENERATION: dict[str, int] = {}
 
 
 def launched_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
@@ -123,14 +125,14 @@ def join_generation(kv: Any, job_id: str, rank: int, timeout: float) -> int:
     Raises:
         RendezvousError: rank 0 opened no new generation within ``timeout`` seconds.
     """
-    global _LAST_GENERATION
+    last = _LAST_GENERATION.get(job_id, 0)
     if rank == 0:
         gen = kv.add(keys.native_generation(job_id), 1)
         kv.set(keys.native_generation_open(job_id, gen), b"open")
     else:
         gen = kv.add(keys.native_generation(job_id), 0)  # the newest generation rank 0 has opened
-        if gen <= _LAST_GENERATION:
-            gen = _LAST_GENERATION + 1
+        if gen <= last:
+            gen = last + 1
             try:
                 kv.wait([keys.native_generation_open(job_id, gen)], timeout)
             except Exception as exc:
@@ -138,7 +140,7 @@ def join_generation(kv: Any, job_id: str, rank: int, timeout: float) -> int:
 
                 raise RendezvousError(f"rank {rank}: rank 0 did not start generation {gen} of the job within "
                                       f"{timeout:g}s (did it call hora.init()?): {exc}") from None
-    _LAST_GENERATION = gen
+    _LAST_GENERATION[job_id] = gen
     return gen
 
 
