@@ -140,6 +140,13 @@ class MpiJob(Job):
         self._proc = ProcessLauncher(lambda _r, stream, line: self._joiners[stream].feed_line(line))
         self._failure: Failure | None = None
         self._cancelled = False
+        self._ssh = ssh
+        self._remote_first_rank: dict[str, int] = {}
+        first = 0
+        for h in hosts:
+            if not h.is_local and h.name not in self._remote_first_rank:
+                self._remote_first_rank[h.name] = first
+            first += h.slots
 
     def _emit(self, stream: str, rank: int, text: str) -> None:
         if rank < 0:
@@ -152,7 +159,18 @@ class MpiJob(Job):
 
         Raises:
             ConfigError: it cannot be started.
+            WorkerFailedError: a remote host cannot be reached over ssh (named, in ssh's
+                words, before mpiexec starts: Hydra may exit before it relays them).
         """
+        if self._remote_first_rank:
+            from hora.errors import WorkerFailedError
+            from hora.runners.ssh import HostUnreachable, check_reachable
+
+            try:
+                check_reachable(list(self._remote_first_rank), self._ssh, self._ssh.connect_timeout + 5.0)
+            except HostUnreachable as exc:
+                raise WorkerFailedError(exc.text, rank=self._remote_first_rank[exc.host], host=exc.host,
+                                        exitcode=exc.code) from None
         self._proc.start(0, self.argv, self.env, die_with_parent=True)
 
     def failures(self) -> list[Failure]:

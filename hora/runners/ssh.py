@@ -305,4 +305,33 @@ class HostUnreachable(Exception):
         self.host, self.code, self.text = host, code, text
 
 
-__all__ = ["SshOptions", "SshHost", "HostUnreachable", "remote_command", "ENV_SSH_ARGS"]
+def check_reachable(hosts: list[str], options: SshOptions, timeout: float) -> None:
+    """Run ``ssh host true`` on every host at once (horovodrun's check before a launch that
+    hands ssh to another program, such as mpiexec, which may exit before it relays ssh's
+    own words).
+
+    Raises:
+        HostUnreachable: the first host (in the order given) that did not answer, with ssh's
+            words or the timeout.
+    """
+    procs = {h: subprocess.Popen(options.argv(h, "true"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True) for h in hosts}
+    deadline = time.monotonic() + timeout
+    failed: HostUnreachable | None = None
+    for h, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failed = failed or HostUnreachable(h, None, f"no answer from ssh to {h} within {timeout:g}s")
+            continue
+        if proc.returncode != 0 and failed is None:
+            tail = "\n".join(t for t in err.splitlines() if t.strip())
+            what = f"ssh to {h} failed (exit code {proc.returncode})"
+            failed = HostUnreachable(h, proc.returncode, f"{what}: {tail}" if tail else what)
+    if failed is not None:
+        raise failed
+
+
+__all__ = ["SshOptions", "SshHost", "HostUnreachable", "check_reachable", "remote_command", "ENV_SSH_ARGS"]

@@ -315,5 +315,7 @@ def test_mpi_gets_the_host_list_and_reaches_remote_hosts_with_the_ssh_options(ss
     # the port reaches mpiexec's ssh: a wrong one fails in ssh's words
     res = hora(sshd, "--mpi", "-np", "4", "-H", "127.0.0.1:2,127.0.0.3:2", *sshd.args(), sys.executable, body,
                cwd=tmp_path, timeout=100)
-    assert res.returncode != 0
-    assert f"connect to host 127.0.0.3 port {sshd.port}: Connection refused" in res.stdout + res.stderr
+    assert res.returncode == 255, res.stderr
+    assert (f"hora run: ssh to 127.0.0.3 failed (exit code 255): ssh: connect to host 127.0.0.3 port {sshd.port}: "
+            "Connection refused") in res.stderr, res.stderr
+    assert "mpiexec" not in res.stderr  # named before mpiexec starts
