@@ -1,4 +1,5 @@
-"""Where the rows of a materialization come from: pandas, Dask and (in spark_source) Spark frames.
+"""Where the rows of a materialization come from: pandas, Dask, (in spark_source) Spark frames and (in
+ray_source) Ray Datasets.
 
 A :class:`Source` checks the schema on the driver (before anything is written),
 gives a data token for the fingerprint, and writes a :class:`~hora.store.writer.WritePlan`
@@ -171,6 +172,11 @@ def make_source(df: Any, vector_dtype: str) -> Source:
 
         if isinstance(df, dd.DataFrame):
             return _DaskSource(df)
+    if mod.startswith("ray.data"):
+        from hora.store.ray_source import RaySource, is_ray_dataset
+
+        if is_ray_dataset(df):
+            return RaySource(df)
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover
@@ -178,7 +184,8 @@ def make_source(df: Any, vector_dtype: str) -> Source:
     if pd is not None and isinstance(df, pd.DataFrame):
         return _PandasSource(df)
     raise DataError(
-        f"cannot materialize a {type(df).__module__}.{type(df).__name__}: pass a Spark, Dask or pandas DataFrame"
+        f"cannot materialize a {type(df).__module__}.{type(df).__name__}: pass a Spark, Dask or pandas DataFrame "
+        "or a Ray Dataset"
     )
 
 
