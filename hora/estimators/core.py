@@ -88,14 +88,18 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
         given = backend.launch_options()
         env.update(given.pop("env", {}) or {})
         opts.update({k: v for k, v in given.items() if v is not None})
-    elif isinstance(backend, runners.Launcher):
+    elif isinstance(backend, (str, runners.Launcher)):  # a launcher's name ("ray", "dask", "local"...) or a Launcher
         opts["backend"] = backend
+    if opts["backend"] == "ray" or getattr(opts["backend"], "name", None) == "ray":
+        from hora.estimators.ray_data import launcher_for
+
+        opts["backend"] = launcher_for(opts["backend"], config.use_gpu)  # use_gpu: one GPU per rank actor
     opts["env"] = env
     num_proc = config.num_proc or opts.pop("num_proc", None)
     if num_proc is None and backend is not None and not hasattr(backend, "launch_options"):
         num_proc = int(backend.num_processes()) if hasattr(backend, "num_processes") else None
     if num_proc is None:
-        num_proc = 1 if engine == "pandas" else runners.resolve_launcher(
+        num_proc = 1 if engine == "pandas" and backend is None else runners.resolve_launcher(
             opts["backend"], spark=spark, client=client).default_num_proc()
     opts["num_proc"] = max(1, int(num_proc))
     return opts
@@ -106,7 +110,7 @@ def _run_workers(spec: TrainSpec, config: EstimatorConfig, opts: dict[str, Any])
     from hora.estimators.worker import train_worker
 
     backend = config.backend
-    if backend is not None and not hasattr(backend, "launch_options") and not isinstance(backend, runners.Launcher):
+    if backend is not None and not hasattr(backend, "launch_options") and not isinstance(backend, (str, runners.Launcher)):
         # a Horovod-style Backend of the user's: run(fn, args, env) -> one result per rank
         return list(backend.run(train_worker, args=(spec,), env=opts["env"]))
     return runners.run(train_worker, args=(spec,), run_id=spec.run_id, store=spec.store, **opts)
@@ -116,7 +120,8 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     """Train ``config.model`` on ``df`` and return the result.
 
     Args:
-        df: a Spark, Dask or pandas DataFrame (pandas trains on local processes).
+        df: a Spark, Dask or pandas DataFrame (pandas trains on local processes), or a Ray
+            Dataset (trains on Ray actors unless ``config.backend`` says otherwise).
         config: the validated estimator configuration (of ``framework.config``).
         framework: the framework descriptor.
         spark, client: the SparkSession / distributed.Client to run on.

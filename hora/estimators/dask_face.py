@@ -3,13 +3,18 @@
 scikit-learn conventions: ``__init__`` only stores its arguments, ``get_params`` /
 ``set_params`` work on them, validation happens in ``fit``, fitted attributes end in
 ``_``, and ``fit`` returns the fitted model. Training runs on the active
-``distributed.Client`` (a pandas frame trains on local processes) through the shared
-:func:`hora.estimators.core.fit`. :func:`build` makes the two classes of one framework
+``distributed.Client`` (a pandas frame trains on local processes, a Ray Dataset on Ray),
+or where ``backend`` says (``"ray"``: Ray actors, see :mod:`hora.estimators.ray_data`),
+through the shared :func:`hora.estimators.core.fit`. :func:`build` makes the two classes of one framework
 (``hora.dask.TorchEstimator`` / ``TorchModel``); there is no framework code here.
 
 ``predict`` / ``transform`` keep the rows of the frame they get, in its order and with
 its index (``dd.from_pandas`` sorts a frame by its index: join predictions to the
-pandas frame by index, not by position).
+pandas frame by index, not by position). On a Ray Dataset both return lazy Ray
+Datasets: ``transform`` every input column plus the predictions, ``predict`` the
+prediction column(s) only (in the input's row order only where Ray Data keeps it:
+``DataContext.execution_options.preserve_order``; use ``transform`` to keep each
+prediction with its row).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from hora.estimators.base import plot_history
 from hora.estimators.data import engine_of
 from hora.estimators.framework import Framework
 from hora.estimators.params import ParamError, check_param_names, default_output_cols, param_defaults, param_docs
+from hora.estimators.ray_data import ray_transform
 from hora.estimators.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame
 
 logger = logging.getLogger(__name__)
@@ -87,17 +93,21 @@ class DaskEstimator:
         return self.framework.make_config(self.get_params())
 
     def fit(self, ddf: Any, y: Any = None) -> Any:
-        """Train on a Dask DataFrame with the active ``distributed.Client`` (or a pandas frame locally).
+        """Train on a Dask DataFrame with the active ``distributed.Client`` (a pandas frame on local
+        processes, a Ray Dataset on Ray actors), or on the launcher ``backend`` names (``"ray"``...).
 
         Raises:
-            ConfigError: bad parameters, or no active Client (checked before anything starts).
+            ConfigError: bad parameters, no active Client for Dask's launcher, Ray missing or not
+                initialized for Ray's (checked before anything starts).
             DataError: missing columns, label shapes that do not match the model.
             WorkerFailedError: a training worker failed.
         """
         if y is not None:
             raise ConfigError("pass labels as label_cols of the DataFrame, not as y")
         config = self._config()
-        client = active_client() if engine_of(ddf) == "dask" else None
+        backend = config.backend
+        on_dask = backend == "dask" or (backend is None and engine_of(ddf) == "dask")
+        client = active_client() if on_dask else None
         result = core.fit(ddf, config, self.framework, client=client)
         return self.model_class._from_result(result, config)
 
@@ -154,21 +164,29 @@ class DaskModel:
         return self._files
 
     def transform(self, df: Any) -> Any:
-        """``df`` (Dask or pandas) with one prediction column per label (``output_cols_``), rows and index kept.
+        """``df`` (Dask or pandas) with one prediction column per label (``output_cols_``), rows and index
+        kept; a Ray Dataset gives a lazy Ray Dataset with the prediction columns added.
 
         Raises:
             DataError: a feature column is missing or an output column already exists.
         """
         codec = self.framework.codec
-        if engine_of(df) == "pandas":
+        engine = engine_of(df)
+        if engine == "pandas":
             return predict_frame(codec, self.model_, df, self.feature_cols_, self.input_shapes_,
+                                 self.output_cols_, self.output_shapes_, self.batch_size)
+        if engine == "ray":
+            return ray_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_,
                                  self.output_cols_, self.output_shapes_, self.batch_size)
         return dask_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_,
                               self.output_cols_, self.output_shapes_, self.batch_size)
 
     def predict(self, df: Any) -> Any:
-        """The predictions only: a Series for one output, a DataFrame for several (the frame's rows and index)."""
+        """The predictions only: a Series for one output, a DataFrame for several (the frame's rows and
+        index); for a Ray Dataset, a lazy Ray Dataset of the prediction column(s)."""
         out = self.transform(df)
+        if engine_of(df) == "ray":
+            return out.select_columns(self.output_cols_)
         if len(self.output_cols_) == 1:
             return out[self.output_cols_[0]]
         return out[self.output_cols_]

@@ -144,7 +144,7 @@ def hint_grouping(features: Features) -> str:
 # engines and samples
 # ---------------------------------------------------------------------------------------
 def engine_of(df: Any) -> str:
-    """``"spark"``, ``"dask"`` or ``"pandas"``.
+    """``"spark"``, ``"dask"``, ``"pandas"`` or ``"ray"`` (a Ray Dataset).
 
     Raises:
         DataError: ``df`` is none of those.
@@ -154,11 +154,17 @@ def engine_of(df: Any) -> str:
         return "spark"
     if mod.startswith("dask.") or mod.startswith("dask_expr"):
         return "dask"
+    if mod.startswith("ray.data"):
+        from hora.estimators.ray_data import is_ray_dataset
+
+        if is_ray_dataset(df):
+            return "ray"
     import pandas as pd
 
     if isinstance(df, pd.DataFrame):
         return "pandas"
-    raise DataError(f"fit needs a Spark, Dask or pandas DataFrame, got {type(df).__module__}.{type(df).__name__}")
+    raise DataError(f"fit needs a Spark, Dask or pandas DataFrame or a Ray Dataset, got "
+                    f"{type(df).__module__}.{type(df).__name__}")
 
 
 def check_columns(df: Any, roles: list[tuple[str, str]]) -> None:
@@ -167,11 +173,15 @@ def check_columns(df: Any, roles: list[tuple[str, str]]) -> None:
     Raises:
         DataError: names each missing column, its role, and the columns there are.
     """
-    have = {str(c) for c in df.columns}
+    ray = type(df).__module__.startswith("ray.data")
+    if ray:
+        from hora.estimators.ray_data import column_names
+    have = {str(c) for c in (column_names(df) if ray else df.columns)}
     missing = [(role, c) for role, c in roles if c not in have]
     if missing:
         desc = ", ".join(f"{c!r} ({role})" for role, c in missing)
-        raise DataError(f"column(s) {desc} not in the DataFrame; its columns are {sorted(have)}")
+        raise DataError(f"column(s) {desc} not in the {'Ray Dataset' if ray else 'DataFrame'}; its columns are "
+                        f"{sorted(have)}")
 
 
 def series_to_numpy(values: Any, vector_dtype: str = "float32") -> np.ndarray:
@@ -219,6 +229,10 @@ def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS) -> di
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "insufficient elements for head" when the first partition is small
             pdf = df[columns].head(rows, npartitions=min(df.npartitions, 4))
+    elif engine == "ray":
+        from hora.estimators.ray_data import sample_columns
+
+        pdf = sample_columns(df, columns, rows)  # {column: numpy array}; DataError when empty
     else:
         pdf = df[columns].head(rows)
     if len(pdf) == 0:

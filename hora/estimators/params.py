@@ -33,6 +33,8 @@ from hora.estimators.data import Features
 logger = logging.getLogger(__name__)
 
 LR_SCALING_POLICIES = ("linear", "none")
+#: ``backend=`` names of hora's launchers (``hora.runners.resolve_launcher``).
+LAUNCHER_NAMES = ("local", "spark", "dask", "ray")
 JSON, PICKLE, NONE = "json", "pickle", "none"
 
 
@@ -166,8 +168,10 @@ class EstimatorConfig:
     """
 
     num_proc: int | None = param(None, "number of training processes (ranks); default: the engine's parallelism")
-    backend: Any = param(None, "where the ranks run: hora.spark.common.backend.SparkBackend(num_proc=...) as in "
-                         "Horovod, a hora.runners Launcher, or any object with Horovod's run()/num_processes()", NONE)
+    backend: Any = param(None, "where the ranks run: a launcher's name ('local', 'spark', 'dask', 'ray'), a "
+                         "hora.runners Launcher (e.g. RayLauncher(gpus_per_rank=1)), "
+                         "hora.spark.common.backend.SparkBackend(num_proc=...) as in Horovod, or any object with "
+                         "Horovod's run()/num_processes(); default: the engine of the DataFrame", NONE)
     store: Any = param(None, "hora.store.Store (or a URL) where data is materialized and runs are kept", PICKLE)
     model: Any = param(None, "the model to train", PICKLE)
     optimizer: Any = param(None, "an optimizer bound to the model's parameters, or a factory params -> optimizer", PICKLE)
@@ -240,14 +244,19 @@ class EstimatorConfig:
         from hora.store import Store
 
         self.num_proc = _positive_int("num_proc", self.num_proc)
-        if self.backend is not None:
+        if isinstance(self.backend, str):
+            if self.backend not in LAUNCHER_NAMES:
+                raise ConfigError(f"backend {self.backend!r} is unknown; use one of {', '.join(LAUNCHER_NAMES)}, a "
+                                  "hora.runners Launcher or a SparkBackend")
+        elif self.backend is not None:
             from hora.runners import Launcher
 
             if not isinstance(self.backend, Launcher) and not (hasattr(self.backend, "run") and
                                                               hasattr(self.backend, "num_processes")):
-                raise ConfigError(f"backend must be a hora.spark.common.backend.SparkBackend, a hora.runners Launcher or "
-                                  f"have Horovod's run()/num_processes(), got {type(self.backend).__name__}")
-            if self.num_proc is not None:
+                raise ConfigError(f"backend must be a launcher's name {LAUNCHER_NAMES}, a hora.runners Launcher, a "
+                                  "hora.spark.common.backend.SparkBackend or have Horovod's run()/num_processes(), "
+                                  f"got {type(self.backend).__name__}")
+            if self.num_proc is not None and not isinstance(self.backend, Launcher):
                 raise ConfigError("at most one of backend and num_proc may be given (as in Horovod): pass "
                                   "num_proc to the backend, e.g. SparkBackend(num_proc=...)")
         if self.store is None:
@@ -464,4 +473,4 @@ JSON_PARAMS: frozenset[str] = json_params(EstimatorConfig)
 
 __all__ = ["EstimatorConfig", "ParamInfo", "ParamError", "param", "param_fields", "param_defaults", "param_docs",
            "json_params", "unsaved_params", "check_param_names", "HOROVOD_UNSUPPORTED", "PARAM_DEFAULTS",
-           "PARAM_DOCS", "JSON_PARAMS", "LR_SCALING_POLICIES", "default_output_cols"]
+           "PARAM_DOCS", "JSON_PARAMS", "LR_SCALING_POLICIES", "LAUNCHER_NAMES", "default_output_cols"]

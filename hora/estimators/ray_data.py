@@ -1,0 +1,167 @@
+"""The estimators on Ray: ``backend="ray"`` and Ray Datasets as input and as predictions.
+
+* ``backend="ray"`` (or a Ray Dataset as input with no ``backend``) starts the ranks as
+  Ray actors in one placement group through :class:`hora.runners.RayLauncher`; with
+  ``use_gpu=True`` each rank asks Ray for one GPU. For other resources, pass a launcher:
+  ``backend=RayLauncher(cpus_per_rank=2, gpus_per_rank=1, strategy="SPREAD")``.
+  The driver must be connected to a Ray cluster (``ray.init()`` first), as the Dask face
+  needs a ``distributed.Client``.
+* A Ray Dataset as input is checked on the driver (its columns and a sample of rows),
+  then materialized to the Store once (:mod:`hora.store.ray_source`).
+* Predictions on a Ray Dataset are lazy Ray Datasets (``map_batches`` over numpy
+  batches, the model loaded once per Ray worker process): :func:`ray_transform` keeps
+  every input column and adds one prediction column per label (a float64 column, or a
+  float64 tensor column for outputs of several values per row).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from hora.errors import ConfigError, DataError
+
+logger = logging.getLogger(__name__)
+
+
+def require_ray(what: str = "backend='ray'") -> Any:
+    """The ``ray`` module of a driver connected to a Ray cluster.
+
+    Raises:
+        ConfigError: Ray is not installed (names the extra to install) or the driver is
+            not connected to a cluster (says to call ``ray.init()``).
+    """
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(f"{what} needs Ray: pip install 'hora[ray]' (Ray Core and Ray Data); {exc}") from exc
+    if not ray.is_initialized():
+        raise ConfigError(f"{what} needs a connected Ray cluster: call ray.init() first (ray.init(address='auto') "
+                          "joins a running cluster, ray.init() starts one on this machine)")
+    return ray
+
+
+def launcher_for(backend: Any, use_gpu: bool) -> Any:
+    """The :class:`~hora.runners.RayLauncher` of ``backend="ray"`` (one GPU per rank with
+    ``use_gpu``), or the given RayLauncher once checked against ``use_gpu``.
+
+    Raises:
+        ConfigError: Ray missing or not initialized; ``use_gpu=True`` with a launcher
+            that asks no GPU per rank.
+    """
+    require_ray()
+    from hora.runners.ray import RayLauncher
+
+    if isinstance(backend, str):
+        return RayLauncher(gpus_per_rank=1 if use_gpu else 0)
+    if use_gpu and backend.resources.gpus_per_rank <= 0:
+        raise ConfigError("use_gpu=True but the RayLauncher asks no GPU per rank: pass "
+                          "RayLauncher(gpus_per_rank=1, ...) (or backend='ray')")
+    return backend
+
+
+def is_ray_dataset(obj: Any) -> bool:
+    """Whether ``obj`` is a ``ray.data.Dataset`` (Ray is imported only for Ray's own objects)."""
+    from hora.store.ray_source import is_ray_dataset as check
+
+    return check(obj)
+
+
+def column_names(ds: Any) -> list[str]:
+    """The Ray Dataset's columns.
+
+    Raises:
+        DataError: it has no schema (no blocks, nothing to train on or predict).
+    """
+    names = ds.columns()
+    if names is None:
+        raise DataError("the Ray Dataset has no schema (it has no blocks)")
+    return [str(c) for c in names]
+
+
+def sample_columns(ds: Any, columns: Sequence[str], rows: int) -> dict[str, Any]:
+    """The first ``rows`` rows of ``columns`` (numpy batches: one array or sequence per column).
+
+    Raises:
+        DataError: the dataset is empty.
+    """
+    try:
+        batch = ds.select_columns(list(columns)).take_batch(rows, batch_format="numpy")
+    except ValueError as exc:
+        if "empty" not in str(exc):
+            raise
+        raise DataError("the Ray Dataset is empty: nothing to train on") from exc  # Ray's "The dataset is empty."
+    if not batch or len(next(iter(batch.values()))) == 0:
+        raise DataError("the Ray Dataset is empty: nothing to train on")
+    return batch
+
+
+def _numpy_column(values: Any, name: str) -> np.ndarray:
+    from hora.estimators.data import series_to_numpy
+
+    arr = values if isinstance(values, np.ndarray) and values.dtype != object else series_to_numpy(list(values))
+    if arr.dtype.kind in "USO":
+        raise DataError(f"feature column {name!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays")
+    return arr
+
+
+def ray_transform(
+    ds: Any,
+    codec: Any,
+    model_files: dict[str, bytes],
+    feature_cols: Sequence[Any],
+    input_shapes: Any,
+    output_cols: Sequence[str],
+    output_shapes: Sequence[Sequence[int]],
+    batch_size: int,
+) -> Any:
+    """``ds`` with one prediction column per model output, as a lazy Ray Dataset.
+
+    The serialized model is put once in Ray's object store; each Ray worker process
+    deserializes it once. Outputs of per-row shape ``()`` or ``(1,)`` are float64
+    columns, others float64 tensor columns of the flattened per-row values.
+
+    Raises:
+        DataError: a feature column is missing or an output column already exists
+            (checked on the driver, before anything runs).
+    """
+    from hora.estimators.data import Features
+    from hora.estimators.transform import _check_outputs, _files_key, _load_cached, is_scalar_shape
+
+    ray = require_ray("predicting on a Ray Dataset")
+    features = Features.parse(feature_cols)
+    have = set(column_names(ds))
+    missing = [c for c in features.columns if c not in have]
+    if missing:
+        raise DataError(f"feature column(s) {missing} not in the Ray Dataset to transform; its columns are {sorted(have)}")
+    clash = [c for c in output_cols if c in have]
+    if clash:
+        raise DataError(f"output column(s) {clash} already exist in the Ray Dataset; set output_cols to other names")
+    files_ref = ray.put(model_files)
+    key = ("ray", _files_key(model_files))
+    output_cols = list(output_cols)
+    output_shapes = [tuple(s) for s in output_shapes]
+
+    def _predict(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import ray as worker_ray
+
+        n = len(next(iter(batch.values()))) if batch else 0
+        out = dict(batch)
+        if n:
+            model = _load_cached(key, lambda: codec.deserialize(worker_ray.get(files_ref)))
+            arrays = {c: _numpy_column(batch[c], c) for c in features.columns}
+            preds = codec.predict(model, features.inputs(arrays), input_shapes, batch_size)
+            _check_outputs(preds, output_cols)
+        else:
+            preds = [np.zeros((0,) + shape) for shape in output_shapes]
+        for name, shape, pred in zip(output_cols, output_shapes, preds):
+            pred = np.asarray(pred, dtype=np.float64)
+            out[name] = pred.reshape(n) if is_scalar_shape(shape) else pred.reshape(n, -1)
+        return out
+
+    return ds.map_batches(_predict, batch_format="numpy", batch_size=None)
+
+
+__all__ = ["require_ray", "launcher_for", "is_ray_dataset", "column_names", "sample_columns", "ray_transform"]
