@@ -128,17 +128,12 @@ def ray_transform(
             (checked on the driver, before anything runs).
     """
     from hora.estimators.data import Features
-    from hora.estimators.transform import _check_outputs, _files_key, _load_cached, is_scalar_shape
+    from hora.estimators.transform import (_check_outputs, _files_key, _load_cached, check_transform_columns,
+                                           is_scalar_shape)
 
     ray = require_ray("predicting on a Ray Dataset")
     features = Features.parse(feature_cols)
-    have = set(column_names(ds))
-    missing = [c for c in features.columns if c not in have]
-    if missing:
-        raise DataError(f"feature column(s) {missing} not in the Ray Dataset to transform; its columns are {sorted(have)}")
-    clash = [c for c in output_cols if c in have]
-    if clash:
-        raise DataError(f"output column(s) {clash} already exist in the Ray Dataset; set output_cols to other names")
+    check_transform_columns(column_names(ds), features.columns, output_cols, "Ray Dataset")
     files_ref = ray.put(model_files)
     key = ("ray", _files_key(model_files))
     output_cols = list(output_cols)

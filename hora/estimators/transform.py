@@ -82,6 +82,22 @@ def predict_frame(
     return out
 
 
+def check_transform_columns(have: Sequence[Any], features: Sequence[str], output_cols: Sequence[str],
+                            what: str = "DataFrame") -> None:
+    """The feature columns are in the frame to transform and the output columns are not.
+
+    Raises:
+        DataError: names the missing feature columns, or the output columns already there.
+    """
+    have = {str(c) for c in have}
+    missing = [c for c in features if c not in have]
+    if missing:
+        raise DataError(f"feature column(s) {missing} not in the {what} to transform; its columns are {sorted(have)}")
+    clash = [c for c in output_cols if c in have]
+    if clash:
+        raise DataError(f"output column(s) {clash} already exist in the {what}; set output_cols to other names")
+
+
 def _check_outputs(preds: Sequence[Any], output_cols: Sequence[str]) -> None:
     if len(preds) != len(output_cols):
         raise DataError(f"the model returned {len(preds)} outputs for {len(output_cols)} output columns {list(output_cols)}")
@@ -251,13 +267,7 @@ def dask_transform(
 
     columns = Features.parse(feature_cols).columns
     ddf = dask_frame(ddf, columns)
-    have = set(str(c) for c in ddf.columns)
-    missing = [c for c in columns if c not in have]
-    if missing:
-        raise DataError(f"feature column(s) {missing} not in the DataFrame to transform; its columns are {sorted(have)}")
-    clash = [c for c in output_cols if c in have]
-    if clash:
-        raise DataError(f"output column(s) {clash} already exist in the DataFrame; set output_cols to other names")
+    check_transform_columns(list(ddf.columns), columns, output_cols)
     meta = ddf._meta.copy()
     for name, shape in zip(output_cols, output_shapes):
         meta[name] = pd.Series([], dtype="float64" if is_scalar_shape(shape) else "object")
@@ -273,4 +283,5 @@ def dask_transform(
     return ddf.map_partitions(_predict, meta=meta)
 
 
-__all__ = ["predict_frame", "spark_transform", "dask_transform", "is_scalar_shape", "DEFAULT_PREDICT_BATCH"]
+__all__ = ["predict_frame", "spark_transform", "dask_transform", "check_transform_columns", "is_scalar_shape",
+           "DEFAULT_PREDICT_BATCH"]
