@@ -87,18 +87,6 @@ class _Sink(io.TextIOBase):
             old(self.stream, rest)
 
 
-def _stop_watchdogs() -> None:
-    """Stop the heartbeat thread :func:`~hora.runners.worker.run_rank` leaves running after a
-    failure: in a long-lived actor it would end the process at the driver's abort."""
-    from hora.runners.spec import HEARTBEAT_INTERVAL
-
-    for thread in threading.enumerate():
-        stopped = getattr(thread, "stopped", None)
-        if thread.name == "hora-watchdog" and isinstance(stopped, threading.Event):
-            stopped.set()
-            thread.join(timeout=HEARTBEAT_INTERVAL + 10)
-
-
 class RankActor:
     """One rank's Ray actor: a dedicated worker process that runs ranks of hora runs."""
 
@@ -148,8 +136,7 @@ class RankActor:
         self._out.attach(forward)
         self._err.attach(forward)
         try:
-            code = run_rank(spec, ctx, path)
-            _stop_watchdogs()
+            code = run_rank(spec, ctx, path)  # it stops its heartbeat thread however the rank ends
             if code == 0:
                 return read_result(path)
         finally:

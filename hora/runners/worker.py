@@ -265,6 +265,9 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
     """Run one rank in this process; return the process exit code (0 on success).
 
     The value of ``fn`` goes to ``result_path``, or to the driver service when it is None.
+    The heartbeat thread stops and the driver connection closes when the rank ends, however
+    it ends: a process that lives on (a Ray actor) must not exit at a later abort or when
+    the driver of a finished run goes away.
     """
     os.environ.update(rank_environ(spec, ctx))
     _configure_logging(spec.verbose)
@@ -275,6 +278,7 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
     rank = ctx.rank if ctx is not None else -1
     parent = os.environ.get(ENV_SUPERVISOR_PID)
     client: KVClient | None = None
+    watchdog: _Watchdog | None = None
     try:
         rank = ctx.rank if ctx is not None else _mpi_rank()
         client = KVClient(spec.driver_addr, spec.secret)
@@ -303,7 +307,6 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
         else:
             _write_result(result_path, value)
         client.set(keys.rank_key(keys.DONE, rank), b"1")
-        watchdog.stopped.set()
         return 0
     except BaseException as exc:
         tb = traceback.format_exc()
@@ -314,6 +317,21 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
         return code
     finally:
         _set_reporter(None, rank)
+        _stop(watchdog, client)
+
+
+def _stop(watchdog: _Watchdog | None, client: KVClient | None) -> None:
+    """Stop the heartbeat thread (waiting out a heartbeat in flight), then close the client."""
+    if watchdog is not None:
+        watchdog.stopped.set()
+        watchdog.join(timeout=HEARTBEAT_INTERVAL + 10)
+        if watchdog.is_alive():  # blocked in a call to the driver: leave it the client
+            log.warning("rank %d: the heartbeat thread did not stop within %.0fs", watchdog.rank,
+                        HEARTBEAT_INTERVAL + 10)
+            return
+    if client is not None:
+        with contextlib.suppress(Exception):
+            client.close()
 
 
 def _spec_from_driver() -> tuple[LaunchSpec, None]:
