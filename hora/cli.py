@@ -386,6 +386,9 @@ def check_report() -> list[tuple[str, str, bool, str]]:
     dask_v, dist_v = _version("dask"), _version("distributed")
     add("engines", "dask/distributed", dask_v is not None and dist_v is not None,
         f"dask {dask_v or 'not installed'}, distributed {dist_v or 'not installed'}")
+    ray_v = _version("ray")
+    add("engines", "ray", ray_v is not None and _importable("ray"),
+        f"ray {ray_v}" if ray_v else "not installed (pip install 'hora[ray]')")
 
     # stores
     stores = [

@@ -198,6 +198,13 @@ def test_python_dash_m_hora_check_lists_what_is_usable():
 
     assert f"[{'x' if availability()[0] else ' '}] shm" in res.stdout
     assert "pyspark" in res.stdout and "dask/distributed" in res.stdout
+    import importlib.metadata
+
+    try:
+        ray_v = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
+        ray_v = None
+    assert (f"[x] ray                ray {ray_v}" if ray_v else "[ ] ray                not installed") in res.stdout
     assert "[x] file://" in res.stdout
 
 
