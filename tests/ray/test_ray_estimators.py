@@ -192,6 +192,8 @@ def test_bad_input_is_refused_on_the_driver(free_cluster, tmp_path, monkeypatch)
         from hora.dask import TorchModel
 
         TorchModel(model=model.model, feature_cols=["features"], label_cols=["label"], output_shapes=[[1]]).transform(ds)
+    with pytest.raises(DataError, match=r"'features' \(feature_cols\) not in the DataFrame"):
+        _estimator(store, "bad-pandas-cols", backend="ray", num_proc=2).fit(pdf.drop(columns="features"))
     with pytest.raises(ConfigError, match="backend 'bogus' is unknown"):
         _estimator(store, "bad-name", backend="bogus").fit(pdf)
     with pytest.raises(ConfigError, match="use_gpu=True but the RayLauncher asks no GPU"):
