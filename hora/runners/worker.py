@@ -301,6 +301,11 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
             hn.init()
         value = fn(*args, **kwargs)
         if hn is not None:
+            if hn.is_initialized():
+                # No engine shuts down before every rank's function has returned: a rank
+                # still on its way to the function's own hvd.init() (a no-op then, as in
+                # Horovod) would otherwise find a peer gone and try to re-form the job.
+                hn.barrier()
             hn.shutdown()
         if result_path is None:
             post_result(client, rank, value)

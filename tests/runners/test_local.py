@@ -54,6 +54,25 @@ def test_native_is_initialised_inside_fn():
     assert results == [(0, 2, [6.0] * 4), (1, 2, [6.0] * 4)]
 
 
+def _late_init_without_collectives():
+    import time
+
+    import hora.native as hn
+
+    if hn.rank() == 0:
+        time.sleep(3.0)  # the other rank's function has long returned
+    hn.init()  # Horovod's functions call init themselves: a no-op here
+    return hn.rank()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_late_to_its_own_init_finds_its_peers_still_there(monkeypatch):
+    # a peer whose function returned early must not shut its engine down first: the late
+    # rank's init would find it gone and wait for a job that never re-forms
+    monkeypatch.setenv("HORA_START_TIMEOUT", "20")
+    assert hr.run(_late_init_without_collectives, num_proc=2, verbose=0) == [0, 1]
+
+
 def _fail_rank1():
     if os.environ["HORA_RANK"] == "1":
         raise ValueError("boom-from-rank-1 with a distinctive message")
