@@ -300,6 +300,7 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
         if hn is not None:
             hn.init()
         value = fn(*args, **kwargs)
+        client.set(keys.rank_key(keys.DONE, rank), b"1")  # returned: the driver's finish timeout starts
         if hn is not None:
             if hn.is_initialized():
                 # No engine shuts down before every rank's function has returned: a rank
@@ -311,7 +312,6 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
             post_result(client, rank, value)
         else:
             _write_result(result_path, value)
-        client.set(keys.rank_key(keys.DONE, rank), b"1")
         return 0
     except BaseException as exc:
         tb = traceback.format_exc()
