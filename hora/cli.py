@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="level of hora's log messages in the launcher and every rank (HORA_LOG_LEVEL)")
     run.add_argument("--start-timeout", type=_number("--start-timeout", float, 0, True), default=None,
                      help="seconds for hosts to answer and ranks to meet at start (default HORA_START_TIMEOUT or 60)")
+    run.add_argument("--max-failures", type=_number("--max-failures", int, 0, False), default=0, metavar="N",
+                     help="relaunch every rank up to N times when a rank is killed by a signal or a host is lost "
+                          "(not when the program fails); ranks see HORA_ATTEMPT=1,2,... (default 0)")
     run.add_argument("--output-filename", metavar="DIR", default=None,
                      help="also write each rank's output to DIR/rank.<r>/stdout and stderr")
     run.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
@@ -202,6 +205,7 @@ def command_config(args: argparse.Namespace):
             mpi=args.mpi,
             remote_python=args.remote_python,
             verbose=args.verbose,
+            max_failures=args.max_failures,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

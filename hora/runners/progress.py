@@ -20,10 +20,12 @@ _RESERVED = {"step", "total", "steps", "epoch", "epochs", "last_epoch"}
 
 
 class Progress:
-    """A tqdm bar created on the first metrics (only when ``enabled``)."""
+    """A tqdm bar created on the first metrics (only when ``enabled``); ``label`` follows
+    the run id in its description (``"attempt 2 of 3"`` after a relaunch)."""
 
-    def __init__(self, run_id: str, enabled: bool = True) -> None:
+    def __init__(self, run_id: str, enabled: bool = True, label: str | None = None) -> None:
         self.run_id = run_id
+        self.title = f"{run_id} {label}" if label else run_id
         self.enabled = enabled
         self._bar: Any = None
         self._rank: int | None = None
@@ -52,7 +54,7 @@ class Progress:
             bar.n = step
         if epoch is not None:
             epochs = metrics.get("epochs")
-            bar.set_description(f"{self.run_id} epoch {epoch}" + (f"/{epochs}" if epochs is not None else ""), refresh=False)
+            bar.set_description(f"{self.title} epoch {epoch}" + (f"/{epochs}" if epochs is not None else ""), refresh=False)
         bar.set_postfix(_postfix(metrics), refresh=False)
         bar.refresh()
 
@@ -72,7 +74,7 @@ class Progress:
         if self._bar is None:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(desc=self.run_id, total=total, unit="step", dynamic_ncols=True, leave=True)
+            self._bar = tqdm(desc=self.title, total=total, unit="step", dynamic_ncols=True, leave=True)
         return self._bar
 
     def write(self, text: str, stream: IO[str]) -> None:
