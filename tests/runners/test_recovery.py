@@ -24,6 +24,8 @@ from hora.runners.faults import FaultKind, kind_of_engine_error, kind_of_excepti
 from hora.runners.monitor import Failure, first_failure
 
 from .helpers import assert_no_workers_left
+from .test_hosts import _Counter
+from .test_hosts import _Job as _FakeJob
 
 RECOVERY_LOG = "hora.runners.recovery"
 
@@ -75,30 +77,12 @@ def test_fault_kinds_tell_lost_ranks_from_user_errors():
     assert not any(k.retriable for k in (FaultKind.ERROR, FaultKind.COLLECTIVE, FaultKind.TASK, FaultKind.TIMEOUT))
 
 
-class _Service:
-    def __init__(self) -> None:
-        self.n = 0
-        self.lock = threading.Lock()
-
-    def next_seq(self) -> int:
-        with self.lock:
-            self.n += 1
-            return self.n
-
-    def failures(self):
-        return []
-
+class _Service(_Counter):
     def done(self):
         return set()
 
 
-class _Job:
-    def __init__(self) -> None:
-        self.items: list[Failure] = []
-
-    def failures(self):
-        return list(self.items)
-
+class _Job(_FakeJob):
     def ended(self):
         return set()
 
