@@ -92,6 +92,10 @@ class Launcher(abc.ABC):
             ConfigError: not enough free slots (the message says how many there are).
         """
 
+    def refresh_slots(self) -> None:
+        """Forget what the launcher remembers about the cluster's free slots: a lost
+        executor or worker changes them (called before every relaunch check)."""
+
     def driver_addresses(self) -> tuple[str, str]:
         """``(bind, advertise)``: where the driver service listens and how ranks reach it."""
         adv = os.environ.get("HORA_ADVERTISE_ADDR") or "127.0.0.1"
@@ -258,7 +262,7 @@ def run(
         except (WorkerFailedError, RendezvousError) as exc:
             out_of_time = timeout is not None and time.monotonic() - t0 >= timeout
             attempts.failed(exc, num_proc, out_of_time=out_of_time)
-        wait_for_slots(launcher.check_num_proc, num_proc, float(start_timeout), run_id)
+        wait_for_slots(launcher, num_proc, float(start_timeout), run_id)
 
 
 def _attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, printing: dict[str, Any],

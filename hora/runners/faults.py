@@ -133,6 +133,25 @@ def kind_of_engine_error(text: str) -> FaultKind:
     return FaultKind.LOST if _SPARK_LOST.search(text or "") else FaultKind.TASK
 
 
+_SPARK_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
+_SPARK_EXECUTOR_LOST = re.compile(r"(ExecutorLostFailure \([^)]*\))(?: Reason: ([^/\n]*))?")
+
+
+def engine_failure(text: str) -> tuple[FaultKind, int | None, str | None]:
+    """``(kind, rank, message)`` of an engine failure from its text: the rank of the task
+    Spark names as the one that failed (a barrier task's partition is its rank) and, for a
+    lost executor, ``"was lost: ExecutorLostFailure (...): <reason>"`` (else None)."""
+    kind = kind_of_engine_error(text)
+    task = _SPARK_TASK.search(text or "")
+    rank = int(task.group(1)) if task else None
+    lost = _SPARK_EXECUTOR_LOST.search(text or "")
+    message = None
+    if lost:
+        reason = (lost.group(2) or "").strip()
+        message = f"was lost: {lost.group(1)}" + (f": {reason}" if reason else "")
+    return kind, rank, message
+
+
 def fault_kind(exc: BaseException) -> FaultKind:
     """The kind of an error :func:`hora.runners.monitor.watch` raised (its ``fault_kind``
     attribute; a bare ``RendezvousError`` is a start failure, a timeout a ``TIMEOUT``)."""
@@ -155,5 +174,6 @@ def with_kind(exc: BaseException, kind: FaultKind) -> BaseException:
     return exc
 
 
-__all__ = ["FaultKind", "kind_of_exception", "kind_of_exit", "kind_of_engine_error", "fault_kind", "with_kind",
+__all__ = ["FaultKind", "kind_of_exception", "kind_of_exit", "kind_of_engine_error", "engine_failure", "fault_kind",
+           "with_kind",
            "COLLECTIVE_ERRORS", "INFRASTRUCTURE_ERRORS"]

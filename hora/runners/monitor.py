@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from hora.errors import RendezvousError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_START_TIMEOUT
-from hora.runners.faults import FaultKind, kind_of_engine_error, kind_of_exception, kind_of_exit, with_kind
+from hora.runners.faults import FaultKind, engine_failure, kind_of_exception, kind_of_exit, with_kind
 from hora.runners.procs import describe_exit
 from hora.runners.spec import (
     DEFAULT_FINISH_TIMEOUT,
@@ -143,12 +143,24 @@ class _Collector:
             key = (exc.rank, exc.message)
             if key not in self._seen:
                 self._seen.add(key)
-                kind = getattr(exc, "fault_kind", None)
-                if not isinstance(kind, FaultKind):
-                    kind = FaultKind.SIGNAL if (exc.exitcode or 0) < 0 else kind_of_engine_error(str(exc))
-                self.engine.append(Failure(seq=self.service.next_seq(), rank=exc.rank, host=exc.host,
-                                           message=exc.message, traceback=exc.remote_traceback,
-                                           exitcode=exc.exitcode, kind=kind, source="engine"))
+                self.engine.append(self._engine_failure(exc))
+
+    def _engine_failure(self, exc: WorkerFailedError) -> Failure:
+        """A failure ``job.poll()`` raised; for an engine's own error (a failed Spark stage, no
+        rank), the rank and host of the task it names and whether an executor was lost."""
+        seq = self.service.next_seq()
+        kind = getattr(exc, "fault_kind", None)
+        if isinstance(kind, FaultKind):
+            pass
+        elif (exc.exitcode or 0) < 0:
+            kind = FaultKind.SIGNAL
+        else:
+            kind, rank, message = engine_failure(str(exc))
+            if exc.rank is None and rank is not None and message is not None:
+                return Failure(seq=seq, rank=rank, host=exc.host or self.service.started().get(rank),
+                               message=message, kind=kind, source="engine")
+        return Failure(seq=seq, rank=exc.rank, host=exc.host, message=exc.message, traceback=exc.remote_traceback,
+                       exitcode=exc.exitcode, kind=kind, source="engine")
 
     def failures(self) -> list[Failure]:
         return [*_observed(self.service, self.job), *self.engine]

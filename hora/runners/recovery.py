@@ -24,10 +24,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hora.errors import ConfigError, RendezvousError, WorkerFailedError
 from hora.runners.faults import FaultKind, fault_kind, with_kind
+
+if TYPE_CHECKING:
+    from hora.runners.base import Launcher
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +150,10 @@ class Attempts:
         return with_kind(new, last.kind)
 
 
-def wait_for_slots(check: Callable[[int], None], num_proc: int, timeout: float, run_id: str) -> None:
-    """Wait until ``check(num_proc)`` stops raising ConfigError (a lost executor or worker
-    coming back), at most ``timeout`` s.
+def wait_for_slots(launcher: Launcher, num_proc: int, timeout: float, run_id: str) -> None:
+    """Wait until the launcher has ``num_proc`` free slots again (a lost executor or Dask
+    worker coming back: :meth:`~hora.runners.base.Launcher.refresh_slots`, then
+    :meth:`~hora.runners.base.Launcher.check_num_proc`), at most ``timeout`` s.
 
     Raises:
         ConfigError: the cluster still lacks the slots (the launcher's message, and how long it waited).
@@ -157,7 +161,8 @@ def wait_for_slots(check: Callable[[int], None], num_proc: int, timeout: float, 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            check(num_proc)
+            launcher.refresh_slots()
+            launcher.check_num_proc(num_proc)
             return
         except ConfigError as exc:
             if time.monotonic() >= deadline:

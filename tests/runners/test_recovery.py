@@ -20,7 +20,7 @@ import pytest
 import hora
 import hora.runners as hr
 from hora.errors import CollectiveError, ConfigError, WorkerFailedError
-from hora.runners.faults import FaultKind, kind_of_engine_error, kind_of_exception, kind_of_exit
+from hora.runners.faults import FaultKind, engine_failure, kind_of_engine_error, kind_of_exception, kind_of_exit
 from hora.runners.monitor import Failure, first_failure
 
 from .helpers import assert_no_workers_left
@@ -74,6 +74,12 @@ def test_fault_kinds_tell_lost_ranks_from_user_errors():
     assert kind_of_engine_error("Job aborted: ExecutorLostFailure (executor 1 exited caused by one of the "
                                 "running tasks)") is FaultKind.LOST
     assert kind_of_engine_error("Job aborted: PythonException: ZeroDivisionError") is FaultKind.TASK
+    spark_text = ("the Spark barrier stage of run r failed: Job aborted due to stage failure: Could not recover from a "
+                  "failed barrier ResultStage. Most recent failure reason: Stage failed because barrier task "
+                  "ResultTask(1, 1) finished unsuccessfully. / ExecutorLostFailure (executor 1 exited caused by one "
+                  "of the running tasks) Reason: Command exited with code 137 / JVM stacktrace:")
+    assert engine_failure(spark_text) == (FaultKind.LOST, 1, "was lost: ExecutorLostFailure (executor 1 exited "
+                                          "caused by one of the running tasks): Command exited with code 137")
     assert not any(k.retriable for k in (FaultKind.ERROR, FaultKind.COLLECTIVE, FaultKind.TASK, FaultKind.TIMEOUT))
 
 
