@@ -99,6 +99,28 @@ class CommandConfig:
                 raise ConfigError(f"-x {name!r} is not a valid environment variable name")
 
 
+def command_environment(cfg: CommandConfig, plan: HostPlan, service_addr: str, run_id: str,
+                        remote: bool) -> dict[str, str]:
+    """The environment of a rank of ``cfg`` before its place in the job is added: the
+    launcher's own on this machine (the forwarded variables on a remote host), the engine
+    settings, ``-x`` values, the network interface, and the driver service's address."""
+    if remote:
+        env = forward_environment(os.environ, cfg.forward)
+    else:
+        env = dict(os.environ)
+        env.pop("HORA_SUPERVISOR_PID", None)
+    env.update(cfg.settings)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if plan.interface:
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = plan.interface
+    elif plan.all_loopback:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.update(cfg.values)
+    env[ENV_DRIVER_ADDR] = service_addr
+    env[ENV_RUN_ID] = run_id
+    return env
+
+
 class CommandRun:
     """Start, watch and stop the ranks of one :class:`CommandConfig`.
 
@@ -137,21 +159,7 @@ class CommandRun:
         return lines
 
     def _env(self, remote: bool) -> dict[str, str]:
-        cfg = self.cfg
-        if remote:
-            env = forward_environment(os.environ, cfg.forward)
-        else:
-            env = dict(os.environ)
-            env.pop("HORA_SUPERVISOR_PID", None)
-        env.update(cfg.settings)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        if self.plan.interface:
-            env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.plan.interface
-        elif self.plan.all_loopback:
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env.update(cfg.values)
-        env[ENV_DRIVER_ADDR] = self.service.addr
-        env[ENV_RUN_ID] = self.run_id
+        env = command_environment(self.cfg, self.plan, self.service.addr, self.run_id, remote)
         env[ENV_ATTEMPT] = str(self.attempts.number)
         return env
 
@@ -222,4 +230,4 @@ class CommandRun:
             self.service.close()
 
 
-__all__ = ["CommandConfig", "CommandRun"]
+__all__ = ["CommandConfig", "CommandRun", "command_environment"]
