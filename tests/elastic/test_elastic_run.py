@@ -8,108 +8,22 @@ A real ``hora run`` with a discovery script that prints a hosts file the test re
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-HERE = Path(__file__).parent
-COUNTER = HERE / "elastic_counter.py"
+from .helpers import HoraRun, discovery_script, no_processes_of, worker_pid
 
-
-class HoraRun:
-    """``hora run`` in the background; its output lines are read as they come."""
-
-    def __init__(self, args: list[str], cwd: Path) -> None:
-        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "hora", "run", *args], cwd=cwd, env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
-
-    def wait_for(self, pattern: str, timeout: float = 180.0, after: int = 0) -> re.Match:
-        """The first line (from index ``after``) matching ``pattern``."""
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        i = after
-        while True:
-            while i < len(self.lines):
-                m = regex.search(self.lines[i])
-                if m:
-                    return m
-                i += 1
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n" +
-                                     "\n".join(self.lines[-80:]))
-            try:
-                line = self._queue.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            if line is None:
-                if i >= len(self.lines):
-                    raise AssertionError(f"hora run ended (code {self.proc.wait()}) before {pattern!r}; output:\n" +
-                                         "\n".join(self.lines[-80:]))
-            else:
-                self.lines.append(line)
-
-    def finish(self, timeout: float = 180.0) -> int:
-        code = self.proc.wait(timeout=timeout)
-        while True:
-            line = self._queue.get(timeout=10)
-            if line is None:
-                return code
-            self.lines.append(line)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-
-def _worker_pid(name: str) -> int:
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if str(COUNTER) in " ".join(proc.info["cmdline"] or []) and \
-                    proc.environ().get("HORA_ELASTIC_WORKER") == name:
-                return proc.pid
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    raise AssertionError(f"no process of worker {name}")
-
-
-def _no_counter_processes(within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        left = [p.pid for p in psutil.process_iter(["cmdline"])
-                if str(COUNTER) in " ".join(p.info["cmdline"] or [])]
-        if not left:
-            return
-        assert time.monotonic() < deadline, f"worker processes left: {left}"
-        time.sleep(0.2)
+COUNTER = Path(__file__).parent / "elastic_counter.py"
 
 
 @pytest.mark.timeout(600)
 def test_ranks_join_leave_and_survive_a_kill(tmp_path):
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    script, hosts = discovery_script(tmp_path, "localhost:2\n")
     stop = tmp_path / "stop"
     run = HoraRun(["--min-np", "1", "--max-np", "3", "--host-discovery-script", str(script), "--elastic-timeout", "120",
                    sys.executable, str(COUNTER), str(stop)], tmp_path)
@@ -123,7 +37,7 @@ def test_ranks_join_leave_and_survive_a_kill(tmp_path):
         hosts.write_text("localhost:1\n127.0.0.1:1\n")  # a slot is removed: localhost[1] leaves
         run.wait_for(r"step=\d+ size=2 ", after=mark)
         mark = len(run.lines)
-        os.kill(_worker_pid("127.0.0.1[0]"), signal.SIGKILL)  # a rank is killed
+        os.kill(worker_pid(COUNTER, "127.0.0.1[0]"), signal.SIGKILL)  # a rank is killed
         run.wait_for(r"step=\d+ size=1 ", after=mark)
         stop.touch()
         code = run.finish()
@@ -144,7 +58,7 @@ def test_ranks_join_leave_and_survive_a_kill(tmp_path):
     (done,) = re.findall(r"<stdout>:done rank=0 size=1 step=(\d+) total=([\d.]+) weights=", text)
     assert int(done[0]) == max(committed) and sorted(committed) == list(range(1, max(committed) + 1))
     assert float(done[1]) == sum(committed.values())
-    _no_counter_processes()
+    no_processes_of(COUNTER)
 
 
 def _discovery_error(tmp_path, body: str, *extra: str) -> str:
