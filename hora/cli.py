@@ -5,7 +5,9 @@ COMMAND on this machine and, over ssh, on the other hosts, with the ``HORA_*``
 environment of a job; every output line is prefixed with its rank
 (``[1]<stdout>:...``); when a rank fails every rank on every host is stopped, the first
 failure's rank, host, exit code and traceback are printed, and ``hora run`` exits with
-its exit code. ``--mpi`` runs the same through ``mpiexec``. The flags are horovodrun's
+its exit code. ``--mpi`` runs the same through ``mpiexec``; ``--max-failures N`` relaunches
+every rank after a lost one; ``--host-discovery-script`` (with ``--min-np``/``--max-np``)
+makes the run elastic (:mod:`hora.runners.elastic`). The flags are horovodrun's
 (see ``hora run --help``); the launching itself is :mod:`hora.runners.command`, this
 module only parses arguments and prints.
 

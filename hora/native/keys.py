@@ -11,7 +11,9 @@ launcher for ``hora run`` and the local/ssh launchers, in the driver service of
   start barrier ``hora/native/<job>/<gen>/init`` and the address of the collective store
   ``hora/native/<job>/<gen>/collective_store``;
 * the launcher's (``runner/...``): which ranks started, heartbeats, output batches,
-  metrics, failure reports (ordered by one counter), results and the abort flag.
+  metrics, failure reports (ordered by one counter), results and the abort flag;
+* elastic ``hora run``'s (``elastic/...``): which workers left a round, their places in
+  the next one, and the host changes of the current one.
 
 Launchers read what ranks write only through the functions here (a launcher that
 waits for stragglers at the engine's start barrier asks :func:`parse_native_init`

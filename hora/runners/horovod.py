@@ -102,7 +102,8 @@ def run(
              "max_np": max_np}
     elastic = [k for k, v in given.items() if v is not None]
     if elastic:
-        raise ConfigError(f"hora.run: {', '.join(elastic)} (Horovod's elastic mode) is not supported; run with a "
+        raise ConfigError(f"hora.run: {', '.join(elastic)} (Horovod's elastic mode) is not supported; elastic "
+                          "training is `hora run --min-np M --max-np N --host-discovery-script S`; here, run with a "
                           "fixed num_proc and max_failures=N to relaunch every rank after a lost one")
     if hosts is not None and hostfile is not None:
         raise ConfigError("hora.run: give hosts or hostfile, not both")

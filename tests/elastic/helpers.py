@@ -18,8 +18,9 @@ import psutil
 class HoraRun:
     """``hora run`` in the background; its output lines are read as they come."""
 
-    def __init__(self, args: list[str], cwd: Path) -> None:
-        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+               **(env or {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "hora", "run", *args], cwd=cwd, env=env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.lines: list[str] = []
