@@ -33,7 +33,7 @@ from typing import IO
 
 from hora.errors import ConfigError, RendezvousError, WorkerFailedError
 from hora.native import keys
-from hora.native.rendezvous import WorkerEnv, make_secret
+from hora.native.rendezvous import Placement, WorkerEnv, make_secret
 from hora.runners import network
 from hora.runners.command import CommandConfig, command_environment
 from hora.runners.discovery import DiscoveryError, HostDiscoveryScript, HostManager, assign, check_cooldown_range
@@ -178,8 +178,8 @@ class ElasticRun:
         workers: dict[str, _Worker] = {}
         for s in slots:
             name = f"{s.host.name}[{s.local_rank}]"
-            a = Assignment(self.round, s.rank, len(slots), s.local_rank, s.local_size, s.cross_rank, s.cross_size,
-                           job_id)
+            a = Assignment(self.round, len(slots), Placement(s.rank, s.host.name, s.local_rank, s.local_size,
+                                                             s.cross_rank, s.cross_size), job_id)
             w = survivors.pop(name, None)
             if w is not None:
                 w.assignment, w.state = a, None
@@ -210,11 +210,11 @@ class ElasticRun:
                             folder, 1)
 
         def make_rank(_slot: RankSlot, advertise: str, is_remote: bool) -> RankProcess:
-            a = w.assignment
+            a, p = w.assignment, w.assignment.place
             env = command_environment(c, self.plan, self.service.addr, self.run_id, is_remote)
             env.update(WorkerEnv(
-                rank=a.rank, size=a.size, local_rank=a.local_rank, local_size=a.local_size, cross_rank=a.cross_rank,
-                cross_size=a.cross_size, rendezvous_addr=self.service.addr, secret=self.secret, job_id=a.job_id,
+                rank=p.rank, size=a.size, local_rank=p.local_rank, local_size=p.local_size, cross_rank=p.cross_rank,
+                cross_size=p.cross_size, rendezvous_addr=self.service.addr, secret=self.secret, job_id=a.job_id,
                 hostname=advertise, backend=c.collective, start_timeout=c.start_timeout).to_environ())
             env.update(a.environ())
             env.update({ENV_ELASTIC: "1", ENV_WORKER: w.name, ENV_TIMEOUT: f"{self.cfg.elastic_timeout:g}"})

@@ -32,6 +32,7 @@ from typing import Any
 
 from hora.errors import ConfigError, RendezvousError
 from hora.native import keys
+from hora.native.rendezvous import Placement
 
 log = logging.getLogger(__name__)
 
@@ -46,23 +47,31 @@ POLL_INTERVAL = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class Assignment:
-    """One worker's place in one round (what becomes its ``HORA_*`` contract)."""
+    """One worker's place in one round (what becomes its ``HORA_*`` contract).
+
+    Attributes:
+        round: the round (1, 2, ...).
+        size: the ranks of the round.
+        place: the worker's rank, local and cross rank and size in it.
+        job_id: the round's job id (the engine's generations of one round are its own).
+    """
 
     round: int
-    rank: int
     size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
+    place: Placement
     job_id: str
+
+    @property
+    def rank(self) -> int:
+        return self.place.rank
 
     def environ(self) -> dict[str, str]:
         """The variables that change from round to round."""
+        p = self.place
         return {
-            "HORA_RANK": str(self.rank), "HORA_SIZE": str(self.size),
-            "HORA_LOCAL_RANK": str(self.local_rank), "HORA_LOCAL_SIZE": str(self.local_size),
-            "HORA_CROSS_RANK": str(self.cross_rank), "HORA_CROSS_SIZE": str(self.cross_size),
+            "HORA_RANK": str(p.rank), "HORA_SIZE": str(self.size),
+            "HORA_LOCAL_RANK": str(p.local_rank), "HORA_LOCAL_SIZE": str(p.local_size),
+            "HORA_CROSS_RANK": str(p.cross_rank), "HORA_CROSS_SIZE": str(p.cross_size),
             "HORA_JOB_ID": self.job_id, ENV_ROUND: str(self.round),
         }
 
@@ -83,7 +92,7 @@ def is_elastic() -> bool:
 
 
 def _client() -> Any:
-    from hora.native.rendezvous import KVClient
+    from hora.native.rendezvous import KVClient  # (hora.native.rendezvous does not import torch)
 
     addr, secret = os.environ.get("HORA_RENDEZVOUS_ADDR"), os.environ.get("HORA_SECRET")
     if not addr or not secret:

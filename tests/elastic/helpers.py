@@ -105,3 +105,14 @@ def discovery_script(folder: Path, hosts: str) -> tuple[Path, Path]:
     script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
     script.chmod(0o755)
     return script, hosts_file
+
+
+def kill_then_stop(run: HoraRun, script: Path, worker: str, stop: Path, size_after: int) -> tuple[int, str]:
+    """SIGKILL ``worker``, wait until training goes on with ``size_after`` ranks, then ask the
+    ranks to stop; ``(exit code of hora run, its whole output)``."""
+    mark = len(run.lines)
+    os.kill(worker_pid(script, worker), signal.SIGKILL)
+    run.wait_for(rf"step=\d+ size={size_after} ", after=mark)
+    stop.touch()
+    code = run.finish()
+    return code, "\n".join(run.lines)

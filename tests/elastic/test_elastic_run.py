@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .helpers import HoraRun, discovery_script, no_processes_of, worker_pid
+from .helpers import HoraRun, discovery_script, kill_then_stop, no_processes_of
 
 COUNTER = Path(__file__).parent / "elastic_counter.py"
 
@@ -36,14 +35,9 @@ def test_ranks_join_leave_and_survive_a_kill(tmp_path):
         mark = len(run.lines)
         hosts.write_text("localhost:1\n127.0.0.1:1\n")  # a slot is removed: localhost[1] leaves
         run.wait_for(r"step=\d+ size=2 ", after=mark)
-        mark = len(run.lines)
-        os.kill(worker_pid(COUNTER, "127.0.0.1[0]"), signal.SIGKILL)  # a rank is killed
-        run.wait_for(r"step=\d+ size=1 ", after=mark)
-        stop.touch()
-        code = run.finish()
+        code, text = kill_then_stop(run, COUNTER, "127.0.0.1[0]", stop, size_after=1)  # a rank is killed
     finally:
         run.kill()
-    text = "\n".join(run.lines)
     assert code == 0, text[-4000:]
     sizes = [int(s) for s in re.findall(r"<stdout>:step=\d+ size=(\d) rank=0 ", text)]
     assert [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]] == [2, 3, 2, 1]

@@ -3,28 +3,17 @@ real sshd): it joins, and when it is killed its host is blacklisted and the job 
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.ssh.sshd import SshdUnavailable, running_sshd
+from tests.ssh.conftest import sshd  # noqa: F401  (the real sshd of the ssh launcher's tests)
 
-from .helpers import HoraRun, discovery_script, no_processes_of, worker_pid
+from .helpers import HoraRun, discovery_script, kill_then_stop, no_processes_of
 
 COUNTER = Path(__file__).parent / "elastic_counter.py"
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    try:
-        with running_sshd(tmp_path_factory.mktemp("sshd")) as server:
-            yield server
-    except SshdUnavailable as exc:
-        pytest.skip(f"needs a real OpenSSH server: {exc}")
 
 
 @pytest.mark.timeout(400)
@@ -36,14 +25,9 @@ def test_a_worker_over_ssh_joins_and_its_loss_blacklists_its_host(sshd, tmp_path
                   tmp_path, env=dict(sshd.env))
     try:
         run.wait_for(r"step=3 size=2 ")
-        os.kill(worker_pid(COUNTER, "127.0.0.2[0]"), signal.SIGKILL)
-        mark = len(run.lines)
-        run.wait_for(r"step=\d+ size=1 ", after=mark)
-        stop.touch()
-        code = run.finish()
+        code, text = kill_then_stop(run, COUNTER, "127.0.0.2[0]", stop, size_after=1)
     finally:
         run.kill()
-    text = "\n".join(run.lines)
     assert code == 0, text[-4000:]
     assert re.search(r"worker 127\.0\.0\.2\[0\] \(rank 1 on 127\.0\.0\.2 failed with signal 9 \(SIGKILL\)\)", text)
     assert "host 127.0.0.2 is blacklisted" in text
