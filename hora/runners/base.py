@@ -161,6 +161,7 @@ def run(
     timeout: float | None = None,
     *,
     max_failures: int = 0,
+    min_num_proc: int | None = None,
     init_native: bool = True,
     stdout: IO[str] | None = None,
     stderr: IO[str] | None = None,
@@ -195,6 +196,11 @@ def run(
             :mod:`hora.runners.faults`). An exception raised by ``fn`` is not retried. Each
             attempt is a new launch (ranks see ``HORA_ATTEMPT``: 1, 2, ...); before one,
             the launcher waits up to ``start_timeout`` for the slots to be free again.
+        min_num_proc: with ``max_failures``, a relaunch may run fewer ranks than
+            ``num_proc`` (the most), down to this many: as many as the launcher has slots
+            for then (a Spark cluster that lost an executor, a Dask cluster that lost a
+            worker; workers that joined are used, up to ``num_proc``). Ranks read the size
+            from ``HORA_SIZE`` as always.
         init_native: call ``hora.native.init()`` before ``fn`` (and ``shutdown()`` after);
             False when ``fn`` calls ``hvd.init()`` itself, as under :func:`hora.run`.
         stdout, stderr: where rank output is printed (default: the driver's own).
@@ -220,11 +226,22 @@ def run(
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
     check_max_failures(max_failures)
+    if min_num_proc is not None and (isinstance(min_num_proc, bool) or not isinstance(min_num_proc, int)
+                                     or min_num_proc < 1):
+        raise ConfigError(f"min_num_proc must be an int >= 1, got {min_num_proc!r}")
     launcher = resolve_launcher(backend, spark=spark, client=client)
     if num_proc is None:
         num_proc = launcher.default_num_proc()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ConfigError(f"num_proc must be an int >= 1, got {num_proc!r}")
+    most = num_proc
+    if min_num_proc is not None:  # as many ranks as there are slots for, within [min_num_proc, num_proc]
+        if min_num_proc > num_proc:
+            raise ConfigError(f"min_num_proc={min_num_proc} is greater than num_proc={num_proc}")
+        slots = launcher.default_num_proc()
+        if slots < min_num_proc:
+            raise ConfigError(f"min_num_proc={min_num_proc}, but the {launcher.name} launcher has {slots} slot(s) now")
+        num_proc = min(num_proc, slots)
     launcher.check_num_proc(num_proc)
     if start_timeout is None:
         start_timeout = env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)
@@ -261,8 +278,10 @@ def run(
             return _attempt(launcher, spec, attempts, printing, left)
         except (WorkerFailedError, RendezvousError) as exc:
             out_of_time = timeout is not None and time.monotonic() - t0 >= timeout
-            attempts.failed(exc, num_proc, out_of_time=out_of_time)
-        wait_for_slots(launcher, num_proc, float(start_timeout), run_id)
+            attempts.failed(exc, spec.num_proc, out_of_time=out_of_time)
+        size = wait_for_slots(launcher, min_num_proc or most, most, float(start_timeout), run_id)
+        attempts.relaunching(size)
+        spec = dataclasses.replace(spec, num_proc=size)
 
 
 def _attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, printing: dict[str, Any],

@@ -215,6 +215,7 @@ class CommandRun:
                 return
             except (WorkerFailedError, RendezvousError) as exc:
                 self.attempts.failed(exc, self.cfg.num_proc)
+            self.attempts.relaunching(self.cfg.num_proc)
             self.stop()
             self._open_attempt()
             self.start()

@@ -121,9 +121,13 @@ class Attempts:
                 raise exc
             raise final from exc
         self.number += 1
-        log.warning("run %s: attempt %d of %d failed: %s (%s, retriable); relaunching %d rank(s) on %s "
-                    "(attempt %d of %d)", self.run_id, record.attempt, self.total, record.cause, kind.description,
-                    num_proc, self.where, self.number, self.total)
+        log.warning("run %s: attempt %d of %d failed: %s (%s, retriable)", self.run_id, record.attempt, self.total,
+                    record.cause, kind.description)
+
+    def relaunching(self, num_proc: int) -> None:
+        """Log the relaunch that :meth:`failed` allowed (once the launcher has the slots)."""
+        log.warning("run %s: relaunching %d rank(s) on %s (attempt %d of %d)", self.run_id, num_proc, self.where,
+                    self.number, self.total)
 
     def final_error(self, exc: BaseException, *, out_of_time: bool = False) -> BaseException:
         """The error the run raises after its last attempt failed with ``exc``."""
@@ -150,20 +154,24 @@ class Attempts:
         return with_kind(new, last.kind)
 
 
-def wait_for_slots(launcher: Launcher, num_proc: int, timeout: float, run_id: str) -> None:
-    """Wait until the launcher has ``num_proc`` free slots again (a lost executor or Dask
-    worker coming back: :meth:`~hora.runners.base.Launcher.refresh_slots`, then
-    :meth:`~hora.runners.base.Launcher.check_num_proc`), at most ``timeout`` s.
+def wait_for_slots(launcher: Launcher, least: int, most: int, timeout: float, run_id: str) -> int:
+    """The ranks of the next attempt: as many as the launcher has free slots for now
+    (:meth:`~hora.runners.base.Launcher.refresh_slots`, then its slots), at most ``most``;
+    waits (at most ``timeout`` s) while it has fewer than ``least`` (a lost executor or Dask
+    worker coming back).
 
     Raises:
-        ConfigError: the cluster still lacks the slots (the launcher's message, and how long it waited).
+        ConfigError: the cluster still lacks ``least`` slots (the launcher's message, and how long it waited).
     """
     deadline = time.monotonic() + timeout
     while True:
         try:
             launcher.refresh_slots()
-            launcher.check_num_proc(num_proc)
-            return
+            size = most
+            if least < most:
+                size = max(least, min(most, launcher.default_num_proc()))
+            launcher.check_num_proc(size)
+            return size
         except ConfigError as exc:
             if time.monotonic() >= deadline:
                 raise ConfigError(f"run {run_id} cannot be relaunched: {exc} (waited {timeout:g}s for the "

@@ -23,7 +23,7 @@ from hora.errors import CollectiveError, ConfigError, WorkerFailedError
 from hora.runners.faults import FaultKind, engine_failure, kind_of_engine_error, kind_of_exception, kind_of_exit
 from hora.runners.monitor import Failure, first_failure
 
-from .helpers import assert_no_workers_left
+from .helpers import assert_no_workers_left, relaunch_lines
 from .test_hosts import _Counter
 from .test_hosts import _Job as _FakeJob
 
@@ -53,8 +53,6 @@ def _attempt_files(out_dir) -> list[str]:
     return sorted(p.name for p in out_dir.iterdir() if p.name.startswith("attempt"))
 
 
-def _relaunch_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == RECOVERY_LOG and "relaunching" in r.getMessage()]
 
 
 # -- classification and the root-cause rule, without processes ---------------------------------------------
@@ -142,7 +140,7 @@ def test_local_rank_killed_mid_allreduce_is_relaunched(tmp_path, caplog):
                      store=store)
     assert results == [(0, "2", 80.0), (1, "2", 80.0)]  # attempt 2 ran every step, every allreduce summed 2 ranks
     assert _attempt_files(out) == ["attempt1.rank0", "attempt1.rank1", "attempt2.rank0", "attempt2.rank1"]
-    (line,) = _relaunch_lines(caplog)
+    (line,) = relaunch_lines(caplog)
     assert "attempt 1 of 3 failed: rank 1 on 127.0.0.1 failed with signal 9 (SIGKILL)" in line
     assert "relaunching 2 rank(s) on local (attempt 2 of 3)" in line
     logs = store.layout.logs_dir("recover-local")
@@ -157,7 +155,7 @@ def test_a_fault_that_keeps_happening_ends_after_max_failures_relaunches(tmp_pat
         hr.run(_train, args=(str(tmp_path), "all"), num_proc=2, run_id="recover-always", verbose=0, max_failures=2)
     err = info.value
     assert _attempt_files(tmp_path) == [f"attempt{a}.rank{r}" for a in (1, 2, 3) for r in (0, 1)]
-    assert len(_relaunch_lines(caplog)) == 2
+    assert len(relaunch_lines(caplog)) == 2
     assert [(a.attempt, a.rank, a.host, a.kind) for a in err.attempts] == [
         (a, 1, "127.0.0.1", FaultKind.SIGNAL) for a in (1, 2, 3)]
     lines = str(err).splitlines()
@@ -190,7 +188,7 @@ def test_user_errors_fail_at_once_with_max_failures(tmp_path, caplog):
         assert expected in str(info.value).splitlines()[0]
         assert not hasattr(info.value, "attempts")  # exactly the error of a run without max_failures
         assert {p.split(".")[0] for p in _attempt_files(out)} == {"attempt1"}
-    assert _relaunch_lines(caplog) == []
+    assert relaunch_lines(caplog) == []
 
 
 # -- engines -------------------------------------------------------------------------------------------------
@@ -200,7 +198,7 @@ def test_spark_rank_killed_mid_allreduce_is_relaunched(spark, tmp_path, caplog):
     results = hr.run(_train, args=(str(tmp_path), "1"), num_proc=2, backend="spark", spark=spark,
                      run_id="recover-spark", verbose=0, max_failures=1, start_timeout=120)
     assert results == [(0, "2", 80.0), (1, "2", 80.0)]
-    (line,) = _relaunch_lines(caplog)
+    (line,) = relaunch_lines(caplog)
     assert "attempt 1 of 2 failed: rank 1 on 127.0.0.1 failed with signal 9 (SIGKILL)" in line
     assert "on spark (attempt 2 of 2)" in line
     assert_no_workers_left("recover-spark")
@@ -214,7 +212,7 @@ def test_dask_worker_killed_mid_allreduce_is_relaunched_on_the_restarted_worker(
     results = hr.run(_train, args=(str(tmp_path), "1"), kwargs={"kill_worker": True}, num_proc=2, backend="dask",
                      client=dask_client, run_id="recover-dask", verbose=0, max_failures=1, start_timeout=120)
     assert results == [(0, "2", 80.0), (1, "2", 80.0)]
-    (line,) = _relaunch_lines(caplog)
+    (line,) = relaunch_lines(caplog)
     assert "attempt 1 of 2 failed: rank 1 on 127.0.0.1 was lost: Dask worker tcp://127.0.0.1:" in line
     lost = line.split("Dask worker ")[1].split(" ")[0]
     assert lost in before and lost not in dask_client.scheduler_info(n_workers=-1)["workers"]

@@ -14,7 +14,7 @@ import pytest
 
 import hora.runners as hr
 
-from .helpers import assert_no_workers_left
+from .helpers import assert_no_workers_left, relaunch_lines
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -50,7 +50,7 @@ def test_a_killed_executor_jvm_is_relaunched(standalone_connect, tmp_path, caplo
                      run_id="standalone-executor-kill", verbose=0, max_failures=1, start_timeout=240)
     assert [r[:3] for r in results] == [(0, "2", 60.0), (1, "2", 60.0)]
     _pid, host = (tmp_path / "killed").read_text().split()
-    lines = [r.getMessage() for r in caplog.records if "relaunching" in r.getMessage()]
+    lines = relaunch_lines(caplog)
     assert len(lines) == 1, lines
     assert "attempt 1 of 2 failed:" in lines[0] and "(a host, executor or worker was lost, retriable)" in lines[0]
     assert f"rank 1 on {host} was lost: ExecutorLostFailure (executor " in lines[0], lines[0]
