@@ -79,6 +79,7 @@ def prepare(df: Any, config: EstimatorConfig, framework: Framework) -> CheckResu
 def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: Any) -> dict[str, Any]:
     """How the ranks start: ``hora.runners.run`` keywords from ``backend`` / ``num_proc`` and the engine."""
     from hora import runners
+    from hora.runners.recovery import start_size
 
     backend = config.backend
     env = dict(config.backend_env or {})
@@ -106,6 +107,9 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
     if least is not None:  # (min, max): the runner starts (and relaunches) as many as the cluster has slots for
         if least > opts["num_proc"]:
             raise ConfigError(f"min_num_proc={least} is greater than num_proc={opts['num_proc']}")
+        if backend is None or hasattr(backend, "launch_options") or isinstance(backend, runners.Launcher):
+            # the cluster must have slots for the least now: refused before the data is materialized
+            start_size(runners.resolve_launcher(opts["backend"], spark=spark, client=client), least, opts["num_proc"])
         opts["min_num_proc"] = least
     if config.max_failures:
         opts["max_failures"] = config.max_failures

@@ -25,7 +25,7 @@ from hora.errors import ConfigError, RendezvousError, WorkerFailedError
 from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float, make_secret
 from hora.runners.driver import DriverService
 from hora.runners.monitor import Policy, RunTimeoutError, watch
-from hora.runners.recovery import Attempts, check_max_failures, wait_for_slots
+from hora.runners.recovery import Attempts, check_max_failures, start_size, wait_for_slots
 from hora.runners.spec import LaunchSpec, check_run_id, dumps, new_run_id
 
 if TYPE_CHECKING:
@@ -238,10 +238,7 @@ def run(
     if min_num_proc is not None:  # as many ranks as there are slots for, within [min_num_proc, num_proc]
         if min_num_proc > num_proc:
             raise ConfigError(f"min_num_proc={min_num_proc} is greater than num_proc={num_proc}")
-        slots = launcher.default_num_proc()
-        if slots < min_num_proc:
-            raise ConfigError(f"min_num_proc={min_num_proc}, but the {launcher.name} launcher has {slots} slot(s) now")
-        num_proc = min(num_proc, slots)
+        num_proc = start_size(launcher, min_num_proc, num_proc)
     launcher.check_num_proc(num_proc)
     if start_timeout is None:
         start_timeout = env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)

@@ -154,6 +154,19 @@ class Attempts:
         return with_kind(new, last.kind)
 
 
+def start_size(launcher: Launcher, least: int, most: int) -> int:
+    """The ranks of a first attempt with bounds: as many as ``launcher`` has slots for now,
+    at most ``most``.
+
+    Raises:
+        ConfigError: the cluster has fewer than ``least`` slots (naming the launcher and its slots).
+    """
+    slots = launcher.default_num_proc()
+    if slots < least:
+        raise ConfigError(f"min_num_proc={least}, but the {launcher.name} launcher has {slots} slot(s) now")
+    return min(most, slots)
+
+
 def wait_for_slots(launcher: Launcher, least: int, most: int, timeout: float, run_id: str) -> int:
     """The ranks of the next attempt: as many as the launcher has free slots for now
     (:meth:`~hora.runners.base.Launcher.refresh_slots`, then its slots), at most ``most``;
@@ -179,4 +192,4 @@ def wait_for_slots(launcher: Launcher, least: int, most: int, timeout: float, ru
         time.sleep(SLOT_POLL_INTERVAL)
 
 
-__all__ = ["AttemptRecord", "Attempts", "check_max_failures", "wait_for_slots"]
+__all__ = ["AttemptRecord", "Attempts", "check_max_failures", "start_size", "wait_for_slots"]
