@@ -13,9 +13,10 @@ from hora.estimators.callbacks import Callback
 
 class KillRank(Callback):
     """SIGKILL rank ``rank`` after batch ``step`` of epoch ``epoch`` in attempt ``attempt``
-    (its own process; ``target="worker"``: the Dask worker or Spark executor above it)."""
+    (None: in every attempt) (its own process; ``target="worker"``: the Dask worker or Spark
+    executor above it)."""
 
-    def __init__(self, rank: int, epoch: int, step: int, attempt: int = 1, target: str = "rank",
+    def __init__(self, rank: int, epoch: int, step: int, attempt: int | None = 1, target: str = "rank",
                  mark_dir: str | None = None) -> None:
         self.rank, self.epoch, self.step, self.attempt, self.target = rank, epoch, step, attempt, target
         self.mark_dir = mark_dir
@@ -23,11 +24,13 @@ class KillRank(Callback):
     def on_batch_end(self, ctx, step, logs):
         if (ctx.rank, ctx.epoch, step) != (self.rank, self.epoch, self.step):
             return
-        if os.environ.get("HORA_ATTEMPT") != str(self.attempt):
+        if self.attempt is not None and os.environ.get("HORA_ATTEMPT") != str(self.attempt):
             return
-        if self.mark_dir:  # tell the test which worker is going away, then wait to be taken down
-            with open(os.path.join(self.mark_dir, f"leaving.{self.attempt}"), "w") as fh:
-                fh.write(os.environ.get("HORA_HOSTNAME", ""))
+        if self.mark_dir:  # tell the test this rank's pid and its supervisor's (a Dask worker), and wait for it
+            with open(os.path.join(self.mark_dir, f"leaving.{self.attempt}.tmp"), "w") as fh:
+                fh.write(f"{os.getpid()} {os.environ.get('HORA_SUPERVISOR_PID', '')}")
+            os.replace(os.path.join(self.mark_dir, f"leaving.{self.attempt}.tmp"),
+                       os.path.join(self.mark_dir, f"leaving.{self.attempt}"))
             time.sleep(300)
         victim = os.getpid()
         if self.target == "worker":
