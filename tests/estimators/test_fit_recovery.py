@@ -269,6 +269,7 @@ def test_dask_fit_shrinks_to_the_workers_left_and_grows_back(dask_client, store,
     assert actions == ["acted 1", "acted 2"]
     assert [(h["epoch"], h["attempt"], h["num_proc"]) for h in fit.history_] == [
         (0, 2, 1), (1, 2, 1), (2, 3, 2), (3, 3, 2)]
+    assert len(_weights_of_every_rank(tmp_path, 2)) == 1  # both ranks of attempt 3 ended with the same weights
     lines = _recovery_lines(caplog)
     assert any("attempt 1 of 3 failed: rank 1 on 127.0.0.1 was lost: Dask worker" in ln for ln in lines), lines
     assert any("relaunching 1 rank(s) on dask (attempt 2 of 3)" in ln for ln in lines), lines
