@@ -107,7 +107,7 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
     if least is not None:  # (min, max): the runner starts (and relaunches) as many as the cluster has slots for
         if least > opts["num_proc"]:
             raise ConfigError(f"min_num_proc={least} is greater than num_proc={opts['num_proc']}")
-        if backend is None or hasattr(backend, "launch_options") or isinstance(backend, runners.Launcher):
+        if backend is None or hasattr(backend, "launch_options") or isinstance(backend, (str, runners.Launcher)):
             # the cluster must have slots for the least now: refused before the data is materialized
             start_size(runners.resolve_launcher(opts["backend"], spark=spark, client=client), least, opts["num_proc"])
         opts["min_num_proc"] = least
