@@ -5,7 +5,9 @@ COMMAND on this machine and, over ssh, on the other hosts, with the ``HORA_*``
 environment of a job; every output line is prefixed with its rank
 (``[1]<stdout>:...``); when a rank fails every rank on every host is stopped, the first
 failure's rank, host, exit code and traceback are printed, and ``hora run`` exits with
-its exit code. ``--mpi`` runs the same through ``mpiexec``. The flags are horovodrun's
+its exit code. ``--mpi`` runs the same through ``mpiexec``; ``--max-failures N`` relaunches
+every rank after a lost one; ``--host-discovery-script`` (with ``--min-np``/``--max-np``)
+makes the run elastic (:mod:`hora.runners.elastic`). The flags are horovodrun's
 (see ``hora run --help``); the launching itself is :mod:`hora.runners.command`, this
 module only parses arguments and prints.
 
@@ -82,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="level of hora's log messages in the launcher and every rank (HORA_LOG_LEVEL)")
     run.add_argument("--start-timeout", type=_number("--start-timeout", float, 0, True), default=None,
                      help="seconds for hosts to answer and ranks to meet at start (default HORA_START_TIMEOUT or 60)")
+    run.add_argument("--max-failures", type=_number("--max-failures", int, 0, False), default=0, metavar="N",
+                     help="relaunch every rank up to N times when a rank is killed by a signal or a host is lost "
+                          "(not when the program fails); ranks see HORA_ATTEMPT=1,2,... (default 0)")
     run.add_argument("--output-filename", metavar="DIR", default=None,
                      help="also write each rank's output to DIR/rank.<r>/stdout and stderr")
     run.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
@@ -91,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="hosts and their slots (default localhost:NP); other hosts are reached over ssh")
     hosts.add_argument("-hostfile", "--hostfile", default=None, metavar="FILE",
                        help="a file of 'host slots=N' (or 'host:N') lines")
+    hosts.add_argument("--host-discovery-script", default=None, metavar="SCRIPT",
+                       help="elastic training: SCRIPT prints the usable hosts, one 'host:slots' (or 'host') per "
+                            "line; it runs every second and ranks join and leave as its output changes")
     run.add_argument("--network-interface", "--network-interfaces", dest="nic", default=None, metavar="IFACE",
                      help="interface every host communicates on (its address is advertised; Gloo/NCCL use it)")
     run.add_argument("--network-address", default=None, metavar="ADDR",
@@ -101,6 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("-i", "--ssh-identity-file", default=None, metavar="FILE", help="ssh private key file")
     ssh.add_argument("--remote-python", default=None, metavar="PATH",
                      help="the Python on remote hosts (default HORA_REMOTE_PYTHON or this interpreter's path)")
+    el = run.add_argument_group("elastic training (with --host-discovery-script; horovodrun's flags)")
+    el.add_argument("--min-np", "--min-num-proc", dest="min_np", type=_number("--min-np", int, 1, False), default=None,
+                    help="fewest ranks training goes on with (default -np)")
+    el.add_argument("--max-np", "--max-num-proc", dest="max_np", type=_number("--max-np", int, 1, False),
+                    default=None, help="most ranks (default: every discovered slot)")
+    el.add_argument("--slots-per-host", type=_number("--slots-per-host", int, 1, False), default=None,
+                    help="slots of a host the discovery script prints without ':slots' (default 1)")
+    el.add_argument("--elastic-timeout", type=_number("--elastic-timeout", float, 0, True), default=None,
+                    help="seconds to wait for --min-np slots after ranks were lost (default HORA_ELASTIC_TIMEOUT "
+                         "or 600)")
+    el.add_argument("--reset-limit", type=_number("--reset-limit", int, 0, False), default=None,
+                    help="the most times the job may re-form with other ranks (default: no limit)")
+    el.add_argument("--blacklist-cooldown-range", nargs=2, type=_number("--blacklist-cooldown-range", int, 1, False),
+                    default=None, metavar=("MIN", "MAX"),
+                    help="seconds a failing host stays blacklisted: from MIN, doubling up to MAX (default: for good)")
     run.add_argument("-x", dest="export", action="append", default=[], metavar="NAME[=VALUE]",
                      help="forward NAME (or set NAME=VALUE) on every rank, as mpirun -x; repeatable")
     ctl = run.add_mutually_exclusive_group()
@@ -179,16 +202,34 @@ def command_config(args: argparse.Namespace):
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    if args.np is None:
-        raise UsageError("-np is required (the number of ranks)")
+    elastic = args.host_discovery_script is not None
+    if not elastic:
+        given = [flag for flag, value in (("--min-np", args.min_np), ("--max-np", args.max_np),
+                                          ("--slots-per-host", args.slots_per_host),
+                                          ("--elastic-timeout", args.elastic_timeout),
+                                          ("--reset-limit", args.reset_limit),
+                                          ("--blacklist-cooldown-range", args.blacklist_cooldown_range))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} need(s) --host-discovery-script (elastic training); a run of "
+                             "fixed size survives a lost rank with --max-failures")
+    num_proc = args.np if args.np is not None else (args.min_np if elastic else None)
+    if num_proc is None:
+        raise UsageError("-np is required (the number of ranks)" + (" or --min-np" if elastic else ""))
     try:
         start_timeout = args.start_timeout or env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)
         forward, values = _exports(args.export)
         output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
+        if elastic:
+            from hora.runners.elastic import discover_at_start
+
+            hosts = tuple(discover_at_start(args.host_discovery_script, args.slots_per_host, num_proc))
+        else:
+            hosts = tuple(resolve_hosts(args.hosts, args.hostfile, num_proc))
         return CommandConfig(
             command=tuple(command),
-            num_proc=args.np,
-            hosts=tuple(resolve_hosts(args.hosts, args.hostfile, args.np)),
+            num_proc=num_proc,
+            hosts=hosts,
             ssh=SshOptions.from_environ(port=args.ssh_port, identity_file=args.ssh_identity_file,
                                         connect_timeout=min(10.0, start_timeout)),
             start_timeout=start_timeout,
@@ -202,6 +243,33 @@ def command_config(args: argparse.Namespace):
             mpi=args.mpi,
             remote_python=args.remote_python,
             verbose=args.verbose,
+            max_failures=args.max_failures,
+        )
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def elastic_config(args: argparse.Namespace, command: object):
+    """The :class:`~hora.runners.elastic.ElasticConfig` of ``hora run --host-discovery-script``
+    (``command``: its :class:`~hora.runners.command.CommandConfig`).
+
+    Raises:
+        UsageError: a bad flag or combination (``--min-np`` above ``--max-np``, ...).
+    """
+    from hora.native.rendezvous import env_float
+    from hora.runners.elastic import ElasticConfig
+    from hora.runners.membership import DEFAULT_TIMEOUT, ENV_TIMEOUT
+
+    try:
+        return ElasticConfig(
+            command=command,  # type: ignore[arg-type]
+            discovery=args.host_discovery_script,
+            min_np=args.min_np if args.min_np is not None else command.num_proc,  # type: ignore[attr-defined]
+            max_np=args.max_np,
+            slots_per_host=args.slots_per_host,
+            elastic_timeout=args.elastic_timeout or env_float(ENV_TIMEOUT, DEFAULT_TIMEOUT),
+            reset_limit=args.reset_limit,
+            cooldown_range=tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -248,13 +316,19 @@ def run_command(args: argparse.Namespace) -> int:
     elif args.verbose:
         _configure_logging("INFO")
     cfg = command_config(args)
+    elastic = elastic_config(args, cfg) if args.host_discovery_script is not None else None
     if cfg.output_dir:
         os.makedirs(cfg.output_dir, exist_ok=True)
     previous = _install_signal_handlers()
     runner = None
     try:
         try:
-            runner = CommandRun(cfg)
+            if elastic is not None:
+                from hora.runners.elastic import ElasticRun
+
+                runner = ElasticRun(elastic)
+            else:
+                runner = CommandRun(cfg)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         if cfg.verbose:

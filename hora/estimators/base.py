@@ -21,7 +21,7 @@ def plot_history(history: Sequence[dict[str, float]], metrics: Sequence[str] | N
         raise ConfigError("the model has no training history to plot")
     from matplotlib.figure import Figure  # no pyplot: works headless, no global state
 
-    keys = [k for k in history[0] if k not in ("epoch", "epoch_time_s")]
+    keys = [k for k in history[0] if k not in ("epoch", "epoch_time_s", "attempt", "num_proc")]
     bases = list(dict.fromkeys(k[4:] if k.startswith("val_") else k for k in keys))
     if metrics is not None:
         unknown = [m for m in metrics if m not in bases]

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hora.errors import WorkerFailedError
+from hora.errors import ConfigError, WorkerFailedError
 from hora.estimators.callbacks import Callback
 from hora.estimators.data import check_columns, dask_frame, engine_of, sample_numpy
 from hora.estimators.framework import CheckResult, Framework
@@ -79,6 +79,7 @@ def prepare(df: Any, config: EstimatorConfig, framework: Framework) -> CheckResu
 def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: Any) -> dict[str, Any]:
     """How the ranks start: ``hora.runners.run`` keywords from ``backend`` / ``num_proc`` and the engine."""
     from hora import runners
+    from hora.runners.recovery import start_size
 
     backend = config.backend
     env = dict(config.backend_env or {})
@@ -102,6 +103,16 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
         num_proc = 1 if engine == "pandas" and backend is None else runners.resolve_launcher(
             opts["backend"], spark=spark, client=client).default_num_proc()
     opts["num_proc"] = max(1, int(num_proc))
+    least = config.min_num_proc
+    if least is not None:  # (min, max): the runner starts (and relaunches) as many as the cluster has slots for
+        if least > opts["num_proc"]:
+            raise ConfigError(f"min_num_proc={least} is greater than num_proc={opts['num_proc']}")
+        if backend is None or hasattr(backend, "launch_options") or isinstance(backend, (str, runners.Launcher)):
+            # the cluster must have slots for the least now: refused before the data is materialized
+            start_size(runners.resolve_launcher(opts["backend"], spark=spark, client=client), least, opts["num_proc"])
+        opts["min_num_proc"] = least
+    if config.max_failures:
+        opts["max_failures"] = config.max_failures
     return opts
 
 
@@ -146,6 +157,10 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     run_id = config.run_id or new_run_id()
     store = config.store
     if config.run_id is not None and store.list_checkpoints(run_id):
+        latest = store.latest_checkpoint(run_id)
+        assert latest is not None
+        framework.codec.check_checkpoint(config, latest[1], f"the checkpoint of epoch {latest[0]} of run {run_id} "
+                                                            f"in {store.url}")
         logger.info("run %s has checkpoints in %s: fit resumes from the last one", run_id, store.url)
 
     t0 = time.monotonic()

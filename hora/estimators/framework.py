@@ -62,16 +62,21 @@ class Resume:
         step: batches of that epoch already trained (0: the epoch starts from its first batch).
         global_step: training batches taken so far in the run (learning-rate schedules continue from it).
         history: one dict of metrics per finished epoch, each epoch once.
+        size: the ranks that wrote the checkpoint (0: unknown, a checkpoint of before it
+            was recorded); a run resumed at another size rescales the learning rate and
+            the step it continues at.
     """
 
     epoch: int = 0
     step: int = 0
     global_step: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
+    size: int = 0
 
     def to_meta(self) -> dict[str, Any]:
         """The JSON-able form stored in a checkpoint."""
-        return {"epoch": self.epoch, "step": self.step, "global_step": self.global_step, "history": self.history}
+        return {"epoch": self.epoch, "step": self.step, "global_step": self.global_step, "history": self.history,
+                "size": self.size}
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any], ckpt_epoch: int) -> "Resume":
@@ -84,7 +89,8 @@ class Resume:
         history = list(meta.get("history", []))
         if step == 0:  # the checkpoint of a finished epoch
             epoch += 1
-        return cls(epoch=epoch, step=step, global_step=int(meta.get("global_step", 0)), history=history)
+        return cls(epoch=epoch, step=step, global_step=int(meta.get("global_step", 0)), history=history,
+                   size=int(meta.get("size", 0)))
 
 
 class ModelCodec:
@@ -132,6 +138,14 @@ class ModelCodec:
     def clone(self, model: Any) -> Any:
         """An independent copy of a trained model (``Model.copy()``)."""
         return copy.deepcopy(model)
+
+    def check_checkpoint(self, config: "EstimatorConfig", data: bytes, where: str) -> None:
+        """Check on the driver that a checkpoint (``where`` names it) belongs to ``config.model``
+        before a fit resumes from it; the default checks nothing.
+
+        Raises:
+            ConfigError: its parameters differ (the message names the first mismatch).
+        """
 
 
 class TrainingSession:
@@ -207,6 +221,10 @@ class TrainingSession:
 
     def set_train(self, training: bool) -> None:
         """Switch between training and evaluation mode."""
+
+    def rescale_learning_rate(self, factor: float) -> None:
+        """Multiply the learning rates by ``factor``: a run resumed from a checkpoint written
+        by another number of ranks, under ``lr_scaling="linear"`` (the default does nothing)."""
 
     # state ----------------------------------------------------------------------------------
     def broadcast_initial(self) -> None:

@@ -346,6 +346,14 @@ class KerasSession(TrainingSession):
         self.hvd.broadcast_variables(self.model.variables, root_rank=0)
         self.hvd.broadcast_variables(self.optimizer.variables, root_rank=0)
 
+    def rescale_learning_rate(self, factor: float) -> None:
+        lr = getattr(self.optimizer, "learning_rate", None)
+        try:
+            value = float(np.asarray(lr))
+        except (TypeError, ValueError):  # a schedule: lr_scaling="linear" refuses those at open
+            return
+        self.optimizer.learning_rate = value * factor
+
     def checkpoint(self, resume: Resume) -> bytes:
         return pickle.dumps({"model": model_to_bytes(self.model), "extra": resume.to_meta()},
                             protocol=pickle.HIGHEST_PROTOCOL)

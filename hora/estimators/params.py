@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import logging
 import numbers
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -149,6 +150,24 @@ def _positive_number(name: str, value: Any) -> float | None:
     return float(value)
 
 
+_EVERY = re.compile(r"^\s*(\d+)\s*(epochs?|steps?)\s*$")
+
+
+def checkpoint_interval(value: Any) -> tuple[int, str]:
+    """``checkpoint_every`` as ``(n, "epochs" | "steps")``: an int N is N epochs, a string
+    ``"N steps"`` (or ``"N epochs"``) says which.
+
+    Raises:
+        ConfigError: anything else, or N < 1.
+    """
+    if _is_int(value) and int(value) >= 1:
+        return int(value), "epochs"
+    match = _EVERY.match(value) if isinstance(value, str) else None
+    if match is None or int(match.group(1)) < 1:
+        raise ConfigError(f"checkpoint_every must be a number of epochs >= 1 or 'N steps', got {value!r}")
+    return int(match.group(1)), "steps" if match.group(2).startswith("step") else "epochs"
+
+
 def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{name} must be True or False, got {value!r}")
@@ -167,7 +186,15 @@ class EstimatorConfig:
         ConfigError: a field has a bad value; the message names the field.
     """
 
-    num_proc: int | None = param(None, "number of training processes (ranks); default: the engine's parallelism")
+    num_proc: Any = param(None, "number of training processes (ranks), or (min, max): as many as the cluster has "
+                          "slots for within the bounds, at start and at each relaunch; default: the engine's "
+                          "parallelism")
+    min_num_proc: int | None = param(None, "the fewest ranks a fit starts or is relaunched with (num_proc is the "
+                                     "most); num_proc=(min, max) sets both")
+    max_failures: int = param(0, "relaunch training up to this many times after a lost rank, executor or Dask "
+                              "worker, from the last checkpoint (an error in the model or data is not retried)")
+    checkpoint_every: Any = param(1, "rank 0 checkpoints to the store every N epochs (an int), or every N training "
+                                  "steps ('N steps'); a relaunch or resume continues from the last checkpoint")
     backend: Any = param(None, "where the ranks run: a launcher's name ('local', 'spark', 'dask', 'ray'), a "
                          "hora.runners Launcher (e.g. RayLauncher(gpus_per_rank=1)), "
                          "hora.spark.common.backend.SparkBackend(num_proc=...) as in Horovod, or any object with "
@@ -243,7 +270,18 @@ class EstimatorConfig:
     def _check_common(self) -> None:
         from hora.store import Store
 
+        if isinstance(self.num_proc, (tuple, list)):
+            if len(self.num_proc) != 2:
+                raise ConfigError(f"num_proc must be an int or (min, max), got {self.num_proc!r}")
+            if self.min_num_proc is not None:
+                raise ConfigError("give min_num_proc or num_proc=(min, max), not both")
+            self.min_num_proc, self.num_proc = self.num_proc
         self.num_proc = _positive_int("num_proc", self.num_proc)
+        self.min_num_proc = _positive_int("min_num_proc", self.min_num_proc)
+        if self.min_num_proc is not None and self.num_proc is not None and self.min_num_proc > self.num_proc:
+            raise ConfigError(f"num_proc bounds: min {self.min_num_proc} is greater than max {self.num_proc}")
+        self.max_failures = _positive_int("max_failures", self.max_failures, allow_none=False, minimum=0)
+        checkpoint_interval(self.checkpoint_every)
         if isinstance(self.backend, str):
             if self.backend not in LAUNCHER_NAMES:
                 raise ConfigError(f"backend {self.backend!r} is unknown; use one of {', '.join(LAUNCHER_NAMES)}, a "
@@ -259,6 +297,10 @@ class EstimatorConfig:
             if self.num_proc is not None and not isinstance(self.backend, Launcher):
                 raise ConfigError("at most one of backend and num_proc may be given (as in Horovod): pass "
                                   "num_proc to the backend, e.g. SparkBackend(num_proc=...)")
+            if self.max_failures and not isinstance(self.backend, Launcher) and not hasattr(self.backend,
+                                                                                          "launch_options"):
+                raise ConfigError(f"max_failures={self.max_failures} needs a hora launcher: the run() of a "
+                                  f"{type(self.backend).__name__} cannot relaunch lost ranks")
         if self.store is None:
             raise ConfigError("store is required: pass store=hora.store.Store.create(url) (or a store URL)")
         if isinstance(self.store, str):

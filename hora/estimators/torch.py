@@ -39,8 +39,8 @@ from hora.estimators.framework import CheckResult, Framework, ModelCodec, Resume
 from hora.estimators.params import EstimatorConfig, param
 from hora.estimators.spec import freeze, thaw
 from hora.estimators.torch_tensors import (
-    _stack, _tensor, align_label, as_outputs, is_torchmetric, normalize_metrics, per_row_loss_fn, state_bytes, to_inputs,
-    weighted,
+    _stack, _tensor, align_label, as_outputs, first_state_mismatch, is_torchmetric, normalize_metrics, per_row_loss_fn,
+    state_bytes, to_inputs, weighted,
 )
 
 logger = logging.getLogger(__name__)
@@ -133,6 +133,21 @@ class TorchCodec(ModelCodec):
         return freeze({"model": config.model, "optimizer": config.optimizer, "loss": config.loss,
                        "metrics": config.metrics, "compression": config.gradient_compression,
                        "minibatch_fn": config.train_minibatch_fn})
+
+    def check_checkpoint(self, config: Any, data: bytes, where: str) -> None:
+        import torch
+
+        try:
+            ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        except Exception as exc:
+            raise ConfigError(f"{where} cannot be read as a Torch checkpoint: {type(exc).__name__}: {exc}") from exc
+        saved = ckpt.get("model") if isinstance(ckpt, dict) else None
+        if saved is None:
+            raise ConfigError(f"{where} holds no model state")
+        mismatch = first_state_mismatch(config.model.state_dict(), saved)
+        if mismatch is not None:
+            raise ConfigError(f"{where} belongs to another model: {mismatch}; fit with another run_id, or the "
+                              "model that wrote it")
 
     def load(self, payload: bytes, weights: bytes) -> Any:
         model = thaw(payload)["model"]
@@ -377,11 +392,19 @@ class TorchSession(TrainingSession):
                     "extra": resume.to_meta()}, buf)
         return buf.getvalue()
 
+    def rescale_learning_rate(self, factor: float) -> None:
+        for group in self.optimizer.param_groups:
+            if "lr" in group:
+                group["lr"] = group["lr"] * factor
+
     def restore(self, data: bytes, ckpt_epoch: int) -> Resume:
         import torch
 
         ckpt = torch.load(io.BytesIO(data), map_location=self.device or "cpu", weights_only=False)
         if "model" in ckpt:
+            mismatch = first_state_mismatch(self.model.state_dict(), ckpt["model"])
+            if mismatch is not None:
+                raise ConfigError(f"the checkpoint of epoch {ckpt_epoch} belongs to another model: {mismatch}")
             self.model.load_state_dict(ckpt["model"])
         if "optimizer" in ckpt:
             self.optimizer.load_state_dict(ckpt["optimizer"])

@@ -158,6 +158,21 @@ def state_bytes(module: Any) -> bytes:
     return buf.getvalue()
 
 
+def first_state_mismatch(model_state: dict[str, Any], saved: dict[str, Any]) -> str | None:
+    """How the first parameter or buffer of ``saved`` (a checkpoint's ``state_dict``) differs
+    from ``model_state`` (the model's), or None when names and shapes all agree."""
+    for name, value in model_state.items():
+        if name not in saved:
+            return f"the model's {name!r} {tuple(value.shape)} is not in the checkpoint"
+        theirs = tuple(getattr(saved[name], "shape", ()))
+        if theirs != tuple(value.shape):
+            return f"{name!r} has shape {theirs} in the checkpoint and {tuple(value.shape)} in the model"
+    extra = [name for name in saved if name not in model_state]
+    if extra:
+        return f"the checkpoint's {extra[0]!r} is not in the model"
+    return None
+
+
 def _tensor(arr: np.ndarray) -> Any:
     """A tensor of ``arr`` (shares memory when it can; copies read-only arrays, e.g. from Arrow)."""
     import torch
@@ -176,4 +191,4 @@ def _stack(arr: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["to_inputs", "as_outputs", "align_label", "normalize_metrics", "is_torchmetric", "per_row_loss_fn",
-           "weighted", "state_bytes"]
+           "weighted", "state_bytes", "first_state_mismatch"]

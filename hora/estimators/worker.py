@@ -5,7 +5,8 @@
 
 1. opens the session from the spec (collectives, model, optimizer),
 2. resumes from the run's last checkpoint in the store when there is one (at its epoch
-   and step, with its history and step count),
+   and step, with its history and step count; a relaunch after a lost rank does the same,
+   at the size the job has now),
 3. broadcasts rank 0's model and optimizer state to every rank,
 4. per epoch: trains on this rank's batches from :func:`hora.store.make_reader` (the
    same number on every rank; kept in memory after the first epoch with
@@ -13,7 +14,9 @@
    the session's ``batches`` hook (``transformation_fn`` and the feature groups
    applied first), validates, averages the epoch metrics across ranks (the one metric
    allreduce, :func:`allreduce_sum`), runs the callbacks, and on rank 0 checkpoints
-   atomically, writes TensorBoard scalars and reports progress (a bar per epoch),
+   atomically (``checkpoint_every`` epochs, or every N steps mid-epoch), records the
+   epoch (with its attempt and number of ranks) in the history, writes TensorBoard
+   scalars and reports progress (a bar per epoch),
 5. returns (rank 0) the history and the final weights.
 """
 
@@ -34,6 +37,7 @@ from hora.errors import ConfigError
 from hora.estimators.batches import CachedReader, _batches, steps_per_epoch
 from hora.estimators.callbacks import CallbackContext
 from hora.estimators.framework import Resume, TrainingSession
+from hora.estimators.params import checkpoint_interval
 from hora.estimators.spec import TrainSpec, thaw
 
 logger = logging.getLogger(__name__)
@@ -154,10 +158,12 @@ class WorkerRun:
         if self.size != spec.num_proc:
             logger.warning("the job has %d ranks, the estimator asked for num_proc=%d", self.size, spec.num_proc)
         self.history: list[dict[str, float]] = []
+        self.attempt = int(os.environ.get("HORA_ATTEMPT", "1") or 1)  # set by hora.runners (relaunches count up)
+        self.every, self.every_unit = checkpoint_interval(self.config.checkpoint_every)
+        self.resumed_at: int | None = None  # the epoch (0-based) this attempt resumed at, if it resumed
         self.ctx = CallbackContext(rank=self.rank, size=self.size, run_id=spec.run_id, store=spec.store,
                                    params=self.config.json_values())
-        self.ctx.state_bytes = lambda: session.checkpoint(Resume(session.epoch, 0, session.global_step,
-                                                                 list(self.history)))
+        self.ctx.state_bytes = lambda: session.checkpoint(self.where(session.epoch, 0))
         self.ctx.model_files = session.model_files
         self.tb = _TensorBoard(spec) if self.rank == 0 else None
         self.report_every = int(os.environ.get(REPORT_EVERY_ENV, spec.report_every))
@@ -165,6 +171,42 @@ class WorkerRun:
         self.total = steps_per_epoch(spec, "train", self.rank, self.size) if spec.dataset is not None else None
         self.last_epoch: dict[str, float] = {}  # repeated in the next epoch's reports (the driver keeps the latest)
         self.start_epoch = 0
+
+    def where(self, epoch: int, step: int) -> Resume:
+        """Where training stands after ``step`` batches of ``epoch`` (0: the epoch is done), for a checkpoint."""
+        return Resume(epoch=epoch, step=step, global_step=self.session.global_step, history=list(self.history),
+                      size=self.size)
+
+    def resumed(self, resume: Resume) -> Resume:
+        """``resume`` as this job continues it: with another number of ranks than wrote the
+        checkpoint, the learning rate follows the size (``lr_scaling="linear"``) and a
+        mid-epoch step is converted to about as many rows (the reader re-shards)."""
+        if resume.epoch or resume.step or resume.history:
+            self.resumed_at = resume.epoch
+            if self.rank == 0:
+                logger.warning("run %s: attempt %d, resumed at epoch %d step %d on %d rank(s)%s", self.spec.run_id,
+                               self.attempt, resume.epoch + 1, resume.step, self.size,
+                               f" (the checkpoint's run had {resume.size})" if resume.size not in (0, self.size) else "")
+        if resume.size and resume.size != self.size:
+            if self.config.lr_scaling == "linear":
+                self.session.rescale_learning_rate(self.size / resume.size)
+            if resume.step:
+                total = self.steps("train") or 1
+                resume.step = min(total - 1, int(round(resume.step * resume.size / self.size)))
+        return resume
+
+    def checkpoint_due(self, epoch: int, step: int | None = None) -> bool:
+        """Whether rank 0 checkpoints after ``step`` (None: at the end of ``epoch``), per ``checkpoint_every``."""
+        if step is None:  # every epoch-end with "N steps"; the last epoch always
+            return self.every_unit == "steps" or (epoch + 1) % self.every == 0 or epoch == self.config.epochs - 1
+        return (self.every_unit == "steps" and self.session.global_step % self.every == 0
+                and step + 1 < (self.total or 0))
+
+    def save_step_checkpoint(self, epoch: int, step: int) -> None:
+        """Rank 0: a mid-epoch checkpoint after ``step`` (``checkpoint_every="N steps"``)."""
+        if self.rank == 0 and self.checkpoint_due(epoch, step):
+            self.spec.store.save_checkpoint(self.spec.run_id, epoch,
+                                            self.session.checkpoint(self.where(epoch, step + 1)))
 
     # data ---------------------------------------------------------------------------------
     def latest_checkpoint(self) -> tuple[int, bytes] | None:
@@ -205,7 +247,11 @@ class WorkerRun:
             cb.on_batch_end(self.ctx, step, logs)
         if self.rank == 0 and self.config.verbose and step % self.report_every == 0:
             _report(epoch=epoch + 1, epochs=self.config.epochs, step=step + 1, total=self.total,
-                    last_epoch=self.last_epoch, **({"loss": round(loss, 6)} if loss is not None else {}))
+                    last_epoch=self.last_epoch, **self._resumed_metric(),
+                    **({"loss": round(loss, 6)} if loss is not None else {}))
+
+    def _resumed_metric(self) -> dict[str, int]:
+        return {} if self.resumed_at is None else {"resumed_at": self.resumed_at + 1}
 
     def epoch_end(self, epoch: int, logs: dict[str, float], checkpoint: Callable[[], bytes | None]) -> bool:
         """Callbacks, history, and on rank 0 the checkpoint (``checkpoint()``), TensorBoard and the epoch's report.
@@ -214,11 +260,11 @@ class WorkerRun:
         """
         for cb in self.callbacks:
             cb.on_epoch_end(self.ctx, epoch, logs)
-        self.history.append({"epoch": epoch, **logs})
+        self.history.append({"epoch": epoch, **logs, "attempt": self.attempt, "num_proc": self.size})
         self.session.step = 0
         if self.rank == 0:
             store = self.spec.store
-            data = checkpoint()
+            data = checkpoint() if self.checkpoint_due(epoch) else None
             if data is not None:
                 store.save_checkpoint(self.spec.run_id, epoch, data)
             store.write_json(store.layout.history_path(self.spec.run_id), self.history)
@@ -226,7 +272,8 @@ class WorkerRun:
                 self.tb.log(epoch, logs)
             if self.config.verbose:
                 shown = {k: round(v, 6) for k, v in logs.items() if k != "epoch_time_s"}
-                _report(epoch=epoch + 1, epochs=self.config.epochs, step=self.total, total=self.total, **shown)
+                _report(epoch=epoch + 1, epochs=self.config.epochs, step=self.total, total=self.total,
+                        **self._resumed_metric(), **shown)
                 self.last_epoch = shown
                 logger.info("epoch %d/%d: %s", epoch + 1, self.config.epochs, shown)
         return self.ctx.stop_training
@@ -268,7 +315,7 @@ def _train(run: WorkerRun) -> dict | None:
     resume = Resume()
     latest = run.latest_checkpoint()
     if latest is not None:
-        resume = session.restore(latest[1], latest[0])
+        resume = run.resumed(session.restore(latest[1], latest[0]))
     run.history, run.start_epoch = list(resume.history), resume.epoch
     session.epoch, session.step, session.global_step = resume.epoch, resume.step, resume.global_step
     session.broadcast_initial()
@@ -287,12 +334,12 @@ def _train(run: WorkerRun) -> dict | None:
             steps += 1
             session.on_batch_end(step, loss)
             run.batch_end(epoch, step, loss)
+            run.save_step_checkpoint(epoch, step)
         session.finish_epoch(steps)
         logs = _epoch_logs(run, epoch, loss_sum, steps)
         logs["epoch_time_s"] = time.monotonic() - t0
         native_stop = session.on_epoch_end(epoch, logs)
-        wants_stop = run.epoch_end(epoch, logs, lambda: session.checkpoint(
-            Resume(epoch=epoch, step=0, global_step=session.global_step, history=run.history))) or native_stop
+        wants_stop = run.epoch_end(epoch, logs, lambda: session.checkpoint(run.where(epoch, 0))) or native_stop
         if allreduce_sum(np.array([1.0 if wants_stop else 0.0]))[0] > 0:
             break
     run.train_end()

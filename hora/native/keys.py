@@ -11,7 +11,9 @@ launcher for ``hora run`` and the local/ssh launchers, in the driver service of
   start barrier ``hora/native/<job>/<gen>/init`` and the address of the collective store
   ``hora/native/<job>/<gen>/collective_store``;
 * the launcher's (``runner/...``): which ranks started, heartbeats, output batches,
-  metrics, failure reports (ordered by one counter), results and the abort flag.
+  metrics, failure reports (ordered by one counter), results and the abort flag;
+* elastic ``hora run``'s (``elastic/...``): which workers left a round, their places in
+  the next one, and the host changes of the current one.
 
 Launchers read what ranks write only through the functions here (a launcher that
 waits for stragglers at the engine's start barrier asks :func:`parse_native_init`
@@ -111,6 +113,28 @@ SPEC = "runner/spec"  # the pickled (LaunchSpec, None) for ranks that fetch it (
 ABORT = "runner/abort"  # set by the driver: every rank stops
 
 
+# ---------------------------------------------------------------------------------------
+# elastic membership (``hora run --host-discovery-script``: hora.runners.elastic and its workers)
+# ---------------------------------------------------------------------------------------
+ELASTIC = "elastic/"
+ELASTIC_HOSTS = "elastic/hosts"  # pickled HostsUpdate: the hosts changed during a round
+
+
+def elastic_ready_key(round_: int, worker: str) -> str:
+    """Set by ``worker`` when it left round ``round_`` to reset (it waits for its next assignment)."""
+    return f"{ELASTIC}ready/{round_}/{worker}"
+
+
+def elastic_ready_prefix(round_: int) -> str:
+    """The prefix of every worker's ready key of round ``round_``."""
+    return f"{ELASTIC}ready/{round_}/"
+
+
+def elastic_assign_key(round_: int, worker: str) -> str:
+    """``worker``'s place in round ``round_`` (a pickled assignment, or the exit marker)."""
+    return f"{ELASTIC}assign/{round_}/{worker}"
+
+
 def rank_key(prefix: str, rank: int) -> str:
     """``<prefix><rank>`` for the per-rank prefixes above."""
     return f"{prefix}{rank}"
@@ -149,5 +173,5 @@ __all__ = [
     "native_generation_open", "native_init_barrier",
     "native_collective_store", "parse_native_init", "rank_key", "rank_of", "log_key", "parse_log_key",
     "result_chunk_key", "STARTED", "HEARTBEAT", "LOG", "METRICS", "FAILED", "FAILSEQ", "DONE", "EXITED", "RESULT",
-    "SPEC", "ABORT",
+    "SPEC", "ABORT", "ELASTIC", "ELASTIC_HOSTS", "elastic_ready_key", "elastic_ready_prefix", "elastic_assign_key",
 ]

@@ -13,16 +13,19 @@ A launcher is not a collective *backend* (Gloo, NCCL, MPI: :mod:`hora.native.bac
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, RendezvousError, WorkerFailedError
 from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float, make_secret
 from hora.runners.driver import DriverService
 from hora.runners.monitor import Policy, RunTimeoutError, watch
+from hora.runners.recovery import Attempts, check_max_failures, start_size, wait_for_slots
 from hora.runners.spec import LaunchSpec, check_run_id, dumps, new_run_id
 
 if TYPE_CHECKING:
@@ -46,6 +49,11 @@ class Job(abc.ABC):
         """Failures the launcher itself observed (rank exits, lost hosts), numbered by
         the driver service's failure counter."""
         return []
+
+    def ended(self) -> set[int]:
+        """Ranks whose process is known to have ended successfully (the monitor stops
+        waiting for a root cause once every rank failed or ended)."""
+        return set()
 
     @abc.abstractmethod
     def cancel(self) -> None:
@@ -83,6 +91,10 @@ class Launcher(abc.ABC):
         Raises:
             ConfigError: not enough free slots (the message says how many there are).
         """
+
+    def refresh_slots(self) -> None:
+        """Forget what the launcher remembers about the cluster's free slots: a lost
+        executor or worker changes them (called before every relaunch check)."""
 
     def driver_addresses(self) -> tuple[str, str]:
         """``(bind, advertise)``: where the driver service listens and how ranks reach it."""
@@ -148,6 +160,8 @@ def run(
     client: Any = None,
     timeout: float | None = None,
     *,
+    max_failures: int = 0,
+    min_num_proc: int | None = None,
     init_native: bool = True,
     stdout: IO[str] | None = None,
     stderr: IO[str] | None = None,
@@ -175,15 +189,29 @@ def run(
         verbose: 0 silent, 1 rank output and progress bar, 2 also debug logs in the ranks.
         spark: the SparkSession for ``backend="spark"`` (default: the active one).
         client: the ``distributed.Client`` for ``backend="dask"`` (default: the active one).
-        timeout: optional limit in seconds for the whole run.
+        timeout: optional limit in seconds for the whole run (every attempt together).
+        max_failures: relaunch every rank up to this many times when the run fails with a
+            retriable fault: a rank killed by a signal, a lost host, executor or Dask worker,
+            ranks that never start, a rendezvous/connection error (see
+            :mod:`hora.runners.faults`). An exception raised by ``fn`` is not retried. Each
+            attempt is a new launch (ranks see ``HORA_ATTEMPT``: 1, 2, ...); before one,
+            the launcher waits up to ``start_timeout`` for the slots to be free again.
+        min_num_proc: with ``max_failures``, a relaunch may run fewer ranks than
+            ``num_proc`` (the most), down to this many: as many as the launcher has slots
+            for then (a Spark cluster that lost an executor, a Dask cluster that lost a
+            worker; workers that joined are used, up to ``num_proc``). Ranks read the size
+            from ``HORA_SIZE`` as always.
         init_native: call ``hora.native.init()`` before ``fn`` (and ``shutdown()`` after);
             False when ``fn`` calls ``hvd.init()`` itself, as under :func:`hora.run`.
         stdout, stderr: where rank output is printed (default: the driver's own).
         timestamps: prefix every printed rank line with the time it arrived.
 
     Raises:
-        ConfigError: bad arguments, or more ranks than the backend's free slots.
-        WorkerFailedError: a rank raised or died (``rank``, ``host``, ``remote_traceback``).
+        ConfigError: bad arguments (``max_failures < 0``, ...), or more ranks than the
+            backend's free slots.
+        WorkerFailedError: a rank raised or died (``rank``, ``host``, ``remote_traceback``):
+            the rank that failed *first*, not a survivor that failed because of it. After
+            relaunches, the message names every attempt's cause (``.attempts``).
         RunTimeoutError: the run exceeded ``timeout``, or ranks hung after others returned.
         RendezvousError: a rank never started within ``start_timeout``.
     """
@@ -197,11 +225,20 @@ def run(
         raise ConfigError(f"verbose must be an int (0, 1 or 2), got {verbose!r}")
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    check_max_failures(max_failures)
+    if min_num_proc is not None and (isinstance(min_num_proc, bool) or not isinstance(min_num_proc, int)
+                                     or min_num_proc < 1):
+        raise ConfigError(f"min_num_proc must be an int >= 1, got {min_num_proc!r}")
     launcher = resolve_launcher(backend, spark=spark, client=client)
     if num_proc is None:
         num_proc = launcher.default_num_proc()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ConfigError(f"num_proc must be an int >= 1, got {num_proc!r}")
+    most = num_proc
+    if min_num_proc is not None:  # as many ranks as there are slots for, within [min_num_proc, num_proc]
+        if min_num_proc > num_proc:
+            raise ConfigError(f"min_num_proc={min_num_proc} is greater than num_proc={num_proc}")
+        num_proc = start_size(launcher, min_num_proc, num_proc)
     launcher.check_num_proc(num_proc)
     if start_timeout is None:
         start_timeout = env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)
@@ -215,32 +252,52 @@ def run(
     except Exception as exc:
         raise ConfigError(f"fn {getattr(fn, '__qualname__', fn)!r} or its arguments cannot be pickled: {exc}") from exc
     store = _open_store(store)
-    secret = make_secret()
+    spec = LaunchSpec(
+        payload=payload,
+        fn_name=getattr(fn, "__qualname__", repr(fn)),
+        num_proc=num_proc,
+        run_id=run_id,
+        secret=make_secret(),
+        driver_addr="127.0.0.1:0",  # each attempt's driver service fills in its own
+        env=tuple(env.items()),
+        start_timeout=float(start_timeout),
+        collective_backend=collective,
+        verbose=verbose,
+        init_native=bool(init_native),
+        sys_path=tuple(p for p in sys.path if isinstance(p, str)),
+    )
+    printing = {"store": store, "stdout": stdout, "stderr": stderr, "timestamps": timestamps}
+    attempts = Attempts(run_id, max_failures, launcher.name)
+    t0 = time.monotonic()
+    while True:
+        left = None if timeout is None else timeout - (time.monotonic() - t0)
+        try:
+            return _attempt(launcher, spec, attempts, printing, left)
+        except (WorkerFailedError, RendezvousError) as exc:
+            out_of_time = timeout is not None and time.monotonic() - t0 >= timeout
+            attempts.failed(exc, spec.num_proc, out_of_time=out_of_time)
+        size = wait_for_slots(launcher, min_num_proc or most, most, float(start_timeout), run_id)
+        attempts.relaunching(size)
+        spec = dataclasses.replace(spec, num_proc=size)
+
+
+def _attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, printing: dict[str, Any],
+             timeout: float | None) -> list[Any]:
+    """One launch of a run: a fresh driver service and secret, the ranks, the monitor, the teardown."""
     bind, advertise = launcher.driver_addresses()
-    service = DriverService(secret, num_proc, run_id, bind=bind, advertise=advertise, verbose=verbose, store=store,
-                            stdout=stdout, stderr=stderr, timestamps=timestamps)
+    secret = make_secret() if attempts.number > 1 else spec.secret
+    service = DriverService(secret, spec.num_proc, spec.run_id, bind=bind, advertise=advertise,
+                            verbose=spec.verbose, attempt=attempts.number, label=attempts.label(), **printing)
     job: Job | None = None
     try:
-        spec = LaunchSpec(
-            payload=payload,
-            fn_name=getattr(fn, "__qualname__", repr(fn)),
-            num_proc=num_proc,
-            run_id=run_id,
-            secret=secret,
-            driver_addr=service.addr,
-            env=tuple(env.items()),
-            start_timeout=float(start_timeout),
-            collective_backend=collective,
-            verbose=verbose,
-            init_native=bool(init_native),
-            sys_path=tuple(p for p in sys.path if isinstance(p, str)),
-        )
-        log.info("hora run %s: %d rank(s) of %s on %s", run_id, num_proc, spec.fn_name, launcher.name)
+        spec = dataclasses.replace(spec, secret=secret, driver_addr=service.addr, attempt=attempts.number)
+        log.info("hora run %s: %d rank(s) of %s on %s%s", spec.run_id, spec.num_proc, spec.fn_name, launcher.name,
+                 f" ({attempts.label()})" if attempts.label() else "")
         job = launcher.start(spec, service)
-        return watch(service, job, Policy(num_proc=num_proc, run_id=run_id, start_timeout=float(start_timeout),
-                                          functions=True, timeout=timeout))
+        return watch(service, job, Policy(num_proc=spec.num_proc, run_id=spec.run_id,
+                                          start_timeout=spec.start_timeout, functions=True, timeout=timeout))
     except KeyboardInterrupt:
-        log.warning("hora run %s interrupted; stopping every rank", run_id)
+        log.warning("hora run %s interrupted; stopping every rank", spec.run_id)
         raise
     finally:
         service.abort()

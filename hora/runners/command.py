@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Mapping
 from typing import IO
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, RendezvousError, WorkerFailedError
 from hora.native.rendezvous import WorkerEnv, make_secret
 from hora.runners.driver import DriverService
 from hora.runners.hostjob import HostPlan, HostsJob, RankOutput, RankProcess, forward_environment
@@ -26,7 +26,8 @@ from hora.runners.hosts import HostSlots, RankSlot
 from hora.runners.local import hosts_config
 from hora.runners.monitor import Policy, watch
 from hora.runners.mpi import MpiJob
-from hora.runners.spec import ENV_DRIVER_ADDR, ENV_RUN_ID, new_run_id
+from hora.runners.recovery import Attempts, check_max_failures
+from hora.runners.spec import ENV_ATTEMPT, ENV_DRIVER_ADDR, ENV_RUN_ID, new_run_id
 from hora.runners.ssh import SshOptions
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class CommandConfig:
         mpi: start the ranks with mpiexec.
         remote_python: the interpreter of hora's supervisor on remote hosts.
         verbose: print the hosts and commands.
+        max_failures: relaunch every rank up to this many times after a retriable
+            failure (``--max-failures``; see :mod:`hora.runners.recovery`).
     """
 
     command: tuple[str, ...]
@@ -70,8 +73,10 @@ class CommandConfig:
     mpi: bool = False
     remote_python: str | None = None
     verbose: bool = False
+    max_failures: int = 0
 
     def __post_init__(self) -> None:
+        check_max_failures(self.max_failures, "--max-failures")
         if not self.command:
             raise ConfigError("no command given (e.g. hora run -np 2 python train.py)")
         if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
@@ -80,6 +85,9 @@ class CommandConfig:
             raise ConfigError(f"--start-timeout must be > 0, got {self.start_timeout!r}")
         if self.collective not in COLLECTIVES:
             raise ConfigError(f"collective backend {self.collective!r} is unknown; use one of {', '.join(COLLECTIVES)}")
+        if self.mpi and self.max_failures:
+            raise ConfigError("--max-failures needs hora's own launcher: under --mpi, mpiexec does not say which "
+                              "rank died or how, so a lost rank cannot be told from a failed program")
         if self.mpi and self.collective not in ("auto", "mpi"):
             raise ConfigError(f"--mpi runs the MPI backend; it conflicts with --backend {self.collective}")
         if not self.hosts:
@@ -89,6 +97,28 @@ class CommandConfig:
         for name in (*self.forward, *self.values):
             if not name or "=" in name or not name.replace("_", "a").isalnum():
                 raise ConfigError(f"-x {name!r} is not a valid environment variable name")
+
+
+def command_environment(cfg: CommandConfig, plan: HostPlan, service_addr: str, run_id: str,
+                        remote: bool) -> dict[str, str]:
+    """The environment of a rank of ``cfg`` before its place in the job is added: the
+    launcher's own on this machine (the forwarded variables on a remote host), the engine
+    settings, ``-x`` values, the network interface, and the driver service's address."""
+    if remote:
+        env = forward_environment(os.environ, cfg.forward)
+    else:
+        env = dict(os.environ)
+        env.pop("HORA_SUPERVISOR_PID", None)
+    env.update(cfg.settings)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if plan.interface:
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = plan.interface
+    elif plan.all_loopback:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.update(cfg.values)
+    env[ENV_DRIVER_ADDR] = service_addr
+    env[ENV_RUN_ID] = run_id
+    return env
 
 
 class CommandRun:
@@ -102,12 +132,22 @@ class CommandRun:
         self.run_id = new_run_id()
         self.plan = HostPlan.make(cfg.hosts, cfg.num_proc, cfg.ssh, interface=cfg.network_interface,
                                   address=cfg.network_address)
-        self.secret = make_secret()
-        self.service = DriverService(self.secret, cfg.num_proc, self.run_id, bind=self.plan.bind,
-                                     advertise=self.plan.service_address, verbose=1, stdout=stdout, stderr=stderr)
-        self.output = RankOutput(self.service.emit, cfg.output_dir, cfg.num_proc)
+        self._streams = (stdout, stderr)
+        self.attempts = Attempts(self.run_id, cfg.max_failures, "mpiexec" if cfg.mpi else "hosts")
         self.job: HostsJob | MpiJob | None = None
-        self.started = False  # every rank was started
+        self.started = False  # every rank of the current attempt was started
+        self._open_attempt()
+
+    def _open_attempt(self) -> None:
+        """A fresh secret, service and output sink for the current attempt."""
+        self.secret = make_secret()
+        self.service = DriverService(self.secret, self.cfg.num_proc, self.run_id, bind=self.plan.bind,
+                                     advertise=self.plan.service_address, verbose=1, stdout=self._streams[0],
+                                     stderr=self._streams[1], attempt=self.attempts.number,
+                                     label=self.attempts.label())
+        self.output = RankOutput(self.service.emit, self.cfg.output_dir, self.cfg.num_proc)
+        self.job = None
+        self.started = False
 
     def describe(self) -> list[str]:
         """What ``--verbose`` prints before starting."""
@@ -119,21 +159,8 @@ class CommandRun:
         return lines
 
     def _env(self, remote: bool) -> dict[str, str]:
-        cfg = self.cfg
-        if remote:
-            env = forward_environment(os.environ, cfg.forward)
-        else:
-            env = dict(os.environ)
-            env.pop("HORA_SUPERVISOR_PID", None)
-        env.update(cfg.settings)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        if self.plan.interface:
-            env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.plan.interface
-        elif self.plan.all_loopback:
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env.update(cfg.values)
-        env[ENV_DRIVER_ADDR] = self.service.addr
-        env[ENV_RUN_ID] = self.run_id
+        env = command_environment(self.cfg, self.plan, self.service.addr, self.run_id, remote)
+        env[ENV_ATTEMPT] = str(self.attempts.number)
         return env
 
     def _make_rank(self, slot: RankSlot, advertise: str, remote: bool) -> RankProcess:
@@ -170,16 +197,28 @@ class CommandRun:
         self.started = True
 
     def wait(self) -> None:
-        """Return once every rank exited 0.
+        """Return once every rank exited 0. With ``max_failures``, a retriable failure (a
+        rank killed by a signal, a lost host: :mod:`hora.runners.faults`) stops every rank
+        and starts them all again, up to ``max_failures`` times.
 
         Raises:
-            WorkerFailedError: the first failure (rank, host, exit code, traceback).
+            WorkerFailedError: the first failure (rank, host, exit code, traceback); after
+                relaunches, naming every attempt's cause.
             RendezvousError: ranks never reached the engine's start barrier.
         """
-        assert self.job is not None
-        watch(self.service, self.job, Policy(num_proc=self.cfg.num_proc, run_id=self.run_id,
-                                             start_timeout=self.cfg.start_timeout, functions=False,
-                                             poll_interval=0.05))
+        while True:
+            assert self.job is not None
+            try:
+                watch(self.service, self.job, Policy(num_proc=self.cfg.num_proc, run_id=self.run_id,
+                                                     start_timeout=self.cfg.start_timeout, functions=False,
+                                                     poll_interval=0.05))
+                return
+            except (WorkerFailedError, RendezvousError) as exc:
+                self.attempts.failed(exc, self.cfg.num_proc)
+            self.attempts.relaunching(self.cfg.num_proc)
+            self.stop()
+            self._open_attempt()
+            self.start()
 
     def stop(self) -> None:
         """Stop every rank on every host and close the services (idempotent)."""
@@ -192,4 +231,4 @@ class CommandRun:
             self.service.close()
 
 
-__all__ = ["CommandConfig", "CommandRun"]
+__all__ = ["CommandConfig", "CommandRun", "command_environment"]

@@ -5,7 +5,9 @@ Rank ``r`` runs on worker ``addr`` with ``workers=[addr]``, ``allow_other_worker
 workers declare a ``GPU`` resource, only those are used and each task asks for
 ``resources={"GPU": 1}``. The rendezvous is the driver service (bound to port 0 and then
 published: no port race). Each task runs its rank as a subprocess through
-:func:`hora.runners.worker.supervise`; a worker that dies or leaves fails the run.
+:func:`hora.runners.worker.supervise`; a worker that dies or leaves fails the run (a
+lost worker: with ``max_failures`` the run is relaunched on the workers left, never on a
+lost worker's address again).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from hora.errors import ConfigError, WorkerFailedError
 from hora.native.rendezvous import compute_placement
 from hora.runners.base import Job, Launcher
 from hora.runners.driver import DriverService
+from hora.runners.faults import FaultKind
+from hora.runners.monitor import Failure
 from hora.runners.spec import (
     DEFAULT_TERMINATE_GRACE,
     ENV_ADVERTISE_ADDR,
@@ -57,13 +61,28 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def task_key(spec: LaunchSpec, rank: int) -> str:
+    """The Dask key of a rank's task: ``hora-<run_id>-rank<r>``, ``hora-<run_id>-a<k>-rank<r>``
+    for the k-th attempt of a relaunched run (a key is never reused)."""
+    attempt = "" if spec.attempt == 1 else f"-a{spec.attempt}"
+    return f"hora-{spec.run_id}{attempt}-rank{rank}"
+
+
+def _kind_of_task_error(exc: BaseException) -> FaultKind:
+    """A Dask task error that is not hora's: ``KilledWorker`` (the worker died running it) is a lost worker."""
+    return FaultKind.LOST if type(exc).__name__ == "KilledWorker" else FaultKind.TASK
+
+
 class DaskJob(Job):
     """The pinned futures of one run."""
 
     def __init__(self, backend: DaskLauncher, spec: LaunchSpec, service: DriverService) -> None:
         self.client = backend.client
+        self.launcher = backend
         self.spec = spec
         self.service = service
+        self._failed: set[int] = set()
+        self._failures: list[Failure] = []
         workers = backend.pick_workers(spec.num_proc)
         self.addresses = [addr for addr, _ in workers]
         hosts = [backend.advertise_for(info.get("host") or _host_of(addr)) for addr, info in workers]
@@ -83,7 +102,7 @@ class DaskJob(Job):
                 self.futures.append(
                     self.client.submit(
                         _dask_task, spec, ctx,
-                        key=f"hora-{spec.run_id}-rank{p.rank}",
+                        key=task_key(spec, p.rank),
                         workers=[addr], allow_other_workers=False, pure=False, resources=resources,
                     )
                 )
@@ -91,33 +110,48 @@ class DaskJob(Job):
             self.cancel()
             raise
 
-    def poll(self) -> list[Any] | None:
+    def failures(self) -> list[Failure]:
+        """Failed futures and lost workers, each numbered once, when first seen."""
         for rank, fut in enumerate(self.futures):
+            if rank in self._failed:
+                continue
             status = fut.status
             if status == "error":
                 exc = fut.exception()
-                if isinstance(exc, WorkerFailedError):
-                    raise exc
-                raise WorkerFailedError(
-                    f"rank {rank} on Dask worker {self.addresses[rank]} failed: {type(exc).__name__}: {exc}",
-                    rank=rank, host=self.hosts[rank],
-                )
-            if status in ("cancelled", "lost"):
-                raise WorkerFailedError(
-                    f"the Dask task of rank {rank} on {self.addresses[rank]} was {status}", rank=rank, host=self.hosts[rank]
-                )
-        if all(f.status == "finished" for f in self.futures):
-            return [f.result() for f in self.futures]
+                if isinstance(exc, WorkerFailedError):  # supervise()'s account; the rank's own report has more
+                    code = exc.exitcode
+                    self._fail(rank, Failure(seq=self.service.next_seq(), rank=rank, host=self.hosts[rank],
+                                             message=exc.message.removeprefix(f"rank {rank} "),
+                                             traceback=exc.remote_traceback, exitcode=code,
+                                             kind=FaultKind.SIGNAL if (code or 0) < 0 else FaultKind.TASK,
+                                             source="engine"))
+                else:
+                    self._fail(rank, Failure(seq=self.service.next_seq(), rank=rank, host=self.hosts[rank],
+                                             message=f"failed on Dask worker {self.addresses[rank]}: "
+                                                     f"{type(exc).__name__}: {exc}",
+                                             kind=_kind_of_task_error(exc), source="engine"))
+            elif status in ("cancelled", "lost"):
+                self._fail(rank, Failure.lost(self.service.next_seq(), rank, self.hosts[rank],
+                                              f"was lost: its Dask task on {self.addresses[rank]} was {status}"))
         now = time.monotonic()
-        if now - self._last_check >= WORKER_CHECK_INTERVAL:
+        if now - self._last_check >= WORKER_CHECK_INTERVAL and len(self._failed) < len(self.futures):
             self._last_check = now
             alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
             for rank, (addr, fut) in enumerate(zip(self.addresses, self.futures)):
-                if addr not in alive and fut.status != "finished":
-                    raise WorkerFailedError(
-                        f"Dask worker {addr} running rank {rank} died or left the cluster", rank=rank, host=self.hosts[rank]
-                    )
-        return None
+                if rank not in self._failed and addr not in alive and fut.status != "finished":
+                    self.launcher.lost_workers.add(addr)
+                    self._fail(rank, Failure.lost(self.service.next_seq(), rank, self.hosts[rank],
+                                                  f"was lost: Dask worker {addr} died or left the cluster"))
+        return list(self._failures)
+
+    def _fail(self, rank: int, failure: Failure) -> None:
+        self._failed.add(rank)
+        self._failures.append(failure)
+
+    def poll(self) -> list[Any] | None:
+        if self._failed or not all(f.status == "finished" for f in self.futures):
+            return None
+        return [f.result() for f in self.futures]
 
     def cancel(self) -> None:
         if self._cancelled:
@@ -130,7 +164,9 @@ class DaskJob(Job):
             except Exception as exc:
                 log.warning("could not cancel the Dask tasks of run %s: %s", self.spec.run_id, exc)
         grace = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE)
-        started = set(self.service.started())
+        # a lost worker took its supervisor along (and its rank: PR_SET_PDEATHSIG): nobody is left to confirm
+        lost = {r for r, addr in enumerate(self.addresses) if addr in self.launcher.lost_workers}
+        started = set(self.service.started()) - lost
         left = self.service.wait_exited(started, grace + 5)
         if left:
             log.warning("rank(s) %s of run %s did not confirm that their processes stopped", sorted(left), self.spec.run_id)
@@ -157,12 +193,14 @@ class DaskLauncher(Launcher):
             except ValueError:
                 raise ConfigError("backend='dask' needs a distributed.Client: create one or pass client=") from None
         self.client = client
+        self.lost_workers: set[str] = set()  # never used again (a restarted worker has a new address)
 
     def _workers(self) -> dict[str, dict[str, Any]]:
         return dict(self.client.scheduler_info(n_workers=-1)["workers"])
 
     def _candidates(self) -> list[tuple[str, dict[str, Any]]]:
-        workers = sorted(self._workers().items(), key=lambda kv: (kv[1].get("host", ""), kv[0]))
+        workers = sorted(((a, i) for a, i in self._workers().items() if a not in self.lost_workers),
+                         key=lambda kv: (kv[1].get("host", ""), kv[0]))
         with_gpu = [(a, i) for a, i in workers if (i.get("resources") or {}).get("GPU")]
         return with_gpu or workers
 

@@ -56,6 +56,9 @@ class DriverService:
         stdout, stderr: where rank output is printed (default: ``sys.stdout`` / ``sys.stderr``
             at the time of printing).
         timestamps: prefix every printed line with the time it arrived.
+        attempt: which attempt of the run this service serves (1 = the first launch);
+            later attempts save their logs as ``rank.<r>.attempt<k>.log``.
+        label: shown after the run id in the progress bar (``"attempt 2 of 3"``).
     """
 
     def __init__(
@@ -71,8 +74,11 @@ class DriverService:
         stdout: IO[str] | None = None,
         stderr: IO[str] | None = None,
         timestamps: bool = False,
+        attempt: int = 1,
+        label: str | None = None,
     ) -> None:
         self.num_proc = num_proc
+        self.attempt = attempt
         self._stdout, self._stderr, self._timestamps = stdout, stderr, timestamps
         self.run_id = run_id
         self.verbose = verbose
@@ -83,7 +89,7 @@ class DriverService:
         self.addr = f"{advertise}:{port}"
         local = "127.0.0.1" if bind in ("0.0.0.0", "", "127.0.0.1", "localhost") else bind
         self._client = KVClient(f"{local}:{port}", secret, timeout=10.0)
-        self.progress = Progress(run_id, enabled=verbose >= 1)
+        self.progress = Progress(run_id, enabled=verbose >= 1, label=label)
         self._lines: dict[int, list[str]] = {r: [] for r in range(num_proc)}
         self._dropped: dict[int, int] = {r: 0 for r in range(num_proc)}
         self._log_seq: dict[int, int] = {r: 0 for r in range(num_proc)}
@@ -255,7 +261,8 @@ class DriverService:
 
     # end ----------------------------------------------------------------------------------
     def save_logs(self) -> None:
-        """Write each rank's lines to ``<store>/runs/<run_id>/logs/rank.<r>.log`` (if a store was given)."""
+        """Write each rank's lines to ``<store>/runs/<run_id>/logs/rank.<r>.log`` (if a store was given;
+        ``rank.<r>.attempt<k>.log`` for the k-th attempt of a relaunched run)."""
         if self.store is None:
             return
         try:
@@ -267,7 +274,8 @@ class DriverService:
                 text = "\n".join(lines) + ("\n" if lines else "")
                 if dropped.get(rank):
                     text += f"<hora>:{dropped[rank]} further lines were dropped\n"
-                self.store.write_bytes(f"{logs_dir}/rank.{rank}.log", text.encode())
+                suffix = "" if self.attempt == 1 else f".attempt{self.attempt}"
+                self.store.write_bytes(f"{logs_dir}/rank.{rank}{suffix}.log", text.encode())
         except Exception as exc:  # logs are a convenience; never mask the run's own outcome
             log.warning("could not save the run logs of %s to the store: %s", self.run_id, exc)
 

@@ -51,6 +51,7 @@ def run(
     np: int | None = None,
     min_np: int | None = None,
     max_np: int | None = None,
+    max_failures: int = 0,
 ) -> list[Any]:
     """Run ``func(*args, **kwargs)`` on ``num_proc`` ranks and return their values in rank order.
 
@@ -75,6 +76,11 @@ def run(
         min_num_proc, max_num_proc, slots, reset_limit, cooldown_range,
         host_discovery_script, min_np, max_np: elastic mode, not in ``hora.run``.
 
+    Args (hora's):
+        max_failures: relaunch every rank up to this many times when a rank is killed or a
+            host is lost (not when ``func`` raises); ``func`` sees ``HORA_ATTEMPT`` (1, 2, ...)
+            and resumes from its own checkpoint. See :func:`hora.runners.run`.
+
     Raises:
         ConfigError: conflicting or unsupported arguments (named), bad hosts.
         WorkerFailedError: a rank failed (rank, host, exit code, remote traceback).
@@ -96,13 +102,16 @@ def run(
              "max_np": max_np}
     elastic = [k for k, v in given.items() if v is not None]
     if elastic:
-        raise ConfigError(f"hora.run: {', '.join(elastic)} (Horovod's elastic mode) is not supported; run with a "
-                          "fixed num_proc (hora.runners.run with max_failures-style restarts is the way to survive "
-                          "a lost rank)")
+        raise ConfigError(f"hora.run: {', '.join(elastic)} (Horovod's elastic mode) is not supported; elastic "
+                          "training is `hora run --min-np M --max-np N --host-discovery-script S`; here, run with a "
+                          "fixed num_proc and max_failures=N to relaunch every rank after a lost one")
     if hosts is not None and hostfile is not None:
         raise ConfigError("hora.run: give hosts or hostfile, not both")
     if use_gloo and use_mpi:
         raise ConfigError("hora.run: use_gloo and use_mpi cannot both be True")
+    if use_mpi and max_failures:
+        raise ConfigError("hora.run: max_failures needs hora's own launcher: under use_mpi, mpiexec does not say "
+                          "which rank died or how")
     if mpi_args and not use_mpi:
         raise ConfigError("hora.run: mpi_args needs use_mpi=True")
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
@@ -123,7 +132,7 @@ def run(
                                  network_interface=nics[0] if nics else None, output_dir=output_filename)
     level = 1 if verbose is None else max(0, min(2, int(verbose)))
     return base.run(func, args=tuple(args), kwargs=dict(kwargs or {}), num_proc=num_proc, backend=launcher,
-                    start_timeout=start_timeout, verbose=level, init_native=False,
+                    start_timeout=start_timeout, verbose=level, init_native=False, max_failures=max_failures,
                     env={"HORA_BACKEND": "mpi"} if use_mpi else None)
 
 

@@ -311,8 +311,14 @@ class HostsJob(Job):
         with self._lock:
             self._exits[rank] = code
             if seq is not None:
-                self._failures.append(Failure.from_exit(seq, rank, self.slots[rank].host.name, code,
+                self._failures.append(Failure.from_exit(seq, rank, self._host_label(rank), code,
                                                         self.output.traceback_of(rank)))
+
+    def _host_label(self, rank: int) -> str:
+        """How messages name a rank's host: as given for a remote host, the address its
+        ranks advertise for this machine (what the rank's own reports say)."""
+        host = self.slots[rank].host
+        return host.name if host.name in self.plan.addresses else self.plan.local_address
 
     def _watch_local(self, rank: int, proc: Any) -> None:
         code = proc.wait()
@@ -359,8 +365,8 @@ class HostsJob(Job):
         with self._lock:
             left = [s.rank for s in self._by_host[host] if s.rank not in self._exits]
             if left:
-                self._failures.append(Failure(seq=self.service.next_seq(), rank=left[0], host=host,
-                                              message=f"was lost: {ssh.failure_text(code)}", exitcode=code))
+                self._failures.append(Failure.lost(self.service.next_seq(), left[0], host,
+                                                   f"was lost: {ssh.failure_text(code)}", exitcode=code))
 
     # -- Job ----------------------------------------------------------------------------------
     def failures(self) -> list[Failure]:
@@ -371,12 +377,16 @@ class HostsJob(Job):
                 self._lost.add(host)
                 with self._lock:
                     left = [s.rank for s in self._by_host[host] if s.rank not in self._exits]
-                    self._failures.append(Failure(
-                        seq=self.service.next_seq(), rank=left[0] if left else self._by_host[host][0].rank,
-                        host=host, message=f"was lost: no word from host {host} for "
-                                           f"{self.config.heartbeat_timeout:g}s (HORA_HEARTBEAT_TIMEOUT)"))
+                    self._failures.append(Failure.lost(
+                        self.service.next_seq(), left[0] if left else self._by_host[host][0].rank, host,
+                        f"was lost: no word from host {host} for {self.config.heartbeat_timeout:g}s "
+                        "(HORA_HEARTBEAT_TIMEOUT)"))
         with self._lock:
             return list(self._failures)
+
+    def ended(self) -> set[int]:
+        with self._lock:
+            return {r for r, code in self._exits.items() if code == 0}
 
     def exit_codes(self) -> dict[int, int]:
         """The exit code of every rank that ended so far."""

@@ -4,12 +4,17 @@ Every launcher (local processes, ssh hosts, mpiexec, a Spark barrier stage, Dask
 hands the monitor a :class:`~hora.runners.base.Job`; ``hora run`` and
 :func:`hora.runners.run` both call :func:`watch`. The policy:
 
-* **First failure.** A failure is a rank that raised (its own report to the driver
+* **Root cause.** A failure is a rank that raised (its own report to the driver
   service), a rank process that exited non-zero or was killed, a host whose ssh session
   broke, or an engine task that failed. Each takes a number from one counter in the
-  driver service the moment it is seen (``runner/failseq``), so the failure reported is
-  the one that happened *first*, not a survivor that failed because of it; the monitor
-  waits (briefly) for numbers handed out before the chosen one.
+  driver service the moment it is seen (``runner/failseq``) and has a
+  :class:`~hora.runners.faults.FaultKind`. The failure reported is the earliest one that
+  is not a *symptom* (a survivor's CollectiveError "rank 1 is unreachable", a reset
+  connection, a Spark task that failed because its rank did): a SIGKILL of rank 1 is
+  reported as rank 1's even when rank 0's CollectiveError reached the driver first. The
+  monitor waits (briefly, :data:`FAILURE_GRACE`) for numbers handed out before the chosen
+  one, and while only symptoms are known and some ranks are unaccounted for, up to
+  ``HORA_ROOT_CAUSE_GRACE`` s (default 10) for the lost rank to be seen.
 * **Start.** Ranks of a function run must start within ``start_timeout``; ranks that
   reach the engine's start barrier (:func:`hora.native.keys.parse_native_init`) must
   all be there within ``start_timeout`` of the first one: the missing ranks are named.
@@ -31,12 +36,15 @@ from typing import TYPE_CHECKING, Any
 from hora.errors import RendezvousError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_START_TIMEOUT
+from hora.runners.faults import FaultKind, engine_failure, kind_of_exception, kind_of_exit, with_kind
 from hora.runners.procs import describe_exit
 from hora.runners.spec import (
     DEFAULT_FINISH_TIMEOUT,
     DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_ROOT_CAUSE_GRACE,
     ENV_FINISH_TIMEOUT,
     ENV_HEARTBEAT_TIMEOUT,
+    ENV_ROOT_CAUSE_GRACE,
     FailureReport,
     env_seconds,
 )
@@ -63,9 +71,13 @@ class Failure:
         seq: its number from the driver service's failure counter (lower = earlier).
         rank: the rank (for a host: its first rank; None when unknown).
         host: the host it ran on.
-        message: one line: ``"failed with exit code 3"``, ``"ValueError: ..."``, ssh's error.
+        message: one line: ``"failed with exit code 3"``, ``"raised ValueError: ..."``, ssh's error.
         traceback: the rank's traceback (or its last stderr lines), if any.
         exitcode: the process exit code (Popen's: ``-N`` for signal N), if it was a process.
+        kind: what kind of fault it is (:class:`~hora.runners.faults.FaultKind`): a symptom
+            of another rank's loss or not, retriable or not.
+        source: who saw it: ``"rank"`` (the rank's own report: the most exact account of
+            that rank), ``"launcher"`` (an exit, a lost host) or ``"engine"`` (a Spark/Dask task).
     """
 
     seq: int
@@ -74,45 +86,156 @@ class Failure:
     message: str
     traceback: str | None = None
     exitcode: int | None = None
+    kind: FaultKind = FaultKind.ERROR
+    source: str = "launcher"
 
     @classmethod
     def from_report(cls, report: FailureReport) -> Failure:
+        if report.died:  # a task supervisor's account of a rank process that died without a word
+            code = report.exitcode if report.exitcode is not None else 1
+            return cls(seq=report.seq, rank=report.rank, host=report.host, message=f"failed with {describe_exit(code)}",
+                       traceback=report.traceback or None, exitcode=report.exitcode,
+                       kind=kind_of_exit(code), source="rank")
+        kind = (kind_of_exception(report.error_types) if report.error_types
+                else kind_of_exit(1, f"Traceback\n{report.error}"))  # a report without classes: by its name
         return cls(seq=report.seq, rank=report.rank, host=report.host, message=f"raised {report.error}",
-                   traceback=report.traceback or None, exitcode=report.exitcode)
+                   traceback=report.traceback or None, exitcode=report.exitcode, kind=kind, source="rank")
 
     @classmethod
     def from_exit(cls, seq: int, rank: int, host: str, code: int, traceback: str | None) -> Failure:
         return cls(seq=seq, rank=rank, host=host, message=f"failed with {describe_exit(code)}",
-                   traceback=traceback, exitcode=code)
+                   traceback=traceback, exitcode=code, kind=kind_of_exit(code, traceback))
 
-    def error(self) -> WorkerFailedError:
+    @classmethod
+    def lost(cls, seq: int, rank: int | None, host: str | None, message: str, exitcode: int | None = None) -> Failure:
+        """A lost host, executor or worker (``message``: ``"was lost: ..."``)."""
+        return cls(seq=seq, rank=rank, host=host, message=message, exitcode=exitcode, kind=FaultKind.LOST)
+
+    def describe(self) -> str:
+        """One line naming who failed and how: ``rank 1 on 127.0.0.1 failed with signal 9 (SIGKILL)``."""
+        if self.rank is None and self.host is None:
+            return self.message
         who = f"rank {self.rank}" if self.rank is not None else "a rank"
         where = f" on {self.host}" if self.host else ""
-        return WorkerFailedError(f"{who}{where} {self.message}", rank=self.rank, host=self.host,
-                                 remote_traceback=self.traceback, exitcode=self.exitcode)
+        return f"{who}{where} {self.message}"
+
+    def error(self) -> WorkerFailedError:
+        err = WorkerFailedError(self.describe(), rank=self.rank, host=self.host, remote_traceback=self.traceback,
+                                exitcode=self.exitcode)
+        return with_kind(err, self.kind)  # type: ignore[return-value]
 
 
-def _collect(service: DriverService, job: Job, extra: list[Failure]) -> list[Failure]:
-    return [*job.failures(), *(Failure.from_report(r) for r in service.failures()), *extra]
+class _Collector:
+    """Every failure seen so far: the launcher's, the ranks' reports, and engine failures
+    that ``job.poll()`` raised (each recorded once, numbered when first seen)."""
+
+    def __init__(self, service: DriverService, job: Job) -> None:
+        self.service = service
+        self.job = job
+        self.engine: list[Failure] = []
+        self._seen: set[tuple[int | None, str]] = set()
+        self.results: list[Any] | None = None
+
+    def poll(self) -> None:
+        try:
+            self.results = self.job.poll()
+        except WorkerFailedError as exc:
+            key = (exc.rank, exc.message)
+            if key not in self._seen:
+                self._seen.add(key)
+                self.engine.append(self._engine_failure(exc))
+
+    def _engine_failure(self, exc: WorkerFailedError) -> Failure:
+        """A failure ``job.poll()`` raised; for an engine's own error (a failed Spark stage, no
+        rank), the rank and host of the task it names and whether an executor was lost."""
+        seq = self.service.next_seq()
+        kind = getattr(exc, "fault_kind", None)
+        if isinstance(kind, FaultKind):
+            pass
+        elif (exc.exitcode or 0) < 0:
+            kind = FaultKind.SIGNAL
+        else:
+            kind, rank, message = engine_failure(str(exc))
+            if exc.rank is None and rank is not None and message is not None:
+                return Failure(seq=seq, rank=rank, host=exc.host or self.service.started().get(rank),
+                               message=message, kind=kind, source="engine")
+        return Failure(seq=seq, rank=exc.rank, host=exc.host, message=exc.message, traceback=exc.remote_traceback,
+                       exitcode=exc.exitcode, kind=kind, source="engine")
+
+    def failures(self) -> list[Failure]:
+        return [*_observed(self.service, self.job), *self.engine]
 
 
-def first_failure(service: DriverService, job: Job, failures: list[Failure], extra: list[Failure]) -> Failure:
-    """The earliest failure, after waiting up to :data:`FAILURE_GRACE` s for failures
-    numbered before it; details of the same rank seen elsewhere are merged in."""
-    deadline = time.monotonic() + FAILURE_GRACE
+def _observed(service: DriverService, job: Job) -> list[Failure]:
+    return [*job.failures(), *(Failure.from_report(r) for r in service.failures())]
+
+
+def _merge(group: list[Failure]) -> Failure:
+    """One rank's failures as one: its own report if it posted one (else what was seen
+    first), numbered by the first of them, with details the others add."""
+    ordered = sorted(group, key=lambda f: f.seq)
+    reports = [f for f in ordered if f.source == "rank"]
+    observed = [f for f in ordered if f.source != "engine"]
+    base = (reports or observed or ordered)[0]
+    traceback = base.traceback or next((f.traceback for f in ordered if f.traceback), None)
+    exitcode = base.exitcode if base.exitcode is not None else next((f.exitcode for f in ordered
+                                                                     if f.exitcode is not None), None)
+    host = base.host or next((f.host for f in ordered if f.host), None)
+    return dataclasses.replace(base, seq=ordered[0].seq, traceback=traceback, exitcode=exitcode, host=host)
+
+
+def root_causes(failures: list[Failure]) -> list[Failure]:
+    """One failure per rank (:func:`_merge`) plus those of no rank, earliest first."""
+    by_rank: dict[int, list[Failure]] = {}
+    out = []
+    for f in failures:
+        if f.rank is None:
+            out.append(f)
+        else:
+            by_rank.setdefault(f.rank, []).append(f)
+    out += [_merge(group) for group in by_rank.values()]
+    return sorted(out, key=lambda f: f.seq)
+
+
+def _pick(causes: list[Failure]) -> Failure:
+    return next((f for f in causes if not f.kind.symptom), causes[0])
+
+
+def first_failure(service: DriverService, job: Job, failures: list[Failure], extra: list[Failure] | None = None,
+                  *, num_proc: int | None = None, collector: _Collector | None = None) -> Failure:
+    """The root cause among ``failures``: the earliest failure that is not a symptom of
+    another rank's loss (:mod:`hora.runners.faults`), else the earliest one.
+
+    It waits up to :data:`FAILURE_GRACE` s for failures numbered before the chosen one,
+    and, while the chosen one is a symptom and some of the ``num_proc`` ranks are not yet
+    accounted for (failed or done), up to ``HORA_ROOT_CAUSE_GRACE`` s for the lost rank to
+    be seen. Details of the same rank seen elsewhere are merged in.
+    """
+    extra = list(extra or [])
+
+    def collect() -> list[Failure]:
+        if collector is None:
+            return [*_observed(service, job), *extra]
+        collector.poll()  # engine failures (a lost Dask worker) keep arriving while we wait
+        return [*collector.failures(), *extra]
+
+    now = time.monotonic()
+    gap_deadline = now + FAILURE_GRACE
+    symptom_deadline = now + env_seconds(ENV_ROOT_CAUSE_GRACE, DEFAULT_ROOT_CAUSE_GRACE)
     while True:
-        first = min(failures, key=lambda f: f.seq)
+        causes = root_causes(failures)
+        chosen = _pick(causes)
         seen = {f.seq for f in failures}
-        if all(s in seen for s in range(1, first.seq)) or time.monotonic() > deadline:
-            break
+        now = time.monotonic()
+        gap = not all(s in seen for s in range(1, chosen.seq)) and now < gap_deadline
+        waiting = False
+        if chosen.kind.symptom and num_proc is not None and now < symptom_deadline:
+            accounted = {f.rank for f in failures if f.rank is not None} | service.done() | job.ended()
+            waiting = not set(range(num_proc)) <= accounted
+        if not (gap or waiting):
+            return chosen
         time.sleep(0.05)
-        failures = _collect(service, job, extra)
-    same = [f for f in failures if f is not first and f.rank == first.rank and f.rank is not None]
-    traceback = first.traceback or next((f.traceback for f in same if f.traceback), None)
-    exitcode = first.exitcode if first.exitcode is not None else next((f.exitcode for f in same
-                                                                        if f.exitcode is not None), None)
-    host = first.host or next((f.host for f in same if f.host), None)
-    return dataclasses.replace(first, traceback=traceback, exitcode=exitcode, host=host)
+        failures = collect()
 
 
 def start_stragglers(server_keys: list[str], num_proc: int) -> dict[str, list[int]]:
@@ -162,17 +285,13 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
     t0 = time.monotonic()
     first_done_at: float | None = None
     barrier_seen: dict[str, float] = {}
-    extra: list[Failure] = []  # failures raised by job.poll() (engine tasks)
+    collector = _Collector(service, job)
     while True:
-        results = None
-        try:
-            results = job.poll()
-        except WorkerFailedError as exc:
-            extra.append(Failure(seq=service.next_seq(), rank=exc.rank, host=exc.host, message=exc.message,
-                                 traceback=exc.remote_traceback, exitcode=exc.exitcode))
-        failures = _collect(service, job, extra)
+        collector.poll()
+        results = collector.results
+        failures = collector.failures()
         if failures:
-            first = first_failure(service, job, failures, extra)
+            first = first_failure(service, job, failures, num_proc=n, collector=collector)
             log.debug("run %s: first failure %s", policy.run_id, first)
             raise first.error()
         if results is not None:
@@ -207,9 +326,9 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
                     rank=missing[0], host=started.get(missing[0]))
             stale = service.stale_heartbeats(hb_timeout, ignore=done)
             if stale:
-                raise WorkerFailedError(
+                raise with_kind(WorkerFailedError(
                     f"rank(s) {stale} stopped sending heartbeats for {hb_timeout:g}s: their process or machine died",
-                    rank=stale[0], host=started.get(stale[0]))
+                    rank=stale[0], host=started.get(stale[0])), FaultKind.LOST)
         if policy.timeout is not None and now - t0 > policy.timeout:
             missing = sorted(set(range(n)) - (service.done() if policy.functions else set()))
             raise RunTimeoutError(
@@ -218,4 +337,4 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
         time.sleep(policy.poll_interval)
 
 
-__all__ = ["Failure", "Policy", "RunTimeoutError", "watch", "first_failure", "start_stragglers"]
+__all__ = ["Failure", "Policy", "RunTimeoutError", "watch", "first_failure", "root_causes", "start_stragglers"]

@@ -16,14 +16,19 @@ from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
-_RESERVED = {"step", "total", "steps", "epoch", "epochs", "last_epoch"}
+_RESERVED = {"step", "total", "steps", "epoch", "epochs", "last_epoch", "resumed_at"}
 
 
 class Progress:
-    """A tqdm bar created on the first metrics (only when ``enabled``)."""
+    """A tqdm bar created on the first metrics (only when ``enabled``); ``label`` follows
+    the run id in its description (``"attempt 2 of 3"`` after a relaunch), and a
+    ``resumed_at`` metric adds where the run resumed: ``run (attempt 2 of 3, resumed at
+    epoch 3) epoch 4/5``."""
 
-    def __init__(self, run_id: str, enabled: bool = True) -> None:
+    def __init__(self, run_id: str, enabled: bool = True, label: str | None = None) -> None:
         self.run_id = run_id
+        self.label = label
+        self.title = f"{run_id} ({label})" if label else run_id
         self.enabled = enabled
         self._bar: Any = None
         self._rank: int | None = None
@@ -50,9 +55,13 @@ class Progress:
         step = metrics.get("step")
         if isinstance(step, numbers.Number):
             bar.n = step
+        resumed = metrics.get("resumed_at")
+        if resumed is not None:
+            said = ", ".join(x for x in (self.label, f"resumed at epoch {resumed}") if x)
+            self.title = f"{self.run_id} ({said})"
         if epoch is not None:
             epochs = metrics.get("epochs")
-            bar.set_description(f"{self.run_id} epoch {epoch}" + (f"/{epochs}" if epochs is not None else ""), refresh=False)
+            bar.set_description(f"{self.title} epoch {epoch}" + (f"/{epochs}" if epochs is not None else ""), refresh=False)
         bar.set_postfix(_postfix(metrics), refresh=False)
         bar.refresh()
 
@@ -72,7 +81,7 @@ class Progress:
         if self._bar is None:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(desc=self.run_id, total=total, unit="step", dynamic_ncols=True, leave=True)
+            self._bar = tqdm(desc=self.title, total=total, unit="step", dynamic_ncols=True, leave=True)
         return self._bar
 
     def write(self, text: str, stream: IO[str]) -> None:

@@ -301,6 +301,10 @@ class SparkLauncher(Launcher):
     def default_num_proc(self) -> int:
         return max(1, self.slots())
 
+    def refresh_slots(self) -> None:
+        # (hora.runners.recovery, before a relaunch) a lost executor takes its cores along
+        self._parallelism = None
+
     def check_num_proc(self, num_proc: int) -> None:
         slots = self.slots()
         if num_proc > slots:

@@ -33,6 +33,8 @@ ENV_TERMINATE_GRACE = "HORA_TERMINATE_GRACE"  # seconds between SIGTERM and SIGK
 ENV_NETWORK_INTERFACE = "HORA_NETWORK_INTERFACE"  # ranks advertise this interface's address (Gloo/NCCL use it)
 ENV_WORKER_PYTHON = "HORA_WORKER_PYTHON"  # the interpreter Spark/Dask task supervisors start ranks with
 ENV_TEST_HANG_AT_START = "HORA_TEST_HANG_AT_START"  # fault injection: comma list of ranks that never start
+ENV_ATTEMPT = "HORA_ATTEMPT"  # set in every rank: 1 for the first launch, 2 for the first relaunch, ...
+ENV_ROOT_CAUSE_GRACE = "HORA_ROOT_CAUSE_GRACE"  # seconds to wait for a lost rank behind a survivor's error
 
 # the native engine's settings (read by hora.native)
 ENV_TIMELINE = "HORA_TIMELINE"
@@ -45,6 +47,7 @@ ENV_AUTOTUNE = "HORA_AUTOTUNE"
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 DEFAULT_FINISH_TIMEOUT = 600.0
 DEFAULT_TERMINATE_GRACE = 5.0
+DEFAULT_ROOT_CAUSE_GRACE = 10.0
 HEARTBEAT_INTERVAL = 1.0
 
 # the keys ranks and launchers exchange are in hora.native.keys (one module owns them)
@@ -162,6 +165,8 @@ class LaunchSpec:
         init_native: call ``hora.native.init()`` before and ``shutdown()`` after ``fn``.
         sys_path: the driver's ``sys.path``; entries missing in a worker are added, so
             functions from the driver's modules unpickle there.
+        attempt: which launch of the run this is (1 = the first; a relaunch after a lost
+            rank counts up); ranks see it as ``HORA_ATTEMPT``.
     """
 
     payload: bytes = dataclasses.field(repr=False)
@@ -176,10 +181,13 @@ class LaunchSpec:
     verbose: int = 1
     init_native: bool = True
     sys_path: tuple[str, ...] = ()
+    attempt: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
             raise ConfigError(f"num_proc must be an int >= 1, got {self.num_proc!r}")
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
+            raise ConfigError(f"attempt must be an int >= 1, got {self.attempt!r}")
         check_run_id(self.run_id)
         if not isinstance(self.secret, bytes) or len(self.secret) < 16:
             raise ConfigError("the job secret must be at least 16 bytes")
@@ -223,7 +231,19 @@ class RankContext:
 
 @dataclasses.dataclass(frozen=True)
 class FailureReport:
-    """What a failing rank posts to the driver before it exits."""
+    """What a failing rank posts to the driver before it exits.
+
+    Attributes:
+        seq: its number from the failure counter (lower = earlier).
+        rank, host: who failed.
+        error: ``"TypeName: message"`` of the exception.
+        traceback: the rank's traceback (or its last stderr lines).
+        exitcode: the exit code the rank's process ends (or ended) with.
+        error_types: the qualified names of the exception's classes (its MRO), so the
+            driver can tell a collective failure from an error of the user's code.
+        died: posted by a task supervisor for a rank process that died without reporting
+            (killed by a signal, or ``os._exit``): ``exitcode`` tells how.
+    """
 
     seq: int
     rank: int
@@ -231,6 +251,8 @@ class FailureReport:
     error: str
     traceback: str
     exitcode: int | None = None
+    error_types: tuple[str, ...] = ()
+    died: bool = False
 
 
 def dumps(obj: Any) -> bytes:

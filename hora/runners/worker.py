@@ -39,6 +39,7 @@ from hora.native.rendezvous import KVClient, WorkerEnv
 from hora.runners.spec import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_TERMINATE_GRACE,
+    ENV_ATTEMPT,
     ENV_DRIVER_ADDR,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_NETWORK_INTERFACE,
@@ -179,13 +180,20 @@ def _native_module() -> Any:
     return hn
 
 
-def _post_failure(client: KVClient | None, rank: int, host: str, exc: BaseException, tb: str, code: int | None) -> None:
+def error_types(exc: BaseException) -> tuple[str, ...]:
+    """The qualified names of the classes of ``exc`` (``builtins.ConnectionResetError``,
+    ``builtins.ConnectionError``, ...): what the driver classifies a failure by."""
+    return tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__)
+
+
+def _post_failure(client: KVClient | None, rank: int, host: str, exc: BaseException, tb: str, code: int | None,
+                  died: bool = False) -> None:
     if client is None:
         return
     try:
         seq = client.add(keys.FAILSEQ, 1)
         report_ = FailureReport(seq=seq, rank=rank, host=host, error=f"{type(exc).__name__}: {exc}", traceback=tb,
-                                exitcode=code)
+                                exitcode=code, error_types=() if died else error_types(exc), died=died)
         client.set(keys.rank_key(keys.FAILED, rank), pickle.dumps(report_))
     except Exception as post_exc:  # the exit code still tells the launcher
         log.warning("rank %d could not post its failure to the driver: %s", rank, post_exc)
@@ -200,6 +208,7 @@ def rank_environ(spec: LaunchSpec, ctx: RankContext | None) -> dict[str, str]:
     env = dict(spec.env)
     env[ENV_DRIVER_ADDR] = spec.driver_addr
     env[ENV_RUN_ID] = spec.run_id
+    env[ENV_ATTEMPT] = str(spec.attempt)
     if ctx is None:
         env["HORA_BACKEND"] = spec.collective_backend
         return env
@@ -485,7 +494,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) ->
         tb = launcher.traceback_of(ctx.rank)
         if not client.keys(keys.rank_key(keys.FAILED, ctx.rank)):  # killed, or died before it could report
             exc = WorkerFailedError(f"rank {ctx.rank} process died with {describe_exit(code)}")
-            _post_failure(client, ctx.rank, ctx.hostname, exc, tb or "", code)
+            _post_failure(client, ctx.rank, ctx.hostname, exc, tb or "", code, died=True)
         raise WorkerFailedError(
             f"rank {ctx.rank} failed with {describe_exit(code)}",
             rank=ctx.rank, host=ctx.hostname, remote_traceback=tb, exitcode=code,

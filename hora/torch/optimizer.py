@@ -546,6 +546,20 @@ class _DistributedMixin:
         self._hora_synchronized = False
         self._hora_reset_counts()
 
+    def _hora_forget_world(self) -> None:
+        """After an elastic reset into a job of other ranks (another size): drop the step
+        in flight and what was sized for the old job (the flat buckets' spare room, the
+        1/size folded into them, whether this rank reduces, the checked layout); all of it
+        is rebuilt from the new job at the next gradients."""
+        self._hora_forget_step()
+        for s in self._hora_slots.values():
+            s.view = None
+        self._hora_flats = [None] * len(self._hora_buckets)
+        self._hora_room = [False] * len(self._hora_buckets)
+        self._hora_fold = [0.0] * len(self._hora_buckets)
+        self._hora_member = None
+        self._hora_layout_checked = not any(self._hora_flat_ok)
+
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     optimizer: torch.optim.Optimizer,

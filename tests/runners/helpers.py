@@ -58,3 +58,18 @@ def touch_and_sleep(out_dir: str) -> None:
 
     open(os.path.join(out_dir, f"in-fn.{os.environ['HORA_RANK']}"), "w").close()
     time.sleep(300)
+
+
+def relaunch_lines(caplog) -> list[str]:
+    """One line per relaunch that ``hora.runners.recovery`` logged: the attempt's failure
+    and the relaunch, joined by `` / ``."""
+    out, failed = [], None
+    for record in caplog.records:
+        if record.name != "hora.runners.recovery":
+            continue
+        message = record.getMessage()
+        if "relaunching" in message:
+            out.append(f"{failed} / {message}")
+        elif " failed: " in message:
+            failed = message
+    return out

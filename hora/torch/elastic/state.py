@@ -159,6 +159,19 @@ class TorchState(ObjectState):
             h.restore()
         super().restore()
 
+    def reset(self) -> None:
+        """After a reset (the job may have other ranks now): a DistributedOptimizer rebuilds
+        what it had sized for the old job, and each :class:`ElasticSampler` splits what its
+        epoch has left among the ranks there are now (a reset without a sync, after hosts
+        were only removed, would leave it partitioned for the old size)."""
+        for h in self._handlers.values():
+            if isinstance(h, SamplerStateHandler):
+                h.value.reset()
+            elif isinstance(h, OptimizerStateHandler):
+                forget = getattr(h.value, "_hora_forget_world", None)
+                if forget is not None:
+                    forget()
+
     def sync(self) -> None:
         """Every rank takes rank 0's models, optimizers, samplers and attributes, then saves.
 

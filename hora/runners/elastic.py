@@ -1,0 +1,373 @@
+"""Elastic ``hora run``: ``--min-np M --max-np N --host-discovery-script S`` (horovodrun's semantics).
+
+The job runs in *rounds* (:mod:`hora.runners.membership` is the workers' side). A round
+gives every slot of the usable hosts, up to ``--max-np``, a worker process (``host[slot]``)
+and a rank; ranks fill the hosts in order, the oldest hosts first, so rank 0 is always a
+worker that survived the previous round and the state is broadcast from it. A round
+ends when every worker of it has left it:
+
+* it *reset* (``hora.torch.elastic.run`` caught a failed collective, or the hosts changed
+  and ``state.commit()`` raised ``HostsUpdatedInterrupt``) and waits for its next place;
+* it *failed* (exited non-zero, killed): its host is blacklisted (``--blacklist-cooldown-range``);
+* it *succeeded* (exited 0).
+
+Then: every worker succeeded: the job is done. Any worker succeeded while others did not,
+or every worker failed, or every host of the round is blacklisted, or ``--reset-limit``
+rounds have been reset already: the job fails, naming the root cause. Otherwise the next
+round starts once the hosts offer at least ``--min-np`` slots (within
+``--elastic-timeout``): survivors get their new rank (or exit, if their slot is gone),
+new slots get new workers, which take the state from rank 0.
+
+The discovery script runs every second. When its hosts would change the round's workers,
+the driver tells the workers (``HostsUpdate``), whose next commit resets them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import time
+from typing import IO
+
+from hora.errors import ConfigError, RendezvousError, WorkerFailedError
+from hora.native import keys
+from hora.native.rendezvous import Placement, WorkerEnv, make_secret
+from hora.runners import network
+from hora.runners.command import CommandConfig, command_environment
+from hora.runners.discovery import DiscoveryError, HostDiscoveryScript, HostManager, assign, check_cooldown_range
+from hora.runners.driver import DriverService
+from hora.runners.hostjob import HostPlan, HostsJob, RankOutput, RankProcess
+from hora.runners.hosts import HostSlots, RankSlot
+from hora.runners.local import hosts_config
+from hora.runners.membership import ENV_ELASTIC, ENV_TIMEOUT, ENV_WORKER, EXIT, Assignment, HostsUpdate
+from hora.runners.monitor import Failure
+from hora.runners.spec import new_run_id
+
+log = logging.getLogger(__name__)
+
+DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script
+POLL_INTERVAL = 0.1
+RESET_LIMIT_MESSAGE = "the job has been reset {} times, the --reset-limit"
+
+READY, SUCCESS, FAILURE = "ready", "success", "failure"
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticConfig:
+    """One elastic ``hora run``.
+
+    Attributes:
+        command: everything of a plain run (its ``num_proc``: the ranks to start with,
+            ``-np``; its ``hosts``: what the discovery script printed at start).
+        discovery: the script (``--host-discovery-script``).
+        min_np, max_np: the bounds of the job's size (``max_np`` None: every slot).
+        slots_per_host: slots of a host the script prints without ``:slots``.
+        elastic_timeout: seconds to wait for ``min_np`` slots after a round ended, and
+            for every worker to leave a round once one has.
+        reset_limit: the most rounds after the first (None: no limit).
+        cooldown_range: ``(min, max)`` seconds a failing host stays blacklisted (None: for good).
+    """
+
+    command: CommandConfig
+    discovery: str
+    min_np: int
+    max_np: int | None = None
+    slots_per_host: int | None = None
+    elastic_timeout: float = 600.0
+    reset_limit: int | None = None
+    cooldown_range: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("--min-np", self.min_np), ("--max-np", self.max_np)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.max_np is not None and self.min_np > self.max_np:
+            raise ConfigError(f"--min-np {self.min_np} is greater than --max-np {self.max_np}")
+        np_ = self.command.num_proc
+        if np_ < self.min_np or (self.max_np is not None and np_ > self.max_np):
+            raise ConfigError(f"-np {np_} must lie within --min-np {self.min_np} and --max-np "
+                              f"{self.max_np if self.max_np is not None else 'unbounded'}")
+        if not self.elastic_timeout > 0:
+            raise ConfigError(f"--elastic-timeout must be > 0 seconds, got {self.elastic_timeout!r}")
+        if self.reset_limit is not None and (isinstance(self.reset_limit, bool) or not isinstance(self.reset_limit, int)
+                                             or self.reset_limit < 0):
+            raise ConfigError(f"--reset-limit must be an integer >= 0, got {self.reset_limit!r}")
+        check_cooldown_range(self.cooldown_range)
+        if self.command.mpi:
+            raise ConfigError("elastic runs (--host-discovery-script) use hora's own launcher, not --mpi")
+        if self.command.max_failures:
+            raise ConfigError("--max-failures relaunches a run of fixed size; an elastic run recovers by itself "
+                              "(bound it with --reset-limit)")
+
+
+def discover_at_start(discovery: str, slots_per_host: int | None, np_: int) -> list[HostSlots]:
+    """The hosts the discovery script prints at start (what the run starts on).
+
+    Raises:
+        ConfigError: the script fails or prints garbage (script and line named), or its
+            hosts offer fewer than ``np_`` slots.
+    """
+    found = HostDiscoveryScript(discovery, slots_per_host).find_available_hosts_and_slots()
+    total = sum(found.values())
+    if total < np_:
+        listed = ", ".join(f"{h}:{s}" for h, s in found.items()) or "no hosts"
+        raise ConfigError(f"host discovery script {discovery!r} offers {total} slot(s) ({listed}) at start; the run "
+                          f"needs {np_} (-np / --min-np)")
+    return [HostSlots(h, s) for h, s in found.items()]
+
+
+@dataclasses.dataclass
+class _Worker:
+    name: str
+    slot: RankSlot  # its host and local slot (rank fields: of the round it started in)
+    assignment: Assignment
+    job: HostsJob | None = None
+    state: str | None = None  # how it left the current round (None: still in it)
+
+
+class ElasticRun:
+    """Start, watch and stop the rounds of one :class:`ElasticConfig` (``start()``, ``wait()``,
+    ``stop()`` in ``finally``, as :class:`~hora.runners.command.CommandRun`)."""
+
+    def __init__(self, cfg: ElasticConfig, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> None:
+        self.cfg = cfg
+        c = cfg.command
+        self.run_id = new_run_id()
+        self.discovery = HostDiscoveryScript(cfg.discovery, cfg.slots_per_host)
+        self.hosts = HostManager(self.discovery.find_available_hosts_and_slots, cfg.cooldown_range)
+        self.hosts.update()
+        self.plan = HostPlan.make(list(c.hosts), sum(h.slots for h in c.hosts), c.ssh, interface=c.network_interface,
+                                  address=c.network_address)
+        self.secret = make_secret()
+        self.service = DriverService(self.secret, max(1, cfg.max_np or c.num_proc), self.run_id, bind=self.plan.bind,
+                                     advertise=self.plan.service_address, verbose=1, stdout=stdout, stderr=stderr)
+        self.config = hosts_config(c.ssh, c.remote_python, c.start_timeout)
+        self.round = 0
+        self.resets = 0
+        self.workers: dict[str, _Worker] = {}
+        self.leaving: list[_Worker] = []  # survivors without a place: they exit on their own
+        self.failures: list[tuple[_Worker, Failure]] = []
+        self.started = False
+        self._last_discovery = time.monotonic()
+        self._round_ending_since: float | None = None
+        self._notified: tuple[int, tuple[str, ...]] | None = None
+
+    def describe(self) -> list[str]:
+        """What ``--verbose`` prints before starting."""
+        hosts = ", ".join(f"{h}:{n}" for h, n in self.hosts.hosts().items())
+        return [f"hora run {self.run_id} (elastic): -np {self.cfg.command.num_proc}, --min-np {self.cfg.min_np}, "
+                f"--max-np {self.cfg.max_np or 'unbounded'}; hosts now {hosts}; services on {self.service.addr}"]
+
+    # -- rounds -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start round 1 on the hosts found at start (``-np`` ranks at least, up to ``--max-np``).
+
+        Raises:
+            ConfigError: fewer slots than ``-np``.
+            WorkerFailedError: a host cannot be reached.
+        """
+        slots = assign(self.hosts.hosts(), self.cfg.command.num_proc, self.cfg.max_np)
+        self._begin_round(slots, {})
+        self.started = True
+
+    def _begin_round(self, slots: list[RankSlot], survivors: dict[str, _Worker]) -> None:
+        self.round += 1
+        job_id = f"{self.run_id}.r{self.round}"
+        workers: dict[str, _Worker] = {}
+        for s in slots:
+            name = f"{s.host.name}[{s.local_rank}]"
+            a = Assignment(self.round, len(slots), Placement(s.rank, s.host.name, s.local_rank, s.local_size,
+                                                             s.cross_rank, s.cross_size), job_id)
+            w = survivors.pop(name, None)
+            if w is not None:
+                w.assignment, w.state = a, None
+                self.service.server.set(keys.elastic_assign_key(self.round, name), pickle.dumps(a))
+            else:
+                w = _Worker(name, s, a)
+                self._start_worker(w)
+            workers[name] = w
+        for w in survivors.values():
+            self.service.server.set(keys.elastic_assign_key(self.round, w.name), EXIT)
+            self.leaving.append(w)
+        self.workers = workers
+        self._round_ending_since = None
+        log.warning("elastic run %s: round %d: %d rank(s): %s", self.run_id, self.round, len(slots),
+                    ", ".join(f"{n}=rank {w.assignment.rank}" for n, w in workers.items()))
+
+    def _start_worker(self, w: _Worker) -> None:
+        c = self.cfg.command
+        host = w.slot.host.name
+        remote = not HostSlots(host, 1).is_local
+        addresses = {host: self.plan.addresses.get(host) or network.resolve(c.ssh.destination_hostname(host))} \
+            if remote else {}
+        one = RankSlot(0, HostSlots(host, 1), 0, 1, 0, 1)
+        plan = HostPlan((one,), addresses, self.plan.bind, self.plan.service_address, self.plan.local_address,
+                        self.plan.interface)
+        folder = os.path.join(c.output_dir, w.name) if c.output_dir else None
+        output = RankOutput(lambda _r, stream, line, w=w: self.service.emit(w.assignment.rank, stream, line),
+                            folder, 1)
+
+        def make_rank(_slot: RankSlot, advertise: str, is_remote: bool) -> RankProcess:
+            a, p = w.assignment, w.assignment.place
+            env = command_environment(c, self.plan, self.service.addr, self.run_id, is_remote)
+            env.update(WorkerEnv(
+                rank=p.rank, size=a.size, local_rank=p.local_rank, local_size=p.local_size, cross_rank=p.cross_rank,
+                cross_size=p.cross_size, rendezvous_addr=self.service.addr, secret=self.secret, job_id=a.job_id,
+                hostname=advertise, backend=c.collective, start_timeout=c.start_timeout).to_environ())
+            env.update(a.environ())
+            env.update({ENV_ELASTIC: "1", ENV_WORKER: w.name, ENV_TIMEOUT: f"{self.cfg.elastic_timeout:g}"})
+            return RankProcess(0, c.command, env)
+
+        w.job = HostsJob(plan, make_rank, self.service, output=output, config=self.config, functions=False)
+        log.info("elastic run %s: starting worker %s (rank %d)", self.run_id, w.name, w.assignment.rank)
+        w.job.start()
+
+    # -- watching -------------------------------------------------------------------------------
+    def wait(self) -> None:
+        """Return once every worker of a round exited 0.
+
+        Raises:
+            WorkerFailedError: the job failed (the root cause named: rank, host, how).
+            RendezvousError: workers never left a round, or too few slots came back, in time.
+        """
+        while True:
+            self._discover()
+            if self._poll_round():
+                return
+            time.sleep(POLL_INTERVAL)
+
+    def _discover(self) -> None:
+        now = time.monotonic()
+        if now - self._last_discovery < DISCOVERY_INTERVAL:
+            return
+        self._last_discovery = now
+        try:
+            res = self.hosts.update()
+        except DiscoveryError as exc:  # transient after the first run (Horovod): keep the hosts as they were
+            log.warning("elastic run %s: %s; keeping the hosts as they were", self.run_id, exc)
+            return
+        if not res:
+            return
+        names = self._next_names()
+        if names == tuple(self.workers) or self._notified == (self.round, names):
+            return
+        self._notified = (self.round, names)
+        log.warning("elastic run %s: the hosts changed (%s); telling the workers of round %d", self.run_id,
+                    ", ".join(f"{h}:{s}" for h, s in self.hosts.hosts().items()) or "no hosts", self.round)
+        self.service.server.set(keys.ELASTIC_HOSTS, pickle.dumps(HostsUpdate(self.round, time.time(), res)))
+
+    def _next_names(self) -> tuple[str, ...]:
+        try:
+            slots = assign(self.hosts.hosts(), self.cfg.min_np, self.cfg.max_np, self._host_order())
+        except ConfigError:
+            return ()
+        return tuple(f"{s.host.name}[{s.local_rank}]" for s in slots)
+
+    def _host_order(self) -> list[str]:
+        return list(dict.fromkeys(w.slot.host.name for w in sorted(self.workers.values(),
+                                                                   key=lambda w: w.assignment.rank)))
+
+    def _poll_round(self) -> bool:
+        ready = {k.rsplit("/", 1)[1] for k in self.service.server.keys(keys.elastic_ready_prefix(self.round))}
+        for w in self.workers.values():
+            if w.state is not None or w.job is None:
+                continue
+            code = w.job.exit_codes().get(0)
+            lost = w.job.failures()
+            if w.name in ready and code is None:
+                w.state = READY
+            elif code == 0:
+                w.state = SUCCESS
+            elif code is not None or lost:
+                w.state = FAILURE
+                failure = min(lost, key=lambda f: f.seq) if lost else Failure(0, 0, w.slot.host.name, "failed")
+                failure = dataclasses.replace(failure, rank=w.assignment.rank, host=w.slot.host.name)
+                self.failures.append((w, failure))
+                log.warning("elastic run %s: worker %s (%s) of round %d", self.run_id, w.name, failure.describe(),
+                            self.round)
+        states = [w.state for w in self.workers.values()]
+        if all(s is None for s in states):
+            return False
+        now = time.monotonic()
+        if self._round_ending_since is None:
+            self._round_ending_since = now
+        if any(s is None for s in states):
+            if now - self._round_ending_since > self.cfg.elastic_timeout:
+                stuck = [n for n, w in self.workers.items() if w.state is None]
+                raise RendezvousError(f"worker(s) {stuck} of round {self.round} neither reset nor ended within "
+                                      f"--elastic-timeout {self.cfg.elastic_timeout:g}s of the others")
+            return False
+        return self._end_round()
+
+    def _root_error(self, why: str) -> WorkerFailedError:
+        round_failures = [f for w, f in self.failures if w.assignment.round == self.round] or \
+            [f for _, f in self.failures]
+        if not round_failures:
+            return WorkerFailedError(f"elastic run {self.run_id}: {why}")
+        first = min(round_failures, key=lambda f: f.seq)
+        err = first.error()
+        return WorkerFailedError(f"{err.message}; {why}", rank=err.rank, host=err.host,
+                                 remote_traceback=err.remote_traceback, exitcode=err.exitcode)
+
+    def _end_round(self) -> bool:
+        by_state: dict[str, list[_Worker]] = {}
+        for w in self.workers.values():
+            by_state.setdefault(w.state or "", []).append(w)
+        done, failed, ready = by_state.get(SUCCESS, []), by_state.get(FAILURE, []), by_state.get(READY, [])
+        if done and not failed and not ready:
+            log.info("elastic run %s: every rank of round %d finished", self.run_id, self.round)
+            return True
+        if done:
+            raise self._root_error(f"rank(s) {sorted(w.assignment.rank for w in done)} finished while rank(s) "
+                                   f"{sorted(w.assignment.rank for w in failed + ready)} did not")
+        if not ready:
+            raise self._root_error(f"every rank of round {self.round} failed")
+        for w in failed:
+            self.hosts.blacklist(w.slot.host.name)
+        if all(self.hosts.is_blacklisted(w.slot.host.name) for w in self.workers.values()):
+            raise self._root_error(f"every host of round {self.round} is blacklisted")
+        if self.cfg.reset_limit is not None and self.resets >= self.cfg.reset_limit:
+            raise self._root_error(RESET_LIMIT_MESSAGE.format(self.resets))
+        self.resets += 1
+        survivors = {w.name: w for w in ready if not self.hosts.is_blacklisted(w.slot.host.name)}
+        order = self._host_order()
+        slots = self._wait_for_slots(order)
+        first = f"{slots[0].host.name}[{slots[0].local_rank}]"
+        if first not in survivors:
+            raise self._root_error(f"no worker of round {self.round} survives on the hosts of round {self.round + 1}, "
+                                   "so there is no state to broadcast")
+        for w in ready:
+            if w.name not in survivors:  # on a blacklisted host: no place
+                self.service.server.set(keys.elastic_assign_key(self.round + 1, w.name), EXIT)
+                self.leaving.append(w)
+        self._begin_round(slots, survivors)
+        return False
+
+    def _wait_for_slots(self, order: list[str]) -> list[RankSlot]:
+        deadline = time.monotonic() + self.cfg.elastic_timeout
+        while True:
+            try:
+                return assign(self.hosts.hosts(), self.cfg.min_np, self.cfg.max_np, order)
+            except ConfigError as exc:
+                if time.monotonic() > deadline:
+                    raise RendezvousError(f"elastic run {self.run_id}: {exc} for --elastic-timeout "
+                                          f"{self.cfg.elastic_timeout:g}s after round {self.round}") from None
+            time.sleep(DISCOVERY_INTERVAL)
+            try:
+                self.hosts.update()
+            except DiscoveryError as exc:
+                log.warning("elastic run %s: %s", self.run_id, exc)
+
+    def stop(self) -> None:
+        """Stop every worker and close the services (idempotent)."""
+        try:
+            for w in [*self.workers.values(), *self.leaving]:
+                if w.job is not None:
+                    w.job.cancel()
+        finally:
+            self.service.close()
+
+
+__all__ = ["ElasticConfig", "ElasticRun", "discover_at_start", "RESET_LIMIT_MESSAGE"]

@@ -1,0 +1,179 @@
+"""What kind of fault a failure is: a lost rank (relaunch) or an error in the user's code (fail at once).
+
+Every failure the monitor sees gets a :class:`FaultKind`. The kinds answer two questions:
+
+* **Is it a symptom?** A survivor's error when a peer vanished (a ``CollectiveError`` /
+  ``HorovodInternalError`` "rank 1 is unreachable", a ``RendezvousError`` waiting for a
+  peer that never comes, a reset connection) or an engine task that failed only because
+  its rank did. The monitor prefers any failure that is not a symptom as the *root cause*
+  (:func:`hora.runners.monitor.first_failure`), so a SIGKILL of rank 1 is reported as
+  rank 1's, not as rank 0's CollectiveError.
+* **Is it retriable?** With ``max_failures`` (:mod:`hora.runners.recovery`) a run whose
+  root cause is retriable is relaunched; any other root cause fails the run at once.
+
+Retriable (infrastructure: the same code would have run on a healthy cluster):
+
+======================  =================================================================
+``SIGNAL``              a rank process was killed by a signal hora did not send (SIGKILL of
+                        the OOM killer or an operator, SIGTERM of a preempting scheduler,
+                        SIGSEGV/SIGBUS of a faulty node)
+``LOST``                a host, Spark executor or Dask worker was lost: its ssh session
+                        ended, its heartbeats stopped, Spark reports the executor lost, the
+                        Dask worker died or left, or its task was lost
+``START``               ranks never started, or never met at the engine's start barrier,
+                        within ``start_timeout`` (a lost or overloaded node)
+``INFRASTRUCTURE``      a rank raised ``RendezvousError``, ``ConnectionError`` (reset,
+                        refused, broken pipe) or ``torch.distributed.DistNetworkError`` /
+                        ``DistStoreError`` and no other cause was seen
+======================  =================================================================
+
+Not retriable (a user error: the run fails at once, as without ``max_failures``):
+
+======================  =================================================================
+``ERROR``               a rank raised any other exception (a bug, a bad loss, a DataError)
+``EXIT``                a rank process exited with a non-zero code without a retriable
+                        exception (``sys.exit(3)``, ``os._exit(1)``, a command that failed)
+``COLLECTIVE``          a ``CollectiveError`` with no lost rank behind it (ranks disagree
+                        about a shape, dtype, op or process set); when a rank *was* lost the
+                        lost rank is the root cause and the run is relaunched
+``TASK``                a Spark/Dask task failed for a reason hora cannot attribute to a
+                        lost executor or worker
+``TIMEOUT``             the run's ``timeout``, or ranks that hung after others returned
+======================  =================================================================
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Sequence
+
+
+class FaultKind(enum.Enum):
+    """The kind of one failure; see the module docstring."""
+
+    SIGNAL = ("a rank was killed", True, False)
+    LOST = ("a host, executor or worker was lost", True, False)
+    START = ("ranks did not start", True, False)
+    INFRASTRUCTURE = ("an infrastructure error", True, True)
+    ERROR = ("a rank raised an error", False, False)
+    EXIT = ("a rank exited with an error code", False, False)
+    COLLECTIVE = ("a collective failed", False, True)
+    TASK = ("an engine task failed", False, True)
+    TIMEOUT = ("a timeout", False, False)
+
+    def __init__(self, description: str, retriable: bool, symptom: bool) -> None:
+        self.description = description
+        self.retriable = retriable
+        self.symptom = symptom
+
+    def __repr__(self) -> str:
+        return f"FaultKind.{self.name}"
+
+
+#: exception classes (qualified names) a survivor raises when a peer is lost
+COLLECTIVE_ERRORS = frozenset({
+    "hora.errors.CollectiveError",  # = HorovodInternalError
+    "torch.distributed.DistBackendError",
+})
+#: exception classes (qualified names) of a broken connection or rendezvous
+INFRASTRUCTURE_ERRORS = frozenset({
+    "hora.errors.RendezvousError",
+    "builtins.ConnectionError",
+    "torch.distributed.DistNetworkError",
+    "torch.distributed.DistStoreError",
+})
+_BUILTIN_CONNECTION = frozenset({"ConnectionError", "ConnectionResetError", "ConnectionRefusedError",
+                                 "ConnectionAbortedError", "BrokenPipeError"})
+
+
+def kind_of_exception(types: Sequence[str]) -> FaultKind:
+    """The kind of an exception a rank raised, from its classes' qualified names (its MRO)."""
+    names = set(types)
+    if names & COLLECTIVE_ERRORS:
+        return FaultKind.COLLECTIVE
+    if names & INFRASTRUCTURE_ERRORS:
+        return FaultKind.INFRASTRUCTURE
+    return FaultKind.ERROR
+
+
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
+def kind_of_exit(code: int, traceback: str | None = None) -> FaultKind:
+    """The kind of a process exit with Popen's ``code`` (``-N`` for signal N).
+
+    A non-zero exit code whose last Python traceback (a command's stderr) ends in a
+    collective or connection error is that error's kind, so the survivors of a lost
+    rank under ``hora run`` are symptoms too.
+    """
+    if code < 0:
+        return FaultKind.SIGNAL
+    lines = [ln.strip() for ln in (traceback or "").splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Traceback"):
+        match = _EXC_LINE.match(lines[-1])
+        if match:
+            name = match.group(1)
+            if name in _BUILTIN_CONNECTION:
+                return FaultKind.INFRASTRUCTURE
+            if name in ("CollectiveError", "HorovodInternalError", "RendezvousError"):
+                name = "hora.errors." + ("RendezvousError" if name == "RendezvousError" else "CollectiveError")
+            return kind_of_exception([name])
+    return FaultKind.EXIT
+
+
+_SPARK_LOST = re.compile(r"ExecutorLostFailure|executor \S+ (?:lost|exited)|Executor heartbeat timed out|"
+                         r"Slave lost|worker lost|Container killed|Container from a bad node|"
+                         r"decommission", re.IGNORECASE)
+
+
+def kind_of_engine_error(text: str) -> FaultKind:
+    """The kind of an engine task failure without a rank's own report (Spark's stage error
+    text): ``LOST`` when the engine says an executor was lost, else ``TASK``."""
+    return FaultKind.LOST if _SPARK_LOST.search(text or "") else FaultKind.TASK
+
+
+_SPARK_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
+_SPARK_EXECUTOR_LOST = re.compile(r"(ExecutorLostFailure \([^)]*\))(?: Reason: ([^/\n]*))?")
+
+
+def engine_failure(text: str) -> tuple[FaultKind, int | None, str | None]:
+    """``(kind, rank, message)`` of an engine failure from its text: the rank of the task
+    Spark names as the one that failed (a barrier task's partition is its rank) and, for a
+    lost executor, ``"was lost: ExecutorLostFailure (...): <reason>"`` (else None)."""
+    kind = kind_of_engine_error(text)
+    task = _SPARK_TASK.search(text or "")
+    rank = int(task.group(1)) if task else None
+    lost = _SPARK_EXECUTOR_LOST.search(text or "")
+    message = None
+    if lost:
+        reason = (lost.group(2) or "").strip()
+        message = f"was lost: {lost.group(1)}" + (f": {reason}" if reason else "")
+    return kind, rank, message
+
+
+def fault_kind(exc: BaseException) -> FaultKind:
+    """The kind of an error :func:`hora.runners.monitor.watch` raised (its ``fault_kind``
+    attribute; a bare ``RendezvousError`` is a start failure, a timeout a ``TIMEOUT``)."""
+    kind = getattr(exc, "fault_kind", None)
+    if isinstance(kind, FaultKind):
+        return kind
+    from hora.errors import RendezvousError
+    from hora.runners.monitor import RunTimeoutError
+
+    if isinstance(exc, RunTimeoutError):
+        return FaultKind.TIMEOUT
+    if isinstance(exc, RendezvousError):
+        return FaultKind.START
+    return FaultKind.ERROR
+
+
+def with_kind(exc: BaseException, kind: FaultKind) -> BaseException:
+    """``exc`` with its ``fault_kind`` attribute set (returned, for ``raise with_kind(...)``)."""
+    exc.fault_kind = kind  # type: ignore[attr-defined]
+    return exc
+
+
+__all__ = ["FaultKind", "kind_of_exception", "kind_of_exit", "kind_of_engine_error", "engine_failure", "fault_kind",
+           "with_kind",
+           "COLLECTIVE_ERRORS", "INFRASTRUCTURE_ERRORS"]

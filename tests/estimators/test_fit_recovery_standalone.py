@@ -1,0 +1,47 @@
+"""A lost Spark executor mid-fit: on a real standalone cluster (master + two workers on
+127.0.0.1 and 127.0.0.2, through a Spark Connect server), rank 1 SIGKILLs its own executor JVM
+in epoch 1; ``fit(max_failures=1)`` completes on the executor the standalone worker starts in
+its place, with each epoch once."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pandas as pd
+import pytest
+import torch
+
+from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.recovery_callbacks import KillRank, WeightsProbe
+from tests.runners.helpers import assert_no_workers_left, relaunch_lines
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.mark.timeout(600)
+def test_a_fit_survives_its_executor_jvm_killed(standalone_connect, tmp_path, caplog):
+    import hora.runners as hr
+    from hora.spark import TorchEstimator
+    from hora.store import Store
+
+    _, spark = standalone_connect
+    caplog.set_level(logging.WARNING, logger="hora.runners.recovery")
+    x, y = regression_data(n=128)
+    df = spark.createDataFrame(pd.DataFrame({"features": [row.tolist() for row in x], "y": y}))
+    net = mlp()
+    fit = TorchEstimator(
+        # 2 ranks (4 cores, 2 per task): one rank per worker, rank 1's executor is the other host's
+        backend=hr.SparkLauncher(spark, task_cpus=2),
+        store=Store.create(str(tmp_path / "store")), model=net, optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+        loss=torch.nn.MSELoss(), feature_cols=["features"], label_cols=["y"], batch_size=16, epochs=3,
+        random_seed=0, verbose=0, max_failures=1, start_timeout=240, run_id="standalone-fit-kill",
+        callbacks=[KillRank(rank=1, epoch=1, step=1, target="executor"), WeightsProbe(str(tmp_path))],
+    ).fit(df)
+    assert [(h["epoch"], h["attempt"], h["num_proc"]) for h in fit.getHistory()] == [(0, 1, 2), (1, 2, 2), (2, 2, 2)]
+    assert len({(tmp_path / f"weights.{r}").read_text() for r in range(2)}) == 1
+    (line,) = relaunch_lines(caplog)  # one relaunch, naming the lost executor's rank and host
+    assert re.search(r"attempt 1 of 2 failed: rank 1 on 127\.0\.0\.[12] was lost: ExecutorLostFailure \(executor ",
+                     line), line
+    assert "(a host, executor or worker was lost, retriable)" in line, line
+    assert_no_workers_left("standalone-fit-kill", within=30)
