@@ -368,10 +368,8 @@ def _allreduce_request(tensor: Any, op: Any, name: str | None, prescale_factor: 
         comp = _comp.resolve(compression)
         comp_name = _comp.name_of(comp)
     src = t if t.is_contiguous() else t.contiguous()
-    if inplace:
-        out = src
-    else:
-        out = torch.empty_like(src)
+    # out of place: the engine makes the result (in one batched call for a fused group)
+    out = src if inplace else None
     req = Request(kind, _name(st, kind, name), ps.process_set_id, tensor=src, output=out, op=rop,
                   prescale=prescale_factor, postscale=postscale_factor, compressor=comp, comp_name=comp_name)
 
@@ -404,11 +402,32 @@ def _submit(req: Request, post: Any) -> Handle:
     return h
 
 
+def _fast_path(st: _State | None, tensor: Any, op: Any, process_set: Any, compression: Any) -> bool:
+    """Whether an allreduce can skip the general checks: a contiguous CPU tensor of a
+    reducible dtype, no autograd, the global set, no compression, not Adasum."""
+    return (st is not None and type(tensor) is torch.Tensor and process_set is None and compression is None
+            and type(op) is ReduceOp and op is not ReduceOp.Adasum and tensor.is_cpu and tensor.dtype in _NUMERIC
+            and tensor.is_contiguous() and not tensor.requires_grad)
+
+
+def _fast_name(st: _State, name: Any) -> str:
+    if name is None:
+        return st.auto_name(ALLREDUCE)
+    if type(name) is not str or not name:
+        raise ConfigError(f"allreduce: name must be a non-empty string, got {name!r}")
+    return name
+
+
 def allreduce_async(tensor: Any, op: Any = Average, name: str | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, process_set: ProcessSet | None = None,
                     compression: Any = None) -> Handle:
     """Start reducing ``tensor`` across the process set; return a :class:`Handle` whose
     ``synchronize()`` gives a new tensor (or array) with the result."""
+    st = _state
+    if _fast_path(st, tensor, op, process_set, compression):
+        # the hot path of Horovod-style code: same checks, none of the general machinery
+        return st.engine.submit(fast_allreduce_request(_fast_name(st, name), tensor, None, op,
+                                                       float(prescale_factor), float(postscale_factor)))
     return _submit(*_allreduce_request(tensor, op, name, prescale_factor, postscale_factor, process_set,
                                        compression, inplace=False))
 
@@ -418,16 +437,10 @@ def allreduce_async_(tensor: Any, op: Any = Average, name: str | None = None, pr
                      compression: Any = None) -> Handle:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``."""
     st = _state
-    if (st is not None and type(tensor) is torch.Tensor and process_set is None and compression is None
-            and type(op) is ReduceOp and op is not ReduceOp.Adasum and tensor.is_cpu and tensor.dtype in _NUMERIC
-            and tensor.is_contiguous() and not tensor.requires_grad):
+    if _fast_path(st, tensor, op, process_set, compression):
         # the hot path of gradient reduction: same checks, none of the general machinery
-        if name is None:
-            name = st.auto_name(ALLREDUCE)
-        elif type(name) is not str or not name:
-            raise ConfigError(f"allreduce: name must be a non-empty string, got {name!r}")
-        return st.engine.submit(fast_allreduce_request(name, tensor, tensor, op, float(prescale_factor),
-                                                       float(postscale_factor)))
+        return st.engine.submit(fast_allreduce_request(_fast_name(st, name), tensor, tensor, op,
+                                                       float(prescale_factor), float(postscale_factor)))
     return _submit(*_allreduce_request(tensor, op, name, prescale_factor, postscale_factor, process_set,
                                        compression, inplace=True))
 
@@ -459,12 +472,8 @@ def bucket_allreduce_async_(room: torch.Tensor, numel: int, op: Any = Average, n
             f"{tuple(room.shape) if isinstance(room, torch.Tensor) else type(room).__name__}"
             f"{' ' + str(room.dtype) if isinstance(room, torch.Tensor) else ''} for numel={numel}"
         )
-    if name is None:
-        name = st.auto_name(ALLREDUCE)
-    elif type(name) is not str or not name:
-        raise ConfigError(f"allreduce: name must be a non-empty string, got {name!r}")
     tensor = room[:numel]
-    return st.engine.submit(fast_allreduce_request(name, tensor, tensor, _op(op, "allreduce"), 1.0,
+    return st.engine.submit(fast_allreduce_request(_fast_name(st, name), tensor, tensor, _op(op, "allreduce"), 1.0,
                                                    float(postscale_factor), room=room))
 
 

@@ -3,7 +3,8 @@
 A backend is deliberately small: it moves *contiguous torch tensors* between the ranks
 of a group, in place, and nothing else. Average, prescale/postscale, objects, varying
 first dimensions, fusion, compression, process-set bookkeeping and name matching all
-live above it, in :mod:`hora.native.engine`.
+live above it, in :mod:`hora.native.engine`. (One exception, for speed: :meth:`Backend.allreduce_into`
+reduces into another tensor and scales, which the shared-memory path does in its own passes.)
 
 Every method is called from the engine's background thread only (one thread per
 process talks to the backend), which keeps MPI's and Gloo's threading rules simple.
@@ -170,6 +171,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def allreduce(self, buf: torch.Tensor, op: ReduceOp, group: Group) -> None:
         """Reduce ``buf`` across the group in place (``op`` is Sum, Min, Max or Product)."""
+
+    def allreduce_into(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp, group: Group,
+                       scale: float = 1.0) -> None:
+        """Reduce ``inp`` across the group into ``out`` (same shape, floating point; ``inp``
+        may be ``out``), then multiply by ``scale``; ``inp`` is left as it was. Every member
+        of the group must call it alike (same ``op`` and ``scale``). The default copies and reduces
+        in place; a backend that can read ``inp`` and write ``out`` directly overrides it
+        (one pass over the data fewer)."""
+        if inp is not out:
+            out.copy_(inp)
+        self.allreduce(out, op, group)
+        if scale != 1.0:
+            out.mul_(scale)
 
     @abc.abstractmethod
     def allgather(self, out: torch.Tensor, inp: torch.Tensor, group: Group) -> None:

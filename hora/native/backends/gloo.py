@@ -210,6 +210,16 @@ class GlooBackend(Backend):
         else:
             self._gloo_allreduce(buf, op, group)
 
+    def allreduce_into(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp, group: Group,
+                       scale: float = 1.0) -> None:
+        """Through shared memory the input goes straight into the segment and the result,
+        scaled, straight into ``out``; else copy, Gloo in place, scale."""
+        reducer = group.shm
+        if reducer is not None and reducer.supports(out, op):
+            reducer.allreduce(out, op, src=None if inp is out else inp, scale=scale)
+        else:
+            super().allreduce_into(out, inp, op, group, scale)
+
     def _gloo_allreduce(self, buf: torch.Tensor, op: ReduceOp, group: Group) -> None:
         """Through Gloo, whatever the group's shared memory."""
         opts = dist.AllreduceOptions()

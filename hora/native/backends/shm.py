@@ -261,18 +261,23 @@ class ShmReducer:
     def supports(buf: torch.Tensor, op: ReduceOp) -> bool:
         return buf.dtype in DTYPES and op in _REDUCE and buf.device.type == "cpu"
 
-    def allreduce(self, buf: torch.Tensor, op: ReduceOp) -> None:
-        """Reduce ``buf`` (contiguous, CPU, a dtype of :data:`DTYPES`) in place.
+    def allreduce(self, buf: torch.Tensor, op: ReduceOp, src: torch.Tensor | None = None,
+                  scale: float = 1.0) -> None:
+        """Reduce ``buf`` (contiguous, CPU, a dtype of :data:`DTYPES`) in place, or reduce
+        ``src`` (same size and dtype) into ``buf``; then multiply by ``scale`` (floating
+        point only). Each member scales the chunk it reduced, in its segment, so every
+        member still receives the same bits.
 
         Raises:
             CollectiveError: a member did not arrive within the timeout or has gone.
         """
         g, size = self.group.rank, self.group.size
         fn = _REDUCE[op]
-        for x, base in self._pieces(buf):
+        srcs = self._split(src.view(-1)) if src is not None else None
+        for i, (x, base) in enumerate(self._pieces(buf)):
             nbytes = x.numel() * x.element_size()
             seg = {p: b[base:base + nbytes].view(x.dtype) for p, b in self._bytes.items()}
-            seg[g].copy_(x)
+            seg[g].copy_(x if srcs is None else srcs[i])
             self._exchange(_STEP_FILLED)
             step = -(-x.numel() // size)
             step = -(-step * x.element_size() // _ALIGN) * _ALIGN // x.element_size()
@@ -282,11 +287,18 @@ class ShmReducer:
                 for p in range(size):
                     if p != g:
                         fn(mine, seg[p][lo:hi], out=mine)
+                if scale != 1.0:
+                    mine.mul_(scale)
             self._exchange(_STEP_REDUCED)
             for p in range(size):
                 a, b = min(p * step, x.numel()), min((p + 1) * step, x.numel())
                 if a < b:
                     x[a:b].copy_(seg[p][a:b])
+
+    def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """``flat`` cut as :meth:`_pieces` cuts a buffer of its size."""
+        per_piece = self.half // flat.element_size()
+        return [flat[lo:lo + per_piece] for lo in range(0, flat.numel(), per_piece)]
 
     def broadcast(self, buf: torch.Tensor) -> None:
         """Copy ``buf`` of group rank 0 into ``buf`` of every member, in place.
@@ -396,13 +408,18 @@ class HierarchicalReducer:
     def supports(self, buf: torch.Tensor, op: ReduceOp) -> bool:
         return ShmReducer.supports(buf, op) and self.cross_supports(buf.dtype, op)
 
-    def allreduce(self, buf: torch.Tensor, op: ReduceOp) -> None:
+    def allreduce(self, buf: torch.Tensor, op: ReduceOp, src: torch.Tensor | None = None,
+                  scale: float = 1.0) -> None:
         if self.local is not None:
-            self.local.allreduce(buf, op)
+            self.local.allreduce(buf, op, src=src)
+        elif src is not None:
+            buf.copy_(src)
         if self.cross_allreduce is not None:
             self.cross_allreduce(buf, op)
         if self.local is not None:
             self.local.broadcast(buf)
+        if scale != 1.0:
+            buf.mul_(scale)
 
     def interrupt(self) -> None:
         if self.local is not None:

@@ -1,0 +1,445 @@
+"""The background loop: idle waits, rounds, and what follows a round.
+
+While the job has outstanding work every rank's thread runs *rounds* in lockstep; a
+round is itself a collective: a ``MIN`` allreduce of the control vector
+(:mod:`.control`), then, only when some rank has requests the cache does not know, an
+allgather of their metadata (:mod:`.negotiation`). Every rank then derives the same
+ready responses, runs them (:mod:`.execute`), and decides alike whether another round
+follows or the job goes idle (:meth:`RoundLoop._after_round`). An idle thread blocks on
+a job-wide wake-up signal that the next submission anywhere sets. A predicted round
+(:mod:`.speculation`) is waited for locally instead, and may run in the thread of a
+caller that blocks on a handle (:meth:`RoundLoop._gather_predicted`).
+
+This is a mixin of :class:`~.engine.Engine`: it shares the engine's state, and is kept
+apart so the thread's logic can be read in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hora.errors import CollectiveError
+from hora.native.backends.base import ReduceOp
+from hora.native.engine import negotiation
+from hora.native.engine.cache import Response
+from hora.native.engine.config import IDLE_POLL
+from hora.native.engine.control import I32_MAX
+from hora.native.engine.request import ALLREDUCE, JOIN, QUIT, QUIT_KEY, UNCACHEABLE
+from hora.native.engine.speculation import HIT, PURE_HIT, Spec
+
+if TYPE_CHECKING:
+    from hora.native.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+NO_CLAIM, OFFERED, CLAIMED, RAN = range(4)  # a predicted round offered to a blocking caller
+
+
+class Offer:
+    """(Under the engine's lock.) The hand-over of a round between the thread and callers:
+    what a predicted round still misses, and whether a blocking caller runs it."""
+
+    __slots__ = ("missing", "foreign", "stage", "spec", "claim", "args", "result", "burst_end", "gathering")
+
+    def __init__(self) -> None:
+        self.missing: set[str] | None = None  # predicted names this rank has not submitted yet
+        self.foreign = False  # something unpredicted was submitted meanwhile
+        self.stage: torch.Tensor | None = None  # where big predicted tensors are copied at submit
+        self.spec: Spec | None = None  # the prediction being gathered
+        self.claim = NO_CLAIM
+        self.args: tuple | None = None  # the round a claiming caller runs
+        self.result: Any = None  # what it returned (or raised)
+        self.burst_end = False  # a caller ended a burst of submissions (ops.end_burst)
+        self.gathering = False  # the thread is waiting for submissions to settle
+
+
+class RoundLoop:
+    """The engine thread's rounds (mixed into :class:`~.engine.Engine`)."""
+
+    def _main(self: Engine) -> None:
+        torch.set_grad_enabled(False)  # (thread-local) buffers are moved and summed, never differentiated
+        try:
+            while True:
+                if not self._active_wait():
+                    break
+                while self._round():
+                    pass
+                if self._all_quit:
+                    break
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiting handle
+            if not isinstance(exc, CollectiveError):
+                log.exception("rank %d: the hora engine failed", self.rank)
+                exc = CollectiveError(f"rank {self.rank}: the hora engine failed: {exc!r}")
+            self._fail_all(exc)
+        finally:
+            with self._exit_lock:
+                self._exited = True
+                callbacks, self._on_exit = self._on_exit, []
+            for fn in callbacks:
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - the thread is ending; say so and go on
+                    log.exception("rank %d: releasing the hora engine failed", self.rank)
+
+    def _fail_all(self: Engine, exc: BaseException) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = exc
+            reqs = list(self._names.values())
+            self._names.clear()
+            self._incoming.clear()
+            self._waiting.clear()
+        for r in reqs:
+            h = r.handle
+            if h is not None and not h._done:
+                h._error = exc
+                h._done = True
+        with self._done_cond:
+            self._done_cond.notify_all()
+
+    def _active_wait(self: Engine) -> bool:
+        """Block while the whole job is idle. False: shut down."""
+        with self._lock:
+            self._idle = True
+            self._woken = False
+            if self._aborted:
+                return False
+            if self._shutdown:
+                if self.size == 1:
+                    if not self._names:
+                        return False
+                elif not self._quit_sent or (not self._names and not self._quit_announced):
+                    # a round tells every rank that this one has shut down; once it has
+                    # nothing in flight, one more may be the round in which every rank
+                    # is done (the engine keeps answering rounds until then)
+                    self._quit_announced = not self._names
+                    self._woken = True
+                    self._waker.signal(self._epoch)
+            if self._incoming and not self._woken:
+                self._woken = True
+                self._waker.signal(self._epoch)
+        if self._to_forget and (not self._woken or len(self._to_forget) > 64):
+            # this rank's wake-up keys of epochs it has left (one store call each): done
+            # while nothing waits, so a burst of ops does not pay for them
+            forget, self._to_forget = self._to_forget, []
+            for e in forget:
+                self._waker.forget(e)
+        while True:
+            try:
+                woken = self._waker.wait(self._epoch, IDLE_POLL)
+            except Exception as exc:
+                with self._lock:
+                    if self._shutdown:
+                        return False
+                raise CollectiveError(
+                    f"rank {self.rank}: lost the job's coordination store while idle ({exc}); "
+                    "did another rank exit or crash?"
+                ) from None
+            with self._lock:
+                if self._aborted:
+                    return False
+                if woken:
+                    self._idle = False
+                    return True
+
+    def _nonmember_slots(self: Engine) -> list[int]:
+        """Cache slots of ops whose process set this rank is not a member of."""
+        key = (self.cache.version, self.ps_version)
+        if key != self._nm_key:
+            self._nm_key = key
+            pss = self.process_sets
+            self._nm_slots = [e.slot for e in self.cache.by_name.values()
+                              if e.ps_id and (e.ps_id not in pss or not pss[e.ps_id].group.is_member)]
+        return self._nm_slots
+
+    def _now_ms(self: Engine) -> int:
+        return int((time.monotonic() - self._t_start) * 1000)
+
+    def _round(self: Engine) -> bool:
+        """One negotiation round (+ execution). Returns False when the job went idle."""
+        if self._aborted:
+            raise CollectiveError(f"rank {self.rank}: hora was shut down without the other ranks")
+        t0 = time.perf_counter()
+        tl0 = self.timeline.now() if self.timeline.enabled else 0.0
+        self._round_no += 1
+        self.stats["rounds"] += 1
+        cycle = self.tuning.cycle_time
+        spec = self.speculator.spec
+        offer = self._offer
+        with self._lock:
+            if spec is not None:
+                if self._gather_predicted(spec, t0, tl0):
+                    # a caller that blocked on a handle ran this round in its own thread
+                    result, offer.result = offer.result, None
+                    if isinstance(result, BaseException):
+                        raise result
+                    return bool(result)
+            elif self._incoming and not self._flush and not offer.burst_end and cycle > 0:
+                # let a burst of submissions (a backward pass, a loop of allreduce_async)
+                # land before negotiating, instead of competing with it for the GIL
+                offer.gathering = True
+                deadline = time.monotonic() + 10 * cycle
+                seen = len(self._incoming)
+                while not self._flush and not self._shutdown and not offer.burst_end:
+                    self._gather_cond.wait(cycle)
+                    n = len(self._incoming)
+                    if n == seen or time.monotonic() >= deadline:
+                        break
+                    seen = n
+                offer.gathering = False
+        return self._round_body(t0, tl0, spec)
+
+    def _round_body(self: Engine, t0: float, tl0: float, spec: Spec | None) -> bool:
+        """The round after its gather: negotiate, execute, decide what comes next."""
+        if self._aborted:
+            raise CollectiveError(f"rank {self.rank}: hora was shut down without the other ranks")
+        cache = self.cache
+        cv = self.control
+        C = cache.capacity
+        neg = self.negotiator
+        with self._lock:
+            self._offer.burst_end = False
+            fresh, self._incoming = self._incoming, []
+        waiting = self._waiting
+        by_name = cache.by_name
+        me = self.rank
+        bits: list[int] = []
+        uncached: list[negotiation.Metadata] = []
+        slots = cache.slots
+        rest = list(waiting.values())  # still pending from earlier rounds: re-check their slots
+        for req in fresh:
+            waiting[req.name] = req
+            if C:
+                e = by_name.get(req.name)
+                if e is not None and e.key == req.key and e.locals.get(me) == req.local:
+                    req.entry = e
+                    bits.append(e.slot)
+                    continue
+            rest.append(req)
+        for req in rest:
+            e = req.entry
+            if e is not None:
+                if slots[e.slot] is e:
+                    bits.append(e.slot)
+                    continue
+                req.entry = None
+            if not req.reported:
+                req.reported = True
+                uncached.append((req.name, req.key, req.local))
+                if req.kind == JOIN:
+                    neg.my_join_round = self._round_no
+        if self._shutdown and not self._quit_sent:
+            self._quit_sent = True  # from now on nothing new comes from this rank: say so
+            uncached.append((f"{QUIT}.{me}", QUIT_KEY, None))
+        if neg.my_join_round is not None and neg.my_join_round < self._round_no and C:
+            # a joined rank stands in (with zeros) for every cached allreduce of its sets
+            for e in cache.by_name.values():
+                ps = self.process_sets.get(e.ps_id)
+                if e.kind == ALLREDUCE and ps is not None and self.rank in ps.ranks:
+                    bits.append(e.slot)
+        payload = pickle.dumps(uncached, protocol=pickle.HIGHEST_PROTOCOL) if uncached else b""
+        tuner = self.autotuner
+        ctrl = cv.encode(bits, self._nonmember_slots() if C else [], bool(uncached), len(payload),
+                         bool(self._waiting or uncached), self._now_ms(),
+                         tuner.index if (tuner is not None and self.rank == 0) else I32_MAX,
+                         self._shutdown and not self._names, self.config.speculate and tuner is None)
+        spec_ok = False
+        spx = self.speculator
+        if spec is not None and spec.piggyback:
+            outcome = spx.collective(spec, ctrl, bits)
+            if outcome == PURE_HIT:
+                return self._end_pure_round(t0, tl0, spec)
+            spec_ok = outcome == HIT
+        else:
+            self.backend.allreduce(torch.from_numpy(ctrl), ReduceOp.Min, self.backend.world)
+        flags = cv.flags(ctrl)
+        spx.allowed = flags.speculate
+        if tuner is not None:
+            change = tuner.proposal(flags.tune)  # rank 0's choice, so grouping agrees everywhere
+            if change is not None:
+                self.tuning.fusion_threshold, self.tuning.cycle_time = change
+        if flags.all_done:
+            self._all_quit = True  # every rank has shut down with nothing in flight
+            return False
+        if not flags.any_work:
+            spx.spec = None  # (a predicted round nobody had anything for)
+            return self._after_round(t0, False, False)
+        evictions = cache.evictions
+        now = flags.now_ms
+        ready_entries = [slots[s] for s in cv.ready_slots(ctrl)]
+        partial = cv.partial_slots(ctrl)
+
+        errors: dict[str, str] = {}
+        new_ready: list[Response] = []
+        if flags.any_uncached:
+            metas = negotiation.exchange(self.backend, payload, flags.max_payload)
+            self.stats["negotiation_bytes"] += (flags.max_payload + 4) * self.size
+            if neg.process_metas(metas, now, self._round_no, new_ready, errors):
+                spx.learn(None)  # a rank shut down: what was predicted cannot come
+        self.stalls.check(now, partial, errors)
+
+        responses: list[Response] = [e for e in ready_entries if e is not None]
+        touch = cache.lru.move_to_end
+        for e in responses:
+            touch(e.slot)
+        self.stats["cache_hits"] += len(responses)
+        plan_key = cv.ready(ctrl).tobytes()
+        round_bits = plan_key
+        if spec_ok:
+            # the predicted responses were reduced by the negotiation's own collective
+            done = spec.slot_set
+            responses = [e for e in responses if e.slot not in done]
+            if responses:
+                rest_bits = cv.ready(ctrl).copy()
+                rest_bits[spec.slots] = 0
+                plan_key = rest_bits.tobytes()
+        new_ready.sort(key=lambda r: r.seq)
+        responses.extend(new_ready)
+        self.stats["cache_misses"] += sum(1 for r in new_ready if r.error is None and r.kind not in UNCACHEABLE)
+        if self.timeline.enabled:
+            self.timeline.cycle(tl0, self.timeline.now(), round=self._round_no, responses=len(responses))
+
+        for name, msg in errors.items():
+            req = self._waiting.pop(name, None)
+            if req is not None:
+                self.finish(req, error=CollectiveError(msg))
+        try:
+            if responses and not new_ready and not self.timeline.enabled and not neg.joined:
+                # steady state: only cached responses; reuse the execution plan of the
+                # last round with exactly these bits
+                self.executor.run_planned(plan_key, responses)
+            elif responses:
+                self.executor.execute(responses)
+                if C:
+                    for r in new_ready:
+                        if r.error is None and r.kind not in UNCACHEABLE:
+                            cache.put(r.name, r.key, r.locals)
+        finally:
+            self.notify_done()
+        if tuner is not None and self.rank == 0:
+            tuner.observe(responses)
+        if new_ready or errors:
+            spx.learn(None)
+        elif responses or spec_ok:
+            spx.learn(round_bits)
+        elif spec is not None:
+            spx.spec = None  # predicted, and nothing came: wait through the store again
+        return self._after_round(t0, bool(responses or errors), cache.evictions != evictions)
+
+    def _gather_predicted(self: Engine, spec: Spec, t0: float, tl0: float) -> bool:
+        """(Under the lock.) Wait until this rank has submitted every tensor of the
+        predicted round, a caller blocks on a handle, or shutdown. True: a caller ran the
+        round in its own thread.
+
+        Once this rank holds the whole prediction the round is *offered*: a caller that
+        blocks on a handle (``request_flush``) runs it in its thread, as DDP's hooks
+        launch their reductions, sparing two hand-overs between threads. Nobody claims
+        it within one cycle: this thread runs it (and after two such rounds in a row it
+        stops offering that round, trying again every 16th time).
+        """
+        if self._flush or self._shutdown:
+            return False
+        offer = self._offer
+        names = self._names
+        missing = {n for n in spec.names if n not in names}
+        offer.args = (t0, tl0, spec)
+        offer.claim = NO_CLAIM if missing else OFFERED
+        offer.missing = missing
+        offer.spec = spec
+        if missing and spec.piggyback and not spec.inplace:
+            offer.stage = self.speculator.stage_buffer(spec)
+        offer.foreign = any(r.name not in spec.name_set for r in self._incoming)
+        offer.gathering = True
+        # a rank may never submit the predicted tensors (its program went elsewhere): the
+        # round then starts after the stall poll interval, so stall checks still run
+        deadline = time.monotonic() + (self.config.stall_poll or IDLE_POLL)
+        settle = 10 * self.tuning.cycle_time
+        cond = self._gather_cond
+        try:
+            while missing and not self._flush and not self._shutdown and offer.claim == NO_CLAIM:
+                now = time.monotonic()
+                if offer.foreign:  # something unpredicted is pending: gather it briefly, go
+                    deadline = min(deadline, now + settle)
+                    offer.foreign = False
+                left = deadline - now
+                if left <= 0:
+                    break
+                cond.wait(left)
+            if offer.claim == OFFERED and not self._shutdown and spec.should_offer():
+                grace = time.monotonic() + self.tuning.cycle_time
+                while offer.claim == OFFERED and not self._shutdown:
+                    left = grace - time.monotonic()
+                    if left <= 0:
+                        # nobody blocked on it in time (say, the first bucket of a backward pass)
+                        spec.unclaimed += 1
+                        break
+                    cond.wait(left)
+            while offer.claim == CLAIMED:
+                cond.wait(1.0)
+            if offer.claim == RAN:
+                spec.unclaimed = 0
+                return True
+            return False
+        finally:
+            offer.claim = NO_CLAIM
+            offer.args = None
+            offer.missing = None
+            offer.spec = None
+            offer.stage = None
+            offer.gathering = False
+
+    def _end_pure_round(self: Engine, t0: float, tl0: float, spec: Spec) -> bool:
+        """The rest of a round whose prediction held with nothing else anywhere: exactly
+        what the general path does for it (the cache's LRU order, stats, waking callers,
+        learning), without decoding the control vector."""
+        self.speculator.allowed = True
+        touch = self.cache.lru.move_to_end
+        for slot in spec.slots:
+            touch(slot)
+        st = self.stats
+        st["cache_hits"] += len(spec.slots)
+        st["speculation_alone"] += 1
+        if self.timeline.enabled:
+            self.timeline.cycle(tl0, self.timeline.now(), round=self._round_no, responses=len(spec.slots))
+        self.notify_done()
+        self.speculator.learn(spec.bits)
+        return self._after_round(t0, True, False)
+
+    def _after_round(self: Engine, t0: float, progressed: bool, evicted: bool) -> bool:
+        """Decide, identically on every rank, whether another round follows (True) or the
+        job goes idle until the next submission anywhere (False).
+
+        Every input is job-wide: the round's results, cache evictions (requests whose
+        slot was dropped must be renegotiated by name in a next round), joined ranks
+        (they stand in for cached allreduces from the round after their join on) and the
+        count of rounds without results (``HORA_LINGER_ROUNDS``). Pending work needs no
+        polling: a rank that submits wakes the job, and a caller blocked on a handle wakes
+        it every :attr:`EngineConfig.stall_poll` seconds for the stall checks.
+        """
+        self._quiet_rounds = 0 if progressed else self._quiet_rounds + 1
+        joined = self.negotiator.joined
+        if not evicted and not joined and self._quiet_rounds >= self.config.linger_rounds:
+            self._quiet_rounds = 0
+            if self.speculator.spec is not None:
+                # every rank knows what comes next: each waits for its own part of it in
+                # the next round's gather, with no wake-up through the store
+                return True
+            self._go_idle()
+            return False
+        left = self.tuning.cycle_time - (time.perf_counter() - t0)
+        if left > 0:
+            with self._lock:
+                if not self._incoming and not self._flush:
+                    self._offer.gathering = True
+                    self._gather_cond.wait(left)  # a caller blocking on a handle ends it early
+                    self._offer.gathering = False
+        return True
+
+    def _go_idle(self: Engine) -> None:
+        self._to_forget.append(self._epoch)  # this rank's key, deleted while idle
+        self._epoch += 1

@@ -1,0 +1,262 @@
+"""Predicted rounds: a repeating round runs as one collective, its negotiation riding along.
+
+Steady-state training repeats its rounds: every step the same gradients become ready
+together. Every rank records, alike, which round (its cached-response bits) followed
+which; once a successor has repeated :data:`SPEC_MIN_HITS` times, the next round is
+*predicted* (:meth:`Speculator.learn`). A predicted round that is one fused
+float32/float64 Sum/Average allreduce of the global set runs as ONE collective
+(:meth:`Speculator.collective`): each rank waits until it holds every predicted tensor
+(or a caller blocks, or it shuts down), packs them into the fusion buffer and appends
+its control vector in tail form (:mod:`.control`), and one Sum allreduce reduces data
+and negotiation together. When every rank held the whole prediction, the data part is
+the result; otherwise it is discarded and the round continues as a normal one, from the
+decoded control vector. Either way the same responses, errors, stall checks and cache
+updates follow on every rank. A lone tensor with spare room after it (a
+DistributedOptimizer bucket) is reduced in place instead (ranks without it send zeros);
+after a miss the ranks that held it keep the partial sum on the lowest of them and
+zeros on the others, so nothing is lost. Any other predicted round is only waited for
+locally, then negotiated as a normal round. When every rank had nothing but the
+prediction, a hit ends the round at once (``Engine._end_pure_round``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from hora.native.backends.base import ReduceOp
+from hora.native.engine.fusion import FusedGroup, flat, unpack
+from hora.native.engine.request import ALLREDUCE, ROOM, Request
+
+if TYPE_CHECKING:
+    from hora.native.engine.engine import Engine
+
+SPEC_MIN_HITS = 2  # a successor seen this many times in a row is predicted
+SPEC_SINGLE_MAX_BYTES = 1 << 20  # a predicted round of one tensor above this runs as a normal round
+STAGE_MIN_NUMEL = 16384  # elements: a predicted tensor at least this big is staged at submit
+MISS, HIT, PURE_HIT = range(3)  # outcomes of Speculator.collective
+
+
+class Spec:
+    """A predicted round, identical on every rank: the cached ops every rank expects next
+    (see :meth:`Speculator.make` for the three kinds)."""
+
+    __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
+                 "average", "offsets", "_parts", "unclaimed", "skipped", "piggyback", "inplace", "bits")
+
+    def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype | None,
+                 prescale: float, postscale: float, average: bool, piggyback: bool = True,
+                 inplace: bool = False, bits: bytes = b"") -> None:
+        self.bits = bits  # the cached-response bits of the round predicted
+        self.piggyback = piggyback  # False: only waited for locally, then a normal round
+        self.inplace = inplace  # one tensor with room: reduced in place
+        self.slots = slots
+        self.slot_set = frozenset(slots)
+        self.names = names
+        self.name_set = frozenset(names)
+        self.sizes = sizes
+        self.numel = sum(sizes)
+        self._parts: tuple[Any, list[torch.Tensor]] | None = None
+        self.unclaimed = 0  # offers to a blocking caller in a row that nobody took
+        self.skipped = 0  # rounds not offered since (see Engine._gather_predicted)
+        self.offsets: dict[str, tuple[int, int]] = {}
+        off = 0
+        for name, n in zip(names, sizes):
+            self.offsets[name] = (off, n)
+            off += n
+        self.dtype = dtype
+        self.prescale = prescale
+        self.postscale = postscale
+        self.average = average
+
+    def should_offer(self) -> bool:
+        """Offer the round to a blocking caller, unless the last two offers went
+        unclaimed; then offer again every 16th round (the caller may have sped up)."""
+        if self.unclaimed < 2:
+            return True
+        self.skipped += 1
+        if self.skipped >= 16:
+            self.skipped = self.unclaimed = 0
+        return False
+
+    def parts_of(self, data: torch.Tensor) -> list[torch.Tensor]:
+        """Views of ``data`` (the fusion buffer's data part), one per tensor, kept while
+        the buffer stays the same (splitting a thousand views costs more than a copy)."""
+        key = (data.data_ptr(), data.numel())
+        if self._parts is None or self._parts[0] != key:
+            self._parts = (key, list(data.split(self.sizes)))
+        return self._parts[1]
+
+
+class Speculator:
+    """The successor table and the current prediction (the same on every rank: only
+    changed from rounds' job-wide results)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.spec: Spec | None = None  # the next round's prediction
+        self.allowed = False  # every rank allowed speculation in the last round
+        self._prev_bits: bytes | None = None
+        self._succ: dict[bytes, list] = {}
+        self._memo: dict[tuple, Spec | None] = {}  # predictions by bits and cache version
+        self.stage_token = 1  # what a request staged at submit was staged for
+
+    def learn(self, bits: bytes | None) -> None:
+        """Record that a round with cached-response ``bits`` followed the previous one
+        (None: a round that negotiated by name; the chain starts over) and predict the
+        next round. Runs alike on every rank, from job-wide results only."""
+        self.spec = None
+        if bits is None:
+            self._prev_bits = None
+            return
+        prev = self._prev_bits
+        if prev is not None:
+            succ = self._succ.get(prev)
+            if succ is not None and succ[0] == bits:
+                succ[1] += 1
+            else:
+                if len(self._succ) >= 256:
+                    self._succ.clear()
+                self._succ[prev] = [bits, 1]
+        self._prev_bits = bits
+        nxt = self._succ.get(bits)
+        eng = self.engine
+        if nxt is None or nxt[1] < SPEC_MIN_HITS or not self.allowed or eng.negotiator.joined:
+            return
+        version = (nxt[0], eng.cache.version, eng.ps_version, eng.tuning.fusion_threshold)
+        memo = self._memo
+        if version in memo:
+            self.spec = memo[version]
+        else:
+            if len(memo) >= 64:
+                memo.clear()
+            self.spec = memo[version] = self.make(nxt[0])
+
+    def make(self, bits: bytes) -> Spec | None:
+        """The prediction for a round with ``bits``. When the round is one fused
+        float32/float64 Sum/Average allreduce of the global set on the CPU, it runs as one
+        collective (``piggyback``); any other predicted round is only waited for locally
+        (no wake-up through the store) and then negotiated and run as a normal round."""
+        eng = self.engine
+        C = eng.cache.capacity
+        slots = np.flatnonzero(np.frombuffer(bits, dtype=np.int32)[:C]).tolist()
+        entries = [eng.cache.slots[s] for s in slots]
+        if not entries or None in entries:
+            return None
+        names = [e.name for e in entries]
+        local = Spec(slots, names, [0] * len(names), None, 1.0, 1.0, False, piggyback=False, bits=bits)
+        units = eng.executor.plan(entries)
+        if len(units) != 1 or type(units[0]) is not FusedGroup or len(units[0].resps) != len(entries):
+            return local
+        key = entries[0].key
+        if (key.kind != ALLREDUCE or key.dtype not in ("float32", "float64") or key.process_set != 0
+                or key.compression != "none" or key.device != "cpu"
+                or ReduceOp(key.op) not in (ReduceOp.Sum, ReduceOp.Average)):
+            return local
+        unit = units[0]
+        average = ReduceOp(key.op) == ReduceOp.Average
+        dtype = getattr(torch, key.dtype)
+        if len(unit.names) == 1 and key.extra == ROOM and key.prescale_factor == 1.0:
+            # a lone tensor with spare room after it: reduced in place, the control vector in
+            # the room (see collective() for why a miss loses nothing)
+            return Spec(slots, unit.names, unit.sizes, dtype, key.prescale_factor, key.postscale_factor, average,
+                        inplace=True, bits=bits)
+        if len(unit.names) == 1 and unit.nbytes > SPEC_SINGLE_MAX_BYTES:
+            # a lone tensor is reduced in place by a normal round; riding along with the
+            # negotiation would copy it in and out of the fusion buffer, which costs more
+            # than the negotiation's own small collective
+            return local
+        return Spec(slots, unit.names, unit.sizes, dtype, key.prescale_factor, key.postscale_factor, average,
+                    bits=bits)
+
+    def stage_buffer(self, spec: Spec) -> torch.Tensor:
+        """Where a predicted tensor is copied when it is submitted (the fusion buffer's data part)."""
+        eng = self.engine
+        return eng.executor.buffer(spec.dtype, spec.numel + eng.control.max_tail(), torch.device("cpu"))[: spec.numel]
+
+    def collective(self, spec: Spec, ctrl: np.ndarray, bits: list[int]) -> int:
+        """Run the predicted round's data and the control vector ``ctrl`` (MIN form) as one
+        Sum allreduce; rewrite ``ctrl`` with the job-wide (MIN form) result. HIT when the
+        prediction held on every rank (its requests are then finished), MISS when not;
+        PURE_HIT when it held and nothing else happened anywhere (``ctrl`` is then left
+        as it was: the engine ends the round at once)."""
+        eng = self.engine
+        cv = eng.control
+        size = eng.size
+        n = spec.numel
+        have_bits = set(bits)
+        have = all(s in have_bits for s in spec.slots)
+        # only the slots up to the highest one in use travel (the cache, so this bound, is
+        # the same on every rank); a slot beyond it has no entry: nobody votes for it
+        U = eng.cache.slots_in_use()
+        inplace = spec.inplace
+        # ranks with nothing but the prediction: no other op (so none ready or half-submitted
+        # anywhere once every rank says so), nothing uncached, not done, speculation on, and
+        # no stall tracking going on (job-wide state)
+        alone = (have and len(have_bits) == len(spec.slots) and ctrl[cv.no_uncached] == 1 and ctrl[cv.done] == 0
+                 and ctrl[cv.speculate] == 1 and not eng.negotiator.table and not eng.stalls.tracking)
+        tail = cv.encode_tail(ctrl, U, np.float64 if spec.dtype == torch.float64 else np.float32, rank=eng.rank,
+                              size=size, have=have, alone=alone, inplace=inplace)
+        reqs: list[Request] = []
+        if have:
+            waiting = eng._waiting
+            reqs = [waiting[name] for name in spec.names]
+        parts: list[torch.Tensor] = []
+        if inplace:
+            # the tensor itself, the tail in its room; a rank without it sends zeros
+            if have:
+                buf = reqs[0].room[: n + tail.size]
+            else:
+                buf = eng.executor.buffer(spec.dtype, n + tail.size, torch.device("cpu"))
+                buf[:n].zero_()
+            data = buf[:n]
+        else:
+            buf = eng.executor.buffer(spec.dtype, n + tail.size, torch.device("cpu"))
+            data = buf[:n]
+            token = self.stage_token
+            self.stage_token += 1  # what was staged is consumed (or overwritten) by this collective
+            if have:
+                parts = spec.parts_of(data)
+                todo = [i for i, q in enumerate(reqs) if q.staged != token]
+                if len(todo) == len(reqs):
+                    torch.cat([flat(q.tensor) for q in reqs], out=data)  # one batched copy
+                elif todo:
+                    torch._foreach_copy_([parts[i] for i in todo], [flat(reqs[i].tensor) for i in todo])
+                if spec.prescale != 1.0:
+                    from hora.native.engine.execute import scale_
+
+                    scale_(data, spec.prescale)
+        buf[n:].copy_(torch.from_numpy(tail))
+        out = buf[n:].numpy()  # (made before the collective: the less runs after it, the better)
+        eng.backend.allreduce(buf, ReduceOp.Sum, eng.backend.world)
+        st = eng.stats
+        # float32 or float64: the counts are exact in either
+        pure = cv.tail_pure(out, U, size)
+        held = pure or cv.tail_held(out, U, size)
+        if not pure:
+            cv.decode_tail(out, ctrl, U, size)
+        if not held:
+            st["speculation_misses"] += 1
+            if inplace and have:
+                # Some rank did not have the tensor yet: this rank's tensor now holds the sum
+                # over the ranks that had it (the others sent zeros). The lowest of those
+                # ranks keeps that sum, the others zero their tensor, so the tensors of all
+                # ranks still add up to the true sum, which the normal round that reduces
+                # the tensor later (in place, prescale 1) produces.
+                if eng.rank != int(cv.tail_holders(out, U, size)[0]):
+                    data.zero_()
+            return MISS
+        post = spec.postscale / size if spec.average else spec.postscale
+        if inplace:
+            if post != 1.0:
+                data.mul_(post)
+        else:
+            unpack(parts, reqs, post)
+        pop = eng._waiting.pop
+        for q in reqs:
+            pop(q.name, None)
+        eng.finish_fused(reqs, n * buf.element_size(), fused=not inplace)
+        st["speculation_hits"] += 1
+        return PURE_HIT if pure else HIT
