@@ -24,6 +24,7 @@ import torch
 import hora.native as _hn
 from hora.errors import ConfigError
 from hora.native.compression import resolve
+from hora.torch._wrap import wrap_instance
 from hora.torch.parameters import normalize_named_parameters
 
 
@@ -76,7 +77,10 @@ class AdasumMixin:
     def step(self, closure: Any = None) -> Any:
         """Apply every parameter's combined update (stepping now those whose gradient
         had not come in)."""
-        loss = closure() if closure is not None else None
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for p in self._hora_params:
             if p not in self._hora_handles:
                 self._hora_handles[p] = self._hora_delta_async(p)
@@ -120,10 +124,7 @@ class AdasumMixin:
 def wrap(optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any, backward_passes_per_step: int,
          process_set: Any) -> torch.optim.Optimizer:
     """The Adasum DistributedOptimizer around ``optimizer`` (an instance of its class)."""
-    base = optimizer.__class__
-    cls = type(base.__name__, (AdasumMixin, base), {"__module__": base.__module__, "__qualname__": base.__qualname__})
-    dist = cls.__new__(cls)
-    dist.__dict__.update(optimizer.__dict__)
+    dist = wrap_instance(optimizer, AdasumMixin)
     dist._hora_adasum_setup(named_parameters, compression, backward_passes_per_step,
                             _hn.global_process_set if process_set is None else process_set)
     return dist

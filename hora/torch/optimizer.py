@@ -31,7 +31,6 @@ by the number of ranks only, so scale each micro-batch loss by ``1/k`` yourself.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -41,16 +40,18 @@ from typing import Any
 import torch
 
 import hora.native as _hn
+from hora import settings
 from hora.native import ops as _ops
 from hora.errors import ConfigError
 from hora.torch import adasum_optimizer as _adasum
+from hora.torch._wrap import wrap_instance
 from hora.torch.parameters import explicit_groups, first_difference, normalize_named_parameters
 
 log = logging.getLogger(__name__)
 
 _GRAD_PREFIX = "grad."
 ENV_BUCKET_CAP_MB = "HORA_BUCKET_CAP_MB"
-DEFAULT_BUCKET_CAP_MB = 25.0  # as DDP
+DEFAULT_BUCKET_CAP_MB = settings.default(ENV_BUCKET_CAP_MB)  # 25, as DDP
 # as DDP: the first bucket is small, so its reduction starts early (for GPU parameters; see
 # first_bucket_mb for why CPU parameters get none)
 FIRST_BUCKET_BYTES = 1024 * 1024
@@ -488,7 +489,19 @@ class _DistributedMixin:
             self._hora_should_sync = True
 
     def step(self, closure: Any = None) -> Any:
-        """Wait for the gradients still in flight, then step the wrapped optimizer."""
+        """Wait for the gradients still in flight, then step the wrapped optimizer.
+
+        With a ``closure`` (torch's protocol: it recomputes the loss and its gradients),
+        the closure runs first, with gradients enabled, so that its gradients are the
+        ones reduced; then the reduction is waited for and the wrapped optimizer steps
+        without the closure. Returns the closure's loss. (Optimizers that evaluate the
+        closure several times inside one step, as LBFGS does, cannot have every
+        evaluation reduced and are not supported.)
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         if self._hora_should_sync:
             if self._hora_synchronized:
                 warnings.warn(  # Horovod's words (code written for it may look for them)
@@ -500,7 +513,8 @@ class _DistributedMixin:
                 )
             self.synchronize()
         self._hora_synchronized = False
-        return super().step(closure)  # type: ignore[misc]
+        super().step()  # type: ignore[misc]
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients. Reductions still in flight are completed first (every rank
@@ -646,13 +660,9 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
                       DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
-    base = optimizer.__class__
     if op == _hn.Adasum and _hn.size() > 1:  # (size(): NotInitializedError before init, as Horovod)
         return _adasum.wrap(optimizer, named_parameters, compression, backward_passes_per_step, process_set)
-    cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__,
-                                                          "__qualname__": base.__qualname__})
-    dist = cls.__new__(cls)
-    dist.__dict__.update(optimizer.__dict__)
+    dist = wrap_instance(optimizer, _DistributedMixin)
     dist._hora_setup(
         named_parameters,
         compression,
@@ -670,13 +680,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
 
 
 def _default_bucket_cap_mb() -> float:
-    raw = os.environ.get(ENV_BUCKET_CAP_MB, "")
-    if not raw.strip():
-        return DEFAULT_BUCKET_CAP_MB
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{ENV_BUCKET_CAP_MB}={raw!r} is not a number (megabytes)") from None
+    """``HORA_BUCKET_CAP_MB`` (default 25, as DDP's)."""
+    return float(settings.get(ENV_BUCKET_CAP_MB))
 
 
 def is_distributed_optimizer(optimizer: Any) -> bool:

@@ -110,6 +110,18 @@ def test_parameter_unused_on_some_ranks_and_steps(ranks):
 
 
 @pytest.mark.timeout(300)
+def test_scheduler_made_before_wrapping_and_step_with_closure(ranks):
+    want = W.reference_scheduled_closure()
+    outs = result(ranks, "scheduled_closure")
+    assert_ranks_identical([o["state"] for o in outs], "scheduled_closure")  # step() synchronized
+    for o in outs:
+        assert_states_close(o["state"], want["state"], 1e-5, "scheduled_closure")
+        assert o["losses"] == pytest.approx(want["losses"], rel=1e-5)  # the closure's loss, returned
+        assert o["lrs"] == pytest.approx([0.1 * 0.5 ** (i + 1) for i in range(W.STEPS)])
+        assert o["warnings"] == [], o["warnings"]
+
+
+@pytest.mark.timeout(300)
 def test_overlapped_path_matches_blocking_per_gradient_allreduce(ranks):
     for r, res in enumerate(result(ranks, "overlap")):
         assert_states_close(res["overlapped"], res["manual"], 1e-6, f"overlap rank {r}")

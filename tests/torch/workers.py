@@ -84,6 +84,26 @@ def reference_train(opt_kind: str, steps: int = STEPS, loss_scale: float = 1.0) 
     return state(model)
 
 
+def reference_scheduled_closure(steps: int = STEPS) -> dict[str, Any]:
+    """One process, whole batch: SGD stepped through a closure, a StepLR halving the rate."""
+    model = make_mlp(seed=0)
+    opt = make_optimizer("plain_sgd", model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    losses = []
+    for step in range(steps):
+        x, y = make_data(step)
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        losses.append(opt.step(closure).item())
+        sched.step()
+    return {"state": state(model), "losses": losses}
+
+
 def reference_two_heads(steps: int = STEPS) -> dict[str, torch.Tensor]:
     model = TwoHeads(seed=0)
     opt = make_optimizer("plain_sgd", model.parameters())
@@ -168,6 +188,38 @@ def _scenario_two_heads(hvd) -> dict[str, torch.Tensor]:
         torch.nn.functional.mse_loss(model(x, uses_b(step, rank)), y).backward()
         opt.step()
     return state(model)
+
+
+def _scenario_scheduled_closure(hvd) -> dict[str, Any]:
+    """An LR scheduler made *before* wrapping (as Lightning does) and step(closure): the
+    wrapper must still synchronize (the scheduler's step wrapper is bound to the raw
+    optimizer), the closure's gradients must be the ones reduced, and the scheduler must
+    not warn that it stepped first."""
+    import warnings
+
+    rank, size = hvd.rank(), hvd.size()
+    model = make_mlp(seed=0)
+    raw = make_optimizer("plain_sgd", model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(raw, step_size=1, gamma=0.5)
+    opt = hvd.DistributedOptimizer(raw, named_parameters=model.named_parameters())
+    losses, lrs = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(STEPS):
+            x, y = make_data(step)
+            x, y = _my_half(x, rank, size), _my_half(y, rank, size)
+
+            def closure() -> torch.Tensor:
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+
+            losses.append(float(hvd.allreduce(opt.step(closure).detach(), name=f"closure.loss.{step}")))
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+    return {"state": state(model), "losses": losses, "lrs": lrs,
+            "warnings": [str(w.message) for w in caught if "lr_scheduler" in str(w.message)]}
 
 
 def _scenario_overlap(hvd) -> dict[str, Any]:
@@ -407,6 +459,7 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "fp16": lambda hvd: _train_distributed(hvd, "sgd", compression=hvd.Compression.fp16),
     "bf16": lambda hvd: _train_distributed(hvd, "sgd", compression=hvd.Compression.bf16),
     "two_heads": _scenario_two_heads,
+    "scheduled_closure": _scenario_scheduled_closure,
     "process_set": _scenario_process_set,
     "overlap": _scenario_overlap,
     "optimizer_state": _scenario_optimizer_state,
