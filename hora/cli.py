@@ -143,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="collective backend (HORA_BACKEND); default auto")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command to run (e.g. python train.py)")
 
-    sub.add_parser("check", help="show which frameworks, backends, engines and stores are usable here")
+    check = sub.add_parser("check", help="show which frameworks, backends, engines and stores are usable here")
+    check.add_argument("--env", action="store_true",
+                       help="list every HORA_* setting with its current value and default instead")
 
     tl = sub.add_parser("timeline", help="work with timelines written by --timeline-filename")
     tl_sub = tl.add_subparsers(dest="timeline_cmd", metavar="{summarize}")
@@ -495,6 +497,17 @@ def check_command() -> int:
     return 0
 
 
+def check_env_command() -> int:
+    """``hora check --env``: every HORA_* setting, its value here and its default; exit 0."""
+    from hora.settings import describe
+
+    rows = describe()
+    width = max(len(name) for name, *_ in rows)
+    for name, current, default, doc in rows:
+        print(f"{name:<{width}}  {current:<18} (default {default})  {doc}")
+    return 0
+
+
 # --------------------------------------------------------------------------------------
 # hora timeline
 # --------------------------------------------------------------------------------------
@@ -528,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "run":
             return run_command(args)
         if args.cmd == "check":
-            return check_command()
+            return check_env_command() if args.env else check_command()
         if args.cmd == "timeline":
             return timeline_command(args)
         parser.print_help()

@@ -35,17 +35,17 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import os
 import queue
 from collections.abc import Callable
 from typing import Any
 
+from hora import settings
 from hora.errors import ConfigError, HorovodInternalError, HostsUpdatedInterrupt
 
 log = logging.getLogger(__name__)
 
 ENV_RESET_LIMIT = "HORA_ELASTIC_RESET_LIMIT"
-DEFAULT_RESET_LIMIT = 5
+DEFAULT_RESET_LIMIT = settings.default(ENV_RESET_LIMIT)
 
 
 def reset_limit() -> int:
@@ -54,16 +54,7 @@ def reset_limit() -> int:
     Raises:
         ConfigError: not a non-negative integer.
     """
-    raw = os.environ.get(ENV_RESET_LIMIT, "").strip()
-    if not raw:
-        return DEFAULT_RESET_LIMIT
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{ENV_RESET_LIMIT}={raw!r} is not an integer") from None
-    if value < 0:
-        raise ConfigError(f"{ENV_RESET_LIMIT}={raw!r} must be >= 0")
-    return value
+    return settings.get(ENV_RESET_LIMIT)
 
 
 class State:

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from hora import settings
 from hora.errors import ConfigError, RendezvousError
 
 log = logging.getLogger(__name__)
@@ -49,30 +50,23 @@ ENV_BACKEND = "HORA_BACKEND"  # gloo | nccl | mpi | auto (default auto)
 ENV_START_TIMEOUT = "HORA_START_TIMEOUT"  # seconds to wait for every rank at start
 ENV_RENDEZVOUS_TIMEOUT = "HORA_RENDEZVOUS_TIMEOUT"  # seconds for one key-value wait
 
-DEFAULT_START_TIMEOUT = 60.0
-DEFAULT_RENDEZVOUS_TIMEOUT = 60.0
+DEFAULT_START_TIMEOUT = settings.default(ENV_START_TIMEOUT)
+DEFAULT_RENDEZVOUS_TIMEOUT = settings.default(ENV_RENDEZVOUS_TIMEOUT)
 
 _MAGIC = b"HORA"
 _HEADER = struct.Struct("!4sI32s")
 _MAX_FRAME = 256 * 1024 * 1024
 
 
-def env_float(name: str, default: float) -> float:
-    """Read a positive float from the environment variable ``name``, or ``default``.
+def env_float(name: str, default: float | None = None) -> float:
+    """The number of the setting ``name`` (read and checked by :func:`hora.settings.get`);
+    ``default`` only where the setting declares none.
 
     Raises:
-        ConfigError: the variable is set but is not a positive number.
+        ConfigError: the variable is set but malformed or outside its bounds.
     """
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r} must be > 0")
-    return value
+    value = settings.get(name)
+    return default if value is None else value
 
 
 def make_secret() -> bytes:
@@ -106,8 +100,8 @@ class WorkerEnv:
             raise ConfigError(f"{ENV_LOCAL_RANK}={self.local_rank} is outside [0, {self.local_size})")
         if not 0 <= self.cross_rank < self.cross_size:
             raise ConfigError(f"{ENV_CROSS_RANK}={self.cross_rank} is outside [0, {self.cross_size})")
-        if self.backend not in ("auto", "gloo", "nccl", "mpi"):
-            raise ConfigError(f"{ENV_BACKEND}={self.backend!r} is unknown; use one of auto, gloo, nccl, mpi")
+        if self.backend not in settings.BACKENDS:
+            raise ConfigError(f"{ENV_BACKEND}={self.backend!r} is unknown; use one of {', '.join(settings.BACKENDS)}")
         if self.start_timeout <= 0:
             raise ConfigError(f"{ENV_START_TIMEOUT} must be > 0, got {self.start_timeout}")
         if ":" not in self.rendezvous_addr:
@@ -128,40 +122,28 @@ class WorkerEnv:
                 f"variable(s) {', '.join(missing)} (use `hora run`, hora.runners.run, or set them)"
             )
 
-        def _int(name: str, default: int | None = None) -> int:
-            raw = env.get(name)
-            if raw is None or raw == "":
-                if default is None:
-                    raise ConfigError(f"missing environment variable {name}")
-                return default
-            try:
-                return int(raw)
-            except ValueError:
-                raise ConfigError(f"{name}={raw!r} is not an integer") from None
+        def get(name: str) -> Any:
+            return settings.get(name, env)
 
-        rank, size = _int(ENV_RANK), _int(ENV_SIZE)
+        rank, size = get(ENV_RANK), get(ENV_SIZE)
         try:
             secret = bytes.fromhex(env[ENV_SECRET])
         except ValueError:
             raise ConfigError(f"{ENV_SECRET} is not hex") from None
-        timeout_raw = env.get(ENV_START_TIMEOUT) or str(DEFAULT_START_TIMEOUT)
-        try:
-            start_timeout = float(timeout_raw)
-        except ValueError:
-            raise ConfigError(f"{ENV_START_TIMEOUT}={timeout_raw!r} is not a number") from None
+        local_rank, local_size = get(ENV_LOCAL_RANK), get(ENV_LOCAL_SIZE)
         return cls(
             rank=rank,
             size=size,
-            local_rank=_int(ENV_LOCAL_RANK, rank),
-            local_size=_int(ENV_LOCAL_SIZE, size),
-            cross_rank=_int(ENV_CROSS_RANK, 0),
-            cross_size=_int(ENV_CROSS_SIZE, 1),
+            local_rank=rank if local_rank is None else local_rank,
+            local_size=size if local_size is None else local_size,
+            cross_rank=get(ENV_CROSS_RANK),
+            cross_size=get(ENV_CROSS_SIZE),
             rendezvous_addr=env[ENV_RENDEZVOUS_ADDR],
             secret=secret,
-            job_id=env.get(ENV_JOB_ID) or "hora",
-            hostname=env.get(ENV_HOSTNAME) or "127.0.0.1",
-            backend=(env.get(ENV_BACKEND) or "auto").lower(),
-            start_timeout=start_timeout,
+            job_id=get(ENV_JOB_ID) or settings.default(ENV_JOB_ID),
+            hostname=get(ENV_HOSTNAME) or settings.default(ENV_HOSTNAME),
+            backend=get(ENV_BACKEND),
+            start_timeout=get(ENV_START_TIMEOUT),
         )
 
     def to_environ(self) -> dict[str, str]:
@@ -467,7 +449,7 @@ class KVClient:
             raise ConfigError(f"rendezvous address {addr!r} is not host:port")
         self._addr = (host.strip("[]"), int(port))
         self._secret = secret
-        self.timeout = timeout if timeout is not None else env_float(ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT)
+        self.timeout = timeout if timeout is not None else settings.get(ENV_RENDEZVOUS_TIMEOUT)
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 

@@ -21,6 +21,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from hora import settings
 from hora.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,8 @@ class Timeline:
     @classmethod
     def from_environ(cls, rank: int) -> Timeline:
         """The timeline ``HORA_TIMELINE`` asks for (a disabled one without it)."""
-        path = os.environ.get(ENV_TIMELINE) or None
-        marks = os.environ.get(ENV_TIMELINE_MARK_CYCLES, "").strip().lower() in ("1", "true", "yes", "on")
+        path = settings.get(ENV_TIMELINE) or None
+        marks = settings.get(ENV_TIMELINE_MARK_CYCLES)
         return cls.for_rank(path, rank, mark_cycles=marks)
 
     @classmethod
@@ -68,7 +69,7 @@ class Timeline:
         """The timeline of ``rank`` for a job-wide ``path``: rank 0 writes ``path``; the
         others write ``path.rank<r>`` with ``HORA_TIMELINE_ALL_RANKS=1``, else nothing."""
         if path and rank != 0:
-            if os.environ.get(ENV_TIMELINE_ALL_RANKS, "") in ("1", "true", "yes"):
+            if settings.get(ENV_TIMELINE_ALL_RANKS):
                 path = f"{path}.rank{rank}"
             else:
                 path = None

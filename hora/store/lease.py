@@ -39,7 +39,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from hora.errors import ConfigError, StoreError
+from hora import settings
+from hora.errors import StoreError
 from hora.store.layout import LEASE_PREFIX, TMP_PREFIX
 from hora.store.store import Store
 
@@ -47,8 +48,8 @@ logger = logging.getLogger(__name__)
 
 LEASE_TTL_ENV = "HORA_MATERIALIZE_LEASE_TTL"
 WAIT_TIMEOUT_ENV = "HORA_MATERIALIZE_WAIT_TIMEOUT"
-DEFAULT_LEASE_TTL = 60.0
-DEFAULT_WAIT_TIMEOUT = 3600.0
+DEFAULT_LEASE_TTL = settings.default(LEASE_TTL_ENV)
+DEFAULT_WAIT_TIMEOUT = settings.default(WAIT_TIMEOUT_ENV)
 POLL_INTERVAL = 0.5
 
 
@@ -74,19 +75,6 @@ def _pid_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _env_seconds(name: str, default: float, allow_zero: bool = False) -> float:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name}={raw!r} must be {'>= 0' if allow_zero else '> 0'}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -179,7 +167,7 @@ class Lease:
         self.store = store
         self.fingerprint = fingerprint
         self.attempt = attempt
-        self.ttl = _env_seconds(LEASE_TTL_ENV, DEFAULT_LEASE_TTL) if ttl is None else float(ttl)
+        self.ttl = settings.get(LEASE_TTL_ENV) if ttl is None else float(ttl)
         self.path = store.layout.lease_path(fingerprint, attempt)
         self.started_at = time.time()
         self.phase = "writing"
@@ -233,7 +221,7 @@ class Lease:
             the committed DatasetInfo once an older attempt committed, or None when this
             attempt should write (no older live attempt, they died, or the wait timed out).
         """
-        timeout = _env_seconds(WAIT_TIMEOUT_ENV, DEFAULT_WAIT_TIMEOUT, allow_zero=True) if timeout is None else timeout
+        timeout = settings.get(WAIT_TIMEOUT_ENV) if timeout is None else timeout
         deadline = time.monotonic() + timeout
         announced = False
         while True:
@@ -264,7 +252,7 @@ class Lease:
             StoreError: another live attempt kept committing for longer than ``timeout``
                 (default: the wait timeout), named in the message.
         """
-        timeout = _env_seconds(WAIT_TIMEOUT_ENV, DEFAULT_WAIT_TIMEOUT, allow_zero=True) if timeout is None else timeout
+        timeout = settings.get(WAIT_TIMEOUT_ENV) if timeout is None else timeout
         deadline = time.monotonic() + max(timeout, 4 * self.ttl)
 
         def committing_rivals() -> list[LeaseInfo]:

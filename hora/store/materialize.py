@@ -34,12 +34,12 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 import uuid
 from dataclasses import replace
 from typing import Any, Sequence
 
+from hora import settings
 from hora.errors import ConfigError
 from hora.store.commit import assemble, commit, ensure_min_files, load_dataset_info
 from hora.store.dataset import FORMAT_VERSION, DatasetInfo
@@ -180,7 +180,7 @@ def materialize(
             stats = source.write(plan, num_proc, describe=f"hora: materialize {fp} ({len(stored)} columns) to {store.url}")
             info = assemble(fp, store, plan, stats, source.kind, options, val_col is not None or val_frac > 0)
             info = ensure_min_files(store, plan, info, num_proc)
-            sleep = os.environ.get(FAULT_SLEEP_BEFORE_COMMIT_ENV)
+            sleep = settings.get(FAULT_SLEEP_BEFORE_COMMIT_ENV)
             if sleep:
                 logger.warning("fault injection: sleeping %s s before committing %s", sleep, fp)
                 time.sleep(float(sleep))

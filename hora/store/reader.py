@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hora import settings
 from hora.errors import ConfigError, DataError, StoreError
 from hora.store.dataset import ColumnSpec, DatasetInfo
 from hora.store.layout import SPLITS
@@ -46,8 +46,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_SHUFFLE_BUFFER_ROWS = 100_000
 DEFAULT_SHUFFLE_BUFFER_BYTES = 256 << 20
 #: Seconds the consumer waits for the next batch from the prefetch thread (env override below).
-DEFAULT_READER_TIMEOUT_S = 600.0
 READER_TIMEOUT_ENV = "HORA_READER_TIMEOUT"
+DEFAULT_READER_TIMEOUT_S = settings.default(READER_TIMEOUT_ENV)
 _REMAINDERS = ("pad", "truncate")
 _POLL_S = 0.5
 
@@ -70,16 +70,7 @@ def _stop_all_readers() -> None:
 
 def reader_timeout() -> float:
     """Seconds to wait for one batch (``HORA_READER_TIMEOUT`` or the default)."""
-    raw = os.environ.get(READER_TIMEOUT_ENV)
-    if not raw:
-        return DEFAULT_READER_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{READER_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from exc
-    if value <= 0:
-        raise ConfigError(f"{READER_TIMEOUT_ENV} must be > 0, got {raw!r}")
-    return value
+    return settings.get(READER_TIMEOUT_ENV)
 
 
 @dataclass(frozen=True)

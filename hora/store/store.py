@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import fsspec
 
+from hora import settings
 from hora.errors import ConfigError, StoreError
 from hora.store.layout import StoreLayout, join
 
@@ -30,8 +31,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds the writability check at :meth:`Store.create` may take before the store is
 #: declared unreachable (override with the environment variable ``HORA_STORE_TIMEOUT``).
-DEFAULT_STORE_TIMEOUT_S = 60.0
 STORE_TIMEOUT_ENV = "HORA_STORE_TIMEOUT"
+DEFAULT_STORE_TIMEOUT_S = settings.default(STORE_TIMEOUT_ENV)
 
 # scheme -> (canonical fsspec protocol, pip package that provides it)
 _SCHEMES: dict[str, tuple[str, str | None]] = {
@@ -55,16 +56,7 @@ _ATOMIC_PUT = {"s3", "gs", "abfs", "memory"}
 
 def store_timeout() -> float:
     """The timeout in seconds for store reachability checks (``HORA_STORE_TIMEOUT`` or the default)."""
-    raw = os.environ.get(STORE_TIMEOUT_ENV)
-    if not raw:
-        return DEFAULT_STORE_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{STORE_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from exc
-    if value <= 0:
-        raise ConfigError(f"{STORE_TIMEOUT_ENV} must be > 0, got {raw!r}")
-    return value
+    return settings.get(STORE_TIMEOUT_ENV)
 
 
 def _split_url(url: str) -> tuple[str, str]:

@@ -11,16 +11,17 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from hora.errors import ConfigError
+from hora import settings
 from hora.native import keys
 from hora.native.backends.base import Backend, Group, ReduceOp, Waker
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "gloo", "nccl", "mpi")
+BACKENDS = settings.BACKENDS
 MPI_LAUNCH_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+ENV_BACKEND = "HORA_BACKEND"
 ENV_COLLECTIVE_TIMEOUT = "HORA_COLLECTIVE_TIMEOUT"
-DEFAULT_COLLECTIVE_TIMEOUT = 300.0
+DEFAULT_COLLECTIVE_TIMEOUT = settings.default(ENV_COLLECTIVE_TIMEOUT)
 # per job id: the generation this process joined last (init, shutdown, init, ...); an elastic
 # run gives each membership round its own job id, whose generations start afresh
 _LAST_GENERATION: dict[str, int] = {}
@@ -38,11 +39,7 @@ def requested_backend(environ: Mapping[str, str] | None = None) -> str:
     Raises:
         ConfigError: an unknown backend name.
     """
-    env = os.environ if environ is None else environ
-    name = (env.get("HORA_BACKEND") or "auto").strip().lower()
-    if name not in BACKENDS:
-        raise ConfigError(f"HORA_BACKEND={name!r} is unknown; use one of {', '.join(BACKENDS)}")
-    return name
+    return settings.get(ENV_BACKEND, environ)
 
 
 def choose_backend(environ: Mapping[str, str] | None = None) -> str:
@@ -56,9 +53,8 @@ def choose_backend(environ: Mapping[str, str] | None = None) -> str:
 
 
 def collective_timeout() -> float:
-    from hora.native.rendezvous import env_float
-
-    return env_float(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT)
+    """``HORA_COLLECTIVE_TIMEOUT``: seconds a backend collective waits for its peers."""
+    return settings.get(ENV_COLLECTIVE_TIMEOUT)
 
 
 def create_backend() -> tuple[Backend, tuple[int, int, int, int], list[Any]]:

@@ -58,13 +58,14 @@ import torch
 
 from hora.errors import CollectiveError, ConfigError
 from hora.native.backends.base import Group, ReduceOp
-from hora.native.rendezvous import env_float, recv_exact
+from hora import settings
+from hora.native.rendezvous import recv_exact
 
 log = logging.getLogger(__name__)
 
 ENV_SHM = "HORA_SHM_ALLREDUCE"
 ENV_SHM_BUFFER_MB = "HORA_SHM_BUFFER_MB"
-DEFAULT_BUFFER_MB = 8.0
+DEFAULT_BUFFER_MB = settings.default(ENV_SHM_BUFFER_MB)
 SHM_DIR = "/dev/shm"
 _ALIGN = 64  # bytes: chunk boundaries on cache lines
 
@@ -87,12 +88,7 @@ def enabled() -> bool:
     Raises:
         ConfigError: the variable is set to something other than 0/1/true/false/yes/no.
     """
-    raw = (os.environ.get(ENV_SHM) or "1").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{ENV_SHM}={raw!r}: use 1 or 0")
+    return settings.get(ENV_SHM)
 
 
 def buffer_bytes() -> int:
@@ -101,7 +97,7 @@ def buffer_bytes() -> int:
     Raises:
         ConfigError: not a positive number.
     """
-    mb = env_float(ENV_SHM_BUFFER_MB, DEFAULT_BUFFER_MB)
+    mb = settings.get(ENV_SHM_BUFFER_MB)
     return max(_ALIGN, int(mb * (1 << 20)) // _ALIGN * _ALIGN)
 
 
