@@ -214,7 +214,7 @@ _DECLARED: tuple[Setting, ...] = (
     _s("HORA_SHM_ALLREDUCE", "bool", True, "ranks on one host allreduce through shared memory (else Gloo)",
        "engine"),
     _s("HORA_SHM_BUFFER_MB", "float", 8.0, "MiB of a shared-memory segment half (each rank maps 2 per group)",
-       "engine", minimum=0.0, above=True, maximum=4096.0, unit="MiB"),
+       "engine", minimum=0.0, above=True, maximum=float(1 << 20), unit="MiB"),
     _s("HORA_BUCKET_CAP_MB", "float", 25.0, "DistributedOptimizer's gradient bucket size (0: one op per "
        "gradient)", "engine", minimum=0.0, unit="MiB"),
     _s("HORA_ELASTIC_RESET_LIMIT", "int", 5, "resets in a row without a commit before elastic training gives "
