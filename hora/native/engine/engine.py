@@ -134,6 +134,7 @@ class Engine(RoundLoop):
                         if t.dtype == stage.dtype and t.numel() == cnt and t.is_cpu:
                             stage[off : off + cnt].copy_(flat(t))
                             req.staged = self.speculator.stage_token
+                            self.speculator.staged += 1
                     if not missing:
                         self._gather_cond.notify()  # this rank now has the whole predicted round
                 elif req.name not in offer.spec.name_set:
@@ -270,13 +271,22 @@ class Engine(RoundLoop):
             h._result = result
         self._completed.append(h)
 
-    def finish_fused(self, reqs: list[Request], nbytes: int, fused: bool = True) -> None:
+    def finish_fused(self, reqs: list[Request], nbytes: int, fused: bool = True,
+                     waiting: dict[str, Request] | None = None) -> None:
         """Complete allreduces whose results were copied out of one fused collective of
-        ``nbytes`` (or, ``fused=False``, reduced in place by it), and count it."""
-        completed = self._completed
-        for q in reqs:
-            q._result = q.output
-            completed.append(q)
+        ``nbytes`` (or, ``fused=False``, reduced in place by it), and count it; remove
+        them from ``waiting`` when given."""
+        append = self._completed.append
+        if waiting is not None:
+            pop = waiting.pop
+            for q in reqs:
+                pop(q.name, None)
+                q._result = q.output
+                append(q)
+        else:
+            for q in reqs:
+                q._result = q.output
+                append(q)
         st = self.stats
         if fused:
             st["fused_batches"] += 1
@@ -290,12 +300,11 @@ class Engine(RoundLoop):
         done, self._completed = self._completed, []
         if not done:
             return
-        names = self._names
+        pop = self._names.pop
         with self._lock:
             for h in done:
-                names.pop(h.name, None)
-        for h in done:
-            h._done = True
+                pop(h.name, None)
+                h._done = True
         with self._done_cond:
             self._done_cond.notify_all()
 

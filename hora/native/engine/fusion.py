@@ -126,6 +126,20 @@ def unpack(parts: Sequence[torch.Tensor], reqs: Sequence[Request | None], scale:
     into its ``output``, or (out of place, ``output`` None) as a new tensor of the
     request's shape, made for the whole group in one batched call. ``shaped``: the
     parts viewed with the requests' shapes (made here when not given)."""
+    # (never ``None in`` a list of tensors: that compares each tensor with None through torch)
+    if shaped is not None and None not in reqs:
+        made_here = [q.output is None for q in reqs].count(True)
+        if made_here == 0 and (scale == 1.0 or len(reqs) > 64):  # every request in place
+            outs = [q.output for q in reqs]
+            torch._foreach_copy_(outs, list(shaped))
+            if scale != 1.0:
+                torch._foreach_mul_(outs, scale)
+            return
+        if made_here == len(reqs):  # every one out of place
+            made = torch._foreach_clone(list(shaped)) if scale == 1.0 else torch._foreach_mul(list(shaped), scale)
+            for q, o in zip(reqs, made):
+                q.output = o
+            return
     into_d: list[torch.Tensor] = []
     into_s: list[torch.Tensor] = []
     new_i: list[int] = []

@@ -280,8 +280,9 @@ def fast_allreduce_request(name: str, tensor: torch.Tensor, output: torch.Tensor
         r.postscale = postscale
     if room is not None:
         r.room = room
-    r.key = _new_key(OpKey, (ALLREDUCE, DTYPE_NAMES[tensor.dtype], tuple(tensor.shape), tensor.dim(), op.value, -1,
-                             0, prescale, postscale, "none", "cpu", None if room is None else ROOM))
+    shape = tuple(tensor.shape)
+    r.key = _new_key(OpKey, (ALLREDUCE, DTYPE_NAMES[tensor.dtype], shape, len(shape), op.value, -1, 0, prescale,
+                             postscale, "none", "cpu", None if room is None else ROOM))
     return r
 
 

@@ -44,7 +44,8 @@ class Spec:
     (see :meth:`Speculator.make` for the three kinds)."""
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
-                 "average", "offsets", "_parts", "unclaimed", "skipped", "piggyback", "inplace", "bits")
+                 "average", "offsets", "_parts", "unclaimed", "skipped", "piggyback", "inplace", "bits", "shapes",
+                 "flat")
 
     def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype | None,
                  prescale: float, postscale: float, average: bool, piggyback: bool = True,
@@ -58,7 +59,7 @@ class Spec:
         self.name_set = frozenset(names)
         self.sizes = sizes
         self.numel = sum(sizes)
-        self._parts: tuple[Any, list[torch.Tensor]] | None = None
+        self._parts: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
         self.unclaimed = 0  # offers to a blocking caller in a row that nobody took
         self.skipped = 0  # rounds not offered since (see Engine._gather_predicted)
         self.offsets: dict[str, tuple[int, int]] = {}
@@ -70,6 +71,8 @@ class Spec:
         self.prescale = prescale
         self.postscale = postscale
         self.average = average
+        self.shapes: list[tuple] | None = None  # the tensors' shapes (set by Speculator.make)
+        self.flat = False  # every tensor is 1-D (copied in without views)
 
     def should_offer(self) -> bool:
         """Offer the round to a blocking caller, unless the last two offers went
@@ -81,13 +84,20 @@ class Spec:
             self.skipped = self.unclaimed = 0
         return False
 
-    def parts_of(self, data: torch.Tensor) -> list[torch.Tensor]:
+    def parts_of(self, data: torch.Tensor, shapes: list[tuple] | None = None) -> list[torch.Tensor]:
         """Views of ``data`` (the fusion buffer's data part), one per tensor, kept while
         the buffer stays the same (splitting a thousand views costs more than a copy)."""
         key = (data.data_ptr(), data.numel())
         if self._parts is None or self._parts[0] != key:
-            self._parts = (key, list(data.split(self.sizes)))
+            parts = list(data.split(self.sizes))
+            shaped = parts if shapes is None or all(len(s) == 1 for s in shapes) else \
+                [p.view(s) for p, s in zip(parts, shapes)]
+            self._parts = (key, parts, shaped)
         return self._parts[1]
+
+    def shaped_parts(self) -> list[torch.Tensor]:
+        """The views of the last :meth:`parts_of`, with the tensors' shapes."""
+        return self._parts[2]
 
 
 class Speculator:
@@ -102,6 +112,7 @@ class Speculator:
         self._succ: dict[bytes, list] = {}
         self._memo: dict[tuple, Spec | None] = {}  # predictions by bits and cache version
         self.stage_token = 1  # what a request staged at submit was staged for
+        self.staged = 0  # requests staged for the next predicted collective (Engine.submit)
 
     def learn(self, bits: bytes | None) -> None:
         """Record that a round with cached-response ``bits`` followed the previous one
@@ -168,8 +179,11 @@ class Speculator:
             # negotiation would copy it in and out of the fusion buffer, which costs more
             # than the negotiation's own small collective
             return local
-        return Spec(slots, unit.names, unit.sizes, dtype, key.prescale_factor, key.postscale_factor, average,
+        spec = Spec(slots, unit.names, unit.sizes, dtype, key.prescale_factor, key.postscale_factor, average,
                     bits=bits)
+        spec.shapes = unit.shapes
+        spec.flat = unit.flat
+        return spec
 
     def stage_buffer(self, spec: Spec) -> torch.Tensor:
         """Where a predicted tensor is copied when it is submitted (the fusion buffer's data part)."""
@@ -187,7 +201,7 @@ class Speculator:
         size = eng.size
         n = spec.numel
         have_bits = set(bits)
-        have = all(s in have_bits for s in spec.slots)
+        have = spec.slot_set <= have_bits
         # only the slots up to the highest one in use travel (the cache, so this bound, is
         # the same on every rank); a slot beyond it has no entry: nobody votes for it
         U = eng.cache.slots_in_use()
@@ -217,11 +231,12 @@ class Speculator:
             data = buf[:n]
             token = self.stage_token
             self.stage_token += 1  # what was staged is consumed (or overwritten) by this collective
+            staged, self.staged = self.staged, 0
             if have:
-                parts = spec.parts_of(data)
-                todo = [i for i, q in enumerate(reqs) if q.staged != token]
-                if len(todo) == len(reqs):
-                    torch.cat([flat(q.tensor) for q in reqs], out=data)  # one batched copy
+                parts = spec.parts_of(data, spec.shapes)
+                todo = [i for i, q in enumerate(reqs) if q.staged != token] if staged else None
+                if todo is None or len(todo) == len(reqs):  # one batched copy
+                    torch.cat([q.tensor for q in reqs] if spec.flat else [flat(q.tensor) for q in reqs], out=data)
                 elif todo:
                     torch._foreach_copy_([parts[i] for i in todo], [flat(reqs[i].tensor) for i in todo])
                 if spec.prescale != 1.0:
@@ -253,10 +268,7 @@ class Speculator:
             if post != 1.0:
                 data.mul_(post)
         else:
-            unpack(parts, reqs, post)
-        pop = eng._waiting.pop
-        for q in reqs:
-            pop(q.name, None)
-        eng.finish_fused(reqs, n * buf.element_size(), fused=not inplace)
+            unpack(parts, reqs, post, spec.shaped_parts())
+        eng.finish_fused(reqs, n * buf.element_size(), fused=not inplace, waiting=eng._waiting)
         st["speculation_hits"] += 1
         return PURE_HIT if pure else HIT
