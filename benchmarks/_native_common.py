@@ -89,3 +89,22 @@ def machine_note() -> str:
     transport = ("hora's allreduce through shared memory, baselines through Gloo" if shm
                  else "hora's allreduce through Gloo too (HORA_SHM_ALLREDUCE=0)")
     return f"{os.cpu_count()} CPUs, load average {load:.2f} at start; {transport}"
+
+
+def load_now() -> str:
+    """The 1/5/15-minute load averages, as the goal rows show them."""
+    try:
+        return "/".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def goal_row(measure: str, baseline: str, value: str, goal: str, met: bool | None, load: str) -> str:
+    """One row of benchmarks/README.md's goal table: | measure | baseline | hora | goal | met | load |
+    (``met`` None: a reference row without a goal)."""
+    mark = "-" if met is None else ("yes" if met else "NO")
+    return f"| {measure} | {baseline} | {value} | {goal} | {mark} | {load} |"
+
+
+GOAL_HEADER = ("| measure (2 ranks, loopback, same run) | baseline | hora | goal | met | load (1/5/15 min) |\n"
+               "|---|---|---:|---|---|---|")
