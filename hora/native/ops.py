@@ -2,8 +2,8 @@
 
 Every op accepts a torch tensor or a numpy array and returns the same kind. Ops are
 matched across ranks *by name* within their process set, as in Horovod (``name=None``
-picks ``"<op>.noname.<n>"``, which matches when every rank calls its unnamed ops in the
-same order). Synchronous ops are async
+picks ``"<op>.noname.<n>"``, counted per process set, which matches when every member
+calls its unnamed ops in the same order). Synchronous ops are async
 ops followed by ``synchronize``; everything runs through the background engine
 (:mod:`hora.native.engine`).
 
@@ -76,16 +76,29 @@ class _State:
         self.cross_rank = cross_rank
         self.cross_size = cross_size
         self.extras = extras  # objects to close at shutdown (stores, clients)
-        self.counters: dict[str, int] = {}
+        self.counters: dict[tuple[str, int], int] = {}  # unnamed ops by (kind, process set id)
         self.next_ps_id = 1
         self.registered: list[ProcessSet] = []  # unbound at shutdown
         self.lock = threading.Lock()
 
-    def auto_name(self, kind: str) -> str:
+    def auto_name(self, kind: str, process_set_id: int = 0) -> str:
+        """The name of the next unnamed ``kind`` op over process set ``process_set_id``.
+
+        Counted per (kind, process set): only a set's members submit its ops, so an
+        unnamed op over a subset must not advance a counter that ranks outside the set
+        share (their next unnamed global op would get another name than their peers').
+        """
+        key = (kind, process_set_id)
         with self.lock:
-            n = self.counters.get(kind, 0)
-            self.counters[kind] = n + 1
-        return f"{kind}.noname.{n}"
+            n = self.counters.get(key, 0)
+            self.counters[key] = n + 1
+        return f"{kind}.noname.{n}" if process_set_id == 0 else f"{kind}.ps{process_set_id}.noname.{n}"
+
+    def forget_names(self, process_set_id: int) -> None:
+        """Drop the unnamed-op counters of a removed process set."""
+        with self.lock:
+            for key in [k for k in self.counters if k[1] == process_set_id]:
+                del self.counters[key]
 
 
 _state: _State | None = None
@@ -334,12 +347,18 @@ def _check_tensor(t: torch.Tensor, what: str, st: _State) -> None:
             raise DataError(f"{what}: tensors on device {t.device} are not supported")
 
 
-def _name(st: _State, kind: str, name: str | None) -> str:
+def _name(st: _State, kind: str, name: str | None, process_set: ProcessSet | None = None) -> str:
     if name is None:
-        return st.auto_name(kind)
+        return st.auto_name(kind, (process_set.process_set_id or 0) if process_set is not None else 0)
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{kind}: name must be a non-empty string, got {name!r}")
     return name
+
+
+def _maybe_ps(process_set: Any) -> ProcessSet | None:
+    """``process_set`` when it is a ProcessSet (else None: the global set, or an argument
+    that the op's own checks reject)."""
+    return process_set if isinstance(process_set, ProcessSet) else None
 
 
 def _ret(t: torch.Tensor, as_numpy: bool) -> Any:
@@ -370,7 +389,7 @@ def _allreduce_request(tensor: Any, op: Any, name: str | None, prescale_factor: 
     src = t if t.is_contiguous() else t.contiguous()
     # out of place: the engine makes the result (in one batched call for a fused group)
     out = src if inplace else None
-    req = Request(kind, _name(st, kind, name), ps.process_set_id, tensor=src, output=out, op=rop,
+    req = Request(kind, _name(st, kind, name, ps), ps.process_set_id, tensor=src, output=out, op=rop,
                   prescale=prescale_factor, postscale=postscale_factor, compressor=comp, comp_name=comp_name)
 
     if inplace and src is t:
@@ -531,7 +550,7 @@ def _grouped(tensors: Sequence[Any], op: Any, name: str | None, prescale_factor:
     st = _state_or_raise()
     if not isinstance(tensors, (list, tuple)):
         raise DataError(f"grouped_allreduce: expected a list of tensors, got {type(tensors).__name__}")
-    base = _name(st, "grouped_allreduce", name)
+    base = _name(st, "grouped_allreduce", name, _maybe_ps(process_set))
     reqs = [_allreduce_request(t, op, f"{base}.{i}", prescale_factor, postscale_factor, process_set,
                                compression, inplace) for i, t in enumerate(tensors)]
     return GroupHandle([_submit(r, p) for r, p in reqs])
@@ -577,7 +596,7 @@ def _allgather_request(tensor: Any, name: str | None, process_set: ProcessSet | 
     if t.dim() == 0:
         t = t.reshape(1)
     ps = _resolve_ps(st, process_set, "allgather")
-    req = Request(ALLGATHER, _name(st, ALLGATHER, name), ps.process_set_id, tensor=t.contiguous())
+    req = Request(ALLGATHER, _name(st, ALLGATHER, name, ps), ps.process_set_id, tensor=t.contiguous())
     return req, (lambda r: _ret(r, is_np))
 
 
@@ -606,7 +625,7 @@ def _broadcast_async(tensor: Any, root_rank: int, name: str | None, process_set:
         raise ConfigError(f"broadcast: root_rank={root_rank!r} is not a rank of {ps!r} (ranks {ranks})")
     src = t if t.is_contiguous() else t.contiguous()
     out = src if inplace else src.clone()
-    req = Request(BROADCAST, _name(st, BROADCAST, name), ps.process_set_id, tensor=src, output=out,
+    req = Request(BROADCAST, _name(st, BROADCAST, name, ps), ps.process_set_id, tensor=src, output=out,
                   root=int(root_rank))
 
     def post(result: torch.Tensor) -> Any:
@@ -676,7 +695,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
             raise ConfigError(f"alltoall: splits has {len(split_list)} entries but the process set has {n} ranks")
         if any(s < 0 for s in split_list) or sum(split_list) != rows:
             raise ConfigError(f"alltoall: splits {split_list} must be >= 0 and sum to dim 0 ({rows})")
-    req = Request(ALLTOALL, _name(st, ALLTOALL, name), ps.process_set_id, tensor=t.contiguous(),
+    req = Request(ALLTOALL, _name(st, ALLTOALL, name, ps), ps.process_set_id, tensor=t.contiguous(),
                   splits=tuple(split_list))
 
     def post(result: tuple[torch.Tensor, torch.Tensor]) -> Any:
@@ -709,7 +728,7 @@ def _reducescatter_request(tensor: Any, op: Any, name: str | None, process_set: 
     if t.dim() == 0:
         raise DataError(f"{what}: tensor must have at least one dimension (got a scalar)")
     ps = _resolve_ps(st, process_set, what)
-    req = Request(REDUCESCATTER, _name(st, REDUCESCATTER, name), ps.process_set_id, tensor=t.contiguous(), op=rop,
+    req = Request(REDUCESCATTER, _name(st, REDUCESCATTER, name, ps), ps.process_set_id, tensor=t.contiguous(), op=rop,
                   prescale=prescale_factor, postscale=postscale_factor)
     return req, (lambda r: _ret(r, is_np))
 
@@ -736,8 +755,9 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
     return reducescatter_async(tensor, op, name, process_set, prescale_factor, postscale_factor).synchronize()
 
 
-def _group_names(st: _State, kind: str, name: str | None, n: int) -> list[str]:
-    base = _name(st, kind, name)
+def _group_names(st: _State, kind: str, name: str | None, n: int,
+                 process_set: ProcessSet | None = None) -> list[str]:
+    base = _name(st, kind, name, _maybe_ps(process_set))
     return [f"{base}.{i}" for i in range(n)]
 
 
@@ -753,7 +773,7 @@ def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None,
     which may differ by rank); ``synchronize()`` returns the list of results."""
     st = _state_or_raise()
     tensors = _tensor_list(tensors, "grouped_allgather")
-    names = _group_names(st, "grouped_allgather", name, len(tensors))
+    names = _group_names(st, "grouped_allgather", name, len(tensors), process_set)
     reqs = [_allgather_request(t, nm, process_set) for t, nm in zip(tensors, names)]
     return GroupHandle([_submit(r, p) for r, p in reqs])
 
@@ -771,7 +791,7 @@ def grouped_reducescatter_async(tensors: Sequence[Any], op: Any = Average, name:
     is submitted); ``synchronize()`` returns the list of this member's blocks."""
     st = _state_or_raise()
     tensors = _tensor_list(tensors, "grouped_reducescatter")
-    names = _group_names(st, "grouped_reducescatter", name, len(tensors))
+    names = _group_names(st, "grouped_reducescatter", name, len(tensors), process_set)
     reqs = [_reducescatter_request(t, op, nm, process_set, prescale_factor, postscale_factor,
                                    "grouped_reducescatter") for t, nm in zip(tensors, names)]
     return GroupHandle([_submit(r, p) for r, p in reqs])
@@ -792,7 +812,7 @@ def barrier(process_set: ProcessSet | None = None) -> None:
     """Return once every member of ``process_set`` has called barrier."""
     st = _state_or_raise()
     ps = _resolve_ps(st, process_set, "barrier")
-    req = Request(BARRIER, st.auto_name(f"barrier.ps{ps.process_set_id}"), ps.process_set_id)
+    req = Request(BARRIER, st.auto_name(BARRIER, ps.process_set_id), ps.process_set_id)
     _submit(req, None).synchronize()
 
 
@@ -828,7 +848,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet | None = None) -> Any:
     """Return ``root_rank``'s ``obj`` (pickled with cloudpickle) on every member."""
     st = _state_or_raise()
-    base = _name(st, "broadcast_object", name)
+    base = _name(st, "broadcast_object", name, _maybe_ps(process_set))
     payload = _dumps(obj) if st.rank == root_rank else b""
     n = torch.tensor([len(payload)], dtype=torch.int64)
     n = broadcast_(n, root_rank, name=f"{base}.size", process_set=process_set)
@@ -843,7 +863,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet | None = None) -> list[Any]:
     """Return the list of every member's ``obj``, in rank order."""
     st = _state_or_raise()
-    base = _name(st, "allgather_object", name)
+    base = _name(st, "allgather_object", name, _maybe_ps(process_set))
     payload = _dumps(obj)
     sizes = allgather(torch.tensor([len(payload)], dtype=torch.int64), name=f"{base}.size", process_set=process_set)
     data = allgather(torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else
@@ -891,6 +911,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     req = Request(PS_REMOVE, f"process_set.remove.{ps_id}", 0, extra=ps_id)
     _submit(req, None).synchronize()
     process_set.process_set_id = None
+    st.forget_names(ps_id)
     st.registered = [p for p in st.registered if p is not process_set]
     return True
 

@@ -81,8 +81,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: st
     _not_tracing("broadcast_object")
     mpi_ops.check_init("broadcast_object")
     ps = mpi_ops._ps(process_set)
-    return hn.broadcast_object(obj, root_rank=root_rank, name=mpi_ops.subset_name("broadcast_object", name, ps),
-                               process_set=ps)
+    return hn.broadcast_object(obj, root_rank=root_rank, name=name, process_set=ps)
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
@@ -105,7 +104,7 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None, pro
     _not_tracing("allgather_object")
     mpi_ops.check_init("allgather_object")
     ps = mpi_ops._ps(process_set)
-    return hn.allgather_object(obj, name=mpi_ops.subset_name("allgather_object", name, ps), process_set=ps)
+    return hn.allgather_object(obj, name=name, process_set=ps)
 
 
 def _hook_class() -> type:

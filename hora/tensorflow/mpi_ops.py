@@ -62,7 +62,6 @@ def add_process_set(process_set: Any) -> Any:
     """:func:`hora.native.add_process_set` (collective), remembered for :func:`size_op`."""
     ps = hn.add_process_set(process_set)
     _process_sets[ps.process_set_id] = ps
-    _forget_counts(ps.process_set_id)
     return ps
 
 
@@ -71,7 +70,6 @@ def remove_process_set(process_set: Any) -> bool:
     ps_id = getattr(process_set, "process_set_id", None)
     removed = hn.remove_process_set(process_set)
     _process_sets.pop(ps_id, None)
-    _forget_counts(ps_id)
     return removed
 
 
@@ -85,32 +83,10 @@ def _ps(process_set: Any) -> Any:
     return hn.global_process_set if process_set is None else process_set
 
 
-_subset_counts: dict[tuple[str, int], int] = {}
-
-
-def _op_name(prefix: str, name: str | None, tensor: Any, ps: Any) -> str | None:
-    """The engine name of an op (see :func:`hora.tensorflow.bridge.graph_op_name`).
-
-    An unnamed op over a process set other than the global one is named from a counter
-    of its own set (``<prefix>.ps<id>.<k>``): only the set's members call it, so it must
-    not advance the engine's counter of unnamed ops, which every rank shares.
-    """
-    return subset_name(prefix, bridge.graph_op_name(prefix, name, tensor), ps)
-
-
-def subset_name(prefix: str, name: str | None, ps: Any) -> str | None:
-    """``name``, or for an unnamed op over a non-global process set ``<prefix>.ps<id>.<k>``."""
-    ps_id = getattr(ps, "process_set_id", 0)
-    if name is not None or ps is hn.global_process_set or not ps_id:
-        return name
-    k = _subset_counts.get((prefix, ps_id), 0)
-    _subset_counts[(prefix, ps_id)] = k + 1
-    return f"{prefix}.ps{ps_id}.{k}"
-
-
-def _forget_counts(ps_id: Any) -> None:
-    for key in [k for k in _subset_counts if k[1] == ps_id]:
-        del _subset_counts[key]
+def _op_name(prefix: str, name: str | None, tensor: Any) -> str | None:
+    """The engine name of an op (see :func:`hora.tensorflow.bridge.graph_op_name`); an
+    op left unnamed is named by the engine, which counts unnamed ops per process set."""
+    return bridge.graph_op_name(prefix, name, tensor)
 
 
 def _set_by_id(process_set_id: int) -> Any:
@@ -187,7 +163,7 @@ def _grouped_allreduce(tensors: Sequence[Any], name: str | None = None, op=hn.Su
     tensors = [as_tensor(t) for t in tensors]
     for t in tensors:
         bridge.check_dtype(t, "allreduce", name, reduce=True)
-    name = _op_name("HorovodAllreduce", name, tensors[0], ps)
+    name = _op_name("HorovodAllreduce", name, tensors[0])
 
     def raw(xs, rop, pre, post, nm):
         return bridge.run(lambda *ys: kernels.k_allreduce(list(ys), rop, pre, post, nm, ps, compression),
@@ -204,7 +180,7 @@ def _grouped_allreduce(tensors: Sequence[Any], name: str | None = None, op=hn.Su
             _check_grad_op(op, "allreduce")
             dys = [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d) for d, y in zip(dys, ys)]
             return raw(dys, op, prescale_factor, postscale_factor,
-                       _op_name("HorovodAllreduce", None, dys[0], ps))
+                       _op_name("HorovodAllreduce", None, dys[0]))
 
         return ys, grad
 
@@ -249,7 +225,7 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_na
         return []
     for t in tensors:
         bridge.check_dtype(t, "allgather", name, reduce=False)
-    name = _op_name("HorovodAllgather", name, tensors[0], ps)
+    name = _op_name("HorovodAllgather", name, tensors[0])
 
     def raw(xs):
         return bridge.run(lambda *ys: kernels.k_allgather(list(ys), name, ps), xs, [x.dtype for x in xs],
@@ -289,7 +265,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     ps = _ps(process_set)
     tensor = as_tensor(tensor)
     bridge.check_dtype(tensor, "broadcast", name, reduce=False)
-    name = _op_name("HorovodBroadcast", name, tensor, ps)
+    name = _op_name("HorovodBroadcast", name, tensor)
 
     def raw(x):
         return bridge.run(lambda y: kernels.k_broadcast([y], root_rank, name, ps), [x], [x.dtype], [x.shape])[0]
@@ -329,7 +305,7 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None
     values = [as_tensor(v) for v in variables]
     for v, x in zip(variables, values):
         bridge.check_dtype(x, "broadcast_", getattr(v, "name", None), reduce=False)
-    name = _op_name("HorovodBroadcastInplace", name, values[0], ps)
+    name = _op_name("HorovodBroadcastInplace", name, values[0])
     new = bridge.run(lambda *xs: kernels.k_broadcast(list(xs), root_rank, name, ps), values, [x.dtype for x in values],
                      [x.shape for x in values])
     assigns = [v.assign(x) for v, x in zip(variables, new)]
@@ -356,7 +332,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
     tensor = as_tensor(tensor)
     bridge.check_dtype(tensor, "alltoall", name, reduce=False)
     splits_t = None if splits is None else tf.cast(as_tensor(splits), tf.int32)
-    name = _op_name("HorovodAlltoall", name, tensor, ps)
+    name = _op_name("HorovodAlltoall", name, tensor)
     shapes = [bridge.static_shape(tensor.shape, False), tf.TensorShape([None])]
 
     def raw(x, sp, nm):
@@ -373,7 +349,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
 
             def grad(dy, _drec=None):
                 dy = tf.convert_to_tensor(dy)
-                return raw(dy, rec, _op_name("HorovodAlltoall", None, dy, ps))[0]
+                return raw(dy, rec, _op_name("HorovodAlltoall", None, dy))[0]
 
             return (y, rec), grad
 
@@ -404,7 +380,7 @@ def _grouped_reducescatter(tensors: Sequence[Any], name: str | None = None, op=h
         if t.shape.rank == 0:
             raise bridge.as_tf_error(DataError("hora.tensorflow.reducescatter: a scalar cannot be scattered; "
                                                "pass a tensor with at least one dimension"))
-    name = _op_name("HorovodReducescatter", name, tensors[0], ps)
+    name = _op_name("HorovodReducescatter", name, tensors[0])
 
     def raw(xs):
         return bridge.run(lambda *zs: kernels.k_reducescatter(list(zs), op, prescale_factor, postscale_factor, name, ps),

@@ -200,7 +200,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any,
     op = Average if op is None else op
     if op not in (Sum, Average):
         raise ConfigError(f"sparse_allreduce_async: op={op!r}: sparse gradients are reduced with Sum or Average")
-    base = name if name is not None else _ops._state_or_raise().auto_name("sparse_allreduce")
+    base = name if name is not None else _ops._state_or_raise().auto_name(
+        "sparse_allreduce", (process_set.process_set_id or 0) if isinstance(process_set, ProcessSet) else 0)
     indices = _ops.allgather_async(tensor._indices().transpose(0, 1).contiguous(), name=f"{base}.indices",
                                    process_set=process_set)
     values = _ops.allgather_async(tensor._values().contiguous(), name=f"{base}.values", process_set=process_set)

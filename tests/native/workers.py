@@ -257,6 +257,14 @@ def process_sets() -> list[str]:
             fails.append(f"ps reducescatter {rs.tolist()}")
         if even.rank() != [0, 2].index(r) or even.size() != 2 or not even.included():
             fails.append("ps rank/size")
+        # unnamed ops over a subset are counted per set: rank 1's next unnamed global op
+        # (below) still matches theirs
+        for _ in range(2):
+            v = hn.allreduce(torch.tensor([float(r)]), op=hn.Sum, process_set=even)
+            if v.tolist() != [2.0]:
+                fails.append(f"unnamed ps allreduce {v.tolist()}")
+        if hn.allgather_object(r, process_set=even) != [0, 2]:
+            fails.append("unnamed ps allgather_object")
         hn.barrier(process_set=even)
         try:
             hn.broadcast(torch.ones(1), root_rank=1, process_set=even, name="ps.badroot")
@@ -278,6 +286,9 @@ def process_sets() -> list[str]:
     v = hn.allreduce(torch.ones(1), op=hn.Sum, name="global.after")
     if v.tolist() != [3.0]:
         fails.append(f"global after ps {v.tolist()}")
+    v = hn.allreduce(torch.ones(1), op=hn.Sum).tolist()
+    if v != [3.0] or hn.allgather_object(r) != [0, 1, 2]:
+        fails.append(f"unnamed global ops after unnamed ps ops {v}")
     try:
         hn.add_process_set([0, 7])
         fails.append("rank 7 accepted")
