@@ -193,8 +193,8 @@ _DECLARED: tuple[Setting, ...] = (
        "round (0: no cache)", "engine", minimum=0, maximum=1 << 16),
     _s("HORA_STALL_CHECK_TIME", "float", 60.0, "seconds before an op some ranks submitted and others did not "
        "is logged as a stall (0: no warnings)", "engine", minimum=0.0, unit="seconds"),
-    _s("HORA_STALL_SHUTDOWN_TIME", "float", None, "seconds before such a stalled op fails with a "
-       "CollectiveError naming the ranks that never submitted it (default: HORA_COLLECTIVE_TIMEOUT; 0: never)",
+    _s("HORA_STALL_SHUTDOWN_TIME", "float", 0.0, "seconds before such a stalled op fails with a "
+       "CollectiveError naming the ranks that never submitted it (0: never, as Horovod's default)",
        "engine", minimum=0.0, unit="seconds"),
     _s("HORA_OP_TIMEOUT", default=600.0, doc="seconds a synchronize() waits for its op", group="engine",
        **_SECONDS),

@@ -213,9 +213,11 @@ def test_a_stalled_op_is_warned_about_then_failed_naming_the_ranks_that_never_su
 
 
 @pytest.mark.timeout(30)
-def test_the_stall_failure_defaults_to_the_collective_timeout(monkeypatch):
+def test_the_stall_failure_is_off_by_default_as_in_horovod(monkeypatch):
     monkeypatch.delenv("HORA_STALL_SHUTDOWN_TIME", raising=False)
     monkeypatch.setenv("HORA_COLLECTIVE_TIMEOUT", "7")
+    assert EngineConfig().stall_shutdown_time == 0.0
+    monkeypatch.setenv("HORA_STALL_SHUTDOWN_TIME", "7")
     assert EngineConfig().stall_shutdown_time == 7.0
     monkeypatch.setenv("HORA_STALL_SHUTDOWN_TIME", "0")
     monkeypatch.setenv("HORA_STALL_CHECK_TIME", "0")

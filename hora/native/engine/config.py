@@ -23,18 +23,10 @@ ENV_AUTOTUNE_WINDOW = "HORA_AUTOTUNE_WINDOW"
 ENV_SHUTDOWN_TIMEOUT = "HORA_SHUTDOWN_TIMEOUT"
 ENV_LINGER_ROUNDS = "HORA_LINGER_ROUNDS"
 ENV_SPECULATE = "HORA_SPECULATE"
-ENV_COLLECTIVE_TIMEOUT = "HORA_COLLECTIVE_TIMEOUT"
 
 IDLE_POLL = 60.0  # seconds an idle thread blocks before re-checking (shutdown wakes it at once)
 MIN_STALL_POLL = 0.05  # seconds: the fastest a blocked caller re-runs the stall checks
 ABORT_JOIN_TIMEOUT = 5.0  # seconds shutdown waits for an interrupted engine thread before leaving it
-
-
-def _stall_shutdown_default() -> float:
-    """``HORA_STALL_SHUTDOWN_TIME``, or the collective timeout when it is unset: an op some
-    ranks never submit fails as a collective whose peers never arrive would."""
-    value = settings.get(ENV_STALL_SHUTDOWN_TIME)
-    return float(settings.get(ENV_COLLECTIVE_TIMEOUT) if value is None else value)
 
 
 @dataclass(frozen=True)
@@ -53,7 +45,9 @@ class EngineConfig:
     fusion_threshold: int = field(default_factory=lambda: settings.get(ENV_FUSION_THRESHOLD))
     cache_capacity: int = field(default_factory=lambda: settings.get(ENV_CACHE_CAPACITY))
     stall_check_time: float = field(default_factory=lambda: settings.get(ENV_STALL_CHECK_TIME))
-    stall_shutdown_time: float = field(default_factory=_stall_shutdown_default)
+    # Horovod's HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: off by default (a caller's
+    # synchronize still fails after op_timeout, naming the ranks that never submitted)
+    stall_shutdown_time: float = field(default_factory=lambda: settings.get(ENV_STALL_SHUTDOWN_TIME))
     op_timeout: float = field(default_factory=lambda: settings.get(ENV_OP_TIMEOUT))
     shutdown_timeout: float = field(default_factory=lambda: settings.get(ENV_SHUTDOWN_TIMEOUT))
     autotune: bool = field(default_factory=lambda: settings.get(ENV_AUTOTUNE))

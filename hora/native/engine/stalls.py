@@ -1,8 +1,8 @@
 """Stall inspection: ops some ranks submitted and others never did.
 
 After ``HORA_STALL_CHECK_TIME`` such an op is logged (``stall: ...``, once, naming the
-ranks on each side); after ``HORA_STALL_SHUTDOWN_TIME`` (default: the collective
-timeout) it fails with a :class:`~hora.errors.CollectiveError` on the ranks that
+ranks on each side); after ``HORA_STALL_SHUTDOWN_TIME`` (default 0: never, as in
+Horovod; the caller's ``synchronize`` still times out after ``HORA_OP_TIMEOUT``) it fails with a :class:`~hora.errors.CollectiveError` on the ranks that
 submitted it, naming those that never did, and it is *poisoned* for the late ranks:
 when they submit it after all, it fails at once for them too (their peers have moved
 on). Cached ops stuck half-submitted are dropped from the cache after half the check
