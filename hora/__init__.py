@@ -16,7 +16,6 @@ sends hora's own log messages at that level and above to stderr.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 __version__ = "0.1.0"
@@ -47,11 +46,19 @@ def configure_logging(level: str) -> None:
         logger.propagate = False  # the application's own handlers would print each message twice
 
 
-if os.environ.get(ENV_LOG_LEVEL):
+def _level_from_environment() -> None:
+    from hora import settings
+
     try:
-        configure_logging(os.environ[ENV_LOG_LEVEL])
-    except ValueError as _exc:
-        logging.getLogger("hora").warning("%s: %s", ENV_LOG_LEVEL, _exc)
+        level = settings.get(ENV_LOG_LEVEL)
+    except ValueError as exc:  # a ConfigError naming the variable, the value and the levels
+        logging.getLogger("hora").warning("%s", exc)
+        return
+    if level:
+        configure_logging(level)
+
+
+_level_from_environment()
 
 
 def __getattr__(name: str) -> Any:

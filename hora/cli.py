@@ -196,9 +196,10 @@ def command_config(args: argparse.Namespace):
     Raises:
         UsageError: a bad flag or combination (named).
     """
-    from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_START_TIMEOUT, env_float
+    from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float
     from hora.runners.command import CommandConfig
     from hora.runners.hosts import resolve_hosts
+    from hora import settings as registry
     from hora.runners.ssh import SshOptions
 
     command = list(args.command)
@@ -241,7 +242,7 @@ def command_config(args: argparse.Namespace):
             output_dir=output_dir,
             network_interface=args.nic,
             network_address=args.network_address,
-            collective="mpi" if args.mpi else (args.backend or os.environ.get("HORA_BACKEND") or "auto").lower(),
+            collective="mpi" if args.mpi else (args.backend or registry.get(ENV_BACKEND)).lower(),
             mpi=args.mpi,
             remote_python=args.remote_python,
             verbose=args.verbose,

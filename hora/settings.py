@@ -154,6 +154,11 @@ _DECLARED: tuple[Setting, ...] = (
     _s("HORA_RUN_ID", "str", None, "the run's id (names its folders and task keys)", "contract"),
     _s("HORA_SUPERVISOR_PID", "int", None, "pid of the process supervising this rank (the rank ends with it)",
        "contract", minimum=1),
+    _s("HORA_ATTEMPT", "int", None, "the launch attempt this rank runs in (1, then 2, ... after relaunches)",
+       "contract", minimum=0),
+    _s("HORA_ELASTIC", "bool", False, "this rank is a worker of an elastic hora run", "contract"),
+    _s("HORA_ELASTIC_WORKER", "str", None, "the elastic worker's name", "contract"),
+    _s("HORA_ELASTIC_ROUND", "int", None, "the elastic membership round this worker is in", "contract", minimum=0),
     # -- launching ------------------------------------------------------------------------
     _s("HORA_BACKEND", "choice", "auto", "the collective backend (auto: MPI under mpiexec, else Gloo, plus "
        "NCCL for CUDA tensors when a GPU is there)", "launch", choices=BACKENDS),
@@ -173,6 +178,10 @@ _DECLARED: tuple[Setting, ...] = (
        group="launch", **_SECONDS),
     _s("HORA_TERMINATE_GRACE", default=5.0, doc="seconds between SIGTERM and SIGKILL when ranks are stopped",
        group="launch", **_SECONDS),
+    _s("HORA_ROOT_CAUSE_GRACE", default=10.0, doc="seconds to wait for a lost rank behind a survivor's error "
+       "(so the failure names the root cause)", group="launch", **_SECONDS),
+    _s("HORA_ELASTIC_TIMEOUT", default=600.0, doc="seconds an elastic worker waits for its next round "
+       "(horovodrun's --elastic-timeout)", group="launch", **_SECONDS),
     _s("HORA_SSH_ARGS", "str", "", "extra ssh arguments (shell-quoted) for remote hosts, placed first",
        "launch"),
     _s("HORA_REMOTE_PYTHON", "str", None, "the Python on remote hosts (default: this interpreter's path)",
@@ -228,6 +237,8 @@ _DECLARED: tuple[Setting, ...] = (
        "heartbeat", group="data", **_SECONDS),
     _s("HORA_MATERIALIZE_WAIT_TIMEOUT", "float", 3600.0, "seconds a fit waits for another writer's "
        "materialization of the same data (0: do not wait)", "data", minimum=0.0, unit="seconds"),
+    _s("HORA_RAY_MATERIALIZE_TIMEOUT", default=600.0, doc="seconds without one Ray task of a materialization "
+       "finishing before it fails", group="data", **_SECONDS),
     _s("HORA_REPORT_EVERY", "int", None, "training steps between two progress reports (default: the "
        "estimator's)", "data", minimum=1),
     # -- fault injection (tests) -------------------------------------------------------------

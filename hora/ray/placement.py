@@ -11,13 +11,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hora import settings
 from hora.errors import ConfigError, RendezvousError
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 ENV_PLACEMENT_TIMEOUT = "HORA_RAY_PLACEMENT_TIMEOUT"
-DEFAULT_PLACEMENT_TIMEOUT = 100.0  # seconds, Horovod's placement_group_timeout_s
+DEFAULT_PLACEMENT_TIMEOUT = settings.default(ENV_PLACEMENT_TIMEOUT)  # seconds, Horovod's placement_group_timeout_s
 STOP_TIMEOUT = 15.0  # seconds for killed actors to be confirmed dead
 
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
+from hora import settings
 from hora.errors import ConfigError, RendezvousError, WorkerFailedError
 from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float, make_secret
 from hora.runners.driver import DriverService
@@ -246,7 +247,7 @@ def run(
         raise ConfigError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}")
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
     env = dict(env or {})
-    collective = (env.get(ENV_BACKEND) or os.environ.get(ENV_BACKEND) or "auto").lower()
+    collective = settings.get(ENV_BACKEND, env if settings.is_set(ENV_BACKEND, env) else None)
     try:
         payload = dumps((fn, tuple(args), dict(kwargs or {})))
     except Exception as exc:

@@ -15,6 +15,7 @@ import pickle
 import sys
 from collections.abc import Sequence
 
+from hora import settings
 from hora.runners.base import Job, Launcher, start_or_cancel
 from hora.runners.driver import DriverService
 from hora.runners.hostjob import HostPlan, HostsConfig, HostsJob, RankOutput, RankProcess, forward_environment
@@ -41,7 +42,7 @@ def hosts_config(ssh: SshOptions, python: str | None, start_timeout: float) -> H
     ``HORA_TERMINATE_GRACE``, ``HORA_HEARTBEAT_TIMEOUT``."""
     return HostsConfig(
         ssh=ssh,
-        remote_python=python or os.environ.get(ENV_REMOTE_PYTHON) or sys.executable,
+        remote_python=python or settings.get(ENV_REMOTE_PYTHON) or sys.executable,
         start_timeout=start_timeout,
         grace=env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE),
         heartbeat_timeout=env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT),

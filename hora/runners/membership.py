@@ -30,6 +30,7 @@ import time
 import weakref
 from typing import Any
 
+from hora import settings
 from hora.errors import ConfigError, RendezvousError
 from hora.native import keys
 from hora.native.rendezvous import Placement
@@ -40,7 +41,7 @@ ENV_ELASTIC = "HORA_ELASTIC"
 ENV_WORKER = "HORA_ELASTIC_WORKER"
 ENV_ROUND = "HORA_ELASTIC_ROUND"
 ENV_TIMEOUT = "HORA_ELASTIC_TIMEOUT"
-DEFAULT_TIMEOUT = 600.0  # seconds (Horovod's --elastic-timeout)
+DEFAULT_TIMEOUT = settings.default(ENV_TIMEOUT)  # seconds (Horovod's --elastic-timeout)
 EXIT = b"exit"  # an assignment key's value for a worker that has no place in the round
 POLL_INTERVAL = 0.5
 
@@ -101,12 +102,12 @@ def _client() -> Any:
 
 
 def elastic_timeout() -> float:
-    """``HORA_ELASTIC_TIMEOUT`` (seconds a worker waits for its next round; default 600)."""
-    raw = os.environ.get(ENV_TIMEOUT, "").strip()
-    try:
-        return float(raw) if raw else DEFAULT_TIMEOUT
-    except ValueError:
-        raise ConfigError(f"{ENV_TIMEOUT}={raw!r} is not a number of seconds") from None
+    """``HORA_ELASTIC_TIMEOUT`` (seconds a worker waits for its next round; default 600).
+
+    Raises:
+        ConfigError: not a positive number (named with its value and bounds).
+    """
+    return float(settings.get(ENV_TIMEOUT))
 
 
 def rejoin() -> Assignment:

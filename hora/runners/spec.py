@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from hora import settings
 from hora.errors import ConfigError
 
 # --------------------------------------------------------------------------------------
@@ -44,10 +45,10 @@ ENV_FUSION_THRESHOLD = "HORA_FUSION_THRESHOLD"  # bytes
 ENV_CACHE_CAPACITY = "HORA_CACHE_CAPACITY"
 ENV_AUTOTUNE = "HORA_AUTOTUNE"
 
-DEFAULT_HEARTBEAT_TIMEOUT = 30.0
-DEFAULT_FINISH_TIMEOUT = 600.0
-DEFAULT_TERMINATE_GRACE = 5.0
-DEFAULT_ROOT_CAUSE_GRACE = 10.0
+DEFAULT_HEARTBEAT_TIMEOUT = settings.default(ENV_HEARTBEAT_TIMEOUT)
+DEFAULT_FINISH_TIMEOUT = settings.default(ENV_FINISH_TIMEOUT)
+DEFAULT_TERMINATE_GRACE = settings.default(ENV_TERMINATE_GRACE)
+DEFAULT_ROOT_CAUSE_GRACE = settings.default(ENV_ROOT_CAUSE_GRACE)
 HEARTBEAT_INTERVAL = 1.0
 
 # the keys ranks and launchers exchange are in hora.native.keys (one module owns them)
@@ -74,22 +75,18 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def env_seconds(name: str, default: float) -> float:
-    """A positive number of seconds from the environment variable ``name``, or ``default``.
+def env_seconds(name: str, default: float | None = None) -> float:
+    """The seconds the ``HORA_*`` setting ``name`` holds, read and checked against its
+    declared bounds by :mod:`hora.settings`; ``default``, when given, stands for the
+    declared default while the variable is unset.
 
     Raises:
-        ConfigError: the variable is set but is not a positive number.
+        ConfigError: the variable is set but is not a number within its bounds (the
+            message names the variable, the value and the bounds).
     """
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r} must be > 0")
-    return value
+    if default is not None and not settings.is_set(name):
+        return float(default)
+    return float(settings.get(name))
 
 
 def native_settings_env(

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from hora import settings
 from hora.errors import ConfigError
 from hora.runners import remote
 
@@ -73,7 +74,7 @@ class SshOptions:
         Raises:
             ConfigError: ``HORA_SSH_ARGS`` is not shell-quoted text, or a bad port / key file.
         """
-        raw = os.environ.get(ENV_SSH_ARGS, "")
+        raw = settings.get(ENV_SSH_ARGS)
         try:
             extra = tuple(shlex.split(raw))
         except ValueError as exc:

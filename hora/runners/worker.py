@@ -33,6 +33,7 @@ import time
 import traceback
 from typing import Any
 
+from hora import settings
 from hora.errors import HoraError, RendezvousError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import KVClient, WorkerEnv
@@ -214,7 +215,7 @@ def rank_environ(spec: LaunchSpec, ctx: RankContext | None) -> dict[str, str]:
         return env
     env.update(dict(ctx.extra_env))
     hostname = ctx.hostname
-    iface = env.get(ENV_NETWORK_INTERFACE)
+    iface = settings.get(ENV_NETWORK_INTERFACE, env)
     if iface:  # advertise the chosen interface's address of this host (hora.spark.run(nics=...))
         from hora.runners.network import interface_address
 
@@ -469,7 +470,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) ->
     tmpdir = tempfile.mkdtemp(prefix=f"hora-{spec.run_id}-rank{ctx.rank}-")
     result_path = os.path.join(tmpdir, "result.pkl")
     try:
-        python = spec.env_dict.get(ENV_WORKER_PYTHON)  # hora.spark.run(executable=...)
+        python = settings.get(ENV_WORKER_PYTHON, spec.env_dict)  # hora.spark.run(executable=...)
         launcher.start(ctx.rank, worker_argv(result_path, python), worker_process_env(),
                        stdin_data=pickle.dumps((spec, ctx)))
         last_abort_check = 0.0
