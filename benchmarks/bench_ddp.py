@@ -1,7 +1,7 @@
 """Training throughput: hora DistributedOptimizer vs torch DistributedDataParallel (gloo)
 vs one process, measured in the same run.
 
-    python benchmarks/bench_ddp.py [--steps 300] [--rounds 3] [--np 2]
+    python benchmarks/bench_ddp.py [--steps 120] [--rounds 3] [--np 2]
 
 The model is a CPU MLP of 16 hidden ``Linear(256, 256)`` layers (+ReLU) and a 10-way
 head, batch 64 per rank, SGD, one torch thread per rank. Throughput is samples/s summed
@@ -13,10 +13,12 @@ of the same round) and against one process. The last column is the CPU time per 
 of one rank's process, all its threads together (compute, hora's engine thread, Gloo's
 threads): on a machine shared with other work it shows the cost that wall time hides.
 
-``--only NAME`` (repeatable) picks configurations; besides the default three (single,
-ddp, hora) there are variants of each side, so a difference can be traced to its cause:
-hora-gloo (allreduce through Gloo's TCP loopback, as DDP's, instead of shared memory),
-hora-nospec (no predicted rounds), hora-first-1mb (DDP's small first bucket),
+The last lines are the goal rows of benchmarks/README.md (hora, and hora-gloo: hora's
+allreduce through Gloo's TCP loopback, as DDP's, instead of shared memory).
+
+``--only NAME`` (repeatable) picks configurations; besides the default four (single,
+ddp, hora, hora-gloo) there are variants of each side, so a difference can be traced to
+its cause: hora-nospec (no predicted rounds), hora-first-1mb (DDP's small first bucket),
 hora-by-name (gradients matched by name, Horovod style), ddp-one-bucket and ddp-view
 (DDP's gradient_as_bucket_view=True).
 """
@@ -210,8 +212,8 @@ CONFIGS: dict[str, tuple[str, Any, dict[str, str]]] = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--only", choices=list(CONFIGS), action="append",
@@ -219,7 +221,8 @@ def main() -> int:
     parser.add_argument("--cycle-time-ms", type=float, action="append", default=[],
                         help="also run hora with HORA_CYCLE_TIME set to this (repeatable)")
     args = parser.parse_args()
-    configs = args.only or ["single", "ddp", "hora"]
+    configs = args.only or ["single", "ddp", "hora", "hora-gloo"]
+    load = os.getloadavg()
     configs += [f"hora@{ms:g}" for ms in args.cycle_time_ms]
     runs: dict[str, list[float]] = {c: [] for c in configs}
     cpu: dict[str, list[float]] = {c: [] for c in configs}
@@ -257,7 +260,23 @@ def main() -> int:
         runs_s = ", ".join(f"{v / 1000:.1f}k" for v in runs[c])
         print(f"| {labels[c]} | {med[c]:,.0f} | {runs_s} | {vs_ddp} | {paired} | {vs_one} "
               f"| {statistics.median(cpu[c]):.1f} |")
+    if "ddp" in runs:
+        _goal_rows(runs, load)
     return 0
+
+
+def _goal_rows(runs: dict[str, list[float]], load: tuple[float, float, float]) -> None:
+    """The goal rows of benchmarks/README.md: each round's hora throughput over the DDP
+    run of the same round (median of the rounds), with the load average at the start."""
+    loads = "/".join(f"{x:.1f}" for x in load)
+    print("\ngoal rows (benchmarks/README.md):\n")
+    print("| measure (2 ranks, loopback, same run) | baseline | hora | goal | met | load (1/5/15 min) |")
+    print("|---|---|---:|---|---|---|")
+    for c, what, goal in (("hora", "", 1.5), ("hora-gloo", ", `HORA_SHM_ALLREDUCE=0` (Gloo as DDP)", 1.05)):
+        if c in runs:
+            ratio = statistics.median(a / b for a, b in zip(runs[c], runs["ddp"]))
+            print(f"| DistributedOptimizer, CPU MLP {DEPTH} x Linear({WIDTH}), batch {BATCH}/rank{what} | DDP over "
+                  f"Gloo | {ratio:.2f} x throughput | >= {goal:g} x | {'yes' if ratio >= goal else 'NO'} | {loads} |")
 
 
 if __name__ == "__main__":
