@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import secrets
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from hora import settings
 from hora.errors import ConfigError
+from hora.names import check_run_id, new_run_id  # the one run id rule (store folders, job tags, task keys)
 
 # --------------------------------------------------------------------------------------
 # Environment variables (beyond the rendezvous contract in hora.native.rendezvous)
@@ -52,28 +50,6 @@ DEFAULT_ROOT_CAUSE_GRACE = settings.default(ENV_ROOT_CAUSE_GRACE)
 HEARTBEAT_INTERVAL = 1.0
 
 # the keys ranks and launchers exchange are in hora.native.keys (one module owns them)
-
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
-
-
-def new_run_id() -> str:
-    """A fresh run id: ``hora-<UTC timestamp>-<random hex>``."""
-    return time.strftime("hora-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
-def check_run_id(run_id: str) -> str:
-    """Return ``run_id`` if it is a valid run id (it names folders and task keys).
-
-    Raises:
-        ConfigError: not 1-128 characters of letters, digits, ``.``, ``_``, ``=``, ``-``.
-    """
-    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or ".." in run_id:
-        raise ConfigError(
-            f"run_id {run_id!r} is invalid: use 1-128 characters of letters, digits, '.', '_', '=', '-' "
-            "starting with a letter or digit"
-        )
-    return run_id
-
 
 def env_seconds(name: str, default: float | None = None) -> float:
     """The seconds the ``HORA_*`` setting ``name`` holds, read and checked against its

@@ -13,6 +13,9 @@ store root, joined with ``/`` on every filesystem::
     <root>/runs/<run_id>/logs/                          logs (e.g. TensorBoard)
     <root>/runs/<run_id>/history.json                   per-epoch metrics
     <root>/runs/<run_id>/model/                         the final model
+    <root>/runs/<run_id>/channel/                       reports of ranks that cannot reach the client (while it runs)
+
+Run ids follow the one rule of :func:`hora.names.check_run_id` (as everywhere in hora).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 from hora.errors import ConfigError
+from hora.names import check_run_id
 
 DATASETS = "datasets"
 RUNS = "runs"
@@ -117,7 +121,7 @@ class StoreLayout:
 
     def run_dir(self, run_id: str) -> str:
         """The folder of one training run."""
-        return join(self.runs_dir(), _check_name("run_id", run_id))
+        return join(self.runs_dir(), check_run_id(run_id))
 
     def checkpoint_dir(self, run_id: str) -> str:
         """The folder of a run's per-epoch checkpoints."""
@@ -128,6 +132,10 @@ class StoreLayout:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"checkpoint epoch must be an int >= 0, got {epoch!r}")
         return join(self.checkpoint_dir(run_id), f"{CHECKPOINT_PREFIX}{epoch:06d}{CHECKPOINT_SUFFIX}")
+
+    def channel_dir(self, run_id: str) -> str:
+        """The folder through which a run's ranks report to a client they cannot reach (hora.runners.store_channel)."""
+        return join(self.run_dir(run_id), "channel")
 
     def logs_dir(self, run_id: str) -> str:
         """The folder of a run's logs (TensorBoard event files and the like)."""
