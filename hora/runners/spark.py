@@ -19,6 +19,16 @@ Spark supports it on Standalone, YARN and Kubernetes with dynamic allocation off
 barrier stage needs that anyway); local masters run the stage without a profile and
 count slots with ``task_cpus``.
 
+Reporting (the driver service): the ranks report to the client's
+:class:`~hora.runners.driver.DriverService` over TCP when they can reach it (a classic
+session, whose driver runs next to the executors' driver, or a Connect client they can
+connect to). A Connect client may sit where no executor reaches it; before launching, a
+tiny probe job (one task per rank) tries an authenticated ping of the client's service,
+and when it fails the ranks report through the Store instead
+(:mod:`hora.runners.store_channel`: rank 0's task relays, the client polls; the same
+progress bar, output and failures). ``channel=`` (or ``HORA_DRIVER_CHANNEL``) says
+``"direct"`` or ``"store"`` instead of probing (``"auto"``).
+
 Names in the Spark UI: the function of the stage is named ``hora: train <run_id>`` and
 its jobs carry the tag ``hora-train-<run_id>`` (classic and Connect); on classic the job
 description is ``hora: train <run_id>`` too (a Connect server writes its own
@@ -28,6 +38,7 @@ task function; it is never in a job description, tag or property.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -38,10 +49,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from hora import _spark
-from hora.errors import ConfigError, WorkerFailedError
+from hora.errors import ConfigError, StoreError, WorkerFailedError
 from hora.native.rendezvous import RendezvousServer, compute_placement
 from hora.runners.base import Job, Launcher
 from hora.runners.driver import DriverService
+from hora.runners.store_channel import StoreChannel, StoreMirror, StoreRelay, wait_mirrored
 from hora.runners.spec import (
     DEFAULT_TERMINATE_GRACE,
     ENV_ADVERTISE_ADDR,
@@ -60,6 +72,12 @@ _LOCAL_CLUSTER_RE = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\
 RESULT_SCHEMA = "rank int, seq int, chunk binary"
 CHUNK_BYTES = 1 << 20
 
+#: How the ranks report to the client: "auto" (probe on Connect), "direct" (TCP) or "store".
+ENV_DRIVER_CHANNEL = "HORA_DRIVER_CHANNEL"
+CHANNELS = ("auto", "direct", "store")
+REACH_TIMEOUT = 5.0  # seconds a probe task tries to connect to the client's service
+_reach_cache: dict[tuple[str, str], str] = {}  # (session id, advertised host) -> "" or why unreachable
+
 
 def _is_loopback(host: str) -> bool:
     return host.startswith("127.") or host == "localhost"
@@ -71,9 +89,11 @@ def _task_host(task_address: str) -> str:
     return os.environ.get(ENV_ADVERTISE_ADDR) or os.environ.get("SPARK_LOCAL_IP") or task_address.rsplit(":", 1)[0]
 
 
-def _barrier_task(spec: LaunchSpec, advertise: str | None, batches: Iterator[Any]) -> Iterator[Any]:
+def _barrier_task(spec: LaunchSpec, advertise: str | None, channel: StoreChannel | None,
+                  batches: Iterator[Any]) -> Iterator[Any]:
     """The body of one barrier task: rendezvous through the BarrierTaskContext, supervise the rank,
-    yield its pickled value as ``(rank, seq, chunk)`` rows."""
+    yield its pickled value as ``(rank, seq, chunk)`` rows. With a store ``channel``, rank 0's
+    rendezvous server is also the ranks' driver service, relayed to the Store."""
     import cloudpickle
     import pyarrow as pa
     from pyspark import BarrierTaskContext
@@ -86,15 +106,20 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, batches: Iterator[Any
     rank = context.partitionId()
     me = advertise or _task_host(context.getTaskInfos()[rank].address)
     server: RendezvousServer | None = None
+    relay: StoreRelay | None = None
     try:
         message = {"host": me}
         if rank == 0:
             server = RendezvousServer(spec.secret, host=me if _is_loopback(me) else "0.0.0.0", port=0)
             server.start()
             message["rendezvous"] = f"{me}:{server.addr.rpartition(':')[2]}"
+            if channel is not None:
+                relay = StoreRelay(server, channel, spec.secret)
         gathered = [json.loads(m) for m in context.allGather(json.dumps(message))]
         hosts = [m["host"] for m in gathered]
         rendezvous_addr = gathered[0]["rendezvous"]
+        if channel is not None:  # report to rank 0's server; its relay forwards to the Store
+            spec = dataclasses.replace(spec, driver_addr=rendezvous_addr)
         placement = compute_placement(hosts)[rank]
         extra_env: list[tuple[str, str]] = []
         gpu = context.resources().get("gpu")
@@ -111,7 +136,12 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, batches: Iterator[Any
             rendezvous_addr=rendezvous_addr,
             extra_env=tuple(extra_env),
         )
-        value = cloudpickle.dumps(supervise(spec, ctx))
+        try:
+            value = cloudpickle.dumps(supervise(spec, ctx))
+        except WorkerFailedError:
+            if channel is not None and not wait_mirrored(rendezvous_addr, spec.secret, rank):
+                log.warning("rank %d: its failure report did not reach the store channel in time", rank)
+            raise
         context.barrier()  # rank 0 keeps the rendezvous up until every rank is done
         chunks = [value[i : i + CHUNK_BYTES] for i in range(0, len(value), CHUNK_BYTES)] or [b""]
         yield pa.RecordBatch.from_pydict({
@@ -120,8 +150,31 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, batches: Iterator[Any
             "chunk": pa.array(chunks, pa.binary()),
         })
     finally:
+        if relay is not None:
+            relay.close()
         if server is not None:
             server.stop()
+
+
+def _reach_task(addr: str, secret: bytes, batches: Iterator[Any]) -> Iterator[Any]:
+    """A probe task: ping the client's driver service; yield '' or why it failed."""
+    import pyarrow as pa
+
+    from hora.native.rendezvous import KVClient
+
+    for _ in batches:
+        pass
+    error = ""
+    try:
+        client = KVClient(addr, secret, timeout=REACH_TIMEOUT)
+        try:
+            if not client.ping():
+                error = f"{addr} answered, but not as this run's driver service"
+        finally:
+            client.close()
+    except Exception as exc:  # reported to the client as text
+        error = f"{type(exc).__name__}: {exc}"
+    yield pa.RecordBatch.from_pydict({"error": pa.array([error], pa.string())})
 
 
 def _stage_error(exc: BaseException, spec: LaunchSpec, launcher: SparkLauncher) -> Exception:
@@ -153,6 +206,9 @@ def _stage_error(exc: BaseException, spec: LaunchSpec, launcher: SparkLauncher) 
     missing = _spark.missing_hora(exc)
     if missing is not None:
         return missing
+    store_error = re.search(r"hora\.errors\.StoreError: ([^\n]*)", text)
+    if store_error:
+        return StoreError(f"the Spark barrier stage of run {spec.run_id} could not use the store: {store_error.group(1)}")
     match = re.search(r"(hora\.errors\.WorkerFailedError: [^\n]*)", text)
     short = match.group(1) if match else " / ".join([ln for ln in text.splitlines() if ln.strip()][:3])[:1000]
     return WorkerFailedError(f"the Spark barrier stage of run {spec.run_id} failed: {short}")
@@ -168,11 +224,14 @@ def _first_line(text: str, marker: str) -> str:
 class SparkJob(Job):
     """One barrier stage running on a background thread of the driver."""
 
-    def __init__(self, launcher: SparkLauncher, spec: LaunchSpec, service: DriverService) -> None:
+    def __init__(self, launcher: SparkLauncher, spec: LaunchSpec, service: DriverService,
+                 channel: StoreChannel | None = None) -> None:
         self.launcher = launcher
         self.spark = launcher.spark
         self.spec = spec
         self.service = service
+        self.channel = channel
+        self.mirror = StoreMirror(service.server, channel, spec.secret) if channel is not None else None
         self.tag = f"hora-train-{spec.run_id}"
         self.description = f"hora: train {spec.run_id}"
         self._rows: list[Any] | None = None
@@ -184,7 +243,7 @@ class SparkJob(Job):
     def _run(self) -> None:
         try:
             n = self.spec.num_proc
-            task = functools.partial(_barrier_task, self.spec, self.launcher.advertise)
+            task = functools.partial(_barrier_task, self.spec, self.launcher.advertise, self.channel)
             task.__name__ = self.description  # type: ignore[attr-defined]  # the UDF's name in the Spark UI
             with _spark.job_scope(self.spark, self.tag, self.description):
                 frame = self.spark.range(0, n, 1, numPartitions=n)
@@ -197,6 +256,7 @@ class SparkJob(Job):
         if self._thread.is_alive():
             return None
         if self._error is not None:
+            self._sync_mirror()  # the ranks' own failure reports first
             raise _stage_error(self._error, self.spec, self.launcher)
         import cloudpickle
 
@@ -208,6 +268,13 @@ class SparkJob(Job):
         if missing:
             raise WorkerFailedError(f"the Spark stage of run {self.spec.run_id} returned no result for rank(s) {missing}")
         return [cloudpickle.loads(b"".join(c for _, c in sorted(chunks[r]))) for r in range(self.spec.num_proc)]
+
+    def _sync_mirror(self) -> None:
+        if self.mirror is not None:
+            try:
+                self.mirror.sync()
+            except Exception as exc:  # the monitor still has the stage's own error
+                log.warning("could not read the store channel of run %s: %s", self.spec.run_id, exc)
 
     def cancel(self) -> None:
         if self._cancelled:
@@ -223,10 +290,13 @@ class SparkJob(Job):
         self._thread.join(timeout=grace + 30)
         if self._thread.is_alive():
             log.warning("the Spark job of run %s did not end within %.0fs of its cancellation", self.spec.run_id, grace + 30)
+        self._sync_mirror()
         started = set(self.service.started())
         left = self.service.wait_exited(started, grace + 5)
         if left:
             log.warning("rank(s) %s of run %s did not confirm that their processes stopped", sorted(left), self.spec.run_id)
+        if self.mirror is not None:
+            self.mirror.close()
 
 
 class SparkLauncher(Launcher):
@@ -237,19 +307,29 @@ class SparkLauncher(Launcher):
         task_cpus: CPUs per training task; with it (or ``use_gpu``) the stage asks for its
             resources through a task ResourceProfile. Default: ``spark.task.cpus``.
         use_gpu: one GPU per training task (its address becomes ``CUDA_VISIBLE_DEVICES``).
+        channel: how the ranks report to this client: ``"auto"`` (default, or
+            ``HORA_DRIVER_CHANNEL``): directly, unless a probe job finds that the executors
+            of a Connect session cannot reach it, then through the run's Store;
+            ``"direct"``: always over TCP; ``"store"``: always through the Store.
 
     Raises:
         ConfigError: no SparkSession is active and none was given, ``task_cpus`` is not an
-            int >= 1, or a Connect server older than Spark 4.0.
+            int >= 1, an unknown ``channel``, or a Connect server older than Spark 4.0.
     """
 
     name = "spark"
 
-    def __init__(self, spark: Any = None, *, task_cpus: int | None = None, use_gpu: bool = False) -> None:
+    def __init__(self, spark: Any = None, *, task_cpus: int | None = None, use_gpu: bool = False,
+                 channel: str | None = None) -> None:
         if task_cpus is not None and (isinstance(task_cpus, bool) or not isinstance(task_cpus, int) or task_cpus < 1):
             raise ConfigError(f"task_cpus must be an int >= 1 or None, got {task_cpus!r}")
         if not isinstance(use_gpu, bool):
             raise ConfigError(f"use_gpu must be True or False, got {use_gpu!r}")
+        given = channel if channel is not None else (os.environ.get(ENV_DRIVER_CHANNEL) or "auto")
+        if given not in CHANNELS:
+            where = "channel" if channel is not None else ENV_DRIVER_CHANNEL
+            raise ConfigError(f"{where} must be one of {', '.join(CHANNELS)}, got {given!r}")
+        self.channel = given
         self.spark = _spark.active_session(spark)
         self.connect = _spark.is_connect(self.spark)
         _spark.check_connect_server(self.spark)
@@ -327,8 +407,64 @@ class SparkLauncher(Launcher):
             host = "127.0.0.1"
         return ("127.0.0.1" if _is_loopback(host) else "0.0.0.0", host)
 
+    def reach_error(self, spec: LaunchSpec, service: DriverService) -> str:
+        """Why the executors cannot reach the client's driver service ('' when they can).
+
+        One probe job of ``num_proc`` tasks, each an authenticated ping of the service;
+        the answer is kept per session and advertised host.
+
+        Raises:
+            ConfigError: the executors cannot import hora, or the probe job never ran.
+        """
+        host = service.addr.rpartition(":")[0]
+        key = (_spark.session_key(self.spark), host)
+        if key in _reach_cache:
+            return _reach_cache[key]
+        n = spec.num_proc
+        task = functools.partial(_reach_task, service.addr, spec.secret)
+        task.__name__ = f"hora: can the executors reach {host}"  # type: ignore[attr-defined]
+        frame = self.spark.range(0, n, 1, numPartitions=n).mapInArrow(task, "error string")
+        try:
+            rows = _spark.collect(self.spark, frame, f"hora-reach-{spec.run_id}", task.__name__,
+                                  timeout=_spark.PROBE_TIMEOUT)
+        except TimeoutError as exc:
+            raise ConfigError(f"could not check whether the executors reach this client at {service.addr}: {exc}") from exc
+        except Exception as exc:
+            raise _spark.missing_hora(exc) or exc
+        errors = sorted({str(r["error"]) for r in rows if r["error"]})
+        _reach_cache[key] = "; ".join(errors)
+        return _reach_cache[key]
+
+    def _channel_for(self, spec: LaunchSpec, service: DriverService) -> StoreChannel | None:
+        """None (report over TCP) or the Store channel, as ``channel`` and the probe say.
+
+        Raises:
+            ConfigError: the ranks must report through the Store but the run has none.
+            StoreError: the executors cannot use the run's Store.
+        """
+        if self.channel == "direct" or (self.channel == "auto" and not self.connect):
+            return None
+        if self.channel == "auto":
+            error = self.reach_error(spec, service)
+            if not error:
+                return None
+            host = service.addr.rpartition(":")[0]
+            why = f"the Spark executors cannot reach this client's driver service on {host} (probe: {error})"
+        else:
+            why = "channel='store' was asked for"
+        if service.store is None:
+            raise ConfigError(
+                f"{why}: pass store= (a Store this client and the executors both reach) so the ranks report through "
+                f"it, or set {ENV_ADVERTISE_ADDR} to an address of this machine the executors can connect to"
+            )
+        from hora.store.spark_source import check_executors_reach
+
+        check_executors_reach(self.spark, service.store)
+        log.info("%s: the ranks of run %s report through the store %s", why, spec.run_id, service.store.url)
+        return StoreChannel(service.store, spec.run_id)
+
     def start(self, spec: LaunchSpec, service: DriverService) -> Job:
-        return SparkJob(self, spec, service)
+        return SparkJob(self, spec, service, self._channel_for(spec, service))
 
 
-__all__ = ["SparkLauncher", "SparkJob"]
+__all__ = ["SparkLauncher", "SparkJob", "CHANNELS", "ENV_DRIVER_CHANNEL"]
