@@ -21,6 +21,7 @@ share these helpers so that their code has one path for both kinds of session:
 * :func:`functions` / :func:`vector_to_array` pick the column-function module that
   matches the DataFrame.
 * :func:`task_profile` builds a task ``ResourceProfile`` for ``mapInArrow(profile=)``.
+* :func:`overwrite_path` clears an ML ``save(path)`` target where the Spark driver sees it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ PROBE_TIMEOUT = 300.0
 def is_connect(obj: Any) -> bool:
     """True for a Spark Connect session or DataFrame (the client-side classes)."""
     return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+def session_key(session: Any) -> str:
+    """A key naming one session in this process (a Connect session's id; a classic session's object id)."""
+    return str(getattr(session, "session_id", None) or id(session))
 
 
 def active_session(spark: Any = None) -> Any:
@@ -262,6 +268,31 @@ def task_profile(session: Any, cpus: int, gpus: int = 0) -> Any:
     return ResourceProfileBuilder().require(requests_).build
 
 
+def overwrite_path(session: Any, path: str) -> None:
+    """Delete ``path`` (as the Spark driver sees it) before an ML ``save`` that overwrites it.
+
+    Classic: MLlib's JVM helper (``FileSystemOverwrite``). Connect: the same helper on the
+    server, through the ML command Spark Connect's own writers send (``handleOverwrite``),
+    on this session rather than the process-wide active one.
+    """
+    if not is_connect(session):
+        from pyspark.ml.wrapper import JavaWrapper
+
+        helper = JavaWrapper(JavaWrapper._new_java_obj("org.apache.spark.ml.util.FileSystemOverwrite"))
+        helper._call_java("handleOverwrite", path, True, session._jsparkSession)
+        return
+    import pyspark.sql.connect.proto as pb2
+    from pyspark.ml.connect.serialize import serialize
+    from pyspark.ml.util import ML_CONNECT_HELPER_ID
+
+    command = pb2.Command()
+    command.ml_command.fetch.CopyFrom(pb2.Fetch(
+        obj_ref=pb2.ObjectRef(id=ML_CONNECT_HELPER_ID),
+        methods=[pb2.Fetch.Method(method="handleOverwrite", args=serialize(session.client, path, True))],
+    ))
+    session.client.execute_command(command)
+
+
 def connect_server_host(session: Any) -> str | None:
     """The host name of a Connect session's server (None for classic sessions or when unknown)."""
     if not is_connect(session):
@@ -299,9 +330,11 @@ __all__ = [
     "job_scope",
     "collect",
     "cancel_jobs",
+    "session_key",
     "functions",
     "vector_to_array",
     "task_profile",
+    "overwrite_path",
     "connect_server_host",
     "address_towards",
 ]

@@ -284,6 +284,42 @@ def any_spark(request):
     return request.getfixturevalue("spark" if request.param == "classic" else "connect_spark")
 
 
+CONNECT_FLAG = "SPARK_CONNECT_MODE_ENABLED"
+
+
+@contextlib.contextmanager
+def connect_mode(session):
+    """While the block runs, this process looks to pyspark as a Connect-only process does, if ``session`` is Connect.
+
+    ``SparkSession.builder.remote(url).getOrCreate()`` sets pyspark's process-wide flag
+    ``SPARK_CONNECT_MODE_ENABLED``, and ``pyspark.ml`` (VectorAssembler, evaluators, the
+    Pipeline and CrossValidator writers), ``pyspark.sql.functions`` and
+    ``SparkSession.active()`` read it at every call to pick Connect or classic. The test
+    process also holds the classic session, so the flag is set only inside the block, with
+    ``session`` as the active Connect session: exactly the state of a user's Connect-only
+    process. For a classic ``session`` the block runs as it is.
+    """
+    from hora import _spark
+
+    if not _spark.is_connect(session):
+        yield session
+        return
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    saved_flag = os.environ.get(CONNECT_FLAG)
+    saved_active = getattr(ConnectSession._active_session, "session", None)
+    os.environ[CONNECT_FLAG] = "1"
+    ConnectSession._active_session.session = session
+    try:
+        yield session
+    finally:
+        ConnectSession._active_session.session = saved_active
+        if saved_flag is None:
+            os.environ.pop(CONNECT_FLAG, None)
+        else:
+            os.environ[CONNECT_FLAG] = saved_flag
+
+
 @pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory):
     """A Spark standalone cluster: a master and two 2-core workers (127.0.0.1, 127.0.0.2)."""

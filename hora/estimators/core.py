@@ -96,6 +96,15 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
 
         opts["backend"] = launcher_for(opts["backend"], config.use_gpu)  # use_gpu: one GPU per rank actor
     opts["env"] = env
+    custom = backend is not None and not hasattr(backend, "launch_options") and not isinstance(backend, runners.Launcher)
+    if opts["backend"] == "spark" and not custom:  # the training stage's resources (ResourceProfile), classic/Connect
+        from hora.runners.spark import SparkLauncher
+
+        opts["backend"] = SparkLauncher(spark, task_cpus=config.task_cpus, use_gpu=config.use_gpu)
+    elif config.task_cpus is not None:
+        raise ConfigError(f"task_cpus={config.task_cpus} sizes the tasks of the Spark training stage the estimator "
+                          f"starts, but this fit runs on {opts['backend']!r}: drop task_cpus (or pass "
+                          "hora.runners.SparkLauncher(task_cpus=...) as backend)")
     num_proc = config.num_proc or opts.pop("num_proc", None)
     if num_proc is None and backend is not None and not hasattr(backend, "launch_options"):
         num_proc = int(backend.num_processes()) if hasattr(backend, "num_processes") else None
@@ -111,9 +120,25 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
             # the cluster must have slots for the least now: refused before the data is materialized
             start_size(runners.resolve_launcher(opts["backend"], spark=spark, client=client), least, opts["num_proc"])
         opts["min_num_proc"] = least
+    elif isinstance(opts["backend"], runners.Launcher):  # more ranks than slots: fail before materializing
+        opts["backend"].check_num_proc(opts["num_proc"])
     if config.max_failures:
         opts["max_failures"] = config.max_failures
     return opts
+
+
+def _check_store_reach(backend: Any, store: Any) -> None:
+    """Ranks on Spark executors read the dataset and write checkpoints there: check the store first.
+
+    Raises:
+        StoreError: the executors cannot use ``store`` (e.g. ``memory://``, this client's memory only).
+    """
+    from hora.runners.spark import SparkLauncher
+
+    if isinstance(backend, SparkLauncher):
+        from hora.store.spark_source import check_executors_reach
+
+        check_executors_reach(backend.spark, store)
 
 
 def _run_workers(spec: TrainSpec, config: EstimatorConfig, opts: dict[str, Any]) -> list[Any]:
@@ -164,6 +189,7 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         logger.info("run %s has checkpoints in %s: fit resumes from the last one", run_id, store.url)
 
     t0 = time.monotonic()
+    _check_store_reach(opts["backend"], store)
     info = None
     if framework.codec.trains_on_frame(config):
         info = materialize(df, store, feature_cols=features.columns, label_cols=list(config.label_cols),

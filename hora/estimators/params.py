@@ -231,6 +231,8 @@ class EstimatorConfig:
     input_shapes: Sequence[Sequence[int]] | None = param(None, "shape of each feature input including the batch "
                                                          "dimension, e.g. [[-1, 1, 8, 8]]")
     use_gpu: bool = param(False, "train on the GPU of each worker (one GPU per rank)")
+    task_cpus: int | None = param(None, "CPUs per training task of Spark's training stage (its ResourceProfile; "
+                                  "default: spark.task.cpus); Spark only")
     verbose: int = param(1, "0: quiet, 1: progress bar and epoch logs, 2: also batch logs")
     backend_env: dict[str, str] | None = param(None, "extra environment variables for the training workers")
     lr_scaling: str = param("linear", "'linear' (default): multiply the learning rate by num_proc, as Horovod does; "
@@ -388,6 +390,7 @@ class EstimatorConfig:
                 raise ConfigError(f"input_shapes has {len(shapes)} shapes but there are {n} feature_cols {self.feature_cols}")
             self.input_shapes = shapes
         _flag("use_gpu", self.use_gpu)
+        self.task_cpus = _positive_int("task_cpus", self.task_cpus)
         if not _is_int(self.verbose) or self.verbose < 0:
             raise ConfigError(f"verbose must be an integer >= 0, got {self.verbose!r}")
         if self.backend_env is not None and (not isinstance(self.backend_env, dict) or not all(

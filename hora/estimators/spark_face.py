@@ -26,7 +26,8 @@ from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from hora.errors import ConfigError, DataError
+from hora import _spark
+from hora.errors import ConfigError, DataError, StoreError
 from hora.estimators import core, persistence
 from hora.estimators.base import plot_history
 from hora.estimators.framework import Framework
@@ -97,6 +98,12 @@ class _HoraWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def save(self, path: str) -> None:
+        """Save to ``path`` (clearing it first with ``overwrite()``), on a classic or a Spark Connect session."""
+        if self.shouldOverwrite:
+            _spark.overwrite_path(self.sparkSession, path)
+        self.saveImpl(path)
+
     def saveImpl(self, path: str) -> None:  # noqa: N802 (pyspark's name)
         self.instance._save_to(path, self.sparkSession)
 
@@ -121,6 +128,25 @@ class _Persisted(MLWritable, MLReadable):
     @classmethod
     def read(cls) -> MLReader:
         return _HoraReader(cls)
+
+
+def _check_client_sees(path: str, spark: Any, saving: bool) -> None:
+    """On Spark Connect, fail clearly when the server's ``path`` is not the client's.
+
+    Spark's ``metadata/`` is written and read by the Connect server, hora's side files by
+    this client: the two must see the same ``path`` (a shared or object store).
+
+    Raises:
+        StoreError: the client does not see the ``metadata/`` folder the server wrote (or read) at ``path``.
+    """
+    if not _spark.is_connect(spark) or persistence.open_store(path).exists("metadata"):
+        return
+    did = "wrote" if saving else "read"
+    raise StoreError(
+        f"the Spark Connect server {did} {path}/metadata on its machine, but this client does not see it at {path}: "
+        f"Spark's metadata goes through the server and hora's model files through the client, so use a location both "
+        f"reach (s3://..., hdfs://..., gs://..., a shared file system)"
+    )
 
 
 def _split_params(instance: Params, names: Sequence[str], json_names: frozenset[str],
@@ -192,10 +218,12 @@ class SparkEstimator(Estimator, _Persisted):
         cfg = self.framework.config
         json_out, objects = _split_params(self, self._param_names(), json_params(cfg), unsaved_params(cfg))
         DefaultParamsWriter.saveMetadata(self, path, spark, extraMetadata={"hora": "estimator"}, paramMap=json_out)
+        _check_client_sees(path, spark, saving=True)
         persistence.save_objects(os.path.join(path, SIDE_DIR), {"class": persistence.class_path(self)}, objects)
 
     @classmethod
     def _load_from(cls, path: str, metadata: dict[str, Any], spark: Any) -> "SparkEstimator":
+        _check_client_sees(path, spark, saving=False)
         est = cls()
         est._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(est, metadata)
@@ -288,11 +316,13 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
     def _save_to(self, path: str, spark: Any) -> None:
         json_out, objects = _split_params(self, list(MODEL_PARAMS), frozenset(MODEL_PARAMS))
         DefaultParamsWriter.saveMetadata(self, path, spark, extraMetadata={"hora": "model"}, paramMap=json_out)
+        _check_client_sees(path, spark, saving=True)
         persistence.save_fitted(os.path.join(path, SIDE_DIR), self.framework.codec, self._model,
                                 {"face": "spark", "class": persistence.class_path(self)}, objects=objects)
 
     @classmethod
     def _load_from(cls, path: str, metadata: dict[str, Any], spark: Any) -> "SparkModel":
+        _check_client_sees(path, spark, saving=False)
         _, model, _, objects = persistence.load_fitted(os.path.join(path, SIDE_DIR))
         inst = cls(model=model)
         inst._resetUid(metadata["uid"])

@@ -47,9 +47,11 @@ def probe_worker_python(spark: Any, modules: tuple[str, ...]) -> dict[str, Any]:
     Raises:
         Exception: whatever Spark raises when it cannot run a Python task at all.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    from hora import _spark
+
+    F = _spark.functions(spark)
     namespace: dict[str, Any] = {"__name__": "hora_worker_python_probe", "MODULES": tuple(modules)}
     exec(_PROBE_SOURCE, namespace)  # noqa: S102 - our own constant source
     udf = F.udf(namespace["probe"], T.StringType(), useArrow=False)
@@ -66,15 +68,15 @@ def explain_worker_failure(spark: Any, exc: BaseException, framework: Any = None
         ConfigError: the executors' interpreter cannot import a module hora needs (or cannot start).
     """
     modules = WORKER_MODULES + tuple(getattr(framework, "modules", ()) or ())
+    from hora import _spark
+
     configured = os.environ.get("PYSPARK_PYTHON")
-    try:
-        conf = spark.conf.get("spark.pyspark.python", None)
-    except Exception:
-        conf = None
     named = (f"this driver has PYSPARK_PYTHON={configured!r}" if configured
              else "PYSPARK_PYTHON is unset: Spark starts 'python3' from the executors' PATH")
-    if conf:
-        named += f", spark.pyspark.python={conf!r}"
+    for key in ("spark.pyspark.python", "spark.sql.execution.pyspark.python"):  # the cluster's, the session's
+        conf = _spark.conf_get(spark, key)
+        if conf:
+            named += f", {key}={conf!r}"
     try:
         seen = probe_worker_python(spark, modules)
     except Exception as probe_exc:

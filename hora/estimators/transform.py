@@ -8,10 +8,14 @@ Each ``feature_cols`` entry is one model input: a column, or a feature group (a 
 scalar columns stacked in order). The framework part, how one batch of inputs is
 predicted, is the codec's (:meth:`~hora.estimators.framework.ModelCodec.predict`).
 
-Spark: the serialized model is broadcast once; each task deserializes it once
-(cached per Python worker process, so reused Python workers load it once) and
-predicts Arrow batch by Arrow batch (``mapInArrow``: feature columns go from Arrow
-to numpy without pandas, other columns pass through untouched) in chunks of
+Spark (classic and Connect sessions, one code path): the serialized model reaches the
+executors inside the transform's function when it is small (up to
+``HORA_TRANSFORM_INLINE_BYTES``, 16 MiB), else once per session: broadcast on a classic
+session, uploaded as a Spark Connect artifact file (``addArtifacts(file=True)``, read on
+the executors through ``SparkFiles``) on Connect, which has no broadcast. Each task
+deserializes it once (cached per Python worker process, so reused Python workers load
+it once) and predicts Arrow batch by Arrow batch (``mapInArrow``: feature columns go
+from Arrow to numpy without pandas, other columns pass through untouched) in chunks of
 ``batch_size`` rows. Spark ML vector feature columns are converted with
 ``vector_to_array`` into hidden columns first, read by the model, not returned.
 """
@@ -20,8 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import pickle
+import tempfile
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -31,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 #: Rows per forward pass during transform, unless the model says otherwise.
 DEFAULT_PREDICT_BATCH = 1024
+#: Model files up to this many bytes travel inside the transform's function; larger ones once per session.
+ENV_INLINE_BYTES = "HORA_TRANSFORM_INLINE_BYTES"
+DEFAULT_INLINE_BYTES = 16 << 20
 
 _HIDDEN = "__hora_in_{}"
 
@@ -126,6 +136,73 @@ def _load_cached(key: Any, loader) -> Any:
         return model
 
 
+def _inline_limit() -> int:
+    raw = os.environ.get(ENV_INLINE_BYTES)
+    if raw is None:
+        return DEFAULT_INLINE_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        from hora.errors import ConfigError
+
+        raise ConfigError(f"{ENV_INLINE_BYTES} must be a number of bytes >= 0, got {raw!r}")
+    return value
+
+
+_uploaded_lock = threading.Lock()
+_uploaded: dict[str, set[str]] = {}  # Connect session id -> artifact files this process uploaded to it
+
+
+def _upload_artifact(session: Any, name: str, files: dict[str, bytes]) -> None:
+    """Upload ``files`` (pickled) to the Connect session as the artifact file ``name``, once per session."""
+    from hora import _spark
+
+    sid = _spark.session_key(session)
+    with _uploaded_lock:
+        if name in _uploaded.setdefault(sid, set()):
+            return
+        folder = tempfile.mkdtemp(prefix="hora-model-")
+        path = os.path.join(folder, name)
+        try:
+            with open(path, "wb") as fh:
+                pickle.dump(files, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            session.addArtifacts(path, file=True)
+        finally:
+            os.unlink(path)
+            os.rmdir(folder)
+        _uploaded[sid].add(name)
+
+
+def model_source(session: Any, model_files: dict[str, bytes]) -> Callable[[], dict[str, bytes]]:
+    """A picklable function that returns ``model_files`` on an executor, shipped the cheapest way the session has.
+
+    Up to ``HORA_TRANSFORM_INLINE_BYTES`` the files travel inside the function itself
+    (any session); larger ones go once per session: a broadcast on a classic session, an
+    artifact file on Spark Connect (which has no broadcast).
+    """
+    from hora import _spark
+
+    size = sum(len(v) for v in model_files.values())
+    if size <= _inline_limit():
+        return lambda: model_files
+    if not _spark.is_connect(session):
+        bc = session.sparkContext.broadcast(model_files)
+        return lambda: bc.value
+    name = f"hora-model-{_files_key(model_files)}.pkl"
+    _upload_artifact(session, name, model_files)
+    logger.info("uploaded the model (%d bytes) to the Spark Connect session as the artifact file %s", size, name)
+
+    def _from_artifact() -> dict[str, bytes]:
+        from pyspark import SparkFiles
+
+        with open(SparkFiles.get(name), "rb") as fh:
+            return pickle.load(fh)
+
+    return _from_artifact
+
+
 def spark_transform(
     df: Any,
     codec: Any,
@@ -145,11 +222,10 @@ def spark_transform(
     Raises:
         DataError: a feature column is missing or an output column already exists.
     """
-    from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
+    from hora import _spark
     from hora.estimators.data import Features
 
     features = Features.parse(feature_cols)
@@ -167,7 +243,7 @@ def spark_transform(
     for i, c in enumerate(features.columns):
         if isinstance(df.schema[c].dataType, VectorUDT):
             h = _HIDDEN.format(i)
-            work = work.withColumn(h, vector_to_array(F.col(f"`{c}`"), "float32"))
+            work = work.withColumn(h, _spark.vector_to_array(df, _spark.functions(df).col(f"`{c}`"), "float32"))
             sources[c] = h
         else:
             sources[c] = c
@@ -177,7 +253,7 @@ def spark_transform(
     ]
     schema = StructType(list(df.schema.fields) + out_fields)
     keep = list(df.columns)
-    bc = df.sparkSession.sparkContext.broadcast(model_files)
+    load_files = model_source(df.sparkSession, model_files)
     key = ("spark", _files_key(model_files))
     output_cols = list(output_cols)
     output_shapes = [tuple(s) for s in output_shapes]
@@ -185,7 +261,7 @@ def spark_transform(
     def _predict(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        model = _load_cached(key, lambda: codec.deserialize(bc.value))
+        model = _load_cached(key, lambda: codec.deserialize(load_files()))
         for batch in batches:
             n = batch.num_rows
             columns = [batch.column(name) for name in keep]

@@ -164,8 +164,15 @@ def _probe_on_executor(store: Store, path: str, token: str, batches: Iterator[An
     yield pa.RecordBatch.from_pydict({"error": [outcome["error"]]})
 
 
+_reached_lock = threading.Lock()
+_reached: set[tuple[str, str]] = set()  # (session key, store URL) the executors were seen to use
+
+
 def check_executors_reach(session: Any, store: Store) -> None:
     """Run one tiny Spark task that reads a file the driver wrote to ``store`` and writes one back.
+
+    A store that passed is not checked again on the same session (fit, materialize and
+    the launch each ask).
 
     Raises:
         StoreError: the executors cannot read or write the store, or see other files than the
@@ -173,6 +180,10 @@ def check_executors_reach(session: Any, store: Store) -> None:
             names the store URL.
         ConfigError: the executors cannot import hora.
     """
+    key = (_spark.session_key(session), store.url)
+    with _reached_lock:
+        if key in _reached:
+            return
     token = uuid.uuid4().hex
     path = join(store.root, PROBE_PREFIX + token)
     store.write_bytes(path, token.encode())
@@ -208,6 +219,8 @@ def check_executors_reach(session: Any, store: Store) -> None:
             "with the same storage options and sees the same files in (an object store, HDFS, or a folder "
             "shared by every host)"
         )
+    with _reached_lock:
+        _reached.add(key)
 
 
 __all__ = ["SparkSource", "check_executors_reach"]

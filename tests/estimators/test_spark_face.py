@@ -1,4 +1,11 @@
-"""hora.spark.TorchEstimator / TorchModel on a real SparkSession local[2] with 2 ranks."""
+"""hora.spark.TorchEstimator / TorchModel with 2 ranks, on the classic session (local[2]) and on a Spark
+Connect session (a real Connect server, local[2]): every test runs on both, with the same assertions.
+
+On the Connect session the tests run in :func:`tests.spark_clusters.connect_mode`, as a Connect-only
+process would: pyspark.ml's own stages (VectorAssembler, StandardScaler, RegressionEvaluator) and the
+Pipeline / CrossValidator readers and writers go through Spark Connect's ML commands, while hora's
+stages are custom Python stages in the same Pipeline.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +15,21 @@ import pytest
 import torch
 
 from tests.estimators.conftest import mlp, regression_data
+from tests.spark_clusters import connect_mode
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module", params=["classic", "connect"])
+def session(request):
+    """The classic ``spark`` session, then the Connect ``connect_spark`` session."""
+    return request.getfixturevalue("spark" if request.param == "classic" else "connect_spark")
+
+
+@pytest.fixture(autouse=True)
+def _session_mode(session):
+    with connect_mode(session):
+        yield
 
 
 def _frame(spark, n=320, seed=0):
@@ -33,15 +53,16 @@ def _estimator(store, **kw):
 
 
 @pytest.fixture(scope="module")
-def spark_fit(spark, tmp_path_factory):
+def spark_fit(session, tmp_path_factory):
     from pyspark.ml.feature import VectorAssembler
 
     from hora.store import Store
 
-    store = Store.create(str(tmp_path_factory.mktemp("spark-store")))
-    df = VectorAssembler(inputCols=list("abcd"), outputCol="features").transform(_frame(spark))
-    est = _estimator(store, metrics={"mae": torch.nn.functional.l1_loss})
-    model = est.fit(df)
+    with connect_mode(session):
+        store = Store.create(str(tmp_path_factory.mktemp("spark-store")))
+        df = VectorAssembler(inputCols=list("abcd"), outputCol="features").transform(_frame(session))
+        est = _estimator(store, metrics={"mae": torch.nn.functional.l1_loss})
+        model = est.fit(df)
     return est, model, df, store
 
 
@@ -76,6 +97,7 @@ def test_save_load_predicts_the_same(spark_fit, tmp_path):
     est, model, df, store = spark_fit
     path = str(tmp_path / "model")
     model.write().overwrite().save(path)
+    model.write().overwrite().save(path)  # overwrite clears what is there (on Connect: on the server)
     loaded = TorchModel.load(path)
     assert loaded.uid == model.uid and loaded.getHistory() == model.getHistory()
     a = loaded.transform(df).select("prediction").toPandas()["prediction"].to_numpy()
@@ -89,6 +111,14 @@ def test_save_load_predicts_the_same(spark_fit, tmp_path):
     assert isinstance(est2.getOptimizer(), torch.optim.Adam)
 
 
+def test_a_model_above_the_inline_limit_is_shipped_once_per_session(spark_fit, monkeypatch):
+    est, model, df, store = spark_fit
+    inline = model.transform(df).select("prediction").toPandas()["prediction"].to_numpy()
+    monkeypatch.setenv("HORA_TRANSFORM_INLINE_BYTES", "0")  # classic: a broadcast; Connect: an artifact file
+    shipped = model.copy().transform(df).select("prediction").toPandas()["prediction"].to_numpy()
+    np.testing.assert_array_equal(shipped, inline)
+
+
 def test_copy_semantics(spark_fit):
     est, model, df, store = spark_fit
     est2 = est.copy({est.epochs: 7})
@@ -100,11 +130,11 @@ def test_copy_semantics(spark_fit):
     assert "score" in m2.transform(df).columns and model.getOrDefault("output_cols") == ["prediction"]
 
 
-def test_pipeline_after_assembler_and_scaler_save_load(spark, tmp_path, store):
+def test_pipeline_after_assembler_and_scaler_save_load(session, tmp_path, store):
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import StandardScaler, VectorAssembler
 
-    df = _frame(spark, n=256, seed=1)
+    df = _frame(session, n=256, seed=1)
     pipe = Pipeline(stages=[
         VectorAssembler(inputCols=list("abcd"), outputCol="raw"),
         StandardScaler(inputCol="raw", outputCol="features"),
@@ -119,12 +149,12 @@ def test_pipeline_after_assembler_and_scaler_save_load(spark, tmp_path, store):
     np.testing.assert_array_equal(before, after)
 
 
-def test_cross_validator_grid_over_batch_size_epochs_lr(spark, store):
+def test_cross_validator_grid_over_batch_size_epochs_lr(session, store):
     from pyspark.ml.evaluation import RegressionEvaluator
     from pyspark.ml.feature import VectorAssembler
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
-    df = VectorAssembler(inputCols=list("abcd"), outputCol="features").transform(_frame(spark, n=192, seed=2))
+    df = VectorAssembler(inputCols=list("abcd"), outputCol="features").transform(_frame(session, n=192, seed=2))
     est = _estimator(store, validation=None, lr_scaling="none")
     grid = (ParamGridBuilder().addGrid(est.batch_size, [64]).addGrid(est.epochs, [1])
             .addGrid(est.learning_rate, [1e-5, 0.05]).build())
@@ -137,12 +167,12 @@ def test_cross_validator_grid_over_batch_size_epochs_lr(spark, store):
     assert cv_model.bestModel.transform(df).select("prediction").count() == 192
 
 
-def test_transform_keeps_other_vector_columns_and_sparsity(spark):
+def test_transform_keeps_other_vector_columns_and_sparsity(session):
     from pyspark.ml.linalg import SparseVector, Vectors
 
     from hora.spark import TorchModel
 
-    df = spark.createDataFrame(
+    df = session.createDataFrame(
         [(Vectors.sparse(4, [1], [2.0]), Vectors.dense([1.0, 2.0]), 1.0),
          (Vectors.dense([1.0, 2.0, 3.0, 4.0]), Vectors.dense([3.0, 4.0]), 2.0)], ["v", "f", "y"])
     net = torch.nn.Linear(2, 2)
