@@ -5,7 +5,8 @@ parameters on Spark (``backend=SparkBackend(...)``, ``input_shapes``, ``partitio
 ``inmemory_cache_all``, ``train_minibatch_fn``, ``setOutputCols``, a flat vector reshaped to
 a Keras model's input, one-hot ``SparseVector`` labels, Keras ``TensorBoard`` and
 ``checkpoint_callback``), and Dask users' frames (64 scalar columns as one feature group, an
-array column under Dask's default config, a shuffled index) with MLflow on a sqlite store.
+array column under Dask's default config, a shuffled index) with MLflow on a sqlite store. The Spark
+x Keras and Spark x Lightning cases also run on a Spark Connect session (``-connect``), with the same assertions.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from hora.estimators.callbacks import Callback
 from tests.estimators import frames
+from tests.spark_clusters import connect_mode
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -46,7 +48,7 @@ def _check_resume(first_history, make, df, run_id, store):
 # ---------------------------------------------------------------------------------------
 # Spark x Torch, as Horovod's examples/spark/pytorch/pytorch_spark_mnist.py passes it
 # ---------------------------------------------------------------------------------------
-def _spark_torch(request, tmp_path):
+def _spark_torch(request, tmp_path, spark):
     import torch
     from pyspark.ml.feature import OneHotEncoder  # noqa: F401  (the Horovod example's imports work)
 
@@ -55,7 +57,6 @@ def _spark_torch(request, tmp_path):
     from hora.spark.common.store import Store
     from hora.store import load_dataset_info
 
-    spark = request.getfixturevalue("spark")
     df = spark.createDataFrame(frames.sparse_images(96), ["features", "label"])
     store = Store.create(str(tmp_path / "store"))
     run_id = "suite-spark-torch"
@@ -102,7 +103,7 @@ def _spark_torch(request, tmp_path):
 # ---------------------------------------------------------------------------------------
 # Spark x Keras, as Horovod's examples/spark/keras/keras_spark_mnist.py passes it
 # ---------------------------------------------------------------------------------------
-def _spark_keras(request, tmp_path):
+def _spark_keras(request, tmp_path, spark):
     keras = pytest.importorskip("keras")
     from pyspark.ml.feature import OneHotEncoder
 
@@ -111,7 +112,6 @@ def _spark_keras(request, tmp_path):
     from hora.spark.common.backend import SparkBackend
     from hora.spark.common.store import Store
 
-    spark = request.getfixturevalue("spark")
     df = spark.createDataFrame(frames.sparse_images(96), ["features", "label"])
     df = OneHotEncoder(inputCols=["label"], outputCols=["label_vec"], dropLast=False).fit(df).transform(df)
     store = Store.create(str(tmp_path / "store"))
@@ -282,7 +282,7 @@ class _Counter:
         return EpochCounter()
 
 
-def _spark_lightning(request, tmp_path):
+def _spark_lightning(request, tmp_path, spark):
     pytest.importorskip("lightning")
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -290,7 +290,6 @@ def _spark_lightning(request, tmp_path):
     from hora.spark.common.backend import SparkBackend
     from hora.spark.common.store import Store
 
-    spark = request.getfixturevalue("spark")
     df = spark.createDataFrame(frames.sparse_images(96), ["features", "label"])
     store = Store.create(str(tmp_path / "store"))
     run_id = "suite-spark-lightning"
@@ -365,9 +364,19 @@ def _dask_lightning(request, tmp_path):
 
 CASES = {"spark-torch": _spark_torch, "spark-keras": _spark_keras, "spark-lightning": _spark_lightning,
          "dask-torch": _dask_torch, "dask-keras": _dask_keras, "dask-lightning": _dask_lightning}
+#: Keras and Lightning on Spark also run, with the same assertions, on a Spark Connect session (Torch's
+#: estimator runs on Connect in every test of tests/estimators/test_spark_face.py)
+CONNECT = "-connect"
+PARAMS = list(CASES) + [case + CONNECT for case in ("spark-keras", "spark-lightning")]
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", PARAMS)
 def test_face_x_framework(case, request, tmp_path):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    CASES[case](request, tmp_path)
+    name = case.removesuffix(CONNECT)
+    if not name.startswith("spark-"):
+        CASES[name](request, tmp_path)
+        return
+    session = request.getfixturevalue("connect_spark" if case.endswith(CONNECT) else "spark")
+    with connect_mode(session):  # on Connect: as a Connect-only process (pyspark.ml's OneHotEncoder included)
+        CASES[name](request, tmp_path, session)
