@@ -284,6 +284,17 @@ def any_spark(request):
     return request.getfixturevalue("spark" if request.param == "classic" else "connect_spark")
 
 
+def python_without_hora(tmp_path) -> str:
+    """An interpreter for Spark's Python workers that cannot import hora (as on a cluster without it)."""
+    shadow = tmp_path / "shadow" / "hora"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'hora'\", name='hora')\n")
+    python = tmp_path / "python-without-hora"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={shadow.parent}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return str(python)
+
+
 CONNECT_FLAG = "SPARK_CONNECT_MODE_ENABLED"
 
 

@@ -91,18 +91,50 @@ def _open(secret: bytes, data: bytes, where: str) -> Any:
     return pickle.loads(body)  # only after the HMAC check
 
 
-class StoreRelay:
-    """Rank 0's side: mirror the ranks' reports from ``server`` into the Store (a background thread).
+class _Poller:
+    """A background thread that runs ``sync()`` every :data:`POLL_INTERVAL` (the relay's and the mirror's)."""
 
-    Raises (from the constructor):
-        StoreError: the executors cannot write the channel folder.
-    """
+    role = "poller"
 
     def __init__(self, server: RendezvousServer, channel: StoreChannel, secret: bytes) -> None:
         self.server = server
         self.channel = channel
         self.secret = secret
         self._next_log = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"hora-{self.role}-{channel.run_id}", daemon=True)
+
+    def sync(self) -> None:  # pragma: no cover - each side has its own
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL):
+            try:
+                self.sync()
+            except Exception as exc:  # the store may hiccup; the next round tries again
+                log.warning("hora %s of run %s: %s", self.role, self.channel.run_id, exc)
+
+    def _finish(self) -> None:
+        """Stop the thread after a last round."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        try:
+            self.sync()
+        except Exception as exc:
+            log.warning("hora %s of run %s: the last round failed: %s", self.role, self.channel.run_id, exc)
+
+
+class StoreRelay(_Poller):
+    """Rank 0's side: mirror the ranks' reports from ``server`` into the Store (a background thread).
+
+    Raises (from the constructor):
+        StoreError: the executors cannot write the channel folder.
+    """
+
+    role = "relay"
+
+    def __init__(self, server: RendezvousServer, channel: StoreChannel, secret: bytes) -> None:
+        super().__init__(server, channel, secret)
         self._state: dict[str, bytes] = {}
         self._acked: set[int] = set()
         self._written_at = 0.0
@@ -110,16 +142,7 @@ class StoreRelay:
         host, port = server.address
         self._client = KVClient(f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}", secret, timeout=10.0)
         channel.store.write_bytes(channel.path("relay"), _seal(secret, {"started": time.time()}))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"hora-relay-{channel.run_id}", daemon=True)
         self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(POLL_INTERVAL):
-            try:
-                self.sync()
-            except Exception as exc:  # the store may hiccup; the next round tries again
-                log.warning("hora relay of run %s: %s", self.channel.run_id, exc)
 
     def _drain_logs(self) -> list[tuple[int, int, bytes]]:
         batches = []
@@ -169,12 +192,8 @@ class StoreRelay:
 
     def close(self) -> None:
         """Stop the thread after a last round (everything the ranks reported reaches the Store)."""
-        self._stop.set()
-        self._thread.join(timeout=10)
         try:
-            self.sync()
-        except Exception as exc:
-            log.warning("hora relay of run %s: the last round failed: %s", self.channel.run_id, exc)
+            self._finish()
         finally:
             self._client.close()
 
@@ -191,7 +210,7 @@ def wait_mirrored(addr: str, secret: bytes, rank: int, timeout: float = MIRROR_W
         client.close()
 
 
-class StoreMirror:
+class StoreMirror(_Poller):
     """The client's side: replay the relay's files into ``server`` (the DriverService's), forward its abort.
 
     Args:
@@ -200,24 +219,14 @@ class StoreMirror:
         secret: the job secret (checks each file's signature).
     """
 
+    role = "mirror"
+
     def __init__(self, server: RendezvousServer, channel: StoreChannel, secret: bytes) -> None:
-        self.server = server
-        self.channel = channel
-        self.secret = secret
-        self._next_log = 0
+        super().__init__(server, channel, secret)
         self._seen_state: bytes | None = None
         self._abort_sent = False
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"hora-mirror-{channel.run_id}", daemon=True)
         self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(POLL_INTERVAL):
-            try:
-                self.sync()
-            except Exception as exc:
-                log.debug("hora mirror of run %s: %s", self.channel.run_id, exc)
 
     def sync(self) -> None:
         """One round: new log files, the latest state, and the client's abort."""
@@ -249,12 +258,7 @@ class StoreMirror:
 
     def close(self) -> None:
         """Stop polling after a last round, and remove the channel's files (the run logs are kept elsewhere)."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-        try:
-            self.sync()
-        except Exception as exc:
-            log.warning("hora mirror of run %s: the last round failed: %s", self.channel.run_id, exc)
+        self._finish()
         try:
             self.channel.store.rm(self.channel.folder, recursive=True)
         except StoreError as exc:

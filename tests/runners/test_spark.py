@@ -210,20 +210,13 @@ def test_slots_from_master():
 
 @pytest.mark.timeout(240)
 def test_connect_server_whose_executors_lack_hora_is_a_clear_client_side_error(connect_server, tmp_path):
-    import sys
-
     import pandas as pd
 
     from hora.store import Store, materialize
+    from tests.spark_clusters import python_without_hora
 
     # a session whose executors run a Python that cannot import hora (as on a cluster without it)
-    shadow = tmp_path / "shadow" / "hora"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'hora'\", name='hora')\n")
-    python = tmp_path / "python-without-hora"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH={shadow.parent}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    session = connect_server.session(**{"spark.sql.execution.pyspark.python": str(python)})
+    session = connect_server.session(**{"spark.sql.execution.pyspark.python": python_without_hora(tmp_path)})
     try:
         with pytest.raises(ConfigError, match=r"the Spark executors cannot import hora .*No module named 'hora'"):
             hr.run(_fail_rank1, num_proc=2, backend="spark", spark=session, run_id="connect-no-hora", verbose=0)

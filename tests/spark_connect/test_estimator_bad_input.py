@@ -3,13 +3,11 @@ the training stage's slots, a store the executors cannot reach, executors withou
 
 from __future__ import annotations
 
-import sys
-
 import pandas as pd
 import pytest
 
 from hora.errors import ConfigError, StoreError
-from tests.spark_clusters import connect_mode
+from tests.spark_clusters import connect_mode, python_without_hora
 
 pytestmark = pytest.mark.spark
 
@@ -24,17 +22,6 @@ def _estimator(store, **kw):
                 loss=torch.nn.MSELoss(), feature_cols=["x"], label_cols=["y"], input_shapes=[[-1, 1]], verbose=0)
     args.update(kw)
     return TorchEstimator(**args)
-
-
-def _python_without_hora(tmp_path):
-    """An interpreter for Spark's Python workers that cannot import hora (as on a cluster without it)."""
-    shadow = tmp_path / "shadow" / "hora"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'hora'\", name='hora')\n")
-    python = tmp_path / "python-without-hora"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH={shadow.parent}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    return str(python)
 
 
 @pytest.mark.timeout(300)
@@ -53,7 +40,7 @@ def test_connect_fit_refuses_bad_input_on_the_client(connect_server, connect_spa
         with pytest.raises(StoreError, match=r"the Spark executors cannot use the store memory:///hora-bad-input"):
             _estimator(Store.create("memory://hora-bad-input")).fit(df)  # the client's memory, not theirs
 
-    session = connect_server.session(**{"spark.sql.execution.pyspark.python": _python_without_hora(tmp_path)})
+    session = connect_server.session(**{"spark.sql.execution.pyspark.python": python_without_hora(tmp_path)})
     try:
         with connect_mode(session):
             with pytest.raises(ConfigError, match=r"cannot import hora") as info:
