@@ -80,6 +80,7 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
     """How the ranks start: ``hora.runners.run`` keywords from ``backend`` / ``num_proc`` and the engine."""
     from hora import runners
     from hora.runners.recovery import start_size
+    from hora.runners.spark import SparkLauncher
 
     backend = config.backend
     env = dict(config.backend_env or {})
@@ -96,10 +97,10 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
 
         opts["backend"] = launcher_for(opts["backend"], config.use_gpu)  # use_gpu: one GPU per rank actor
     opts["env"] = env
-    custom = backend is not None and not hasattr(backend, "launch_options") and not isinstance(backend, runners.Launcher)
-    if opts["backend"] == "spark" and not custom:  # the training stage's resources (ResourceProfile), classic/Connect
-        from hora.runners.spark import SparkLauncher
-
+    custom = backend is not None and not hasattr(backend, "launch_options") and not isinstance(
+        backend, (str, runners.Launcher))  # a Horovod-style Backend of the user's
+    if isinstance(opts["backend"], str) and opts["backend"] == "spark" and not custom:
+        # the training stage's resources (its ResourceProfile), on classic and Connect sessions
         opts["backend"] = SparkLauncher(spark, task_cpus=config.task_cpus, use_gpu=config.use_gpu)
     elif config.task_cpus is not None:
         raise ConfigError(f"task_cpus={config.task_cpus} sizes the tasks of the Spark training stage the estimator "
@@ -120,7 +121,7 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
             # the cluster must have slots for the least now: refused before the data is materialized
             start_size(runners.resolve_launcher(opts["backend"], spark=spark, client=client), least, opts["num_proc"])
         opts["min_num_proc"] = least
-    elif isinstance(opts["backend"], runners.Launcher):  # more ranks than slots: fail before materializing
+    elif isinstance(opts["backend"], SparkLauncher):  # more ranks than the stage's slots: fail before materializing
         opts["backend"].check_num_proc(opts["num_proc"])
     if config.max_failures:
         opts["max_failures"] = config.max_failures
