@@ -170,6 +170,9 @@ _DECLARED: tuple[Setting, ...] = (
        "(Gloo, shared memory, MPI watchdog, NCCL)", group="launch", **_SECONDS),
     _s("HORA_ADVERTISE_ADDR", "str", None, "the address ranks advertise instead of the one the launcher "
        "found (real clusters)", "launch"),
+    _s("HORA_DRIVER_CHANNEL", "choice", "auto", "how Spark ranks report to the client: auto (through the "
+       "Store when a Connect client's executors cannot reach it), direct (TCP) or store", "launch",
+       choices=("auto", "direct", "store")),
     _s("HORA_NETWORK_INTERFACE", "str", None, "ranks advertise this interface's address (Gloo and NCCL use it)",
        "launch"),
     _s("HORA_HEARTBEAT_TIMEOUT", default=30.0, doc="seconds without a heartbeat before a rank counts as dead",
@@ -239,6 +242,8 @@ _DECLARED: tuple[Setting, ...] = (
        "materialization of the same data (0: do not wait)", "data", minimum=0.0, unit="seconds"),
     _s("HORA_RAY_MATERIALIZE_TIMEOUT", default=600.0, doc="seconds without one Ray task of a materialization "
        "finishing before it fails", group="data", **_SECONDS),
+    _s("HORA_TRANSFORM_INLINE_BYTES", "int", 16 << 20, "model bytes a Spark transform ships inside its "
+       "function; larger models go once per session (broadcast, or a Connect artifact)", "data", minimum=0),
     _s("HORA_REPORT_EVERY", "int", None, "training steps between two progress reports (default: the "
        "estimator's)", "data", minimum=1),
     # -- fault injection (tests) -------------------------------------------------------------

@@ -40,7 +40,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_PREDICT_BATCH = 1024
 #: Model files up to this many bytes travel inside the transform's function; larger ones once per session.
 ENV_INLINE_BYTES = "HORA_TRANSFORM_INLINE_BYTES"
-DEFAULT_INLINE_BYTES = 16 << 20
 
 _HIDDEN = "__hora_in_{}"
 
@@ -137,18 +136,9 @@ def _load_cached(key: Any, loader) -> Any:
 
 
 def _inline_limit() -> int:
-    raw = os.environ.get(ENV_INLINE_BYTES)
-    if raw is None:
-        return DEFAULT_INLINE_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        from hora.errors import ConfigError
+    from hora import settings
 
-        raise ConfigError(f"{ENV_INLINE_BYTES} must be a number of bytes >= 0, got {raw!r}")
-    return value
+    return int(settings.get(ENV_INLINE_BYTES))
 
 
 _uploaded_lock = threading.Lock()

@@ -48,7 +48,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from hora import _spark
+from hora import _spark, settings
 from hora.errors import ConfigError, StoreError, WorkerFailedError
 from hora.native.rendezvous import RendezvousServer, compute_placement
 from hora.runners.base import Job, Launcher
@@ -325,11 +325,9 @@ class SparkLauncher(Launcher):
             raise ConfigError(f"task_cpus must be an int >= 1 or None, got {task_cpus!r}")
         if not isinstance(use_gpu, bool):
             raise ConfigError(f"use_gpu must be True or False, got {use_gpu!r}")
-        given = channel if channel is not None else (os.environ.get(ENV_DRIVER_CHANNEL) or "auto")
-        if given not in CHANNELS:
-            where = "channel" if channel is not None else ENV_DRIVER_CHANNEL
-            raise ConfigError(f"{where} must be one of {', '.join(CHANNELS)}, got {given!r}")
-        self.channel = given
+        if channel is not None and channel not in CHANNELS:
+            raise ConfigError(f"channel must be one of {', '.join(CHANNELS)}, got {channel!r}")
+        self.channel = channel if channel is not None else str(settings.get(ENV_DRIVER_CHANNEL)).lower()
         self.spark = _spark.active_session(spark)
         self.connect = _spark.is_connect(self.spark)
         _spark.check_connect_server(self.spark)

@@ -96,7 +96,7 @@ def test_channel_files_are_signed_and_the_setting_is_checked(tmp_path, spark, mo
     with pytest.raises(ConfigError, match="channel must be one of auto, direct, store"):
         hr.SparkLauncher(spark, channel="pigeon")
     monkeypatch.setenv("HORA_DRIVER_CHANNEL", "smoke")
-    with pytest.raises(ConfigError, match="HORA_DRIVER_CHANNEL must be one of"):
+    with pytest.raises(ConfigError, match="HORA_DRIVER_CHANNEL='smoke' is invalid: it must be one of auto, direct, store"):
         hr.SparkLauncher(spark)
     monkeypatch.setenv("HORA_DRIVER_CHANNEL", "store")
     assert hr.SparkLauncher(spark).channel == "store"
