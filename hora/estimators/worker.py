@@ -120,6 +120,22 @@ def _transform(spec: TrainSpec, transformation_fn: Callable | None) -> Callable 
     return lambda batch: features.stack(transformation_fn(batch))
 
 
+def _startup_phases() -> dict[str, float]:
+    """This process's start and the runner's start-up stamps (``hora.runners.worker.PHASES``), wall clock."""
+    out: dict[str, float] = {}
+    try:
+        import psutil
+
+        out["process_start"] = psutil.Process().create_time()
+    except Exception:  # psutil missing or /proc unreadable: the start is unknown
+        pass
+    try:
+        from hora.runners.worker import PHASES
+    except ImportError:
+        return out
+    return {**out, **PHASES}
+
+
 def train_worker(spec: TrainSpec) -> dict[str, Any] | None:
     """Train one rank; rank 0 returns ``{"history", "weights", "run_id", "start_epoch", ...}``, others None.
 
@@ -128,11 +144,13 @@ def train_worker(spec: TrainSpec) -> dict[str, Any] | None:
         StoreError: checkpoints cannot be written or read.
         CollectiveError: a collective failed (another rank died).
     """
+    entered = time.time()
     common = thaw(spec.common) if spec.common else {}
     session = spec.framework.session.open(spec)
     try:
         run = WorkerRun(spec, session, list(common.get("callbacks") or []),
                         _transform(spec, common.get("transformation_fn")))
+        run.phases.update(_startup_phases(), fn_entered=entered, session_open=time.time())
         try:
             if session.drives_loop:  # the framework's own loop (Lightning) through the run's hooks
                 return session.fit_run(run)
@@ -171,6 +189,8 @@ class WorkerRun:
         self.total = steps_per_epoch(spec, "train", self.rank, self.size) if spec.dataset is not None else None
         self.last_epoch: dict[str, float] = {}  # repeated in the next epoch's reports (the driver keeps the latest)
         self.start_epoch = 0
+        #: wall-clock times of this rank's phases (``time.time()``), in rank 0's result as ``phases``
+        self.phases: dict[str, Any] = {"epochs": []}
 
     def where(self, epoch: int, step: int) -> Resume:
         """Where training stands after ``step`` batches of ``epoch`` (0: the epoch is done), for a checkpoint."""
@@ -302,6 +322,7 @@ class WorkerRun:
             "stopped_early": bool(history) and history[-1]["epoch"] < self.config.epochs - 1,
             "restored_epoch": self.ctx.extra.get("restored_epoch"),
             "size": self.size,
+            "phases": {**self.phases, "result": time.time()},
         }
 
     def close(self) -> None:
@@ -320,6 +341,7 @@ def _train(run: WorkerRun) -> dict | None:
     session.epoch, session.step, session.global_step = resume.epoch, resume.step, resume.global_step
     session.broadcast_initial()
     run.train_begin()
+    run.phases["train_begin"] = time.time()
     for epoch in range(resume.epoch, config.epochs):
         run.epoch_begin(epoch)
         skip = resume.step if epoch == resume.epoch else 0
@@ -338,8 +360,10 @@ def _train(run: WorkerRun) -> dict | None:
         session.finish_epoch(steps)
         logs = _epoch_logs(run, epoch, loss_sum, steps)
         logs["epoch_time_s"] = time.monotonic() - t0
+        ended = time.time()
         native_stop = session.on_epoch_end(epoch, logs)
         wants_stop = run.epoch_end(epoch, logs, lambda: session.checkpoint(run.where(epoch, 0))) or native_stop
+        run.phases["epochs"].append({"start": ended - logs["epoch_time_s"], "end": ended, "after": time.time()})
         if allreduce_sum(np.array([1.0 if wants_stop else 0.0]))[0] > 0:
             break
     run.train_end()

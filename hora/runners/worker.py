@@ -63,6 +63,9 @@ EXIT_ABORTED = 143
 TO_DRIVER = "--to-driver"  # post the result to the driver service instead of a file
 FROM_DRIVER = "--from-driver"  # also fetch the spec from the driver (ranks started by mpiexec)
 RESULT_CHUNK = 64 * 1024 * 1024  # bytes per key of a result posted to the driver
+#: wall-clock times (``time.time()``) of this rank's start-up, read by ``fn`` (the estimators report them):
+#: ``payload_loaded`` (spec read, ``fn`` unpickled: imports done), ``native_init`` (rendezvous done)
+PHASES: dict[str, float] = {}
 
 # ------------------------------------------------------------------------------------------
 # report(): metrics to the driver's progress bar
@@ -306,9 +309,11 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
         import cloudpickle
 
         fn, args, kwargs = cloudpickle.loads(spec.payload)
+        PHASES["payload_loaded"] = time.time()
         hn = _native_module() if spec.init_native else None
         if hn is not None:
             hn.init()
+        PHASES["native_init"] = time.time()
         value = fn(*args, **kwargs)
         client.set(keys.rank_key(keys.DONE, rank), b"1")  # returned: the driver's finish timeout starts
         if hn is not None:
