@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import itertools
 import logging
 import os
@@ -390,7 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         sys.stderr.write(f"hora worker: cannot read the launch spec: {exc}\n")
         return 2
-    return run_rank(spec, ctx, None if argv[0] in (TO_DRIVER, FROM_DRIVER) else argv[0])
+    code = run_rank(spec, ctx, None if argv[0] in (TO_DRIVER, FROM_DRIVER) else argv[0])
+    # The result is out and the process is about to exit: the interpreter's last garbage
+    # collections over torch's ~2,000 modules take 1-2 s of the job's end (the supervisor
+    # and the driver wait for the exit). Frozen objects are left to the exit itself;
+    # atexit handlers and finalizers still run.
+    gc.freeze()
+    return code
 
 
 # ------------------------------------------------------------------------------------------
