@@ -36,14 +36,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def make_mlp(cols: int):
-    import torch
-
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(cols, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                               torch.nn.ReLU(), torch.nn.Linear(64, 1))
+from bench_estimator import make_mlp  # noqa: E402  (the same MLP as the Spark fit's benchmark)
 
 
 def compute_floor(x, y, epochs: int, batch: int, lr: float) -> float:
