@@ -126,6 +126,7 @@ class LightningCodec(TorchCodec):
     """Driver side of Lightning: Lightning's checks, then the Torch codec (a LightningModule is a torch.nn.Module)."""
 
     name = "lightning"
+    checkpoint_state_key = "state_dict"  # the run's checkpoints are Lightning's own
 
     def check(self, config: Any, sample: dict[str, np.ndarray]) -> CheckResult:
         import torch

@@ -134,6 +134,9 @@ class TorchCodec(ModelCodec):
                        "metrics": config.metrics, "compression": config.gradient_compression,
                        "minibatch_fn": config.train_minibatch_fn})
 
+    #: the entry of the run's checkpoint dict that holds the model's state_dict
+    checkpoint_state_key = "model"
+
     def check_checkpoint(self, config: Any, data: bytes, where: str) -> None:
         import torch
 
@@ -141,9 +144,9 @@ class TorchCodec(ModelCodec):
             ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
         except Exception as exc:
             raise ConfigError(f"{where} cannot be read as a Torch checkpoint: {type(exc).__name__}: {exc}") from exc
-        saved = ckpt.get("model") if isinstance(ckpt, dict) else None
+        saved = ckpt.get(self.checkpoint_state_key) if isinstance(ckpt, dict) else None
         if saved is None:
-            raise ConfigError(f"{where} holds no model state")
+            raise ConfigError(f"{where} holds no model state (no {self.checkpoint_state_key!r} entry)")
         mismatch = first_state_mismatch(config.model.state_dict(), saved)
         if mismatch is not None:
             raise ConfigError(f"{where} belongs to another model: {mismatch}; fit with another run_id, or the "
