@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from hora.errors import DataError, HoraError, StoreError
 from hora.store.layout import join
-from hora.store.sources import Source, stored_kinds
+from hora.store.sources import Source, probe_answer_error, remove_probe, stored_kinds
 from hora.store.store import STORE_TIMEOUT_ENV, Store, store_timeout
 from hora.store.writer import WritePlan, _ndarray_to_list_array, write_part
 
@@ -218,18 +218,9 @@ def check_tasks_reach(ray: Any, store: Store) -> None:
             ray.cancel(ref, force=True)
             error = f"no answer within {timeout:.0f} s (set {STORE_TIMEOUT_ENV} to wait longer)"
         if not error:
-            try:
-                answer = store.read_bytes(path + ".ack").decode("utf-8", "replace")
-            except StoreError:
-                answer = ""
-            if answer != token:
-                error = "the task wrote its answer somewhere the driver does not see (another file system?)"
+            error = probe_answer_error(store, path, token, "the task")
     finally:
-        for p in (path, path + ".ack"):
-            try:
-                store.rm(p)
-            except StoreError as exc:  # pragma: no cover - best effort
-                logger.debug("could not remove the store probe %s: %s", p, exc)
+        remove_probe(store, path)
     if error:
         raise StoreError(f"Ray tasks cannot use the store {store.url}: {error}. Use a store every Ray node reaches "
                          "and sees the same files in (an object store, or a folder shared by every node)")

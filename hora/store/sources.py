@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import logging
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from hora.errors import DataError
+from hora.errors import DataError, StoreError
 from hora.store.writer import WritePlan, pandas_column_kind, write_pandas_part
 
 
@@ -38,6 +39,25 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def write(self, plan: WritePlan, num_proc: int, describe: str) -> list[dict]:
         """Write every partition per ``plan``; return the parts' stats (``describe`` labels the engine's jobs)."""
+
+
+def probe_answer_error(store: Any, path: str, token: str, who: str) -> str:
+    """After a store probe task (it read ``path`` and wrote ``token`` to ``path + '.ack'``):
+    '' when the driver sees its answer, else why not (``who`` names the tasks)."""
+    try:
+        answer = store.read_bytes(path + ".ack").decode("utf-8", "replace")
+    except StoreError:
+        answer = ""
+    return "" if answer == token else f"{who} wrote the answer somewhere the driver does not see (another file system?)"
+
+
+def remove_probe(store: Any, path: str) -> None:
+    """Remove a store probe's files (best effort)."""
+    for p in (path, path + ".ack"):
+        try:
+            store.rm(p)
+        except StoreError as exc:  # pragma: no cover - best effort
+            logging.getLogger(__name__).debug("could not remove the store probe %s: %s", p, exc)
 
 
 def missing_columns(cols: Iterable[str], available: Sequence[str]) -> None:
@@ -189,4 +209,4 @@ def make_source(df: Any, vector_dtype: str) -> Source:
     )
 
 
-__all__ = ["Source", "make_source", "missing_columns", "check_scalar_role", "stored_kinds"]
+__all__ = ["Source", "make_source", "missing_columns", "probe_answer_error", "remove_probe", "check_scalar_role", "stored_kinds"]

@@ -29,7 +29,7 @@ import pyarrow as pa
 from hora import _spark
 from hora.errors import DataError, StoreError
 from hora.store.layout import join
-from hora.store.sources import Source, missing_columns, stored_kinds
+from hora.store.sources import Source, missing_columns, probe_answer_error, remove_probe, stored_kinds
 from hora.store.store import STORE_TIMEOUT_ENV, Store, store_timeout
 from hora.store.writer import WritePlan, write_part
 
@@ -201,18 +201,9 @@ def check_executors_reach(session: Any, store: Store) -> None:
             raise _spark.missing_hora(exc) or exc
         error = rows[0]["error"] if rows else "the check task returned nothing"
         if not error:
-            try:
-                answer = store.read_bytes(path + ".ack").decode("utf-8", "replace")
-            except StoreError:
-                answer = ""
-            if answer != token:
-                error = "the executors wrote their answer somewhere the driver does not see (another file system?)"
+            error = probe_answer_error(store, path, token, "the executors")
     finally:
-        for p in (path, path + ".ack"):
-            try:
-                store.rm(p)
-            except StoreError as exc:  # pragma: no cover - best effort
-                logger.debug("could not remove the store probe %s: %s", p, exc)
+        remove_probe(store, path)
     if error:
         raise StoreError(
             f"the Spark executors cannot use the store {store.url}: {error}. Use a store every executor reaches "
