@@ -88,3 +88,28 @@ def test_config_rejects_unknown_and_checks_types(tmp_path):
         EstimatorConfig(**{**base, "label_cols": ["x"]})
     with pytest.raises(ConfigError, match="batch_size"):
         EstimatorConfig(**base, batch_size=True)
+
+
+@pytest.mark.timeout(60)
+def test_the_resume_check_reads_each_frameworks_own_checkpoint_format():
+    import io
+    import types
+
+    from hora.estimators.lightning import LightningCodec
+    from hora.estimators.torch import TorchCodec
+
+    def saved(obj) -> bytes:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return buf.getvalue()
+
+    model, other = torch.nn.Linear(4, 2), torch.nn.Linear(3, 2)
+    config = types.SimpleNamespace(model=model)
+    # Torch runs checkpoint {"model": state_dict, ...}; Lightning runs are Lightning's own ({"state_dict": ...})
+    for codec, key in ((TorchCodec(), "model"), (LightningCodec(), "state_dict")):
+        codec.check_checkpoint(config, saved({key: model.state_dict(), "epoch": 1}), "the checkpoint")
+        with pytest.raises(ConfigError, match=r"the checkpoint belongs to another model: 'weight' has shape"):
+            codec.check_checkpoint(config, saved({key: other.state_dict()}), "the checkpoint")
+        wrong = "state_dict" if key == "model" else "model"
+        with pytest.raises(ConfigError, match=rf"holds no model state \(no '{key}' entry\)"):
+            codec.check_checkpoint(config, saved({wrong: model.state_dict()}), "the checkpoint")
