@@ -61,14 +61,26 @@ class CachedReader(Reader):
             yield {c: a[idx] for c, a in self._cache.items()}
 
 
+def reader_layout(spec: Any) -> tuple[list[str], dict[str, tuple[str, ...]]]:
+    """The batch columns and feature groups a reader gives when it stacks the groups itself:
+    every stored column but a group's members (unless they are labels or the weight too),
+    and each group under its key."""
+    groups = dict(spec.features.groups)
+    needed = {*spec.config.label_cols, *([spec.config.sample_weight_col] if spec.config.sample_weight_col else [])}
+    members = {m for cols in groups.values() for m in cols} - needed
+    return [c for c in spec.dataset.columns if c not in members] + list(groups), groups
+
+
 def _batches(
     spec: Any, session: TrainingSession, transform: Callable | None, split: str, rank: int, size: int, epoch: int,
-    steps: int | None, cache: dict[str, CachedReader] | None = None, skip: int = 0,
+    steps: int | None, cache: dict[str, CachedReader] | None = None, skip: int = 0, stack_groups: bool = False,
 ) -> Iterator[Any]:
     """This rank's batches of ``split`` for ``epoch``, as the session's ``batches`` hook makes them
     from each reader pass; with ``steps`` larger than one pass, further passes (differently
     shuffled) follow until ``steps`` batches were given. ``cache`` (a dict kept across epochs)
     holds the in-memory readers; ``skip`` batches are passed over (a resumed epoch).
+    ``stack_groups``: the reader stacks the feature groups (:func:`reader_layout`; only
+    without a ``transformation_fn``, which sees the members).
 
     Raises:
         DataError: the hook gave a different number of batches than the reader holds
@@ -78,6 +90,7 @@ def _batches(
 
     config = spec.config
     train = split == "train"
+    columns, groups = reader_layout(spec) if stack_groups and spec.features.groups else (None, None)
     given = sub = 0
     while True:
         pass_epoch = epoch * 1000 + sub
@@ -86,7 +99,7 @@ def _batches(
             reader = make_reader(spec.store, spec.dataset, split=split, rank=rank, size=size,
                                  batch_size=config.batch_size if train else config.val_batch, epoch=pass_epoch,
                                  seed=config.seed, shuffle=config.shuffle and train,
-                                 shuffle_buffer_size=config.shuffle_buffer_size)
+                                 shuffle_buffer_size=config.shuffle_buffer_size, columns=columns, groups=groups)
             if cache is not None:
                 reader = cache[split] = CachedReader(reader)
         else:
@@ -131,4 +144,4 @@ def steps_per_epoch(spec: Any, split: str, rank: int, size: int) -> int:
     return min(one_pass, config.validation_steps_per_epoch or one_pass)
 
 
-__all__ = ["CachedReader", "_batches", "steps_per_epoch"]
+__all__ = ["CachedReader", "_batches", "reader_layout", "steps_per_epoch"]

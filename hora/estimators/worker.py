@@ -111,12 +111,12 @@ class _TensorBoard:
 
 
 def _transform(spec: TrainSpec, transformation_fn: Callable | None) -> Callable | None:
-    """``transformation_fn`` followed by the stacking of feature groups (None when neither applies)."""
+    """``transformation_fn`` followed by the stacking of feature groups (None when neither
+    applies; without a ``transformation_fn`` the reader stacks the groups itself, once per
+    row group instead of per batch)."""
     features = spec.features
-    if not features.groups:
+    if not features.groups or transformation_fn is None:
         return transformation_fn
-    if transformation_fn is None:
-        return features.stack
     return lambda batch: features.stack(transformation_fn(batch))
 
 
@@ -171,6 +171,8 @@ class WorkerRun:
 
     def __init__(self, spec: TrainSpec, session: TrainingSession, callbacks: list, transform: Callable | None) -> None:
         self.spec, self.session, self.callbacks, self.transform = spec, session, callbacks, transform
+        #: the reader stacks the feature groups (no transformation_fn needs to see their members)
+        self.stack_groups = bool(spec.features.groups) and transform is None
         self.config = spec.config
         self.rank, self.size = session.rank, session.size
         if self.size != spec.num_proc:
@@ -240,7 +242,7 @@ class WorkerRun:
         """This rank's batches of ``split`` for ``epoch``, as the session makes them."""
         steps = self.config.train_steps_per_epoch if split == "train" else self.config.validation_steps_per_epoch
         return _batches(self.spec, self.session, self.transform, split, self.rank, self.size, epoch, steps,
-                        self.cache, skip)
+                        self.cache, skip, stack_groups=self.stack_groups)
 
     def steps(self, split: str) -> int:
         """Batches of ``split`` per epoch on this rank (0 without that split)."""

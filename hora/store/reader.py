@@ -17,7 +17,13 @@ How rows are shared (identical arithmetic on every rank, from the metadata alone
    Python), and the rows left over after the last full batch of a window carry into
    the next one. Memory stays around the shuffle buffer, one row group and the
    prefetched batches, whatever the dataset's size.
-4. A background thread prepares ``prefetch`` batches ahead into a bounded queue.
+4. A background thread prepares batches ahead and hands them over in runs of up to
+   :data:`HANDOVER_BYTES` (``prefetch`` runs queued): one hand-over between threads per
+   run, not per batch, which on a CPU-bound rank costs more than the batch itself.
+
+Feature groups (``groups``): scalar columns that a model takes as one ``(rows, k)``
+input are stacked once per row group, as it is read, so the shuffle and every batch move
+one 2-d array instead of ``k`` columns, and nothing is stacked per batch.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import math
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +55,9 @@ DEFAULT_SHUFFLE_BUFFER_BYTES = 256 << 20
 READER_TIMEOUT_ENV = "HORA_READER_TIMEOUT"
 DEFAULT_READER_TIMEOUT_S = settings.default(READER_TIMEOUT_ENV)
 _REMAINDERS = ("pad", "truncate")
+#: Bytes of batches the prefetch thread hands over at once (at most 64 batches, at least one).
+HANDOVER_BYTES = 4 << 20
+_HANDOVER_MAX = 64
 _POLL_S = 0.5
 
 
@@ -155,6 +164,36 @@ def _to_numpy(col: pa.ChunkedArray | pa.Array, spec: ColumnSpec, name: str) -> n
     return out
 
 
+def group_spec(info: DatasetInfo, key: str, members: Sequence[str]) -> ColumnSpec:
+    """The spec of feature group ``key``: ``(len(members),)`` of its members' common dtype.
+
+    Raises:
+        ConfigError: a member is not stored, not a scalar column, or the dtypes differ.
+    """
+    if not members:
+        raise ConfigError(f"feature group {key} has no columns")
+    unknown = [m for m in members if m not in info.columns]
+    if unknown:
+        raise ConfigError(f"feature group {key}: columns {unknown} are not in the dataset; it has {list(info.columns)}")
+    specs = {m: info.columns[m] for m in members}
+    shaped = [m for m, s in specs.items() if s.shape]
+    if shaped:
+        raise ConfigError(f"feature group {key} holds column {shaped[0]!r} of per-row shape {specs[shaped[0]].shape}; "
+                          "a group stacks scalar columns only")
+    dtypes = {s.dtype for s in specs.values()}
+    if len(dtypes) > 1:
+        raise ConfigError(f"feature group {key} mixes dtypes {({m: s.dtype for m, s in specs.items()})}")
+    return ColumnSpec(dtype=dtypes.pop(), shape=(len(members),))
+
+
+def _stacked(table: pa.Table, members: Sequence[str], spec: ColumnSpec) -> np.ndarray:
+    """The members of a group in one ``(rows, k)`` array (one pass per member column)."""
+    out = np.empty((table.num_rows, len(members)), dtype=spec.dtype)
+    for j, m in enumerate(members):
+        out[:, j] = _to_numpy(table.column(m), ColumnSpec(spec.dtype), m)
+    return out
+
+
 class Reader:
     """Iterates the batches of one rank for one epoch (see :func:`make_reader`).
 
@@ -180,6 +219,7 @@ class Reader:
         prefetch: int,
         remainder: str,
         drop_last: bool,
+        groups: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.store = store
         self.info = info
@@ -192,8 +232,14 @@ class Reader:
         self.prefetch = prefetch
         self.remainder = remainder
         self.drop_last = drop_last
+        #: the names a batch holds: stored columns and group keys, in order
         self.columns = list(columns) if columns is not None else list(info.columns)
-        self.specs = {c: info.columns[c] for c in self.columns}
+        self.groups = {k: tuple(v) for k, v in (groups or {}).items() if k in self.columns}
+        #: the stored columns read from the files (a group's members once each)
+        self.stored = list(dict.fromkeys(
+            m for c in self.columns for m in (self.groups[c] if c in self.groups else (c,))))
+        self.specs = {c: group_spec(info, c, self.groups[c]) if c in self.groups else info.columns[c]
+                      for c in self.columns}
         self.files = info.file_paths(split)
         file_infos = info.split_files(split)
         self._group_rows = [(i, g, rows) for i, f in enumerate(file_infos) for g, rows in enumerate(f.row_groups)]
@@ -246,13 +292,14 @@ class Reader:
                     handles[seg.file] = (fh, pf)
                 pf = handles[seg.file][1]
                 try:
-                    table = pf.read_row_group(seg.row_group, columns=self.columns, use_threads=True)
+                    table = pf.read_row_group(seg.row_group, columns=self.stored, use_threads=True)
                 except Exception as exc:
                     raise StoreError(
                         f"cannot read row group {seg.row_group} of {self.store.url_for(self.files[seg.file])}: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
-                cols = {c: _to_numpy(table.column(c), self.specs[c], c) for c in self.columns}
+                cols = {c: _stacked(table, self.groups[c], self.specs[c]) if c in self.groups
+                        else _to_numpy(table.column(c), self.specs[c], c) for c in self.columns}
                 if seg.start or seg.stop != table.num_rows:
                     cols = {c: a[seg.start : seg.stop] for c, a in cols.items()}
                 yield cols
@@ -356,7 +403,21 @@ class Reader:
         if self.prefetch <= 0:
             yield from self._batches()
             return
-        yield from self._in_background(self._batches, self.prefetch, "batches")
+        for run in self._in_background(self._runs, self.prefetch, "batches"):
+            yield from run
+
+    def _runs(self) -> Iterator[list[dict[str, np.ndarray]]]:
+        """The epoch's batches in lists of about :data:`HANDOVER_BYTES` (the prefetch thread's hand-overs)."""
+        row_bytes = sum(np.dtype(s.dtype).itemsize * max(1, math.prod(s.shape)) for s in self.specs.values())
+        per = max(1, min(_HANDOVER_MAX, HANDOVER_BYTES // max(1, row_bytes * self.batch_size)))
+        run: list[dict[str, np.ndarray]] = []
+        for batch in self._batches():
+            run.append(batch)
+            if len(run) >= per:
+                yield run
+                run = []
+        if run:
+            yield run
 
     def _in_background(self, make_iter: Any, maxsize: int, what: str) -> Iterator[Any]:
         """Run ``make_iter()`` in a daemon thread, handing items over through a bounded queue.
@@ -475,6 +536,7 @@ def make_reader(
     prefetch: int = 2,
     remainder: str = "pad",
     drop_last: bool = False,
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> Reader:
     """A reader of rank ``rank``'s share of ``split`` for one epoch.
 
@@ -490,11 +552,16 @@ def make_reader(
         shuffle: shuffle row-group order and rows (through the shuffle buffer).
         shuffle_buffer_size: rows mixed together in memory (default: 100,000 rows or
             256 MiB, whichever is smaller, and at least one batch).
-        columns: columns to read (default: all stored columns).
+        columns: what each batch holds: stored columns and keys of ``groups``
+            (default: all stored columns).
         prefetch: batches prepared ahead by a background thread (0: no thread).
         remainder: when rows do not divide by ``size``: ``"pad"`` re-reads a few rows
             so every row is seen, ``"truncate"`` drops the last rows of the shuffled order.
         drop_last: drop each rank's last partial batch.
+        groups: feature groups, ``{key: member columns}``: a key named in ``columns``
+            comes as one ``(rows, len(members))`` array of scalar members of one dtype,
+            stacked in member order once per row group (the members are not in the
+            batch unless ``columns`` names them too).
 
     Returns:
         a :class:`Reader`; ``for batch in reader`` gives ``dict[str, np.ndarray]`` with
@@ -522,10 +589,18 @@ def make_reader(
         isinstance(shuffle_buffer_size, bool) or not isinstance(shuffle_buffer_size, int) or shuffle_buffer_size < 1
     ):
         raise ConfigError(f"shuffle_buffer_size must be an int >= 1 or None, got {shuffle_buffer_size!r}")
+    if groups is not None:
+        if not isinstance(groups, Mapping):
+            raise ConfigError(f"groups must map a group key to its columns, got {groups!r}")
+        clash = [k for k in groups if k in info.columns]
+        if clash:
+            raise ConfigError(f"group keys {clash} are also stored column names")
+        for key, members in groups.items():
+            group_spec(info, key, list(members))
     if columns is not None:
         if isinstance(columns, str):
             columns = [columns]
-        unknown = [c for c in columns if c not in info.columns]
+        unknown = [c for c in columns if c not in info.columns and c not in (groups or {})]
         if unknown:
             raise ConfigError(f"columns {unknown} are not in the dataset; it has {list(info.columns)}")
         if not columns:
@@ -536,7 +611,7 @@ def make_reader(
             + (" (materialize with validation=... to get one)" if split == "val" else "")
         )
     reader = Reader(store, info, split, rank, size, batch_size, epoch, seed, bool(shuffle),
-                    shuffle_buffer_size, columns, prefetch, remainder, bool(drop_last))
+                    shuffle_buffer_size, columns, prefetch, remainder, bool(drop_last), groups)
     if len(reader) == 0:
         logger.warning("reader rank %d: %d rows per rank and batch_size %d with drop_last give no batches",
                        rank, reader.rows, batch_size)

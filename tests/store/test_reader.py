@@ -118,6 +118,66 @@ def test_columns_subset(shared):
     assert set(batch) == {"vec", "id"}
 
 
+def test_feature_groups_are_stacked_by_the_reader(tmp_path):
+    """A group comes as one (rows, k) array equal to its members stacked in order, in the same
+    rows and order as the member-wise reader gives, with shuffling or not, prefetched or not;
+    its members stay out of the batch unless named; bad groups name the group and the column."""
+    n = 523
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame({"a": rng.random(n, dtype=np.float32), "b": rng.random(n, dtype=np.float32),
+                       "c": rng.random(n, dtype=np.float32), "k": np.arange(n, dtype=np.int64),
+                       "v": list(rng.random((n, 2)).astype(np.float32)), "y": np.arange(n, dtype=np.float64)})
+    store = Store.create(str(tmp_path / "store"))
+    info = materialize(df, store, ["a", "b", "c", "k", "v"], ["y"], num_proc=2, rows_per_row_group=40)
+    groups = {"[c,a,b]": ("c", "a", "b")}
+    for shuffle in (True, False):
+        for prefetch in (0, 2):
+            kw = dict(rank=1, size=2, batch_size=17, epoch=2, seed=5, shuffle=shuffle, shuffle_buffer_size=90,
+                      prefetch=prefetch)
+            plain = list(make_reader(store, info, **kw))
+            grouped = make_reader(store, info, columns=["[c,a,b]", "y", "a"], groups=groups, **kw)
+            assert grouped.specs["[c,a,b]"].shape == (3,) and grouped.specs["[c,a,b]"].dtype == "float32"
+            got = list(grouped)
+            assert len(got) == len(plain) == len(grouped)
+            for p, g in zip(plain, got):
+                assert set(g) == {"[c,a,b]", "y", "a"}
+                assert g["[c,a,b]"].shape == (len(p["y"]), 3) and g["[c,a,b]"].flags.c_contiguous
+                np.testing.assert_array_equal(g["[c,a,b]"], np.stack([p["c"], p["a"], p["b"]], axis=1))
+                np.testing.assert_array_equal(g["y"], p["y"])
+                np.testing.assert_array_equal(g["a"], p["a"])
+    with pytest.raises(ConfigError, match=r"\[a,v\].*'v'.*per-row shape"):
+        make_reader(store, info, columns=["[a,v]"], groups={"[a,v]": ("a", "v")})
+    with pytest.raises(ConfigError, match=r"\[a,k\] mixes dtypes"):
+        make_reader(store, info, columns=["[a,k]"], groups={"[a,k]": ("a", "k")})
+    with pytest.raises(ConfigError, match=r"\['zz'\] are not in the dataset"):
+        make_reader(store, info, columns=["[a,zz]"], groups={"[a,zz]": ("a", "zz")})
+    with pytest.raises(ConfigError, match=r"\['nope'\]"):
+        make_reader(store, info, columns=["nope"], groups=groups)
+
+
+def test_prefetched_batches_are_handed_over_in_runs(shared, monkeypatch):
+    """The prefetch thread hands over runs of batches (one queue round trip per run), and the
+    consumer still gets every batch, in order, whatever the run length."""
+    import hora.store.reader as reader_mod
+
+    store, info = shared
+    expected = [b["id"] for b in make_reader(store, info, batch_size=7, prefetch=0, seed=3)]
+    puts = []
+    original = reader_mod.queue.Queue
+
+    class Counting(original):
+        def put(self, item, *a, **k):
+            puts.append(type(item).__name__)
+            return super().put(item, *a, **k)
+
+    monkeypatch.setattr(reader_mod.queue, "Queue", Counting)
+    monkeypatch.setattr(reader_mod, "HANDOVER_BYTES", 7 * 8 * 5)  # 5 batches of 7 int64 ids
+    got = [b["id"] for b in make_reader(store, info, batch_size=7, prefetch=2, seed=3, columns=["id"])]
+    assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
+    runs = puts.count("list")
+    assert runs == -(-len(expected) // 5)
+
+
 def test_plan_segments_are_contiguous_shares():
     groups = [(0, 0, 5), (0, 1, 5), (1, 0, 3)]
     segs, per = plan_segments(groups, rank=1, size=2, epoch=0, seed=0, shuffle=False)
