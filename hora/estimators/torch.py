@@ -28,6 +28,7 @@ import copy
 import io
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -229,6 +230,8 @@ class TorchSession(TrainingSession):
     minibatch_fn: Callable | None = None
     metric_rows: int = 0
     pending: bool = False  # gradients computed since the last optimizer step (train_minibatch_fn)
+    #: seconds of the default step's parts, summed over the run (the worker's epoch profile)
+    step_seconds: dict = field(default_factory=lambda: {"forward+loss": 0.0, "backward": 0.0, "optimizer": 0.0})
     _hooks: list = field(default_factory=list)
 
     @classmethod
@@ -334,12 +337,20 @@ class TorchSession(TrainingSession):
             _, loss = self.minibatch_fn(self.model, self.optimizer, self._align, self._loss, inputs, labels, weights,
                                         k, step)
         else:
+            clock = time.perf_counter
+            t0 = clock()
             if step % k == 0:
                 self.optimizer.zero_grad()
             loss, _, _ = self._forward_loss(batch)
+            t1 = clock()
             (loss / k if k > 1 else loss).backward()
+            t2 = clock()
             if (step + 1) % k == 0:
                 self.optimizer.step()
+            seconds = self.step_seconds
+            seconds["forward+loss"] += t1 - t0
+            seconds["backward"] += t2 - t1
+            seconds["optimizer"] += clock() - t2
         value = float(loss.detach()) if hasattr(loss, "detach") else float(loss)
         if not math.isfinite(value):
             raise DataError(f"training loss became {value} at step {step} on rank {self.rank}")

@@ -191,7 +191,9 @@ class WorkerRun:
         self.total = steps_per_epoch(spec, "train", self.rank, self.size) if spec.dataset is not None else None
         self.last_epoch: dict[str, float] = {}  # repeated in the next epoch's reports (the driver keeps the latest)
         self.start_epoch = 0
-        #: wall-clock times of this rank's phases (``time.time()``), in rank 0's result as ``phases``
+        #: wall-clock times of this rank's phases (``time.time()``), in rank 0's result as ``phases``;
+        #: each epoch's entry has a ``profile``: steps, seconds waiting for batches and in
+        #: train_step, and the session's own split of train_step (``step_seconds``) when it keeps one
         self.phases: dict[str, Any] = {"epochs": []}
 
     def where(self, epoch: int, step: int) -> Resume:
@@ -350,9 +352,18 @@ def _train(run: WorkerRun) -> dict | None:
         t0 = time.monotonic()
         session.set_train(True)
         loss_sum, steps = 0.0, 0
+        clock = time.perf_counter
+        waited = stepping = 0.0  # seconds waiting for batches / in train_step (the epoch's profile)
+        inner = getattr(session, "step_seconds", None)
+        inner_before = dict(inner) if inner else {}
+        t_prev = clock()
         for step, batch in enumerate(run.batches("train", epoch, skip), start=skip):
+            t_got = clock()
+            waited += t_got - t_prev
             session.step = step
             loss = session.train_step(batch, step)
+            t_prev = clock()
+            stepping += t_prev - t_got
             session.global_step += 1
             loss_sum += loss
             steps += 1
@@ -360,12 +371,15 @@ def _train(run: WorkerRun) -> dict | None:
             run.batch_end(epoch, step, loss)
             run.save_step_checkpoint(epoch, step)
         session.finish_epoch(steps)
+        profile = {"steps": steps, "batch_wait": waited, "train_step": stepping,
+                   **{f"train_step.{k}": v - inner_before.get(k, 0.0) for k, v in (inner or {}).items()}}
         logs = _epoch_logs(run, epoch, loss_sum, steps)
         logs["epoch_time_s"] = time.monotonic() - t0
         ended = time.time()
         native_stop = session.on_epoch_end(epoch, logs)
         wants_stop = run.epoch_end(epoch, logs, lambda: session.checkpoint(run.where(epoch, 0))) or native_stop
-        run.phases["epochs"].append({"start": ended - logs["epoch_time_s"], "end": ended, "after": time.time()})
+        run.phases["epochs"].append({"start": ended - logs["epoch_time_s"], "end": ended, "after": time.time(),
+                                     "profile": profile})
         if allreduce_sum(np.array([1.0 if wants_stop else 0.0]))[0] > 0:
             break
     run.train_end()

@@ -70,3 +70,44 @@ def test_metrics_lr_override_and_sample_weights(store):
     assert np.isfinite(hist[-1]["loss"]) and hist[-1]["loss"] < hist[0]["loss"]
     out = model.transform(df.head(10))
     assert out["prediction"].map(len).eq(3).all()  # a vector output -> arrays of 3 doubles
+
+
+def _double_first(batch):
+    """A transformation_fn that changes a member of the feature group (it must see the members)."""
+    batch = dict(batch)
+    batch["a"] = batch["a"] * 2.0
+    return batch
+
+
+def test_feature_group_with_and_without_transformation_fn_and_the_step_profile(store):
+    """Without a transformation_fn the reader stacks the group; with one, the function sees the
+    members and the worker stacks what it returns: both train the same model on the same rows.
+    Rank 0's epoch profile counts every step and splits train_step into its parts."""
+    from hora.dask import TorchEstimator
+    from hora.estimators import core
+
+    rng = np.random.default_rng(3)
+    n = 256
+    df = pd.DataFrame({"a": rng.random(n, dtype=np.float32), "b": rng.random(n, dtype=np.float32)})
+    df["y"] = (2.0 * df["a"] + df["b"]).astype("float64")
+
+    def fit(**kw):
+        net = mlp(d=2)
+        est = TorchEstimator(num_proc=2, store=store, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.05),
+                             loss=torch.nn.MSELoss(), feature_cols=[["a", "b"]], label_cols=["y"], batch_size=16,
+                             epochs=2, random_seed=0, verbose=0, **kw)
+        return core.fit(df, est._config(), est.framework)
+
+    plain = fit()
+    doubled = fit(transformation_fn=_double_first)
+    steps = -(-(n // 2) // 16)
+    for result in (plain, doubled):
+        profiles = [e["profile"] for e in result.extra["phases"]["epochs"]]
+        assert [p["steps"] for p in profiles] == [steps, steps]
+        for p in profiles:
+            parts = p["train_step.forward+loss"] + p["train_step.backward"] + p["train_step.optimizer"]
+            assert p["batch_wait"] > 0 and 0 < parts <= p["train_step"]
+    # the function's change reached the model: the first layer saw 'a' doubled, so the fits differ
+    assert plain.history[-1]["loss"] != doubled.history[-1]["loss"]
+    again = fit()
+    assert again.history[-1]["loss"] == plain.history[-1]["loss"]  # same seed, same rows: the same fit
