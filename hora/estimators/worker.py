@@ -353,13 +353,15 @@ def _train(run: WorkerRun) -> dict | None:
         session.set_train(True)
         loss_sum, steps = 0.0, 0
         clock = time.perf_counter
-        waited = stepping = 0.0  # seconds waiting for batches / in train_step (the epoch's profile)
+        waited = stepping = first = 0.0  # seconds waiting for batches / in train_step (the epoch's profile)
         inner = getattr(session, "step_seconds", None)
         inner_before = dict(inner) if inner else {}
         t_prev = clock()
         for step, batch in enumerate(run.batches("train", epoch, skip), start=skip):
             t_got = clock()
             waited += t_got - t_prev
+            if not steps:
+                first = t_got - t_prev  # the reader's start: planning, opening files, the first window
             session.step = step
             loss = session.train_step(batch, step)
             t_prev = clock()
@@ -371,7 +373,7 @@ def _train(run: WorkerRun) -> dict | None:
             run.batch_end(epoch, step, loss)
             run.save_step_checkpoint(epoch, step)
         session.finish_epoch(steps)
-        profile = {"steps": steps, "batch_wait": waited, "train_step": stepping,
+        profile = {"steps": steps, "batch_wait": waited, "first_batch_wait": first, "train_step": stepping,
                    **{f"train_step.{k}": v - inner_before.get(k, 0.0) for k, v in (inner or {}).items()}}
         logs = _epoch_logs(run, epoch, loss_sum, steps)
         logs["epoch_time_s"] = time.monotonic() - t0

@@ -143,6 +143,24 @@ def plan_segments(
     return segments, per
 
 
+#: Arrow's fixed-width numeric types and their numpy dtypes (read without Arrow's numpy conversion)
+_PRIMITIVE = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
+              pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64,
+              pa.float16(): np.float16, pa.float32(): np.float32, pa.float64(): np.float64}
+
+
+def _values(arr: pa.Array) -> np.ndarray:
+    """The values of a flat Arrow array as numpy: a view of its buffer for numeric arrays
+    without nulls; otherwise Arrow's conversion (whose first use imports pandas, about a
+    second of a rank's first batch, which is why the common case avoids it)."""
+    dtype = _PRIMITIVE.get(arr.type)
+    if dtype is not None and arr.null_count == 0:
+        buf = arr.buffers()[1]
+        if buf is not None:
+            return np.frombuffer(buf, dtype=dtype, count=len(arr), offset=arr.offset * np.dtype(dtype).itemsize)
+    return arr.to_numpy(zero_copy_only=False)
+
+
 def _to_numpy(col: pa.ChunkedArray | pa.Array, spec: ColumnSpec, name: str) -> np.ndarray:
     """Arrow column -> numpy ``(rows, *spec.shape)`` of ``spec.dtype``, vectorised (no per-row Python)."""
     if isinstance(col, pa.ChunkedArray):
@@ -151,7 +169,7 @@ def _to_numpy(col: pa.ChunkedArray | pa.Array, spec: ColumnSpec, name: str) -> n
     arr = col
     for _ in spec.shape:
         arr = arr.flatten()
-    out = arr.to_numpy(zero_copy_only=False)
+    out = _values(arr)
     if spec.shape:
         expected = n * math.prod(spec.shape)
         if out.size != expected:

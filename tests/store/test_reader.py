@@ -155,6 +155,36 @@ def test_feature_groups_are_stacked_by_the_reader(tmp_path):
         make_reader(store, info, columns=["nope"], groups=groups)
 
 
+def test_numeric_columns_are_read_without_arrow_numpy_conversion(shared, tmp_path):
+    """Numeric columns are views of Arrow's buffers (offsets honoured); others use Arrow's
+    conversion. A rank's first batch must not import pandas (about a second), which Arrow's
+    to_numpy does on first use."""
+    import pyarrow as pa
+
+    from hora.store.reader import _values
+
+    arr = pa.array(np.arange(10, dtype=np.float32)).slice(3, 4)
+    np.testing.assert_array_equal(_values(arr), [3, 4, 5, 6])
+    np.testing.assert_array_equal(_values(pa.array([True, False, True])), [True, False, True])
+    with_null = _values(pa.array([1.0, None, 3.0]))
+    assert np.isnan(with_null[1]) and with_null[2] == 3.0
+    store, info = shared
+    import pickle
+
+    (tmp_path / "si.pkl").write_bytes(pickle.dumps((store, info)))
+    code = textwrap.dedent(f"""
+        import pickle, sys
+        from hora.store import make_reader
+        store, info = pickle.loads(open({str(tmp_path / "si.pkl")!r}, "rb").read())
+        batch = next(iter(make_reader(store, info, rank=0, size=2, batch_size=16, columns=["id", "xf", "vec", "img"])))
+        assert batch["vec"].shape == (16, 3) and batch["img"].shape == (16, 2, 2), batch
+        print("pandas" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
 def test_prefetched_batches_are_handed_over_in_runs(shared, monkeypatch):
     """The prefetch thread hands over runs of batches (one queue round trip per run), and the
     consumer still gets every batch, in order, whatever the run length."""
