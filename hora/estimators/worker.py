@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import types
 from typing import Any, Callable, Iterator
@@ -68,14 +69,46 @@ def allreduce_sum(values: np.ndarray) -> np.ndarray:
     return np.asarray(hn.allreduce(arr, op=hn.Sum, name="hora.estimators.metrics"), dtype=np.float64).copy()
 
 
+#: Seconds the first TensorBoard log waits for the writer being made in the background.
+TENSORBOARD_OPEN_TIMEOUT = 120.0
+
+
 class _TensorBoard:
-    """Rank 0's TensorBoard writer; event files land in the store's ``runs/<run_id>/logs``."""
+    """Rank 0's TensorBoard writer; event files land in the store's ``runs/<run_id>/logs``.
+
+    The writer is made in a background thread (importing TensorBoard takes about 0.3 s,
+    boto3 included): the other ranks would otherwise wait that long for rank 0 at the first
+    broadcast. :meth:`log` waits for it.
+    """
 
     def __init__(self, spec: TrainSpec) -> None:
         self.writer = None
         self.store = spec.store
         self.remote_dir = spec.store.layout.logs_dir(spec.run_id)
         self._tmp: str | None = None
+        self._error: BaseException | None = None
+        self._opening = threading.Thread(target=self._open_guarded, name="hora-tensorboard-open", daemon=True)
+        self._opening.start()
+
+    def _open_guarded(self) -> None:
+        try:
+            self._open()
+        except BaseException as exc:  # raised where the writer is used, in the training thread
+            self._error = exc
+
+    def _ready(self) -> None:
+        if self._opening.is_alive():
+            self._opening.join(timeout=TENSORBOARD_OPEN_TIMEOUT)
+            if self._opening.is_alive():
+                logger.warning("TensorBoard logging is off: its writer was not ready within %.0f s",
+                               TENSORBOARD_OPEN_TIMEOUT)
+                self._error = None
+                return
+        if self._error is not None:
+            exc, self._error = self._error, None
+            raise exc
+
+    def _open(self) -> None:
         if "tensorflow" not in sys.modules:
             # tensorboard imports all of TensorFlow (seconds, GBs) to write event files
             # unless told to use its stub: the stub writes the same files
@@ -85,7 +118,7 @@ class _TensorBoard:
         except Exception as exc:  # tensorboard package missing
             logger.warning("TensorBoard logging is off (torch.utils.tensorboard unavailable: %s)", exc)
             return
-        if spec.store.is_local:
+        if self.store.is_local:
             local_dir = self.remote_dir
             os.makedirs(local_dir, exist_ok=True)
         else:
@@ -93,7 +126,8 @@ class _TensorBoard:
         self.writer = SummaryWriter(log_dir=local_dir)
 
     def log(self, epoch: int, logs: dict[str, float]) -> None:
-        if self.writer is None:
+        self._ready()
+        if self.writer is None or self._opening.is_alive():
             return
         for key, value in logs.items():
             self.writer.add_scalar(key, value, epoch)
@@ -104,6 +138,7 @@ class _TensorBoard:
                     self.store.write_bytes(self.remote_dir + "/" + name, fh.read())
 
     def close(self) -> None:
+        self._opening.join(timeout=TENSORBOARD_OPEN_TIMEOUT)
         if self.writer is not None:
             self.writer.close()
         if self._tmp is not None:

@@ -113,3 +113,29 @@ def test_the_resume_check_reads_each_frameworks_own_checkpoint_format():
         wrong = "state_dict" if key == "model" else "model"
         with pytest.raises(ConfigError, match=rf"holds no model state \(no '{key}' entry\)"):
             codec.check_checkpoint(config, saved({wrong: model.state_dict()}), "the checkpoint")
+
+
+@pytest.mark.timeout(120)
+def test_tensorboard_writer_is_made_in_the_background_and_its_errors_reach_log(tmp_path, monkeypatch):
+    """Rank 0's TensorBoard writer is built off the training thread; the first log waits for it
+    and writes event files; a failure to build it is raised by that log, not lost."""
+    import types as _types
+
+    from hora.estimators import worker
+    from hora.store import Store
+
+    store = Store.create(str(tmp_path / "store"))
+    spec = _types.SimpleNamespace(store=store, run_id="tb-run")
+    tb = worker._TensorBoard(spec)
+    tb.log(0, {"loss": 1.5})
+    tb.close()
+    assert any("tfevents" in p for p in store.listdir(store.layout.logs_dir("tb-run")))
+
+    def broken(self):
+        raise OSError("logs dir is read-only")
+
+    monkeypatch.setattr(worker._TensorBoard, "_open", broken)
+    tb = worker._TensorBoard(spec)
+    with pytest.raises(OSError, match="read-only"):
+        tb.log(0, {"loss": 1.0})
+    tb.close()
