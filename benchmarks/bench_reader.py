@@ -3,7 +3,9 @@
 Run: ``.venv/bin/python benchmarks/bench_reader.py [--rows 1000000] [--cols 32]``. Prints a
 markdown table. Baseline: ``pyarrow.parquet.read_table`` of the same files plus
 ``to_numpy`` of every column (no shuffling, no batching). hora: one rank, shuffled,
-batch 1024, prefetch thread on.
+batch 1024, prefetch thread on. Two more rows read the feature columns as one model
+input (the estimators' feature group ``feature_cols=[cols]``): stacked per batch after
+the reader, as the estimators did before, and stacked by the reader (``groups=``).
 """
 
 from __future__ import annotations
@@ -63,10 +65,28 @@ def main() -> None:
             assert n == args.rows, n
         return run
 
+    features, key = cols[:-1], "[" + ",".join(cols[:-1]) + "]"
+
+    def grouped(by_reader):
+        def run():
+            n = 0
+            if by_reader:
+                reader = make_reader(store, info, batch_size=args.batch, shuffle=True, seed=1, prefetch=2,
+                                     columns=[key, cols[-1]], groups={key: features})
+                for batch in reader:
+                    n += len(batch[key])
+            else:
+                for batch in make_reader(store, info, batch_size=args.batch, shuffle=True, seed=1, prefetch=2):
+                    n += len(np.stack([batch[c] for c in features], axis=1))
+            assert n == args.rows, n
+        return run
+
     raw()  # warm the page cache for everyone
     t_raw = best_of(raw, args.repeat)
     t_shuf = best_of(hora(True), args.repeat)
     t_seq = best_of(hora(False), args.repeat)
+    t_stack = best_of(grouped(False), args.repeat)
+    t_group = best_of(grouped(True), args.repeat)
 
     # peak RSS of a fresh process reading the whole dataset with a buffer of a quarter of it
     buffer_rows = args.rows // 4
@@ -105,6 +125,10 @@ def main() -> None:
     print(f"| baseline: pq.read_table + to_numpy | {t_raw:.3f} | {rows_s(t_raw):,.0f} | 1.00 |")
     print(f"| hora reader, shuffled (buffer {min(100_000, args.rows):,} rows) | {t_shuf:.3f} | {rows_s(t_shuf):,.0f} | {t_raw / t_shuf:.2f} |")
     print(f"| hora reader, not shuffled | {t_seq:.3f} | {rows_s(t_seq):,.0f} | {t_raw / t_seq:.2f} |")
+    print(f"| hora reader, shuffled, {len(features)} features stacked per batch after it | {t_stack:.3f} | "
+          f"{rows_s(t_stack):,.0f} | {t_raw / t_stack:.2f} |")
+    print(f"| hora reader, shuffled, {len(features)} features as one group (`groups=`) | {t_group:.3f} | "
+          f"{rows_s(t_group):,.0f} | {t_raw / t_group:.2f} |")
     print(f"\n(materialize of the pandas frame: {write_s:.2f} s)\n")
     print(f"### Peak RSS, dataset {data_mb:.0f} MiB = 4 x the shuffle buffer ({buffer_rows:,} rows, "
           f"{buffer_rows * args.cols * 4 / 2**20:.0f} MiB)\n")
