@@ -193,8 +193,12 @@ class TrainingSession:
 
         Each item goes as is to :meth:`train_step` or :meth:`eval_batch`. Exactly
         ``len(reader)`` items (every rank steps the same number of times; the loop checks
-        it). ``transform`` (``transformation_fn`` and the feature groups) applies to each
-        numpy batch first. The default yields the numpy batch dicts.
+        it). A numpy batch holds every input under its feature key (a feature group as one
+        ``(rows, k)`` array under :func:`~hora.estimators.data.group_key`; the reader
+        stacks it, and its member columns are left out unless they are labels or the
+        weight), the labels and the weight. ``transform`` (a ``transformation_fn``, which
+        sees the members, followed by the stacking) applies to each numpy batch first.
+        The default yields the numpy batch dicts.
         """
         if transform is None:
             return reader
