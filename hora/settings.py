@@ -191,6 +191,12 @@ _DECLARED: tuple[Setting, ...] = (
        "launch"),
     _s("HORA_WORKER_PYTHON", "str", None, "the interpreter Spark/Dask task supervisors start ranks with",
        "launch"),
+    _s("HORA_WARM_WORKERS", "bool", True, "Spark/Dask task supervisors fork ranks from a warm server that has "
+       "imported torch (0: a fresh python per rank)", "launch"),
+    _s("HORA_WARM_IDLE_TIMEOUT", default=300.0, doc="seconds a warm rank server lives without a rank (it also "
+       "ends with the process that started it)", group="launch", **_SECONDS),
+    _s("HORA_WARM_PRELOAD", "str", "torch,torch._dynamo,hora.native,hora.torch", "the modules a warm rank "
+       "server imports before it forks ranks (comma list)", "launch"),
     _s("HORA_RAY_PLACEMENT_TIMEOUT", default=100.0, doc="seconds Ray gets to place the job's bundles",
        group="launch", **_SECONDS),
     _s("HORA_LOG_LEVEL", "choice", None, "hora's own log messages at this level and above go to stderr",

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from hora.errors import ConfigError
+from hora.runners.warm import WarmProcess
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ _TRACEBACK_HEAD = "Traceback (most recent call last):"
 
 
 class _Rank:
-    def __init__(self, rank: int, proc: subprocess.Popen, tail_lines: int) -> None:
+    def __init__(self, rank: int, proc: subprocess.Popen | WarmProcess, tail_lines: int) -> None:
         self.rank = rank
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the rank leads its own group
@@ -66,19 +67,37 @@ class ProcessLauncher:
         stdin_data: bytes | None = None,
         cwd: str | None = None,
         die_with_parent: bool = False,
-    ) -> subprocess.Popen:
+        warm: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen | WarmProcess:
         """Start ``argv`` as rank ``rank`` in a new session with exactly ``env``.
 
         ``die_with_parent``: Linux kills the rank (SIGKILL) when the thread that started it
         exits, so a supervisor that is killed leaves no rank behind.
+        ``warm``: fork ``argv`` (``python -m MODULE ...``) from a warm server
+        (:mod:`hora.runners.warm`); the mapping holds the variables the rank sets before its
+        imports (part of the server's key). A warm rank also dies with this process. When no
+        server can start or answer, a plain subprocess starts (a logged warning).
 
         Raises:
             ConfigError: the program cannot be started (not found, not executable).
         """
         if rank in self._ranks:
             raise ConfigError(f"rank {rank} was already started")
+        proc: subprocess.Popen | WarmProcess | None = None
+        if warm is not None:
+            from hora.runners import warm as warm_mod
+
+            proc = warm_mod.spawn(argv, env, cwd, import_env=warm, stdin=stdin_data is not None)
+        if proc is None:
+            proc = self._popen(rank, argv, env, stdin_data, cwd, die_with_parent)
+        self._watch(rank, proc, stdin_data)
+        return proc
+
+    @staticmethod
+    def _popen(rank: int, argv: Sequence[str], env: Mapping[str, str], stdin_data: bytes | None, cwd: str | None,
+               die_with_parent: bool) -> subprocess.Popen:
         try:
-            proc = subprocess.Popen(
+            return subprocess.Popen(
                 list(argv),
                 env=dict(env),
                 cwd=cwd,
@@ -91,6 +110,8 @@ class ProcessLauncher:
             )
         except OSError as exc:
             raise ConfigError(f"cannot start rank {rank}: {argv[0]!r}: {exc.strerror or exc}") from exc
+
+    def _watch(self, rank: int, proc: subprocess.Popen | WarmProcess, stdin_data: bytes | None) -> None:
         entry = _Rank(rank, proc, self._tail_lines)
         files: dict[str, IO[bytes] | None] = {"stdout": None, "stderr": None}
         if self._output_dir:
@@ -114,11 +135,10 @@ class ProcessLauncher:
             t.start()
         with self._lock:
             self._ranks[rank] = entry
-        log.debug("started rank %d: pid %d", rank, proc.pid)
-        return proc
+        log.debug("started rank %d: pid %d%s", rank, proc.pid, " (warm)" if isinstance(proc, WarmProcess) else "")
 
     @staticmethod
-    def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    def _feed(proc: subprocess.Popen | WarmProcess, data: bytes) -> None:
         try:
             assert proc.stdin is not None
             proc.stdin.write(data)

@@ -11,7 +11,8 @@ driver first, then exits with code 1.
 On Spark executors and Dask workers, :func:`supervise` runs inside the engine's task:
 it starts this entry point as a subprocess (so a stuck rank can always be killed and
 nothing leaks into the engine's own process), streams its output to the driver and
-returns its result.
+returns its result. The subprocess is forked from a warm server that has imported torch
+already (:mod:`hora.runners.warm`, ``HORA_WARM_WORKERS``), else started afresh.
 
 Inside ``fn``, :func:`report` sends metrics to the driver's progress bar.
 """
@@ -465,6 +466,16 @@ def read_result(result_path: str) -> Any:
     return value
 
 
+def _warm_key_env(spec: LaunchSpec) -> dict[str, str] | None:
+    """The run's variables a warm rank server must have had at its imports (None: no warm
+    server, ``HORA_WARM_WORKERS=0`` in this process's or the run's environment)."""
+    from hora.runners import warm
+
+    if not warm.enabled({**os.environ, **spec.env_dict}):
+        return None
+    return {k: v for k, v in spec.env if not k.startswith("HORA_")}
+
+
 def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) -> Any:
     """Run rank ``ctx.rank`` as a subprocess of this (engine task) process; return ``fn``'s value.
 
@@ -484,7 +495,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) ->
     try:
         python = settings.get(ENV_WORKER_PYTHON, spec.env_dict)  # hora.spark.run(executable=...)
         launcher.start(ctx.rank, worker_argv(result_path, python), worker_process_env(),
-                       stdin_data=pickle.dumps((spec, ctx)))
+                       stdin_data=pickle.dumps((spec, ctx)), warm=_warm_key_env(spec))
         last_abort_check = 0.0
         while True:
             code = launcher.poll()[ctx.rank]

@@ -1,0 +1,335 @@
+"""Warm rank processes: a fork server per owner process and environment.
+
+Every rank used to be a fresh ``python -m hora.runners.worker`` that imported torch
+(1-1.5 s) and, at its first optimizer call, ``torch._dynamo`` (~1 s) anew. A *warm
+server* (``python -m hora.runners.warm_server``, :mod:`hora.runners.warm_server`) imports them once
+(``HORA_WARM_PRELOAD``) and forks one child per rank request, as ``multiprocessing``'s
+forkserver with ``set_forkserver_preload`` does. The second ``fit`` on the same Dask
+workers or Spark python workers starts its ranks with everything imported.
+
+The client side, :func:`spawn`, is what :class:`~hora.runners.procs.ProcessLauncher`
+calls instead of :class:`subprocess.Popen`; it returns a :class:`WarmProcess` (``pid``,
+``poll``, ``wait``, ``send_signal``, ``kill``, ``stdin``/``stdout``/``stderr`` pipes) or
+None, and the launcher then starts a plain subprocess (with a logged warning): a server
+that cannot start or answer never fails a fit. The child is what ``python -m MODULE ARGS``
+would be: its own session (process group), the supervisor's pipes as fds 0-2 (passed
+over the Unix socket with SCM_RIGHTS), the requested environment and cwd, Python's random
+state re-seeded; its exit code (``-N`` for signal N) is sent back when the server reaps it.
+Killing it by pid or process group works as for a subprocess.
+
+Reuse key: the interpreter, the cwd, and the environment minus the ``HORA_*`` variables
+(none of which hora reads at import, except :data:`KEYED_HORA`), so per-rank and per-run
+variables do not start a new server; the server's own check of its code (the hora sources'
+and ``sys.path`` folders' mtimes) answers ``stale`` after an install or an edit, and the
+client starts a fresh one. One server per owner (the process that asked for it), at most
+:data:`MAX_SERVERS` per owner (the oldest is asked to quit).
+
+Lifetime: the server exits when its owner is gone (a pidfd), after ``HORA_WARM_IDLE_TIMEOUT``
+seconds without children, or when asked; a child dies with the server (PR_SET_PDEATHSIG)
+and with its supervisor (the server kills its process group when the supervisor's
+connection closes). ``HORA_WARM_WORKERS=0`` turns all of it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+from hora import settings
+
+log = logging.getLogger(__name__)
+
+ENV_WARM = "HORA_WARM_WORKERS"
+ENV_IDLE = "HORA_WARM_IDLE_TIMEOUT"
+ENV_PRELOAD = "HORA_WARM_PRELOAD"
+#: the HORA_* variables a server's key keeps: read at import (``import hora``) or by the server itself
+KEYED_HORA = ("HORA_LOG_LEVEL", ENV_PRELOAD, ENV_IDLE)
+MAX_SERVERS = 2  # per owner process: each holds torch's ~300 MiB
+READY_TIMEOUT = 120.0  # seconds a new server may take to import its modules
+ANSWER_TIMEOUT = 10.0  # seconds a running server may take to answer a request
+_LEN = struct.Struct("!I")
+
+
+class WarmUnavailable(Exception):
+    """The warm server could not start or answer (the caller starts a plain subprocess)."""
+
+
+# ------------------------------------------------------------------------------------------
+# the key and where a server listens
+# ------------------------------------------------------------------------------------------
+def server_environ(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a server for ``env`` runs with: ``env`` without the ``HORA_*``
+    variables outside :data:`KEYED_HORA` (hora reads the others at ``init`` or later)."""
+    return {k: v for k, v in env.items() if not k.startswith("HORA_") or k in KEYED_HORA}
+
+
+def server_key(python: str, cwd: str, env: Mapping[str, str]) -> str:
+    """The reuse key of a server: the interpreter, the cwd and :func:`server_environ`."""
+    blob = json.dumps([os.path.realpath(python), cwd, sorted(server_environ(env).items())])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _runtime_dir() -> str:
+    base = tempfile.gettempdir()
+    if len(base) > 60:  # a Unix socket path has ~107 bytes
+        base = "/tmp"
+    path = os.path.join(base, f"hora-warm-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise WarmUnavailable(f"{path} is not a private folder of this user")
+    return path
+
+
+def socket_path(key: str, owner: int) -> str:
+    """Where the server of ``key`` owned by process ``owner`` listens."""
+    return os.path.join(_runtime_dir(), f"{key}-{owner}.sock")
+
+
+# ------------------------------------------------------------------------------------------
+# the client: spawn() and the Popen-like handle
+# ------------------------------------------------------------------------------------------
+class WarmProcess:
+    """A rank forked by the warm server, handled like a :class:`subprocess.Popen`.
+
+    ``returncode`` is the child's exit code, ``-N`` when signal N ended it, as the server
+    reports it; a server that dies first reports nothing, and the child (which dies with
+    it) counts as killed (``-9``).
+    """
+
+    def __init__(self, args: Sequence[str], pid: int, conn: socket.socket, stdin: IO[bytes] | None,
+                 stdout: IO[bytes], stderr: IO[bytes]) -> None:
+        self.args = list(args)
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self._conn = conn
+        self._buf = b""
+        self._lock = threading.Lock()
+
+    def _read(self, timeout: float) -> None:
+        with self._lock:
+            if self.returncode is not None:
+                return
+            ready, _, _ = select.select([self._conn], [], [], max(0.0, timeout))
+            if not ready:
+                return
+            chunk = self._conn.recv(4096)
+            self._buf += chunk
+            if b"\n" in self._buf:
+                self.returncode = int(json.loads(self._buf.split(b"\n", 1)[0])["exit"])
+            elif not chunk:
+                log.warning("the warm server of pid %d went away; counting it as killed", self.pid)
+                self.returncode = -signal.SIGKILL
+            if self.returncode is not None:
+                self._conn.close()
+
+    def poll(self) -> int | None:
+        """The exit code, or None while the process runs."""
+        self._read(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit code.
+
+        Raises:
+            subprocess.TimeoutExpired: still running after ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._read(left)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the process (nothing once it has been reaped)."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_lock = threading.Lock()
+_servers: OrderedDict[str, int] = OrderedDict()  # socket path -> server pid, the ones this process started
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ranks start from a warm server (``HORA_WARM_WORKERS``, default on; Linux only)."""
+    return sys.platform.startswith("linux") and bool(settings.get(ENV_WARM, environ)) and hasattr(os, "pidfd_open")
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
+          import_env: Mapping[str, str] | None = None, stdin: bool = True) -> WarmProcess | None:
+    """Start ``argv`` (``python -m MODULE ARGS...``) as a child of a warm server, or None
+    (logged as a warning) when no server can start or answer: the caller then starts a
+    plain subprocess.
+
+    ``env`` is the child's whole environment; ``import_env``: variables the rank sets before
+    its imports (the run's own), which therefore belong to the server's key too.
+    """
+    if len(argv) < 3 or argv[1] != "-m":
+        raise ValueError(f"a warm rank runs 'python -m MODULE ...', not {list(argv)!r}")
+    python, module, args = argv[0], argv[2], list(argv[3:])
+    cwd = os.path.abspath(cwd or os.getcwd())
+    skey = {**env, **(import_env or {})}
+    try:
+        key = server_key(python, cwd, skey)
+        path = socket_path(key, os.getpid())
+        with _lock:
+            try:
+                return _request(path, module, args, env, cwd, stdin)
+            except _Stale:
+                _servers.pop(path, None)
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
+            _start_server(python, path, cwd, server_environ(skey))
+            return _request(path, module, args, env, cwd, stdin)
+    except (OSError, WarmUnavailable, _Stale, ValueError, KeyError) as exc:
+        log.warning("no warm rank process (%s); starting a plain one", exc)
+        return None
+
+
+class _Stale(Exception):
+    pass
+
+
+def _send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    frame = _LEN.pack(len(data)) + data
+    sent = socket.send_fds(conn, [frame], list(fds)) if fds else conn.send(frame)
+    conn.sendall(frame[sent:])
+
+
+def _answer(conn: socket.socket, timeout: float) -> dict[str, Any]:
+    conn.settimeout(timeout)
+    buf = b""
+    try:
+        while b"\n" not in buf:
+            chunk = conn.recv(4096)
+            if not chunk:
+                raise WarmUnavailable("the warm server closed the connection without an answer")
+            buf += chunk
+    except socket.timeout:
+        raise WarmUnavailable(f"the warm server did not answer within {timeout:g}s") from None
+    finally:
+        conn.settimeout(None)
+    line, rest = buf.split(b"\n", 1)
+    if rest:
+        raise WarmUnavailable("the warm server answered out of turn")
+    return json.loads(line)
+
+
+def _request(path: str, module: str, args: list[str], env: Mapping[str, str], cwd: str,
+             want_stdin: bool) -> WarmProcess:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(ANSWER_TIMEOUT)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        raise
+    conn.settimeout(None)
+    pipes = [os.pipe() if want_stdin else None, os.pipe(), os.pipe()]
+    theirs = [pipes[0][0] if pipes[0] else os.open(os.devnull, os.O_RDONLY), pipes[1][1], pipes[2][1]]
+    ours = [pipes[0][1] if pipes[0] else None, pipes[1][0], pipes[2][0]]
+    try:
+        _send(conn, {"op": "spawn", "module": module, "args": args, "env": dict(env), "cwd": cwd}, theirs)
+        reply = _answer(conn, ANSWER_TIMEOUT)
+    except BaseException:
+        conn.close()
+        for fd in ours:
+            if fd is not None:
+                os.close(fd)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    if "pid" not in reply:
+        conn.close()
+        for fd in ours:
+            if fd is not None:
+                os.close(fd)
+        if reply.get("error") == "stale":
+            raise _Stale("the warm server's code changed")
+        raise WarmUnavailable(f"the warm server refused: {reply.get('error')}")
+    stdin = os.fdopen(ours[0], "wb") if ours[0] is not None else None
+    return WarmProcess([sys.executable, "-m", module, *args], int(reply["pid"]), conn, stdin,
+                       os.fdopen(ours[1], "rb"), os.fdopen(ours[2], "rb"))
+
+
+def _start_server(python: str, path: str, cwd: str, env: dict[str, str]) -> None:
+    """Start a server for ``path`` and wait until it listens.
+
+    Raises:
+        WarmUnavailable: it exited, or did not listen within :data:`READY_TIMEOUT` seconds.
+    """
+    while len(_servers) >= MAX_SERVERS:
+        old, _pid = _servers.popitem(last=False)
+        _ask_quit(old)
+    idle = settings.get(ENV_IDLE, env)
+    logfile = path[: -len(".sock")] + ".log"
+    read_fd, write_fd = os.pipe()
+    try:
+        with open(logfile, "wb") as err:
+            proc = subprocess.Popen(
+                [python, "-m", "hora.runners.warm_server", path, str(os.getpid()), str(idle), str(write_fd)],
+                env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                pass_fds=(write_fd,), close_fds=True, start_new_session=True,
+            )
+        os.close(write_fd)
+        write_fd = -1
+        proc.wait(timeout=READY_TIMEOUT)  # the launcher process forks the server and exits at once
+        ready, _, _ = select.select([read_fd], [], [], READY_TIMEOUT)
+        line = os.read(read_fd, 256).decode() if ready else ""
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise WarmUnavailable("the warm server did not start") from None
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+    if not line.startswith("ready "):
+        raise WarmUnavailable(f"the warm server did not start ({line.strip() or 'no answer'}; its log: {logfile})")
+    _servers[path] = int(line.split()[1])
+    log.debug("warm server %s started: pid %s", path, line.split()[1])
+
+
+def _ask_quit(path: str) -> None:
+    with contextlib.suppress(OSError, WarmUnavailable), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(ANSWER_TIMEOUT)
+        conn.connect(path)
+        _send(conn, {"op": "quit"})
+        _answer(conn, ANSWER_TIMEOUT)
+
+
+def stop_servers() -> None:
+    """Ask every warm server this process started to quit (each finishes its children first)."""
+    with _lock:
+        while _servers:
+            _ask_quit(_servers.popitem(last=False)[0])
+
+
+__all__ = ["WarmProcess", "WarmUnavailable", "spawn", "enabled", "server_key", "server_environ", "socket_path",
+           "stop_servers", "ENV_WARM", "ENV_IDLE", "ENV_PRELOAD"]

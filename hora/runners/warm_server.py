@@ -1,0 +1,358 @@
+"""The warm server: ``python -m hora.runners.warm_server SOCKET OWNER_PID IDLE READY_FD``.
+
+Started by :func:`hora.runners.warm.spawn` (see :mod:`hora.runners.warm` for the design).
+It forks once to leave its starter (who therefore never holds a zombie), imports
+``HORA_WARM_PRELOAD`` (torch, torch._dynamo, hora's op layer: no torch op runs, so no
+thread pool exists), binds ``SOCKET`` and writes ``ready <pid>`` to ``READY_FD``. Then one
+thread (a fork is only safe with no other Python thread: checked before each) polls the
+listening socket, the owner's pidfd, and each child's pidfd and supervisor connection:
+
+* a ``spawn`` request (from this user only: SO_PEERCRED) forks a child that runs
+  ``python -m MODULE ARGS`` on the passed fds, environment and cwd; the answer is its pid,
+  and ``{"exit": code}`` follows when the child is reaped;
+* a supervisor whose connection closes takes its child with it (SIGKILL to the group);
+* the owner's end, a ``quit`` request, or ``IDLE`` seconds without a child end the server.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import hashlib
+import importlib
+import json
+import logging
+import os
+import random
+import runpy
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("hora.runners.warm_server")
+
+ENV_SUPERVISOR_PID = "HORA_SUPERVISOR_PID"
+_LEN = struct.Struct("!I")
+_PEERCRED = struct.Struct("3i")
+REQUEST_TIMEOUT = 10.0
+MAX_REQUEST = 16 << 20
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class _Child:
+    pid: int
+    pidfd: int
+    conn: socket.socket | None
+
+
+def _code_stamp() -> str:
+    """A digest of the hora sources' and the ``sys.path`` folders' mtimes (an install or an
+    edit changes it: the server is then stale)."""
+    import hora
+
+    root = os.path.dirname(os.path.abspath(hora.__file__))
+    h = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".so")):
+                st = os.stat(os.path.join(folder, name))
+                h.update(f"{folder}/{name}:{st.st_mtime_ns}:{st.st_size};".encode())
+    for entry in sys.path:
+        with contextlib.suppress(OSError):
+            h.update(f"{entry}:{os.stat(entry or '.').st_mtime_ns};".encode())
+    return h.hexdigest()
+
+
+def _preload(names: str) -> list[str]:
+    """Import each comma-separated module; return the ones that failed (logged)."""
+    failed = []
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        try:
+            module = importlib.import_module(name)
+            if name == "hora.native":
+                module.init  # noqa: B018 - hora.native is lazy: this loads the op layer
+        except Exception as exc:
+            log.warning("warm server: cannot preload %s: %s", name, exc)
+            failed.append(name)
+    importlib.import_module("hora.runners.worker")
+    return failed
+
+
+class Server:
+    """The listening socket, the owner and the children (see the module docstring)."""
+
+    def __init__(self, path: str, owner: int, idle: float) -> None:
+        self.path = path
+        self.idle = idle
+        self.owner_fd = os.pidfd_open(owner)
+        self.stamp = _code_stamp()
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(tmp)
+        self.listener.listen(64)
+        os.rename(tmp, path)  # clients see a socket only once it listens
+        self.inode = os.stat(path).st_ino
+        self.children: dict[int, _Child] = {}
+        self.by_conn: dict[int, _Child] = {}
+        self.poller = select.poll()
+        self.poller.register(self.owner_fd, select.POLLIN)
+        self.poller.register(self.listener.fileno(), select.POLLIN)
+        self.last_active = time.monotonic()
+
+    # -- the loop -------------------------------------------------------------------------
+    def serve(self) -> None:
+        while True:
+            if not self.children and (self.listener is None or time.monotonic() - self.last_active > self.idle):
+                return
+            for fd, _events in self.poller.poll(1000):
+                if fd == self.owner_fd:
+                    log.info("warm server: its owner is gone; exiting")
+                    self._kill_all()
+                    return
+                if self.listener is not None and fd == self.listener.fileno():
+                    self._accept()
+                elif fd in self.by_conn:
+                    self._supervisor_gone(self.by_conn[fd])
+                else:
+                    child = next((c for c in self.children.values() if c.pidfd == fd), None)
+                    if child is not None:
+                        self._reap(child)
+
+    def close(self) -> None:
+        """Stop listening (the socket path goes at once, so a new server may take it)."""
+        if self.listener is None:
+            return
+        with contextlib.suppress(OSError):
+            if os.stat(self.path).st_ino == self.inode:  # not a successor's socket
+                os.unlink(self.path)
+        self.poller.unregister(self.listener.fileno())
+        self.listener.close()
+        self.listener = None
+
+    def _kill_all(self) -> None:
+        for child in list(self.children.values()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child.pid, 0)
+
+    def _supervisor_gone(self, child: _Child) -> None:
+        assert child.conn is not None
+        self.poller.unregister(child.conn.fileno())
+        del self.by_conn[child.conn.fileno()]
+        child.conn.close()
+        child.conn = None
+        log.info("warm server: the supervisor of pid %d is gone; killing its group", child.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+
+    def _reap(self, child: _Child) -> None:
+        _, status = os.waitpid(child.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        self.poller.unregister(child.pidfd)
+        os.close(child.pidfd)
+        del self.children[child.pid]
+        self.last_active = time.monotonic()
+        if child.conn is not None:
+            self.poller.unregister(child.conn.fileno())
+            del self.by_conn[child.conn.fileno()]
+            with contextlib.suppress(OSError):
+                child.conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
+            child.conn.close()
+
+    # -- requests -------------------------------------------------------------------------
+    def _accept(self) -> None:
+        assert self.listener is not None
+        conn, _ = self.listener.accept()
+        fds: list[int] = []
+        keep = False
+        try:
+            _pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            if uid != os.getuid():
+                log.warning("warm server: refused a connection of uid %d", uid)
+                return
+            conn.settimeout(REQUEST_TIMEOUT)
+            request, fds = _read_request(conn)
+            op = request.get("op")
+            if op == "quit":
+                self.close()
+                _reply(conn, {"ok": True})
+            elif op == "spawn":
+                keep = self._spawn(conn, request, fds)
+            else:
+                _reply(conn, {"error": f"unknown op {op!r}"})
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("warm server: a bad request: %s", exc)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if not keep:
+                conn.close()
+
+    def _spawn(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> bool:
+        if len(fds) != 3:
+            _reply(conn, {"error": f"a spawn request passes 3 fds, not {len(fds)}"})
+            return False
+        if _code_stamp() != self.stamp:
+            self.close()
+            _reply(conn, {"error": "stale"})
+            return False
+        if threading.active_count() != 1:
+            names = ", ".join(t.name for t in threading.enumerate())
+            _reply(conn, {"error": f"the server has threads ({names}): it cannot fork safely"})
+            return False
+        conn.settimeout(None)
+        closing = [self.owner_fd, *(c.pidfd for c in self.children.values())]
+        socks = [s for s in (self.listener, *(c.conn for c in self.children.values())) if s is not None]
+        pid = os.fork()
+        if pid == 0:  # the child never returns
+            _child_main(request, fds, closing, [*socks, conn], os.getppid())
+        child = _Child(pid, os.pidfd_open(pid), conn)
+        self.children[pid] = child
+        self.by_conn[conn.fileno()] = child
+        self.poller.register(child.pidfd, select.POLLIN)
+        self.poller.register(conn.fileno(), select.POLLIN | select.POLLHUP)
+        self.last_active = time.monotonic()
+        _reply(conn, {"pid": pid})
+        return True
+
+
+def _reply(conn: socket.socket, message: dict[str, Any]) -> None:
+    conn.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    while len(data) < _LEN.size:
+        more = conn.recv(_LEN.size - len(data))
+        if not more:
+            raise ValueError("the request ended early")
+        data += more
+    (size,) = _LEN.unpack(data[: _LEN.size])
+    if size > MAX_REQUEST:
+        raise ValueError(f"a request of {size} bytes")
+    body = data[_LEN.size:]
+    while len(body) < size:
+        more = conn.recv(size - len(body))
+        if not more:
+            raise ValueError("the request ended early")
+        body += more
+    return json.loads(body), list(fds)
+
+
+# ------------------------------------------------------------------------------------------
+# the child, between fork and the rank's code
+# ------------------------------------------------------------------------------------------
+def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], socks: list[socket.socket],
+                server_pid: int) -> None:
+    code = 1
+    try:
+        os.setsid()  # its own session and process group, as start_new_session
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != server_pid:
+            os._exit(143)  # the server died before PR_SET_PDEATHSIG took effect
+        for fd in close_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for s in socks:
+            s.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        logging.getLogger("hora.runners.warm_server").handlers.clear()
+        os.chdir(request["cwd"])
+        env = dict(request["env"])
+        if ENV_SUPERVISOR_PID in env:  # the rank's parent is this server: it watches that one
+            env[ENV_SUPERVISOR_PID] = str(server_pid)
+        os.environ.clear()
+        os.environ.update(env)
+        random.seed()
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()
+        sys.argv = [request["module"], *request["args"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(BaseException):
+            threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter's exit: join non-daemon threads
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(code)
+
+
+def _exit_code(value: Any) -> int:
+    """The exit status of ``SystemExit(value)``, as the interpreter makes it."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    with contextlib.suppress(BaseException):
+        sys.stderr.write(f"{value}\n")
+    return 1
+
+
+def main(argv: list[str]) -> int:
+    """Fork away from the starter, preload, listen, say ``ready`` on the fd, serve."""
+    path, owner, idle, ready_fd = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
+    if os.fork() != 0:
+        os._exit(0)  # the starter reaps this at once; the server lives on, reparented
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server: Server | None = None
+    try:
+        try:
+            from hora import settings
+            from hora.runners.warm import ENV_PRELOAD
+
+            failed = _preload(settings.get(ENV_PRELOAD))
+            server = Server(path, owner, idle)
+        except Exception as exc:
+            os.write(ready_fd, f"error {type(exc).__name__}: {exc}\n".encode())
+            raise
+        os.write(ready_fd, f"ready {os.getpid()} {','.join(failed)}\n".encode())
+        os.close(ready_fd)
+        log.info("warm server %s: pid %d, owner %d, idle %gs, modules %d", path, os.getpid(), owner, idle,
+                 len(sys.modules))
+        server.serve()
+        return 0
+    finally:
+        if server is not None:
+            server.close()
+            server._kill_all()
+        log.info("warm server %s: exiting", path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
