@@ -63,6 +63,7 @@ MAX_SERVERS = 2  # per owner process: each holds torch's ~300 MiB
 READY_TIMEOUT = 120.0  # seconds a new server may take to import its modules
 ANSWER_TIMEOUT = 10.0  # seconds a running server may take to answer a request
 _LEN = struct.Struct("!I")
+TITLE_ROOM = 1024  # bytes of the server's command line a child's own replaces (what ps shows)
 
 
 class WarmUnavailable(Exception):
@@ -200,10 +201,8 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
         with _lock:
             try:
                 return _request(path, module, args, env, cwd, stdin)
-            except _Stale:
-                _servers.pop(path, None)
-            except (FileNotFoundError, ConnectionRefusedError):
-                pass
+            except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
+                _servers.pop(path, None)  # stale, ending (its idle time ran out), or never started
             _start_server(python, path, cwd, server_environ(skey))
             return _request(path, module, args, env, cwd, stdin)
     except (OSError, WarmUnavailable, _Stale, ValueError, KeyError) as exc:
@@ -212,7 +211,11 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
 
 
 class _Stale(Exception):
-    pass
+    """The server's code changed since it started: it stopped listening."""
+
+
+class _Gone(WarmUnavailable):
+    """The server closed the connection without an answer (it was ending)."""
 
 
 def _send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
@@ -229,7 +232,7 @@ def _answer(conn: socket.socket, timeout: float) -> dict[str, Any]:
         while b"\n" not in buf:
             chunk = conn.recv(4096)
             if not chunk:
-                raise WarmUnavailable("the warm server closed the connection without an answer")
+                raise _Gone("the warm server closed the connection without an answer")
             buf += chunk
     except socket.timeout:
         raise WarmUnavailable(f"the warm server did not answer within {timeout:g}s") from None
@@ -250,13 +253,15 @@ def _request(path: str, module: str, args: list[str], env: Mapping[str, str], cw
     except OSError:
         conn.close()
         raise
-    conn.settimeout(None)
     pipes = [os.pipe() if want_stdin else None, os.pipe(), os.pipe()]
     theirs = [pipes[0][0] if pipes[0] else os.open(os.devnull, os.O_RDONLY), pipes[1][1], pipes[2][1]]
     ours = [pipes[0][1] if pipes[0] else None, pipes[1][0], pipes[2][0]]
     try:
-        _send(conn, {"op": "spawn", "module": module, "args": args, "env": dict(env), "cwd": cwd}, theirs)
-        reply = _answer(conn, ANSWER_TIMEOUT)
+        try:
+            _send(conn, {"op": "spawn", "module": module, "args": args, "env": dict(env), "cwd": cwd}, theirs)
+            reply = _answer(conn, ANSWER_TIMEOUT)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise _Gone(f"the warm server closed the connection: {exc}") from None
     except BaseException:
         conn.close()
         for fd in ours:
@@ -294,7 +299,8 @@ def _start_server(python: str, path: str, cwd: str, env: dict[str, str]) -> None
     try:
         with open(logfile, "wb") as err:
             proc = subprocess.Popen(
-                [python, "-m", "hora.runners.warm_server", path, str(os.getpid()), str(idle), str(write_fd)],
+                [python, "-m", "hora.runners.warm_server", path, str(os.getpid()), str(idle), str(write_fd),
+                 "." * TITLE_ROOM],
                 env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 pass_fds=(write_fd,), close_fds=True, start_new_session=True,
             )

@@ -1,4 +1,4 @@
-"""The warm server: ``python -m hora.runners.warm_server SOCKET OWNER_PID IDLE READY_FD``.
+"""The warm server: ``python -m hora.runners.warm_server SOCKET OWNER_PID IDLE READY_FD [ROOM]``.
 
 Started by :func:`hora.runners.warm.spawn` (see :mod:`hora.runners.warm` for the design).
 It forks once to leave its starter (who therefore never holds a zombie), imports
@@ -39,7 +39,6 @@ from typing import Any
 
 log = logging.getLogger("hora.runners.warm_server")
 
-ENV_SUPERVISOR_PID = "HORA_SUPERVISOR_PID"
 _LEN = struct.Struct("!I")
 _PEERCRED = struct.Struct("3i")
 REQUEST_TIMEOUT = 10.0
@@ -93,10 +92,11 @@ def _preload(names: str) -> list[str]:
 class Server:
     """The listening socket, the owner and the children (see the module docstring)."""
 
-    def __init__(self, path: str, owner: int, idle: float) -> None:
+    def __init__(self, path: str, owner_fd: int, idle: float, title: list[str]) -> None:
         self.path = path
+        self.title = title
         self.idle = idle
-        self.owner_fd = os.pidfd_open(owner)
+        self.owner_fd = owner_fd
         self.stamp = _code_stamp()
         tmp = f"{path}.{os.getpid()}.tmp"
         with contextlib.suppress(FileNotFoundError):
@@ -218,9 +218,12 @@ class Server:
         conn.settimeout(None)
         closing = [self.owner_fd, *(c.pidfd for c in self.children.values())]
         socks = [s for s in (self.listener, *(c.conn for c in self.children.values())) if s is not None]
+        # the child's command line, in place before the fork: ps never shows it as the server
+        set_cmdline([sys.executable, "-m", request["module"], *request["args"]])
         pid = os.fork()
         if pid == 0:  # the child never returns
             _child_main(request, fds, closing, [*socks, conn], os.getppid())
+        set_cmdline(self.title)
         child = _Child(pid, os.pidfd_open(pid), conn)
         self.children[pid] = child
         self.by_conn[conn.fileno()] = child
@@ -281,11 +284,8 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         signal.signal(signal.SIGINT, signal.default_int_handler)
         logging.getLogger("hora.runners.warm_server").handlers.clear()
         os.chdir(request["cwd"])
-        env = dict(request["env"])
-        if ENV_SUPERVISOR_PID in env:  # the rank's parent is this server: it watches that one
-            env[ENV_SUPERVISOR_PID] = str(server_pid)
         os.environ.clear()
-        os.environ.update(env)
+        os.environ.update(request["env"])
         random.seed()
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
@@ -308,6 +308,25 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         os._exit(code)
 
 
+def set_cmdline(argv: list[str]) -> bool:
+    """Make ``ps`` and ``/proc/<pid>/cmdline`` show ``argv`` (as ``setproctitle`` does):
+    write it over this process's own argument area, which
+    the starter made long enough (:data:`hora.runners.warm.TITLE_ROOM`). False (nothing written) when it does
+    not fit or ``/proc`` cannot say where the area is."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48 and 49
+    except (OSError, IndexError, ValueError):
+        return False
+    # one line and a non-NUL last byte of the area: Linux then shows the line up to its NUL
+    data = b" ".join(os.fsencode(a) for a in argv) + b"\0"
+    if start <= 0 or len(data) >= end - start:
+        return False
+    ctypes.memmove(start, data.ljust(end - start - 1, b"\0") + b" ", end - start)
+    return True
+
+
 def _exit_code(value: Any) -> int:
     """The exit status of ``SystemExit(value)``, as the interpreter makes it."""
     if value is None:
@@ -324,6 +343,8 @@ def main(argv: list[str]) -> int:
     path, owner, idle, ready_fd = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
     if os.fork() != 0:
         os._exit(0)  # the starter reaps this at once; the server lives on, reparented
+    title = [sys.executable, "-m", "hora.runners.warm_server", path, str(owner)]
+    set_cmdline(title)  # without the room for the children's
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
@@ -336,8 +357,9 @@ def main(argv: list[str]) -> int:
             from hora import settings
             from hora.runners.warm import ENV_PRELOAD
 
+            owner_fd = os.pidfd_open(owner)  # before the imports: the owner's pid is not reused meanwhile
             failed = _preload(settings.get(ENV_PRELOAD))
-            server = Server(path, owner, idle)
+            server = Server(path, owner_fd, idle, title)
         except Exception as exc:
             os.write(ready_fd, f"error {type(exc).__name__}: {exc}\n".encode())
             raise
@@ -351,6 +373,8 @@ def main(argv: list[str]) -> int:
         if server is not None:
             server.close()
             server._kill_all()
+            with contextlib.suppress(OSError):  # a clean end leaves no log behind
+                os.unlink(path[: -len(".sock")] + ".log")
         log.info("warm server %s: exiting", path)
 
 

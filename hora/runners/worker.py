@@ -140,6 +140,20 @@ def _configure_logging(verbose: int) -> None:
     root.setLevel(level)
 
 
+def supervisor_alive(pid: int) -> bool:
+    """Whether the supervisor ``pid`` of this rank still runs: its parent (a plain
+    subprocess), or a live process (a rank forked by a warm server, :mod:`hora.runners.warm`)."""
+    if os.getppid() == pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class _Watchdog(threading.Thread):
     """Heartbeats to the driver; exits the process on abort, parent death or a lost driver."""
 
@@ -154,7 +168,7 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         last_ok = time.monotonic()
         while not self.stopped.wait(HEARTBEAT_INTERVAL):
-            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            if self.parent_pid is not None and not supervisor_alive(self.parent_pid):
                 log.error("rank %d: its supervisor (pid %d) is gone; exiting", self.rank, self.parent_pid)
                 os._exit(EXIT_ABORTED)
             try:
@@ -379,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _set_parent_death_signal()
     parent = os.environ.get(ENV_SUPERVISOR_PID)
-    if parent and os.getppid() != int(parent):
+    if parent and not supervisor_alive(int(parent)):
         return EXIT_ABORTED  # the parent died before PR_SET_PDEATHSIG took effect
     if len(argv) != 1:
         sys.stderr.write(USAGE)

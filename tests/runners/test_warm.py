@@ -1,0 +1,173 @@
+"""Warm rank processes (hora.runners.warm): a rank forked by the warm server is what a
+fresh ``python -m MODULE`` would be, with torch and torch._dynamo imported already; the
+server ends with its owner and after its idle time; a server that cannot start means a
+plain subprocess; Dask ranks start warm unless HORA_WARM_WORKERS=0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import hora.runners as hr
+from hora.runners import warm
+from hora.runners.procs import ProcessLauncher
+from hora.runners.warm import WarmProcess
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LIGHT = {"HORA_WARM_PRELOAD": "json"}  # a server that starts in a blink (another key, too)
+
+pytestmark = pytest.mark.skipif(not warm.enabled({}), reason="warm rank processes need Linux pidfds")
+
+
+def _child(action: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "tests.runners.warm_child", action, *args]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORA_WARM")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([REPO, *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(extra)
+    return env
+
+
+def _gone(pids: list[int], within: float = 30.0) -> list[int]:
+    """The pids still running (not zombies) after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        left = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    left.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def servers():
+    """Stops the servers this test started and checks that they are gone."""
+    started: list[int] = []
+    yield started
+    started += warm._servers.values()
+    warm.stop_servers()
+    assert not _gone(started), "warm servers outlived their test"
+
+
+def _lines(lines: list[tuple[int, str, str]], rank: int, stream: str) -> list[str]:
+    return [text for r, s, text in lines if r == rank and s == stream]
+
+
+@pytest.mark.timeout(120)
+def test_a_warm_rank_is_a_fresh_process_with_its_imports_done(tmp_path, servers):
+    lines: list[tuple[int, str, str]] = []
+    launcher = ProcessLauncher(lambda r, s, text: lines.append((r, s, text)))
+    cwd = str(tmp_path)
+    proc = launcher.start(0, _child("exit", "3"), _env(HORA_TEST_WARM_PROBE="a"), stdin_data=b"hello\n", cwd=cwd,
+                          warm={})
+    assert isinstance(proc, WarmProcess)
+    assert proc.wait(60) == 3
+    launcher.wait_output(0)
+    first = json.loads(_lines(lines, 0, "stdout")[0])
+    assert first["preloaded"] == ["hora.native.ops", "torch", "torch._dynamo"]  # before its own first import
+    assert first["stdin"] == "hello" and first["cwd"] == cwd and first["probe"] == "a"
+    assert first["pid"] == first["pgid"] == first["sid"] == proc.pid  # its own session, as start_new_session
+    assert _lines(lines, 0, "stderr") == ["to stderr"]
+
+    # another HORA_* value is the same server; a signal the rank sends itself is reported as -N
+    proc = launcher.start(1, _child("signal", "10"), _env(HORA_TEST_WARM_PROBE="b"), cwd=cwd, warm={})
+    assert isinstance(proc, WarmProcess) and proc.wait(60) == -10
+    launcher.wait_output(1)
+    second = json.loads(_lines(lines, 1, "stdout")[0])
+    assert second["probe"] == "b" and second["random"] != first["random"]  # re-seeded
+    assert len(warm._servers) == 1
+
+    # a running rank looks like the process it stands for, and the launcher stops its group
+    proc = launcher.start(2, _child("sleep"), _env(), cwd=cwd, warm={})
+    assert isinstance(proc, WarmProcess)
+    deadline = time.monotonic() + 60
+    while not _lines(lines, 2, "stdout") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert psutil.Process(proc.pid).cmdline() == _child("sleep")
+    assert proc.poll() is None
+    launcher.terminate(grace=5.0, ranks=[2])
+    assert proc.returncode == -15
+
+    # a variable the rank sets before its imports is part of the key: another server
+    proc = launcher.start(3, _child("exit", "0"), _env(), cwd=cwd, warm=LIGHT)
+    assert isinstance(proc, WarmProcess) and proc.wait(60) == 0
+    launcher.wait_output(3)
+    assert json.loads(_lines(lines, 3, "stdout")[0])["preloaded"] == []
+    assert len(warm._servers) == 2
+    launcher.terminate(grace=1.0)
+
+
+_OWNER = textwrap.dedent("""
+    import json, sys
+    from hora.runners import warm
+    p = warm.spawn([sys.executable, "-m", "tests.runners.warm_child", "sleep"], dict(__import__("os").environ),
+                   stdin=False)
+    print(json.dumps({"server": list(warm._servers.values()), "child": p.pid}), flush=True)
+    sys.stdin.read()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_server_ends_with_its_owner_after_its_idle_time_and_when_its_code_changes(tmp_path, servers):
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], env=_env(**LIGHT), cwd=REPO, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    try:
+        started = json.loads(owner.stdout.readline())
+    finally:
+        owner.kill()
+        owner.wait(10)
+    assert len(started["server"]) == 1
+    assert not _gone([*started["server"], started["child"]]), "the server or its rank outlived their owner"
+
+    extra = tmp_path / "on-the-path"
+    extra.mkdir()
+    env = _env(HORA_WARM_IDLE_TIMEOUT="2", PYTHONPATH=f"{REPO}{os.pathsep}{extra}", **LIGHT)
+    assert warm.spawn(_child("exit", "0"), env, REPO, stdin=False).wait(60) == 0
+    (first,) = warm._servers.values()
+    os.utime(extra, (time.time() + 5, time.time() + 5))  # as an install into a sys.path folder does
+    assert warm.spawn(_child("exit", "0"), env, REPO, stdin=False).wait(60) == 0
+    (second,) = warm._servers.values()
+    assert second != first and not _gone([first]), "a stale server lived on"
+    assert not _gone([second]), "the server outlived its idle time"
+    assert not any(p.endswith(".sock") for p in os.listdir(os.path.dirname(warm.socket_path("x", 1))))
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_cannot_start_means_a_plain_subprocess(tmp_path, caplog, servers):
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\n[ "$2" = hora.runners.warm_server ] && exit 7\nexec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    launcher = ProcessLauncher(lambda *_: None)
+    with caplog.at_level("WARNING", logger="hora.runners.warm"):
+        proc = launcher.start(0, [str(fake), "-m", "tests.runners.warm_child", "exit", "4"], _env(**LIGHT),
+                              stdin_data=b"", warm={})
+    assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 4
+    assert "no warm rank process" in caplog.text and "did not start" in caplog.text
+    launcher.terminate(grace=1.0)
+
+
+def _dynamo_loaded() -> bool:
+    return "torch._dynamo" in sys.modules
+
+
+@pytest.mark.timeout(240)
+def test_dask_ranks_start_warm_unless_turned_off(dask_client):
+    assert hr.run(_dynamo_loaded, num_proc=2, backend="dask", client=dask_client, verbose=0) == [True, True]
+    off = hr.run(_dynamo_loaded, num_proc=2, backend="dask", client=dask_client, verbose=0,
+                 env={"HORA_WARM_WORKERS": "0"})
+    assert off == [False, False]
