@@ -22,7 +22,12 @@ Measured in the same run:
   session open and initial broadcast, checkpoints and epoch ends (after each epoch's
   timer stops), and the result (rank 0's function returned -> the driver has it).
 
-Prints markdown tables and the load average. Takes about a minute on an idle 2-core machine.
+With ``--warm both`` (the default) every fit on the reused dataset runs twice, with fresh
+rank processes (``HORA_WARM_WORKERS=0``) and then with ranks forked from the Dask workers'
+warm servers (:mod:`hora.runners.warm`), so the before/after of the fixed costs is one run.
+
+Prints markdown tables and the load average. Takes about a minute and a half on an idle
+2-core machine.
 """
 
 from __future__ import annotations
@@ -89,6 +94,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--fits", type=int, default=2, help="fits in a row (the first materializes the dataset)")
+    ap.add_argument("--warm", choices=("both", "on", "off"), default="both",
+                    help="ranks forked from a warm server (HORA_WARM_WORKERS=1), fresh processes (0), or, with "
+                         "both, each reused-dataset fit twice: fresh, then warm (one run, the same workers)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -121,12 +129,16 @@ def main() -> None:
     try:
         ddf = dd.from_pandas(pdf, npartitions=4)
         store = Store.create(os.path.join(tmp, "store"))
-        for i in range(args.fits):
+        plan = [(0, "0" if args.warm == "off" else "1")]
+        for i in range(1, args.fits):
+            plan += [(i, "0"), (i, "1")] if args.warm == "both" else [(i, "1" if args.warm == "on" else "0")]
+        for i, warm in plan:
             net = make_mlp(args.cols)
             est = TorchEstimator(
                 num_proc=2, store=store, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=args.lr),
                 loss=torch.nn.MSELoss(), feature_cols=[names], label_cols=["y"], batch_size=args.batch_size,
                 epochs=args.epochs, shuffle=True, verbose=0, random_seed=0,
+                backend_env={"HORA_WARM_WORKERS": warm},
             )
             # what est.fit does, keeping rank 0's whole result (its phase stamps) for the breakdown
             config = est._config()
@@ -136,7 +148,7 @@ def main() -> None:
             elapsed = time.perf_counter() - t0
             tm = result.extra["timings"]
             driver_start = done_wall - tm["collect_s"] - tm["train_s"]
-            runs.append((i, elapsed, tm, breakdown(tm, result.extra["phases"], driver_start),
+            runs.append((i, warm, elapsed, tm, breakdown(tm, result.extra["phases"], driver_start),
                          result.history[-1]["loss"]))
     finally:
         client.close()
@@ -153,16 +165,20 @@ def main() -> None:
     print("| fit | seconds | epochs s (goal <= 2.0) | epochs / floor | ms per step (floor) | job - epochs s "
           "(goal <= 1.5) | final loss |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for i, elapsed, tm, parts, loss in runs:
-        label = "first (materializes)" if i == 0 else f"{i + 1}: dataset reused"
-        print(f"| {label} | {elapsed:.2f} | {tm['epochs_s']:.2f} | {tm['epochs_s'] / per_rank:.2f} | "
+    def label(i: int, warm: str) -> str:
+        return ("first (materializes)" if i == 0 else f"{i + 1}: dataset reused") + (", warm" if warm == "1" else
+                                                                                     ", fresh processes")
+
+    for i, warm, elapsed, tm, parts, loss in runs:
+        print(f"| {label(i, warm)} | {elapsed:.2f} | {tm['epochs_s']:.2f} | {tm['epochs_s'] / per_rank:.2f} | "
               f"{1000 * tm['epochs_s'] / steps:.2f} ({1000 * per_rank / steps:.2f}) | "
               f"{tm['train_s'] - tm['epochs_s']:.2f} | {loss:.4g} |")
     print("\nworker job minus the epochs, by phase (seconds; rank 0's stamps):\n")
-    print("| phase | " + " | ".join(f"fit {i + 1}" for i, *_ in runs) + " |")
+    print("| phase | " + " | ".join(label(i, warm) for i, warm, *_ in runs) + " |")
     print("|---|" + "---:|" * len(runs))
-    for key in runs[-1][3]:
-        print(f"| {key} | " + " | ".join(f"{r[3].get(key, float('nan')):.2f}" for r in runs) + " |")
+    for key in runs[-1][4]:
+        print(f"| {key} | " + " | ".join(f"{r[4].get(key, float('nan')):.2f}" for r in runs) + " |")
+    print("| **job - epochs** | " + " | ".join(f"**{r[3]['train_s'] - r[3]['epochs_s']:.2f}**" for r in runs) + " |")
 
 
 if __name__ == "__main__":

@@ -317,6 +317,10 @@ def _start_server(python: str, path: str, cwd: str, env: dict[str, str]) -> None
         if write_fd >= 0:
             os.close(write_fd)
     if not line.startswith("ready "):
+        with contextlib.suppress(OSError):
+            if os.path.getsize(logfile) == 0:
+                os.unlink(logfile)
+                logfile = "empty"
         raise WarmUnavailable(f"the warm server did not start ({line.strip() or 'no answer'}; its log: {logfile})")
     _servers[path] = int(line.split()[1])
     log.debug("warm server %s started: pid %s", path, line.split()[1])

@@ -350,6 +350,7 @@ def main(argv: list[str]) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
+    log.info("warm server %s: starting, pid %d", path, os.getpid())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server: Server | None = None
     try:
