@@ -127,10 +127,13 @@ class WarmProcess:
         with self._lock:
             if self.returncode is not None:
                 return
-            ready, _, _ = select.select([self._conn], [], [], max(0.0, timeout))
-            if not ready:
-                return
-            chunk = self._conn.recv(4096)
+            try:
+                ready, _, _ = select.select([self._conn], [], [], max(0.0, timeout))
+                if not ready:
+                    return
+                chunk = self._conn.recv(4096)
+            except OSError:  # reset: as a closed connection
+                chunk = b""
             self._buf += chunk
             if b"\n" in self._buf:
                 self.returncode = int(json.loads(self._buf.split(b"\n", 1)[0])["exit"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import gc
 import hashlib
 import importlib
 import json
@@ -360,6 +361,7 @@ def main(argv: list[str]) -> int:
 
             owner_fd = os.pidfd_open(owner)  # before the imports: the owner's pid is not reused meanwhile
             failed = _preload(settings.get(ENV_PRELOAD))
+            gc.freeze()  # the preloaded objects: no child's collections walk (and copy) them
             server = Server(path, owner_fd, idle, title)
         except Exception as exc:
             os.write(ready_fd, f"error {type(exc).__name__}: {exc}\n".encode())
