@@ -176,7 +176,22 @@ class WarmProcess:
 
 
 _lock = threading.Lock()
-_servers: OrderedDict[str, int] = OrderedDict()  # socket path -> server pid, the ones this process started
+_servers: OrderedDict[str, subprocess.Popen] = OrderedDict()  # socket path -> the server this process started
+_retired: list[subprocess.Popen] = []  # servers asked to end or found ended: reaped once they have exited
+
+
+def _reap() -> None:
+    """Collect the exit of every server of this process that has ended (no zombies)."""
+    for path, proc in list(_servers.items()):
+        if proc.poll() is not None:
+            del _servers[path]
+    _retired[:] = [p for p in _retired if p.poll() is None]
+
+
+def _retire(path: str) -> None:
+    proc = _servers.pop(path, None)
+    if proc is not None:
+        _retired.append(proc)
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -202,10 +217,11 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
         key = server_key(python, cwd, skey)
         path = socket_path(key, os.getpid())
         with _lock:
+            _reap()
             try:
                 return _request(path, module, args, env, cwd, stdin)
             except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
-                _servers.pop(path, None)  # stale, ending (its idle time ran out), or never started
+                _retire(path)  # stale, ending (its idle time ran out), or never started
             _start_server(python, path, cwd, server_environ(skey))
             return _request(path, module, args, env, cwd, stdin)
     except (OSError, WarmUnavailable, _Stale, ValueError, KeyError) as exc:
@@ -294,8 +310,9 @@ def _start_server(python: str, path: str, cwd: str, env: dict[str, str]) -> None
         WarmUnavailable: it exited, or did not listen within :data:`READY_TIMEOUT` seconds.
     """
     while len(_servers) >= MAX_SERVERS:
-        old, _pid = _servers.popitem(last=False)
+        old = next(iter(_servers))
         _ask_quit(old)
+        _retire(old)
     idle = settings.get(ENV_IDLE, env)
     logfile = path[: -len(".sock")] + ".log"
     read_fd, write_fd = os.pipe()
@@ -309,24 +326,22 @@ def _start_server(python: str, path: str, cwd: str, env: dict[str, str]) -> None
             )
         os.close(write_fd)
         write_fd = -1
-        proc.wait(timeout=READY_TIMEOUT)  # the launcher process forks the server and exits at once
         ready, _, _ = select.select([read_fd], [], [], READY_TIMEOUT)
         line = os.read(read_fd, 256).decode() if ready else ""
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise WarmUnavailable("the warm server did not start") from None
     finally:
         os.close(read_fd)
         if write_fd >= 0:
             os.close(write_fd)
     if not line.startswith("ready "):
+        proc.kill()
+        proc.wait()
         with contextlib.suppress(OSError):
             if os.path.getsize(logfile) == 0:
                 os.unlink(logfile)
                 logfile = "empty"
         raise WarmUnavailable(f"the warm server did not start ({line.strip() or 'no answer'}; its log: {logfile})")
-    _servers[path] = int(line.split()[1])
-    log.debug("warm server %s started: pid %s", path, line.split()[1])
+    _servers[path] = proc
+    log.debug("warm server %s started: pid %d", path, proc.pid)
 
 
 def _ask_quit(path: str) -> None:
@@ -340,8 +355,13 @@ def _ask_quit(path: str) -> None:
 def stop_servers() -> None:
     """Ask every warm server this process started to quit (each finishes its children first)."""
     with _lock:
-        while _servers:
-            _ask_quit(_servers.popitem(last=False)[0])
+        for path in list(_servers):
+            _ask_quit(path)
+            _retire(path)
+        for proc in _retired:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(ANSWER_TIMEOUT)
+        _reap()
 
 
 __all__ = ["WarmProcess", "WarmUnavailable", "spawn", "enabled", "server_key", "server_environ", "socket_path",

@@ -1,7 +1,8 @@
 """The warm server: ``python -m hora.runners.warm_server SOCKET OWNER_PID IDLE READY_FD [ROOM]``.
 
 Started by :func:`hora.runners.warm.spawn` (see :mod:`hora.runners.warm` for the design).
-It forks once to leave its starter (who therefore never holds a zombie), imports
+It stays a child of its starter (so a rank's ancestors are its supervisor's, as a plain
+subprocess's are: tests and tools walk up from a rank to its Spark executor), imports
 ``HORA_WARM_PRELOAD`` (torch, torch._dynamo, hora's op layer: no torch op runs, so no
 thread pool exists), binds ``SOCKET`` and writes ``ready <pid>`` to ``READY_FD``. Then one
 thread (a fork is only safe with no other Python thread: checked before each) polls the
@@ -340,10 +341,8 @@ def _exit_code(value: Any) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """Fork away from the starter, preload, listen, say ``ready`` on the fd, serve."""
+    """Preload, listen, say ``ready`` on the fd, serve."""
     path, owner, idle, ready_fd = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
-    if os.fork() != 0:
-        os._exit(0)  # the starter reaps this at once; the server lives on, reparented
     title = [sys.executable, "-m", "hora.runners.warm_server", path, str(owner)]
     set_cmdline(title)  # without the room for the children's
     handler = logging.StreamHandler(sys.stderr)

@@ -59,7 +59,7 @@ def servers():
     """Stops the servers this test started and checks that they are gone."""
     started: list[int] = []
     yield started
-    started += warm._servers.values()
+    started += [p.pid for p in [*warm._servers.values(), *warm._retired]]
     warm.stop_servers()
     assert not _gone(started), "warm servers outlived their test"
 
@@ -99,6 +99,7 @@ def test_a_warm_rank_is_a_fresh_process_with_its_imports_done(tmp_path, servers)
     while not _lines(lines, 2, "stdout") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert psutil.Process(proc.pid).cmdline() == _child("sleep")
+    assert psutil.Process(proc.pid).parent().parent().pid == os.getpid()  # rank -> server -> its supervisor
     assert proc.poll() is None
     launcher.terminate(grace=5.0, ranks=[2])
     assert proc.returncode == -15
@@ -117,7 +118,7 @@ _OWNER = textwrap.dedent("""
     from hora.runners import warm
     p = warm.spawn([sys.executable, "-m", "tests.runners.warm_child", "sleep"], dict(__import__("os").environ),
                    stdin=False)
-    print(json.dumps({"server": list(warm._servers.values()), "child": p.pid}), flush=True)
+    print(json.dumps({"server": [s.pid for s in warm._servers.values()], "child": p.pid}), flush=True)
     sys.stdin.read()
 """)
 
@@ -138,10 +139,10 @@ def test_a_server_ends_with_its_owner_after_its_idle_time_and_when_its_code_chan
     extra.mkdir()
     env = _env(HORA_WARM_IDLE_TIMEOUT="2", PYTHONPATH=f"{REPO}{os.pathsep}{extra}", **LIGHT)
     assert warm.spawn(_child("exit", "0"), env, REPO, stdin=False).wait(60) == 0
-    (first,) = warm._servers.values()
+    (first,) = [p.pid for p in warm._servers.values()]
     os.utime(extra, (time.time() + 5, time.time() + 5))  # as an install into a sys.path folder does
     assert warm.spawn(_child("exit", "0"), env, REPO, stdin=False).wait(60) == 0
-    (second,) = warm._servers.values()
+    (second,) = [p.pid for p in warm._servers.values()]
     assert second != first and not _gone([first]), "a stale server lived on"
     assert not _gone([second]), "the server outlived its idle time"
     assert not os.path.exists(warm.socket_path(warm.server_key(sys.executable, REPO, env), os.getpid()))
