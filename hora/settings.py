@@ -196,7 +196,7 @@ _DECLARED: tuple[Setting, ...] = (
     _s("HORA_WARM_IDLE_TIMEOUT", default=300.0, doc="seconds a warm rank server lives without a rank (it also "
        "ends with the process that started it)", group="launch", **_SECONDS),
     _s("HORA_WARM_PRELOAD", "str", "torch,torch._dynamo,hora.native,hora.torch", "the modules a warm rank "
-       "server imports before it forks ranks (comma list)", "launch"),
+       "server imports before it forks ranks (comma list; none that starts a thread at import)", "launch"),
     _s("HORA_RAY_PLACEMENT_TIMEOUT", default=100.0, doc="seconds Ray gets to place the job's bundles",
        group="launch", **_SECONDS),
     _s("HORA_LOG_LEVEL", "choice", None, "hora's own log messages at this level and above go to stderr",

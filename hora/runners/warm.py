@@ -62,6 +62,7 @@ KEYED_HORA = ("HORA_LOG_LEVEL", ENV_PRELOAD, ENV_IDLE)
 MAX_SERVERS = 2  # per owner process: each holds torch's ~300 MiB
 READY_TIMEOUT = 120.0  # seconds a new server may take to import its modules
 ANSWER_TIMEOUT = 10.0  # seconds a running server may take to answer a request
+RETRY_AFTER = 600.0  # seconds before a server that failed to start is tried again
 _LEN = struct.Struct("!I")
 TITLE_ROOM = 1024  # bytes of the server's command line a child's own replaces (what ps shows)
 
@@ -178,6 +179,7 @@ class WarmProcess:
 _lock = threading.Lock()
 _servers: OrderedDict[str, subprocess.Popen] = OrderedDict()  # socket path -> the server this process started
 _retired: list[subprocess.Popen] = []  # servers asked to end or found ended: reaped once they have exited
+_failed: dict[str, float] = {}  # socket path -> when its server failed to start (not retried for a while)
 
 
 def _reap() -> None:
@@ -222,7 +224,14 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
                 return _request(path, module, args, env, cwd, stdin)
             except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
                 _retire(path)  # stale, ending (its idle time ran out), or never started
-            _start_server(python, path, cwd, server_environ(skey))
+            failed_at = _failed.get(path)
+            if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER:
+                return None  # warned when it failed
+            try:
+                _start_server(python, path, cwd, server_environ(skey))
+            except BaseException:
+                _failed[path] = time.monotonic()
+                raise
             return _request(path, module, args, env, cwd, stdin)
     except (OSError, WarmUnavailable, _Stale, ValueError, KeyError) as exc:
         log.warning("no warm rank process (%s); starting a plain one", exc)

@@ -114,13 +114,17 @@ class Server:
         self.poller.register(self.owner_fd, select.POLLIN)
         self.poller.register(self.listener.fileno(), select.POLLIN)
         self.last_active = time.monotonic()
+        self.fresh: set[int] = set()  # fds registered while the current batch of events is handled
 
     # -- the loop -------------------------------------------------------------------------
     def serve(self) -> None:
         while True:
             if not self.children and (self.listener is None or time.monotonic() - self.last_active > self.idle):
                 return
+            self.fresh = set()
             for fd, _events in self.poller.poll(1000):
+                if fd in self.fresh:  # registered during this batch: an event polled before is another fd's
+                    continue
                 if fd == self.owner_fd:
                     log.info("warm server: its owner is gone; exiting")
                     self._kill_all()
@@ -231,6 +235,7 @@ class Server:
         self.by_conn[conn.fileno()] = child
         self.poller.register(child.pidfd, select.POLLIN)
         self.poller.register(conn.fileno(), select.POLLIN | select.POLLHUP)
+        self.fresh.update((child.pidfd, conn.fileno()))
         self.last_active = time.monotonic()
         _reply(conn, {"pid": pid})
         return True
