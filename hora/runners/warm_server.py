@@ -305,14 +305,22 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         traceback.print_exc()
         code = 1
     finally:
+        exit_process(code)
+
+
+def exit_process(code: int) -> None:
+    """End this process as the interpreter's exit would, minus its finalization: join the
+    non-daemon threads, run the atexit handlers, flush stdout and stderr, then ``os._exit``.
+    Tearing down torch's ~2,000 modules takes 0.3-0.5 s that a rank's supervisor (and so the
+    driver) would wait for, after the result is out."""
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter's exit: join non-daemon threads
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
-            threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter's exit: join non-daemon threads
-        with contextlib.suppress(BaseException):
-            atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):
-                stream.flush()
-        os._exit(code)
+            stream.flush()
+    os._exit(code)
 
 
 def set_cmdline(argv: list[str]) -> bool:

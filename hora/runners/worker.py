@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import itertools
 import logging
 import os
@@ -406,13 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         sys.stderr.write(f"hora worker: cannot read the launch spec: {exc}\n")
         return 2
-    code = run_rank(spec, ctx, None if argv[0] in (TO_DRIVER, FROM_DRIVER) else argv[0])
-    # The result is out and the process is about to exit: the interpreter's last garbage
-    # collections over torch's ~2,000 modules take 1-2 s of the job's end (the supervisor
-    # and the driver wait for the exit). Frozen objects are left to the exit itself;
-    # atexit handlers and finalizers still run.
-    gc.freeze()
-    return code
+    # the caller (``__main__``) ends the process with warm_server.exit_process: the result is
+    # out, and the interpreter's finalization would only delay the supervisor by 0.3-0.5 s
+    return run_rank(spec, ctx, None if argv[0] in (TO_DRIVER, FROM_DRIVER) else argv[0])
 
 
 # ------------------------------------------------------------------------------------------
@@ -490,7 +485,7 @@ def _warm_key_env(spec: LaunchSpec) -> dict[str, str] | None:
     return {k: v for k, v in spec.env if not k.startswith("HORA_")}
 
 
-def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.2) -> Any:
+def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -> Any:
     """Run rank ``ctx.rank`` as a subprocess of this (engine task) process; return ``fn``'s value.
 
     Output lines go to the driver; when the driver aborts the run the subprocess is killed.
@@ -554,6 +549,7 @@ __all__ = ["report", "main", "run_rank", "supervise", "rank_environ"]
 
 if __name__ == "__main__":
     # run the imported module, not this __main__ copy, so report() sees the same globals
+    from hora.runners.warm_server import exit_process
     from hora.runners.worker import main as _main
 
-    sys.exit(_main())
+    exit_process(_main())

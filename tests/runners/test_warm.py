@@ -172,3 +172,21 @@ def test_dask_ranks_start_warm_unless_turned_off(dask_client):
     off = hr.run(_dynamo_loaded, num_proc=2, backend="dask", client=dask_client, verbose=0,
                  env={"HORA_WARM_WORKERS": "0"})
     assert off == [False, False]
+
+
+@pytest.mark.timeout(60)
+def test_exit_process_ends_as_the_interpreter_would_without_its_finalization():
+    """A rank ends through exit_process (fresh or warm): non-daemon threads are joined, then
+    the atexit handlers run, buffered output is flushed, and the code is the exit status."""
+    code = textwrap.dedent("""
+        import atexit, sys, threading, time
+        from hora.runners.warm_server import exit_process
+        atexit.register(lambda: sys.stdout.write("atexit\\n"))
+        threading.Thread(target=lambda: (time.sleep(0.3), sys.stdout.write("thread\\n"))).start()
+        sys.stdout.write("main\\n")  # left in the buffer: exit_process must flush it
+        exit_process(7)
+        sys.stdout.write("never\\n")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=_env())
+    assert out.returncode == 7, out.stderr
+    assert out.stdout.split() == ["main", "thread", "atexit"]
