@@ -26,6 +26,9 @@ With ``--warm both`` (the default) every fit on the reused dataset runs twice, w
 rank processes (``HORA_WARM_WORKERS=0``) and then with ranks forked from the Dask workers'
 warm servers (:mod:`hora.runners.warm`), so the before/after of the fixed costs is one run.
 
+A third table splits rank 0's step into its parts (the worker's epoch profiles: batch
+wait, forward + loss, backward, optimizer step, the rest), in ms per step.
+
 Prints markdown tables and the load average. Takes about a minute and a half on an idle
 2-core machine.
 """
@@ -83,6 +86,29 @@ def breakdown(timings: dict, phases: dict, driver_start: float) -> dict[str, flo
         + (epochs[0]["start"] - phases["train_begin"]),
         "train end + result": (driver_start + timings["train_s"]) - epochs[-1]["after"],
     }
+    return out
+
+
+def step_profile(phases: dict) -> dict[str, float]:
+    """Milliseconds per step of each part of rank 0's steps, over all epochs (the worker's
+    epoch profiles): waiting for the batch (each epoch's first one apart), the Torch
+    step's forward + loss, backward (gradient hooks included) and optimizer step (the
+    wait for the gradient allreduce included), and the loop's own bookkeeping."""
+    profiles = [e["profile"] for e in phases["epochs"]]
+    steps = sum(p["steps"] for p in profiles) or 1
+    total = {k: sum(p.get(k, 0.0) for p in profiles) for k in profiles[0] if k != "steps"}
+    epochs_s = sum(e["end"] - e["start"] for e in phases["epochs"])
+    inner = ("train_step.forward+loss", "train_step.backward", "train_step.optimizer")
+    out = {
+        "batch wait (after each epoch's first)": total["batch_wait"] - total["first_batch_wait"],
+        "forward + loss": total[inner[0]],
+        "backward (gradient hooks included)": total[inner[1]],
+        "optimizer step (allreduce wait included)": total[inner[2]],
+        "rest of train_step (tensors, loss value)": total["train_step"] - sum(total[k] for k in inner),
+        "loop bookkeeping (callbacks, reports, epoch-end metrics)": epochs_s - total["batch_wait"] - total["train_step"],
+    }
+    out = {k: 1000 * v / steps for k, v in out.items()}
+    out["each epoch's first batch (ms, once an epoch)"] = 1000 * total["first_batch_wait"] / len(profiles)
     return out
 
 
@@ -149,7 +175,7 @@ def main() -> None:
             tm = result.extra["timings"]
             driver_start = done_wall - tm["collect_s"] - tm["train_s"]
             runs.append((i, warm, elapsed, tm, breakdown(tm, result.extra["phases"], driver_start),
-                         result.history[-1]["loss"]))
+                         result.history[-1]["loss"], step_profile(result.extra["phases"])))
     finally:
         client.close()
         cluster.close()
@@ -169,7 +195,7 @@ def main() -> None:
         return ("first (materializes)" if i == 0 else f"{i + 1}: dataset reused") + (", warm" if warm == "1" else
                                                                                      ", fresh processes")
 
-    for i, warm, elapsed, tm, parts, loss in runs:
+    for i, warm, elapsed, tm, parts, loss, _ in runs:
         print(f"| {label(i, warm)} | {elapsed:.2f} | {tm['epochs_s']:.2f} | {tm['epochs_s'] / per_rank:.2f} | "
               f"{1000 * tm['epochs_s'] / steps:.2f} ({1000 * per_rank / steps:.2f}) | "
               f"{tm['train_s'] - tm['epochs_s']:.2f} | {loss:.4g} |")
@@ -179,6 +205,13 @@ def main() -> None:
     for key in runs[-1][4]:
         print(f"| {key} | " + " | ".join(f"{r[4].get(key, float('nan')):.2f}" for r in runs) + " |")
     print("| **job - epochs** | " + " | ".join(f"**{r[3]['train_s'] - r[3]['epochs_s']:.2f}**" for r in runs) + " |")
+    floor_ms = 1000 * per_rank / steps
+    print(f"\na step, by part (ms per step, rank 0's epoch profiles, all epochs; the floor's whole step is "
+          f"{floor_ms:.2f} ms):\n")
+    print("| part | " + " | ".join(label(i, warm) for i, warm, *_ in runs) + " |")
+    print("|---|" + "---:|" * len(runs))
+    for key in runs[-1][6]:
+        print(f"| {key} | " + " | ".join(f"{r[6].get(key, float('nan')):.3f}" for r in runs) + " |")
 
 
 if __name__ == "__main__":
