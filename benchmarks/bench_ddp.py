@@ -21,6 +21,15 @@ ddp, hora, hora-gloo) there are variants of each side, so a difference can be tr
 its cause: hora-nospec (no predicted rounds), hora-first-1mb (DDP's small first bucket),
 hora-by-name (gradients matched by name, Horovod style), ddp-one-bucket and ddp-view
 (DDP's gradient_as_bucket_view=True).
+
+The second table is the step of a small model, the one every tabular ``fit`` runs
+(``bench_estimator.make_mlp``: MLP 32-64-64-1, 6.5K parameters, one 26 KB gradient
+bucket; batch 1024 rows gathered from memory, MSE, SGD), where the engine's cost per
+step, not the bytes, decides: *local* is both ranks training at once with the plain
+optimizer (no reduction: the floor), *hora* the DistributedOptimizer, *ddp* torch DDP
+over Gloo. It reports ms per step (rank 0, between barriers) and CPU ms per step (all
+threads of a rank's process, mean over ranks), each against local and DDP of the same
+round; ``--small-steps`` sets its length, ``--model big|small`` runs one table only.
 """
 
 from __future__ import annotations
@@ -76,6 +85,114 @@ def _loop(model, opt, data, steps: int, barrier) -> float:
     barrier()
     _cpu_ms_per_step[:] = [(c1 - c0) / steps * 1e3]
     return time.perf_counter() - t0
+
+
+def _small_data(rank: int, rows: int = 200_000):
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    return torch.randn(rows, 32, generator=g), torch.randn(rows, 1, generator=g)
+
+
+def _small_loop(model, opt, data, steps: int, barrier) -> tuple[float, float]:
+    """``steps`` steps of batch 1024 gathered from ``data`` in a random order; returns
+    (wall ms per step, CPU ms per step of this process)."""
+    import torch
+
+    x, y = data
+    loss_fn = torch.nn.MSELoss()
+    order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(1))
+    per_pass = x.shape[0] // 1024
+    barrier()
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    for i in range(steps):
+        idx = order[(i % per_pass) * 1024:(i % per_pass + 1) * 1024]
+        opt.zero_grad()
+        loss = loss_fn(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        float(loss.detach())  # what a fit's loss bookkeeping does
+    c1 = time.process_time()
+    barrier()
+    return (time.perf_counter() - t0) / steps * 1e3, (c1 - c0) / steps * 1e3
+
+
+def _small_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> tuple[float, float]:
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_estimator import make_mlp
+
+    mode = os.environ["BENCH_SMALL_MODE"]
+    torch.set_num_threads(1)
+    data = _small_data(rank)
+    model = make_mlp(32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if mode == "ddp":
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, size, rank == 0, wait_for_workers=True)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+        try:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            _small_loop(model, opt, data, warmup, dist.barrier)
+            wall, cpu_ms = _small_loop(model, opt, data, steps, dist.barrier)
+        finally:
+            dist.destroy_process_group()
+        return wall, cpu_ms
+    import hora.torch as hvd
+
+    hvd.init()
+    try:
+        if mode == "hora":
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        # (local: the plain optimizer; hora only lines the ranks up, so both train at once)
+        _small_loop(model, opt, data, warmup, hvd.barrier)
+        wall, cpu_ms = _small_loop(model, opt, data, steps, hvd.barrier)
+    finally:
+        hvd.shutdown()
+    return wall, cpu_ms
+
+
+SMALL = {"local": "both ranks, plain optimizer (no reduction)", "hora": "hora DistributedOptimizer",
+         "ddp": "torch DDP gloo"}
+
+
+def run_small(args: argparse.Namespace) -> None:
+    """The small model's table (see the module docstring) and its goal rows."""
+    load = os.getloadavg()
+    wall: dict[str, list[float]] = {c: [] for c in SMALL}
+    cpu: dict[str, list[float]] = {c: [] for c in SMALL}
+    for r in range(args.rounds):
+        for c in SMALL:
+            # (rank 0's wall ms per step, the mean over ranks of CPU ms per step)
+            w, cpu_ms = run_job(_small_worker, args.np, args.small_steps, args.warmup * 5,
+                                extra_env={"BENCH_SMALL_MODE": c})
+            wall[c].append(w)
+            cpu[c].append(cpu_ms)
+            print(f"round {r + 1}/{args.rounds} small {c}: {w:.3f} ms/step, {cpu_ms:.3f} CPU ms/step/rank",
+                  file=sys.stderr, flush=True)
+    med = lambda v: statistics.median(v)  # noqa: E731
+    paired = lambda a, b: statistics.median(x / y for x, y in zip(a, b))  # noqa: E731
+    print(f"\nsmall model: MLP 32-64-64-1, batch 1024/rank from memory, SGD, 1 thread/rank, {args.np} ranks, "
+          f"{args.small_steps} steps x {args.rounds} rounds (median; ratios paired per round)\n")
+    print("| configuration | ms/step | runs | CPU ms/step/rank | wall vs local | CPU vs local | wall vs DDP |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for c, label in SMALL.items():
+        runs_s = ", ".join(f"{v:.2f}" for v in wall[c])
+        print(f"| {label} | {med(wall[c]):.3f} | {runs_s} | {med(cpu[c]):.3f} | {paired(wall[c], wall['local']):.2f}x "
+              f"| {paired(cpu[c], cpu['local']):.2f}x | {paired(wall[c], wall['ddp']):.2f}x |")
+    loads = "/".join(f"{x:.1f}" for x in load)
+    d_wall = statistics.median(a - b for a, b in zip(wall["hora"], wall["local"]))
+    d_cpu = statistics.median(a - b for a, b in zip(cpu["hora"], cpu["local"]))
+    print("\ngoal rows (benchmarks/README.md):\n")
+    print("| measure (2 ranks, loopback, same run) | baseline | hora | goal | met | load (1/5/15 min) |")
+    print("|---|---|---:|---|---|---|")
+    for what, d, goal in (("wall", d_wall, 0.4), ("CPU", d_cpu, 0.3)):
+        print(f"| DistributedOptimizer step, MLP 32-64-64-1, batch 1024/rank: {what} per step over local | local "
+              f"(no reduction) | +{d:.3f} ms | <= +{goal:g} ms | {'yes' if d <= goal else 'NO'} | {loads} |")
 
 
 def run_single(steps: int, warmup: int) -> float:
@@ -153,8 +270,8 @@ def _free_port() -> int:
 
 def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0,
             extra_env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Start ``size`` spawn processes on ``target``; return rank 0's samples/s and the
-    mean over ranks of CPU ms per step."""
+    """Start ``size`` spawn processes on ``target``; return rank 0's first value
+    (samples/s) and the mean over ranks of the second (CPU ms per step)."""
     from hora.native.rendezvous import RendezvousServer, WorkerEnv, make_secret
 
     ctx = mp.get_context("spawn")
@@ -220,7 +337,14 @@ def main() -> int:
                         help="run only these configurations (repeatable)")
     parser.add_argument("--cycle-time-ms", type=float, action="append", default=[],
                         help="also run hora with HORA_CYCLE_TIME set to this (repeatable)")
+    parser.add_argument("--model", choices=["both", "big", "small"], default="both",
+                        help="the 16-layer MLP's table, the small model's, or both (default)")
+    parser.add_argument("--small-steps", type=int, default=800, help="measured steps of the small model")
     args = parser.parse_args()
+    if args.model != "big":
+        run_small(args)
+        if args.model == "small":
+            return 0
     configs = args.only or ["single", "ddp", "hora", "hora-gloo"]
     load = os.getloadavg()
     configs += [f"hora@{ms:g}" for ms in args.cycle_time_ms]

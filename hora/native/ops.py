@@ -424,7 +424,8 @@ def _submit(req: Request, post: Any) -> Handle:
 def _fast_path(st: _State | None, tensor: Any, op: Any, process_set: Any, compression: Any) -> bool:
     """Whether an allreduce can skip the general checks: a contiguous CPU tensor of a
     reducible dtype, no autograd, the global set, no compression, not Adasum."""
-    return (st is not None and type(tensor) is torch.Tensor and process_set is None and compression is None
+    return (st is not None and type(tensor) is torch.Tensor and (process_set is None or process_set is global_process_set)
+            and (compression is None or compression is _comp.NoneCompressor)
             and type(op) is ReduceOp and op is not ReduceOp.Adasum and tensor.is_cpu and tensor.dtype in _NUMERIC
             and tensor.is_contiguous() and not tensor.requires_grad)
 
@@ -437,31 +438,39 @@ def _fast_name(st: _State, name: Any) -> str:
     return name
 
 
+def _allreduce_async(tensor: Any, op: Any, name: str | None, prescale_factor: float, postscale_factor: float,
+                     process_set: ProcessSet | None, compression: Any, inplace: bool, blocking: bool) -> Handle:
+    """Submit an allreduce (``blocking``: the caller synchronizes on it right away)."""
+    st = _state
+    if _fast_path(st, tensor, op, process_set, compression):
+        # the hot path of Horovod-style code and of gradient reduction: the same checks,
+        # none of the general machinery
+        return st.engine.submit(fast_allreduce_request(_fast_name(st, name), tensor, tensor if inplace else None,
+                                                       op, float(prescale_factor), float(postscale_factor)),
+                                blocking)
+    req, post = _allreduce_request(tensor, op, name, prescale_factor, postscale_factor, process_set, compression,
+                                   inplace=inplace)
+    h = _state_or_raise().engine.submit(req, blocking)
+    if post is not None:
+        h._post = post
+    return h
+
+
 def allreduce_async(tensor: Any, op: Any = Average, name: str | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, process_set: ProcessSet | None = None,
                     compression: Any = None) -> Handle:
     """Start reducing ``tensor`` across the process set; return a :class:`Handle` whose
     ``synchronize()`` gives a new tensor (or array) with the result."""
-    st = _state
-    if _fast_path(st, tensor, op, process_set, compression):
-        # the hot path of Horovod-style code: same checks, none of the general machinery
-        return st.engine.submit(fast_allreduce_request(_fast_name(st, name), tensor, None, op,
-                                                       float(prescale_factor), float(postscale_factor)))
-    return _submit(*_allreduce_request(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                                       compression, inplace=False))
+    return _allreduce_async(tensor, op, name, prescale_factor, postscale_factor, process_set, compression, False,
+                            False)
 
 
 def allreduce_async_(tensor: Any, op: Any = Average, name: str | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0, process_set: ProcessSet | None = None,
                      compression: Any = None) -> Handle:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``."""
-    st = _state
-    if _fast_path(st, tensor, op, process_set, compression):
-        # the hot path of gradient reduction: same checks, none of the general machinery
-        return st.engine.submit(fast_allreduce_request(_fast_name(st, name), tensor, tensor, op,
-                                                       float(prescale_factor), float(postscale_factor)))
-    return _submit(*_allreduce_request(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                                       compression, inplace=True))
+    return _allreduce_async(tensor, op, name, prescale_factor, postscale_factor, process_set, compression, True,
+                            False)
 
 
 def room_elements() -> int:
@@ -509,15 +518,15 @@ def allreduce(tensor: Any, op: Any = Average, name: str | None = None, prescale_
         DataError / ConfigError: unsupported input or parameters.
         CollectiveError: ranks disagree on the op (shape, dtype, ...) or it failed.
     """
-    return allreduce_async(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                           compression).synchronize()
+    return _allreduce_async(tensor, op, name, prescale_factor, postscale_factor, process_set, compression, False,
+                            True).synchronize()
 
 
 def allreduce_(tensor: Any, op: Any = Average, name: str | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, process_set: ProcessSet | None = None, compression: Any = None) -> Any:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    return allreduce_async_(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                            compression).synchronize()
+    return _allreduce_async(tensor, op, name, prescale_factor, postscale_factor, process_set, compression, True,
+                            True).synchronize()
 
 
 class GroupHandle:

@@ -55,6 +55,7 @@ DEFAULT_BUCKET_CAP_MB = settings.default(ENV_BUCKET_CAP_MB)  # 25, as DDP
 # as DDP: the first bucket is small, so its reduction starts early (for GPU parameters; see
 # first_bucket_mb for why CPU parameters get none)
 FIRST_BUCKET_BYTES = 1024 * 1024
+SMALL_BUCKET_BYTES = 256 * 1024  # gradients of a bucket up to this size are adopted together at submit
 
 
 def _resolve_compression(compression: Any) -> Any:
@@ -231,6 +232,14 @@ class _DistributedMixin:
         self._hora_bucket_ready = [0] * len(self._hora_buckets)
         self._hora_submitted = [False] * len(self._hora_buckets)
         self._hora_bucket_slots = [[self._hora_slots[p] for p in bucket] for bucket in self._hora_buckets]
+        self._hora_bucket_names = [f"{_GRAD_PREFIX}bucket.{b}.{names[bucket[0]]}"
+                                   for b, bucket in enumerate(self._hora_buckets)]
+        # a small bucket's gradients are copied into it together when it is submitted (one
+        # batched copy, then one scaling of the whole bucket), not one by one in their hooks:
+        # for small tensors the calls cost more than the bytes; a big bucket's gradient is
+        # scaled while it is copied (one pass over it), in its hook, while it is hot
+        self._hora_small = [bool(bucket) and n * bucket[0].element_size() <= SMALL_BUCKET_BYTES
+                            for n, bucket in zip(self._hora_numel, self._hora_buckets)]
 
     def _hora_make_flat(self, b: int) -> None:
         """Make bucket ``b``'s flat buffer and point each parameter's view into it.
@@ -306,8 +315,8 @@ class _DistributedMixin:
             if view is None:
                 self._hora_make_flat(b)
                 view = s.view
-            if p.grad is not view:
-                self._hora_adopt(s, view)
+            if p.grad is not view and not self._hora_small[b]:
+                self._hora_adopt(s, view)  # (a small bucket adopts all its gradients at once, at submit)
         s.delay -= 1
         if s.delay == 0:
             self._hora_bucket_ready[b] += 1
@@ -345,24 +354,37 @@ class _DistributedMixin:
             self._hora_make_flat(b)
         flat = self._hora_flats[b]
         slots = self._hora_bucket_slots[b]
+        small = self._hora_small[b]
+        views: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
         for s in slots:  # gradients this rank did not compute, or replaced by the user
             if s.sparse:
                 s.view.zero_()
                 self._hora_handles[s.p] = self._hora_submit_sparse(s.p)
             elif s.p.grad is not s.view:
-                self._hora_adopt(s, s.view)
+                if small and s.p.grad is not None:
+                    views.append(s.view)
+                    grads.append(s.p.grad)
+                    s.p.grad = s.view
+                else:
+                    self._hora_adopt(s, s.view)
+        if views:  # a small bucket: every gradient autograd made anew, in one batched copy
+            torch._foreach_copy_(views, grads)
         if not self._hora_layout_checked:
             self._hora_check_layout()
         # named after its index and its first parameter (two optimizers over differently
         # named models do not collide, as with names per gradient)
-        name = f"{_GRAD_PREFIX}bucket.{b}.{self._hora_names[bucket[0]]}"
+        name = self._hora_bucket_names[b]
         if self._hora_room[b]:
             op = self._hora_op
             fold = self._hora_fold[b]
             if fold:  # every gradient of the bucket scaled by 1/size exactly once, then summed
-                rest = [s.view for s in slots if not s.scaled]
-                if rest:  # accumulated in place by autograd (zero_grad(set_to_none=False))
-                    torch._foreach_mul_(rest, fold)
+                if small:  # none is scaled yet: the whole bucket at once
+                    flat[: self._hora_numel[b]].mul_(fold)
+                else:
+                    rest = [s.view for s in slots if not s.scaled]
+                    if rest:  # accumulated in place by autograd (zero_grad(set_to_none=False))
+                        torch._foreach_mul_(rest, fold)
                 op = _hn.Sum
             self._hora_handles[b] = _ops.bucket_allreduce_async_(
                 flat, self._hora_numel[b], op=op, name=name, postscale_factor=self._hora_postscale)

@@ -19,7 +19,7 @@ from hora.native.backends.gloo import GlooBackend
 from hora.native.engine import autotune, fusion
 from hora.native.engine.cache import Response, ResponseCache
 from hora.native.engine.config import EngineConfig
-from hora.native.engine.control import FLAGS, I32_MAX, ControlVector
+from hora.native.engine.control import FLAGS, I32_MAX, ControlVector, Vote
 from hora.native.engine.execute import EXECUTORS
 from hora.native.engine.negotiation import Negotiator, Pending, ProcessSetInfo
 from hora.native.engine.request import (
@@ -72,6 +72,26 @@ def test_the_tail_form_decodes_to_what_the_min_reduction_gives_for_every_slot(si
         assert fg.max_payload >= fw.max_payload and fg.max_payload % 1024 == 0  # an upper bound, whole KiB
         assert fg.now_ms == votes[0]["now_ms"] and fw.now_ms == max(v["now_ms"] for v in votes)  # alike on all
         assert fg.tune == I32_MAX and fw.tune == votes[0]["tune"]  # the autotuner waits for a normal round
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("size,C", [(1, 12), (2, 12), (3, 12), (2, 100)])  # 100: past the list path's 64 slots
+def test_the_tail_written_from_a_vote_is_the_tail_of_its_min_form(size, C):
+    # a predicted round writes its tail straight from the vote (no MIN form): the two
+    # encodings must agree on every slot and flag, in place and not, held or not
+    rng = np.random.default_rng(7 + size)
+    cv = ControlVector(C)
+    for trial in range(20):
+        for r, v in enumerate(_votes(rng, C, size)):
+            used = int(rng.integers(0, C + 1))
+            v["nonmember"] = sorted(set(rng.integers(0, C, 2).tolist()) - set(v["bits"]))
+            have, alone, inplace = (bool(rng.integers(0, 2)) for _ in range(3))
+            dtype = np.float32 if trial % 2 else np.float64
+            want = cv.encode_tail(cv.encode(**v), used, dtype, rank=r, size=size, have=have, alone=alone,
+                                  inplace=inplace)
+            got = np.full(cv.tail_size(used, size, inplace), 7, dtype=dtype)  # (stale values are overwritten)
+            cv.tail_of(Vote(**v), used, got, rank=r, size=size, have=have, alone=alone, inplace=inplace)
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.timeout(30)

@@ -40,6 +40,20 @@ class RoundFlags(NamedTuple):
     speculate: bool  # every rank allows predicted rounds
 
 
+class Vote(NamedTuple):
+    """What this rank says in a round (the arguments of :meth:`ControlVector.encode`)."""
+
+    bits: list[int]  # the cached slots it has submitted
+    nonmember: list[int]  # slots of process sets it is not in
+    uncached: bool  # it sends metadata of requests the cache does not know
+    payload: int  # bytes of that metadata
+    has_work: bool  # it has something pending
+    now_ms: int  # its clock
+    tune: int  # rank 0's autotune candidate (I32_MAX: none)
+    done: bool  # it has shut down with nothing in flight
+    speculate: bool  # it allows predicted rounds
+
+
 class ControlVector:
     """The layout for a response cache of ``capacity`` slots (the same on every rank)."""
 
@@ -126,6 +140,44 @@ class ControlVector:
         if inplace and have:
             tail[F + 8 + rank] = 1  # which ranks hold the tensor
         return tail
+
+    @staticmethod
+    def tail_size(used: int, size: int, inplace: bool) -> int:
+        """Elements of a tail that carries ``used`` slots (with the holders section)."""
+        return 2 * used + 8 + (size if inplace else 0)
+
+    def tail_of(self, vote: Vote, used: int, out: np.ndarray, *, rank: int, size: int, have: bool, alone: bool,
+                inplace: bool) -> None:
+        """Write into ``out`` (:meth:`tail_size` elements) the tail form of ``vote``,
+        exactly ``encode_tail(encode(*vote), ...)``, without making the MIN form (a
+        predicted round that holds needs none)."""
+        U = used
+        F = 2 * U
+        flags = [1 if vote.uncached else 0, -(-vote.payload // 1024), 1 if vote.has_work else 0,
+                 vote.now_ms if rank == 0 else 0, 1 if vote.done else 0, 1 if vote.speculate else 0,
+                 1 if have else 0, 1 if alone else 0]
+        if U <= 64:  # (the common case, a few slots: one conversion of a short list beats indexing)
+            vals = [0] * F + flags + ([0] * size if inplace else [])
+            for b in vote.bits:
+                if b < U:
+                    vals[b] = vals[U + b] = 1  # a ready vote; a member that has it
+            for b in vote.nonmember:
+                if b < U:
+                    vals[b] = 1  # the ready vote of a non-member
+            if inplace and have:
+                vals[F + 8 + rank] = 1
+            out[:] = vals
+            return
+        out[:] = 0
+        if vote.bits:
+            bits = [b for b in vote.bits if b < U]
+            out[bits] = 1  # ready votes
+            out[[U + b for b in bits]] = 1  # members that have it
+        if vote.nonmember:
+            out[[b for b in vote.nonmember if b < U]] = 1  # ready votes of non-members
+        out[F:F + 8] = flags
+        if inplace and have:
+            out[F + 8 + rank] = 1
 
     @staticmethod
     def tail_pure(out: np.ndarray, used: int, size: int) -> bool:

@@ -94,8 +94,10 @@ class Engine(RoundLoop):
         self._thread.start()
 
     # -- submission (any thread) ------------------------------------------------------------
-    def submit(self, req: Request) -> Handle:
-        """Enqueue ``req``; return its handle.
+    def submit(self, req: Request, blocking: bool = False) -> Handle:
+        """Enqueue ``req``; return its handle. ``blocking``: the caller synchronizes on it
+        right away (then, when it completes a predicted round, the caller runs that round
+        and the engine thread is not woken).
 
         Raises:
             CollectiveError: the engine has failed or shut down.
@@ -135,7 +137,7 @@ class Engine(RoundLoop):
                             stage[off : off + cnt].copy_(flat(t))
                             req.staged = self.speculator.stage_token
                             self.speculator.staged += 1
-                    if not missing:
+                    if not missing and not blocking and not offer.defer:
                         self._gather_cond.notify()  # this rank now has the whole predicted round
                 elif req.name not in offer.spec.name_set:
                     offer.foreign = True  # not predicted: negotiate it soon
@@ -152,11 +154,25 @@ class Engine(RoundLoop):
                 self._woken = True
                 self._waker.signal(self._epoch)
 
+    def kick(self) -> None:
+        """A caller polls a handle that is not done: when this rank holds the whole
+        predicted round and nobody runs it yet, have the engine thread run it now (a
+        deferred offer waits for a blocking caller: see ``RoundLoop._arm``)."""
+        offer = self._offer
+        if offer.claim != OFFERED:
+            return
+        with self._lock:
+            if offer.claim == OFFERED and offer.gathering:
+                offer.defer = False
+                self._gather_cond.notify()
+
     def request_flush(self, handle: Handle) -> None:
         """A caller is about to block on ``handle``: stop waiting for more submissions
         while it is pending (until :meth:`end_flush`). When the engine offers a predicted
         round (see ``RoundLoop._gather_predicted``), the caller runs it here, in its own
-        thread."""
+        thread, and then offers the next predicted round itself (running that one too
+        while ``handle`` is still pending and this rank already holds all of it); the
+        engine thread is woken only when it has to take over."""
         offer = self._offer
         with self._lock:
             self._blocked.append(handle)
@@ -166,23 +182,39 @@ class Engine(RoundLoop):
                 return
             offer.claim = CLAIMED
             args = offer.args
+        while True:
             self.stats["rounds_run_by_caller"] += 1
-        try:
-            with torch.no_grad():
-                result: Any = self._round_body(*args)
-        except BaseException as exc:  # noqa: BLE001 - the engine thread raises it
-            result = exc
-        with self._lock:
-            offer.result = result
-            offer.claim = RAN
-            self._gather_cond.notify_all()
+            spec = args[2]
+            try:
+                with torch.no_grad():
+                    result: Any = self._round_body(*args)
+            except BaseException as exc:  # noqa: BLE001 - the engine thread raises it
+                result = exc
+            with self._lock:
+                spec.unclaimed = 0
+                spec.claimed += 1
+                nxt = self.speculator.spec
+                if result is True and nxt is not None and not self._shutdown and not self._aborted:
+                    self._arm(nxt, *self._begin_round())
+                    if offer.claim == OFFERED and not handle._done:
+                        offer.claim = CLAIMED  # the next round is complete here too: run it
+                        args = offer.args
+                        continue
+                    if offer.claim == OFFERED or self._flush:
+                        self._gather_cond.notify()  # the engine thread runs it, or waits for the rest
+                    return
+                offer.result = result
+                offer.claim = RAN  # the engine thread takes the loop back
+                self._gather_cond.notify_all()
+                return
 
     def end_burst(self) -> None:
         """The caller has submitted a complete group (a bucket of gradients): negotiate
         what is gathered now instead of waiting for the burst to settle."""
         with self._lock:
-            self._offer.burst_end = True
-            if self._offer.gathering:
+            offer = self._offer
+            offer.burst_end = True
+            if offer.gathering and offer.spec is None:  # (a predicted round waits for its names)
                 self._gather_cond.notify()
 
     def end_flush(self, handle: Handle) -> None:

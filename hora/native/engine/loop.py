@@ -28,7 +28,7 @@ from hora.native.backends.base import ReduceOp
 from hora.native.engine import negotiation
 from hora.native.engine.cache import Response
 from hora.native.engine.config import IDLE_POLL
-from hora.native.engine.control import I32_MAX
+from hora.native.engine.control import I32_MAX, Vote
 from hora.native.engine.request import ALLREDUCE, JOIN, QUIT, QUIT_KEY, UNCACHEABLE
 from hora.native.engine.speculation import HIT, PURE_HIT, Spec
 
@@ -38,13 +38,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NO_CLAIM, OFFERED, CLAIMED, RAN = range(4)  # a predicted round offered to a blocking caller
+DEFER_AFTER = 2  # a round blocking callers ran this many times in a row is offered without waking the thread
+DEFER_POLL = 0.02  # seconds: how long the thread then sleeps at most before it looks (see RoundLoop._arm)
 
 
 class Offer:
     """(Under the engine's lock.) The hand-over of a round between the thread and callers:
     what a predicted round still misses, and whether a blocking caller runs it."""
 
-    __slots__ = ("missing", "foreign", "stage", "spec", "claim", "args", "result", "burst_end", "gathering")
+    __slots__ = ("missing", "foreign", "stage", "spec", "claim", "args", "result", "burst_end", "gathering", "gen",
+                 "armed_at", "defer")
 
     def __init__(self) -> None:
         self.missing: set[str] | None = None  # predicted names this rank has not submitted yet
@@ -56,6 +59,9 @@ class Offer:
         self.result: Any = None  # what it returned (or raised)
         self.burst_end = False  # a caller ended a burst of submissions (ops.end_burst)
         self.gathering = False  # the thread is waiting for submissions to settle
+        self.gen = 0  # rounds offered so far (a caller that ran one offers the next: see RoundLoop._arm)
+        self.armed_at = 0.0  # when the current round was offered (time.monotonic)
+        self.defer = False  # completing the round does not wake the thread (a blocking caller will run it)
 
 
 class RoundLoop:
@@ -160,25 +166,31 @@ class RoundLoop:
     def _now_ms(self: Engine) -> int:
         return int((time.monotonic() - self._t_start) * 1000)
 
+    def _begin_round(self: Engine) -> tuple[float, float]:
+        """Count a round and stamp its start (the round's ``t0`` and timeline ``tl0``)."""
+        self._round_no += 1
+        self.stats["rounds"] += 1
+        return time.perf_counter(), (self.timeline.now() if self.timeline.enabled else 0.0)
+
     def _round(self: Engine) -> bool:
         """One negotiation round (+ execution). Returns False when the job went idle."""
         if self._aborted:
             raise CollectiveError(f"rank {self.rank}: hora was shut down without the other ranks")
-        t0 = time.perf_counter()
-        tl0 = self.timeline.now() if self.timeline.enabled else 0.0
-        self._round_no += 1
-        self.stats["rounds"] += 1
+        t0, tl0 = self._begin_round()
         cycle = self.tuning.cycle_time
         spec = self.speculator.spec
         offer = self._offer
         with self._lock:
             if spec is not None:
-                if self._gather_predicted(spec, t0, tl0):
-                    # a caller that blocked on a handle ran this round in its own thread
+                args = self._gather_predicted(spec, t0, tl0)
+                if args is None:
+                    # callers that blocked on handles ran the predicted rounds in their own
+                    # threads, and handed the loop back with the last round's result
                     result, offer.result = offer.result, None
                     if isinstance(result, BaseException):
                         raise result
                     return bool(result)
+                t0, tl0, spec = args
             elif self._incoming and not self._flush and not offer.burst_end and cycle > 0:
                 # let a burst of submissions (a backward pass, a loop of allreduce_async)
                 # land before negotiating, instead of competing with it for the GIL
@@ -244,18 +256,19 @@ class RoundLoop:
                     bits.append(e.slot)
         payload = pickle.dumps(uncached, protocol=pickle.HIGHEST_PROTOCOL) if uncached else b""
         tuner = self.autotuner
-        ctrl = cv.encode(bits, self._nonmember_slots() if C else [], bool(uncached), len(payload),
-                         bool(self._waiting or uncached), self._now_ms(),
-                         tuner.index if (tuner is not None and self.rank == 0) else I32_MAX,
-                         self._shutdown and not self._names, self.config.speculate and tuner is None)
+        vote = Vote(bits, self._nonmember_slots() if C else [], bool(uncached), len(payload),
+                    bool(self._waiting or uncached), self._now_ms(),
+                    tuner.index if (tuner is not None and self.rank == 0) else I32_MAX,
+                    self._shutdown and not self._names, self.config.speculate and tuner is None)
         spec_ok = False
         spx = self.speculator
         if spec is not None and spec.piggyback:
-            outcome = spx.collective(spec, ctrl, bits)
+            outcome, ctrl = spx.collective(spec, vote)
             if outcome == PURE_HIT:
                 return self._end_pure_round(t0, tl0, spec)
             spec_ok = outcome == HIT
         else:
+            ctrl = cv.encode(*vote)
             self.backend.allreduce(torch.from_numpy(ctrl), ReduceOp.Min, self.backend.world)
         flags = cv.flags(ctrl)
         spx.allowed = flags.speculate
@@ -331,19 +344,15 @@ class RoundLoop:
             spx.spec = None  # predicted, and nothing came: wait through the store again
         return self._after_round(t0, bool(responses or errors), cache.evictions != evictions)
 
-    def _gather_predicted(self: Engine, spec: Spec, t0: float, tl0: float) -> bool:
-        """(Under the lock.) Wait until this rank has submitted every tensor of the
-        predicted round, a caller blocks on a handle, or shutdown. True: a caller ran the
-        round in its own thread.
+    def _arm(self: Engine, spec: Spec, t0: float, tl0: float) -> None:
+        """(Under the lock.) Offer the predicted round ``spec`` (started at ``t0``/``tl0``):
+        what this rank still misses of it, and, when nothing, that it can run now.
 
-        Once this rank holds the whole prediction the round is *offered*: a caller that
-        blocks on a handle (``request_flush``) runs it in its thread, as DDP's hooks
-        launch their reductions, sparing two hand-overs between threads. Nobody claims
-        it within one cycle: this thread runs it (and after two such rounds in a row it
-        stops offering that round, trying again every 16th time).
-        """
-        if self._flush or self._shutdown:
-            return False
+        When blocking callers ran this round the last :data:`DEFER_AFTER` times (the last
+        bucket of a backward pass, which ``optimizer.step()`` waits for right after), the
+        submission that completes it does not wake the thread: the caller that blocks on
+        it runs it, and the thread looks on its own every :data:`DEFER_POLL` seconds (or
+        when a caller polls a handle), so a program that stops blocking still progresses."""
         offer = self._offer
         names = self._names
         missing = {n for n in spec.names if n not in names}
@@ -351,40 +360,72 @@ class RoundLoop:
         offer.claim = NO_CLAIM if missing else OFFERED
         offer.missing = missing
         offer.spec = spec
-        if missing and spec.piggyback and not spec.inplace:
-            offer.stage = self.speculator.stage_buffer(spec)
+        offer.stage = self.speculator.stage_buffer(spec) if missing and spec.piggyback and not spec.inplace else None
         offer.foreign = any(r.name not in spec.name_set for r in self._incoming)
+        offer.gen += 1
+        offer.armed_at = time.monotonic()
+        offer.defer = spec.claimed >= DEFER_AFTER
         offer.gathering = True
+
+    def _gather_predicted(self: Engine, spec: Spec, t0: float, tl0: float) -> tuple | None:
+        """(Under the lock.) Wait until this rank has submitted every tensor of the
+        predicted round, a caller blocks on a handle, or shutdown; returns the round this
+        thread runs now (``(t0, tl0, spec)``), or None: callers ran the predicted rounds
+        and handed the loop back (``offer.result``).
+
+        Once this rank holds the whole prediction the round is *offered*: a caller that
+        blocks on a handle (``request_flush``) runs it in its thread, as DDP's hooks
+        launch their reductions, sparing two hand-overs between threads. Nobody claims
+        it within one cycle: this thread runs it (and after two such rounds in a row it
+        stops offering that round, trying again every 16th time). A caller that ran a
+        round offers the next predicted one itself (:meth:`_arm`), so in the steady state
+        of a training loop this thread sleeps through the rounds; it takes over when the
+        prediction ends, a round fails, or no caller takes an offer.
+        """
+        offer = self._offer
+        if self._flush or self._shutdown:
+            return t0, tl0, spec
+        self._arm(spec, t0, tl0)
         # a rank may never submit the predicted tensors (its program went elsewhere): the
         # round then starts after the stall poll interval, so stall checks still run
-        deadline = time.monotonic() + (self.config.stall_poll or IDLE_POLL)
+        poll = self.config.stall_poll or IDLE_POLL
         settle = 10 * self.tuning.cycle_time
         cond = self._gather_cond
         try:
-            while missing and not self._flush and not self._shutdown and offer.claim == NO_CLAIM:
-                now = time.monotonic()
-                if offer.foreign:  # something unpredicted is pending: gather it briefly, go
-                    deadline = min(deadline, now + settle)
-                    offer.foreign = False
-                left = deadline - now
-                if left <= 0:
-                    break
-                cond.wait(left)
-            if offer.claim == OFFERED and not self._shutdown and spec.should_offer():
-                grace = time.monotonic() + self.tuning.cycle_time
-                while offer.claim == OFFERED and not self._shutdown:
-                    left = grace - time.monotonic()
+            while True:
+                gen = offer.gen
+                spec = offer.spec
+                deadline = offer.armed_at + poll
+                while (offer.missing and not self._flush and not self._shutdown and offer.claim == NO_CLAIM
+                       and offer.gen == gen):
+                    now = time.monotonic()
+                    if offer.foreign:  # something unpredicted is pending: gather it briefly, go
+                        deadline = min(deadline, now + settle)
+                        offer.foreign = False
+                    left = deadline - now
                     if left <= 0:
-                        # nobody blocked on it in time (say, the first bucket of a backward pass)
-                        spec.unclaimed += 1
                         break
-                    cond.wait(left)
-            while offer.claim == CLAIMED:
-                cond.wait(1.0)
-            if offer.claim == RAN:
-                spec.unclaimed = 0
-                return True
-            return False
+                    cond.wait(min(left, DEFER_POLL) if offer.defer else left)
+                if offer.gen != gen:
+                    continue
+                if offer.claim == OFFERED and not self._shutdown and spec.should_offer():
+                    grace = time.monotonic() + self.tuning.cycle_time
+                    while offer.claim == OFFERED and not self._shutdown and offer.gen == gen:
+                        left = grace - time.monotonic()
+                        if left <= 0:
+                            # nobody blocked on it in time (say, the first bucket of a backward pass)
+                            spec.unclaimed += 1
+                            spec.claimed = 0
+                            break
+                        cond.wait(left)
+                while offer.claim == CLAIMED and offer.gen == gen:
+                    cond.wait(1.0)  # a caller runs it (and perhaps offers the next round)
+                if offer.claim == RAN:
+                    return None
+                if offer.gen != gen:
+                    continue
+                spec.claimed = 0  # this thread runs it
+                return offer.args
         finally:
             offer.claim = NO_CLAIM
             offer.args = None
@@ -392,6 +433,7 @@ class RoundLoop:
             offer.spec = None
             offer.stage = None
             offer.gathering = False
+            offer.defer = False
 
     def _end_pure_round(self: Engine, t0: float, tl0: float, spec: Spec) -> bool:
         """The rest of a round whose prediction held with nothing else anywhere: exactly

@@ -106,6 +106,10 @@ class Handle:
 
     def poll(self) -> bool:
         """True when the op has finished (successfully or not); never blocks."""
+        if self._done:
+            return True
+        if self._engine is not None:
+            self._engine.kick()  # a round waiting for a blocking caller runs now
         return self._done
 
     def wait(self, timeout: float | None = None) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from hora.native.backends.base import ReduceOp
+from hora.native.engine.control import Vote
 from hora.native.engine.fusion import FusedGroup, flat, unpack
 from hora.native.engine.request import ALLREDUCE, ROOM, Request
 
@@ -44,8 +45,8 @@ class Spec:
     (see :meth:`Speculator.make` for the three kinds)."""
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
-                 "average", "offsets", "_parts", "unclaimed", "skipped", "piggyback", "inplace", "bits", "shapes",
-                 "flat")
+                 "average", "offsets", "_parts", "unclaimed", "claimed", "skipped", "piggyback", "inplace", "bits",
+                 "shapes", "flat")
 
     def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype | None,
                  prescale: float, postscale: float, average: bool, piggyback: bool = True,
@@ -61,6 +62,7 @@ class Spec:
         self.numel = sum(sizes)
         self._parts: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
         self.unclaimed = 0  # offers to a blocking caller in a row that nobody took
+        self.claimed = 0  # rounds in a row a blocking caller ran (see RoundLoop._arm: deferred offers)
         self.skipped = 0  # rounds not offered since (see Engine._gather_predicted)
         self.offsets: dict[str, tuple[int, int]] = {}
         off = 0
@@ -190,17 +192,18 @@ class Speculator:
         eng = self.engine
         return eng.executor.buffer(spec.dtype, spec.numel + eng.control.max_tail(), torch.device("cpu"))[: spec.numel]
 
-    def collective(self, spec: Spec, ctrl: np.ndarray, bits: list[int]) -> int:
-        """Run the predicted round's data and the control vector ``ctrl`` (MIN form) as one
-        Sum allreduce; rewrite ``ctrl`` with the job-wide (MIN form) result. HIT when the
-        prediction held on every rank (its requests are then finished), MISS when not;
-        PURE_HIT when it held and nothing else happened anywhere (``ctrl`` is then left
-        as it was: the engine ends the round at once)."""
+    def collective(self, spec: Spec, vote: Vote) -> tuple[int, np.ndarray | None]:
+        """Run the predicted round's data and this rank's ``vote`` (in tail form) as one
+        Sum allreduce; return the outcome and the job-wide control vector (MIN form, as
+        a normal round's reduction gives it). HIT when the prediction held on every rank
+        (its requests are then finished), MISS when not; PURE_HIT when it held and
+        nothing else happened anywhere (no control vector then: the engine ends the
+        round at once)."""
         eng = self.engine
         cv = eng.control
         size = eng.size
         n = spec.numel
-        have_bits = set(bits)
+        have_bits = set(vote.bits)
         have = spec.slot_set <= have_bits
         # only the slots up to the highest one in use travel (the cache, so this bound, is
         # the same on every rank); a slot beyond it has no entry: nobody votes for it
@@ -209,10 +212,9 @@ class Speculator:
         # ranks with nothing but the prediction: no other op (so none ready or half-submitted
         # anywhere once every rank says so), nothing uncached, not done, speculation on, and
         # no stall tracking going on (job-wide state)
-        alone = (have and len(have_bits) == len(spec.slots) and ctrl[cv.no_uncached] == 1 and ctrl[cv.done] == 0
-                 and ctrl[cv.speculate] == 1 and not eng.negotiator.table and not eng.stalls.tracking)
-        tail = cv.encode_tail(ctrl, U, np.float64 if spec.dtype == torch.float64 else np.float32, rank=eng.rank,
-                              size=size, have=have, alone=alone, inplace=inplace)
+        alone = (have and len(have_bits) == len(spec.slots) and not vote.uncached and not vote.done
+                 and vote.speculate and not eng.negotiator.table and not eng.stalls.tracking)
+        T = cv.tail_size(U, size, inplace)
         reqs: list[Request] = []
         if have:
             waiting = eng._waiting
@@ -221,13 +223,13 @@ class Speculator:
         if inplace:
             # the tensor itself, the tail in its room; a rank without it sends zeros
             if have:
-                buf = reqs[0].room[: n + tail.size]
+                buf = reqs[0].room[: n + T]
             else:
-                buf = eng.executor.buffer(spec.dtype, n + tail.size, torch.device("cpu"))
+                buf = eng.executor.buffer(spec.dtype, n + T, torch.device("cpu"))
                 buf[:n].zero_()
             data = buf[:n]
         else:
-            buf = eng.executor.buffer(spec.dtype, n + tail.size, torch.device("cpu"))
+            buf = eng.executor.buffer(spec.dtype, n + T, torch.device("cpu"))
             data = buf[:n]
             token = self.stage_token
             self.stage_token += 1  # what was staged is consumed (or overwritten) by this collective
@@ -243,14 +245,16 @@ class Speculator:
                     from hora.native.engine.execute import scale_
 
                     scale_(data, spec.prescale)
-        buf[n:].copy_(torch.from_numpy(tail))
-        out = buf[n:].numpy()  # (made before the collective: the less runs after it, the better)
+        out = buf[n:].numpy()  # (the tail, written in place: the less runs around the collective, the better)
+        cv.tail_of(vote, U, out, rank=eng.rank, size=size, have=have, alone=alone, inplace=inplace)
         eng.backend.allreduce(buf, ReduceOp.Sum, eng.backend.world)
         st = eng.stats
         # float32 or float64: the counts are exact in either
         pure = cv.tail_pure(out, U, size)
         held = pure or cv.tail_held(out, U, size)
+        ctrl = None
         if not pure:
+            ctrl = np.empty(cv.size, dtype=np.int32)
             cv.decode_tail(out, ctrl, U, size)
         if not held:
             st["speculation_misses"] += 1
@@ -262,7 +266,7 @@ class Speculator:
                 # the tensor later (in place, prescale 1) produces.
                 if eng.rank != int(cv.tail_holders(out, U, size)[0]):
                     data.zero_()
-            return MISS
+            return MISS, ctrl
         post = spec.postscale / size if spec.average else spec.postscale
         if inplace:
             if post != 1.0:
@@ -271,4 +275,4 @@ class Speculator:
             unpack(parts, reqs, post, spec.shaped_parts())
         eng.finish_fused(reqs, n * buf.element_size(), fused=not inplace, waiting=eng._waiting)
         st["speculation_hits"] += 1
-        return PURE_HIT if pure else HIT
+        return (PURE_HIT if pure else HIT), ctrl
