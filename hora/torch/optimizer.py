@@ -231,6 +231,7 @@ class _DistributedMixin:
         self._hora_layout_checked = not any(self._hora_flat_ok)
         self._hora_bucket_ready = [0] * len(self._hora_buckets)
         self._hora_submitted = [False] * len(self._hora_buckets)
+        self._hora_counted = False  # some hook counted a pass or a bucket was submitted since the last reset
         self._hora_bucket_slots = [[self._hora_slots[p] for p in bucket] for bucket in self._hora_buckets]
         self._hora_bucket_names = [f"{_GRAD_PREFIX}bucket.{b}.{names[bucket[0]]}"
                                    for b, bucket in enumerate(self._hora_buckets)]
@@ -318,6 +319,7 @@ class _DistributedMixin:
             if p.grad is not view and not self._hora_small[b]:
                 self._hora_adopt(s, view)  # (a small bucket adopts all its gradients at once, at submit)
         s.delay -= 1
+        self._hora_counted = True
         if s.delay == 0:
             self._hora_bucket_ready[b] += 1
             if self._hora_bucket_ready[b] == len(self._hora_buckets[b]):
@@ -345,6 +347,7 @@ class _DistributedMixin:
         """Start the reduction of bucket ``b``: its flat buffer as one tensor, or each
         gradient by name when the bucket has no flat buffer."""
         self._hora_submitted[b] = True
+        self._hora_counted = True
         bucket = self._hora_buckets[b]
         if not self._hora_flat_ok[b]:
             for q in bucket:
@@ -493,6 +496,7 @@ class _DistributedMixin:
         self._hora_synchronized = True
 
     def _hora_reset_counts(self) -> None:
+        self._hora_counted = False  # (set again by the next gradient hook or bucket submission)
         bpps = self._hora_bpps
         for s in self._hora_slots.values():
             s.delay = bpps
@@ -549,7 +553,8 @@ class _DistributedMixin:
             )
             self.synchronize()
             self._hora_synchronized = False
-        self._hora_reset_counts()
+        if self._hora_counted:  # (step() has already reset them after its synchronize)
+            self._hora_reset_counts()
         super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
 
     def remove_hooks(self) -> None:

@@ -86,6 +86,19 @@ def test_stall_warning_names_tensor_and_missing_rank():
 
 
 @pytest.mark.timeout(120)
+def test_a_predicted_round_one_rank_never_submits_still_times_out_naming_it():
+    # after steps in lockstep the late step is a predicted round, which the blocked caller
+    # runs in its own thread while the late rank's engine sleeps: the late rank's engine
+    # still runs the round within its stall poll, so the caller's timeout names the rank
+    outs = run_ranks(workers.stall, 2, args=(1, 3.0, False, 8), env={"HORA_STALL_CHECK_TIME": "1"}, timeout=110)
+    assert outs[0]["steady_stats"].get("speculation_hits", 0) >= 4, outs[0]["steady_stats"]
+    assert outs[0]["steady_stats"].get("rounds_run_by_caller", 0) >= 4, outs[0]["steady_stats"]
+    assert outs[0]["value"] == [2.0, 2.0] and outs[1]["value"] == [2.0, 2.0]
+    assert "late.tensor" in outs[0]["timeout"] and "never by ranks [1]" in outs[0]["timeout"], outs[0]
+    assert outs[0]["t"][0] < 60, outs[0]["t"]  # (the late rank came after 3 s: nothing waited for a long poll)
+
+
+@pytest.mark.timeout(120)
 def test_stall_shutdown_time_turns_the_stall_into_an_error():
     env = {"HORA_STALL_CHECK_TIME": "0.5", "HORA_STALL_SHUTDOWN_TIME": "1.5"}
     outs = run_ranks(workers.stall, 3, args=(2, 4.0, True), env=env, timeout=110)

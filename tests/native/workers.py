@@ -387,8 +387,9 @@ class _ListHandler(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def stall(late_rank: int, delay: float, shutdown_time: bool) -> dict[str, Any]:
-    """``late_rank`` submits 'late.tensor' ``delay`` seconds after the others."""
+def stall(late_rank: int, delay: float, shutdown_time: bool, steady: int = 0) -> dict[str, Any]:
+    """``late_rank`` submits 'late.tensor' ``delay`` seconds after the others (after
+    ``steady`` steps of it in lockstep: then the late step is a predicted round)."""
     import hora.native as hn
     from hora.errors import CollectiveError
 
@@ -397,6 +398,9 @@ def stall(late_rank: int, delay: float, shutdown_time: bool) -> dict[str, Any]:
     hn.init()
     r = hn.rank()
     out: dict[str, Any] = {}
+    for _ in range(steady):
+        hn.allreduce(torch.ones(2), op=hn.Sum, name="late.tensor")
+    out["steady_stats"] = hn.engine_stats()
     t0 = time.monotonic()
     if r == late_rank:
         time.sleep(delay)
@@ -415,6 +419,7 @@ def stall(late_rank: int, delay: float, shutdown_time: bool) -> dict[str, Any]:
     hn.barrier()
     out["warnings"] = [m for m in handler.messages if "stall" in m]
     t1 = time.monotonic()
+    out["stats"] = hn.engine_stats()
     hn.shutdown()
     out["t"] = (round(t1 - t0, 2), round(time.monotonic() - t1, 2))
     return out

@@ -13,7 +13,10 @@ taken from the computation. Here each member maps a segment of every other membe
 3. copy each chunk of the result from the segment of the member that reduced it.
 
 Each chunk is reduced by exactly one member, so every member receives the same bits. A
-segment has two halves used in turn: a peer may still read the half of the previous
+buffer of at most :data:`ONE_STEP_MAX_BYTES` is reduced in one step instead: after step 1
+every member reduces the whole buffer from every segment, in group order (the same
+operations on the same bytes, so the same bits on every member); for a small buffer the
+second exchange, not the bytes, is the cost. A segment has two halves used in turn: a peer may still read the half of the previous
 piece while I fill the other one, and by the time I fill this half again, every peer has
 told me it finished the piece that read it (step 1 of the next piece comes after its
 step 3). Buffers larger than a half go through in pieces.
@@ -261,7 +264,7 @@ class ShmReducer:
     # -- the collective -------------------------------------------------------------------
     @staticmethod
     def supports(buf: torch.Tensor, op: ReduceOp) -> bool:
-        return buf.dtype in DTYPES and op in _REDUCE and buf.device.type == "cpu"
+        return buf.is_cpu and buf.dtype in DTYPES and op in _REDUCE
 
     def allreduce(self, buf: torch.Tensor, op: ReduceOp, src: torch.Tensor | None = None,
                   scale: float = 1.0) -> None:
@@ -277,9 +280,8 @@ class ShmReducer:
         Raises:
             CollectiveError: a member did not arrive within the timeout or has gone.
         """
-        flat = buf.view(-1)
-        numel = flat.numel()
-        if 0 < numel * flat.element_size() <= self._one_step_max:
+        flat = buf if buf.dim() == 1 else buf.view(-1)
+        if 0 < flat.numel() * flat.element_size() <= self._one_step_max:
             self._allreduce_one_step(flat, _REDUCE[op], src, scale)
             return
         g, size = self.group.rank, self.group.size
@@ -316,7 +318,7 @@ class ShmReducer:
         base = (self.pieces % 2) * self.half
         self.pieces += 1
         seg = self._segments(base, flat.numel(), flat.dtype)
-        seg[self.group.rank].copy_(flat if src is None else src.view(-1))
+        seg[self.group.rank].copy_(flat if src is None else src if src.dim() == 1 else src.view(-1))
         self._exchange(_STEP_FILLED)
         fn(seg[0], seg[1], out=flat)
         for p in range(2, len(seg)):

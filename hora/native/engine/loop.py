@@ -8,7 +8,9 @@ ready responses, runs them (:mod:`.execute`), and decides alike whether another 
 follows or the job goes idle (:meth:`RoundLoop._after_round`). An idle thread blocks on
 a job-wide wake-up signal that the next submission anywhere sets. A predicted round
 (:mod:`.speculation`) is waited for locally instead, and may run in the thread of a
-caller that blocks on a handle (:meth:`RoundLoop._gather_predicted`).
+caller that blocks on a handle (:meth:`RoundLoop._gather_predicted`), which then offers
+the next predicted round itself (:meth:`RoundLoop._arm`): in a training loop's steady
+state the thread sleeps while the callers run the rounds, with no hand-over per round.
 
 This is a mixin of :class:`~.engine.Engine`: it shares the engine's state, and is kept
 apart so the thread's logic can be read in one place.
@@ -360,7 +362,8 @@ class RoundLoop:
         offer.claim = NO_CLAIM if missing else OFFERED
         offer.missing = missing
         offer.spec = spec
-        offer.stage = self.speculator.stage_buffer(spec) if missing and spec.piggyback and not spec.inplace else None
+        offer.stage = (self.speculator.stage_buffer(spec) if missing and spec.stages and spec.piggyback
+                       and not spec.inplace else None)
         offer.foreign = any(r.name not in spec.name_set for r in self._incoming)
         offer.gen += 1
         offer.armed_at = time.monotonic()

@@ -284,10 +284,20 @@ def fast_allreduce_request(name: str, tensor: torch.Tensor, output: torch.Tensor
         r.postscale = postscale
     if room is not None:
         r.room = room
-    shape = tuple(tensor.shape)
-    r.key = _new_key(OpKey, (ALLREDUCE, DTYPE_NAMES[tensor.dtype], shape, len(shape), op.value, -1, 0, prescale,
-                             postscale, "none", "cpu", None if room is None else ROOM))
+    cached = (tensor.shape, tensor.dtype, op, prescale, postscale, room is None)
+    key = _FAST_KEYS.get(cached)
+    if key is None:  # (a loop over the same tensors builds each key once)
+        if len(_FAST_KEYS) >= 4096:
+            _FAST_KEYS.clear()
+        shape = tuple(tensor.shape)
+        key = _FAST_KEYS[cached] = _new_key(OpKey, (
+            ALLREDUCE, DTYPE_NAMES[tensor.dtype], shape, len(shape), op.value, -1, 0, prescale, postscale, "none",
+            "cpu", None if room is None else ROOM))
+    r.key = key
     return r
+
+
+_FAST_KEYS: dict[tuple, OpKey] = {}  # fast_allreduce_request's keys by shape, dtype, op, scales, room
 
 
 def describe_key(key: OpKey) -> str:

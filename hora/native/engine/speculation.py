@@ -46,7 +46,7 @@ class Spec:
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
                  "average", "offsets", "_parts", "unclaimed", "claimed", "skipped", "piggyback", "inplace", "bits",
-                 "shapes", "flat")
+                 "shapes", "flat", "stages", "_room")
 
     def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype | None,
                  prescale: float, postscale: float, average: bool, piggyback: bool = True,
@@ -75,6 +75,8 @@ class Spec:
         self.average = average
         self.shapes: list[tuple] | None = None  # the tensors' shapes (set by Speculator.make)
         self.flat = False  # every tensor is 1-D (copied in without views)
+        self.stages = max(sizes, default=0) >= STAGE_MIN_NUMEL  # some tensor is copied in at submit
+        self._room: tuple | None = None  # an in-place round's buffer and tail views, while the room stays
 
     def should_offer(self) -> bool:
         """Offer the round to a blocking caller, unless the last two offers went
@@ -96,6 +98,17 @@ class Spec:
                 [p.view(s) for p, s in zip(parts, shapes)]
             self._parts = (key, parts, shaped)
         return self._parts[1]
+
+    def room_views(self, room: torch.Tensor, numel: int) -> tuple[torch.Tensor, np.ndarray]:
+        """``room[:numel]`` and the tail's numpy view after the data (an in-place round),
+        kept while the room and the tail's length stay the same (an optimizer bucket's
+        buffer is reduced step after step)."""
+        key = (room.data_ptr(), numel)
+        got = self._room
+        if got is None or got[0] != key:
+            buf = room[:numel]
+            got = self._room = (key, buf, buf[self.numel:].numpy())
+        return got[1], got[2]
 
     def shaped_parts(self) -> list[torch.Tensor]:
         """The views of the last :meth:`parts_of`, with the tensors' shapes."""
@@ -220,14 +233,14 @@ class Speculator:
             waiting = eng._waiting
             reqs = [waiting[name] for name in spec.names]
         parts: list[torch.Tensor] = []
+        out = None
         if inplace:
             # the tensor itself, the tail in its room; a rank without it sends zeros
             if have:
-                buf = reqs[0].room[: n + T]
+                buf, out = spec.room_views(reqs[0].room, n + T)
             else:
                 buf = eng.executor.buffer(spec.dtype, n + T, torch.device("cpu"))
                 buf[:n].zero_()
-            data = buf[:n]
         else:
             buf = eng.executor.buffer(spec.dtype, n + T, torch.device("cpu"))
             data = buf[:n]
@@ -237,7 +250,9 @@ class Speculator:
             if have:
                 parts = spec.parts_of(data, spec.shapes)
                 todo = [i for i, q in enumerate(reqs) if q.staged != token] if staged else None
-                if todo is None or len(todo) == len(reqs):  # one batched copy
+                if len(reqs) == 1 and not staged:
+                    data.copy_(flat(reqs[0].tensor))
+                elif todo is None or len(todo) == len(reqs):  # one batched copy
                     torch.cat([q.tensor for q in reqs] if spec.flat else [flat(q.tensor) for q in reqs], out=data)
                 elif todo:
                     torch._foreach_copy_([parts[i] for i in todo], [flat(reqs[i].tensor) for i in todo])
@@ -245,7 +260,8 @@ class Speculator:
                     from hora.native.engine.execute import scale_
 
                     scale_(data, spec.prescale)
-        out = buf[n:].numpy()  # (the tail, written in place: the less runs around the collective, the better)
+        if out is None:
+            out = buf[n:].numpy()  # (the tail, written in place: the less runs around the collective, the better)
         cv.tail_of(vote, U, out, rank=eng.rank, size=size, have=have, alone=alone, inplace=inplace)
         eng.backend.allreduce(buf, ReduceOp.Sum, eng.backend.world)
         st = eng.stats
@@ -265,12 +281,16 @@ class Speculator:
                 # ranks still add up to the true sum, which the normal round that reduces
                 # the tensor later (in place, prescale 1) produces.
                 if eng.rank != int(cv.tail_holders(out, U, size)[0]):
-                    data.zero_()
+                    buf[:n].zero_()
             return MISS, ctrl
         post = spec.postscale / size if spec.average else spec.postscale
         if inplace:
             if post != 1.0:
-                data.mul_(post)
+                buf[:n].mul_(post)
+        elif len(reqs) == 1 and reqs[0].output is None:  # one new tensor: no batched call for one
+            q = reqs[0]
+            res = data.mul(post) if post != 1.0 else data.clone()
+            q.output = res if spec.flat else res.view(q.tensor.shape)
         else:
             unpack(parts, reqs, post, spec.shaped_parts())
         eng.finish_fused(reqs, n * buf.element_size(), fused=not inplace, waiting=eng._waiting)
