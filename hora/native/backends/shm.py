@@ -13,10 +13,12 @@ taken from the computation. Here each member maps a segment of every other membe
 3. copy each chunk of the result from the segment of the member that reduced it.
 
 Each chunk is reduced by exactly one member, so every member receives the same bits. A
-buffer of at most :data:`ONE_STEP_MAX_BYTES` is reduced in one step instead: after step 1
-every member reduces the whole buffer from every segment, in group order (the same
-operations on the same bytes, so the same bits on every member); for a small buffer the
-second exchange, not the bytes, is the cost. A segment has two halves used in turn: a peer may still read the half of the previous
+buffer of at most :data:`ONE_STEP_MAX_BYTES` (over the number of peers) is reduced in one
+step instead: after step 1 every member reduces the whole buffer from every segment, in
+group order (the same operations on the same bytes, so the same bits on every member);
+for a small buffer the second exchange, not the bytes, is the cost.
+
+A segment has two halves used in turn: a peer may still read the half of the previous
 piece while I fill the other one, and by the time I fill this half again, every peer has
 told me it finished the piece that read it (step 1 of the next piece comes after its
 step 3). Buffers larger than a half go through in pieces.
@@ -71,8 +73,9 @@ ENV_SHM_BUFFER_MB = "HORA_SHM_BUFFER_MB"
 DEFAULT_BUFFER_MB = settings.default(ENV_SHM_BUFFER_MB)
 SHM_DIR = "/dev/shm"
 _ALIGN = 64  # bytes: chunk boundaries on cache lines
-# a buffer up to this size is reduced in one step (one exchange; every member reduces all of
-# it): the second exchange, not the bytes, is what a small reduction costs
+# a buffer up to this size (over the number of peers) is reduced in one step (one exchange;
+# every member reduces all of it): the second exchange, not the bytes, is what a small
+# reduction costs
 ONE_STEP_MAX_BYTES = 256 << 10
 
 # dtypes the reduction loops below handle (torch's own CPU kernels); others go to Gloo
@@ -143,7 +146,8 @@ class ShmReducer:
         self._listener: socket.socket | None = None
         self._broken: CollectiveError | None = None  # after a failure the steps are out of sync
         self._views: dict[tuple, list[torch.Tensor]] = {}  # (base, numel, dtype) -> every member's segment
-        self._one_step_max = min(half, ONE_STEP_MAX_BYTES)
+        # (each member reads every peer's bytes: with more members, only smaller buffers pay)
+        self._one_step_max = min(half, ONE_STEP_MAX_BYTES // max(1, group.size - 1))
 
     # -- set-up ---------------------------------------------------------------------------
     def _setup(self, store: Any) -> bool:
@@ -272,10 +276,10 @@ class ShmReducer:
         ``src`` (same size and dtype) into ``buf``; then multiply by ``scale`` (floating
         point only). Each member scales the chunk it reduced, in its segment, so every
         member still receives the same bits. A buffer of at most
-        :data:`ONE_STEP_MAX_BYTES` is reduced in one step: after the one exchange every
-        member reduces all of it from every segment, in group order (the same bits
-        everywhere), which saves the second exchange, the round trip that dominates a
-        small reduction.
+        :data:`ONE_STEP_MAX_BYTES` over the number of peers is reduced in one step: after
+        the one exchange every member reduces all of it from every segment, in group
+        order (the same bits everywhere), which saves the second exchange, the round trip
+        that dominates a small reduction.
 
         Raises:
             CollectiveError: a member did not arrive within the timeout or has gone.

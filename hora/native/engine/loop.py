@@ -364,7 +364,7 @@ class RoundLoop:
         offer.spec = spec
         offer.stage = (self.speculator.stage_buffer(spec) if missing and spec.stages and spec.piggyback
                        and not spec.inplace else None)
-        offer.foreign = any(r.name not in spec.name_set for r in self._incoming)
+        offer.foreign = bool(self._incoming) and any(r.name not in spec.name_set for r in self._incoming)
         offer.gen += 1
         offer.armed_at = time.monotonic()
         offer.defer = spec.claimed >= DEFER_AFTER
