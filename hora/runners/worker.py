@@ -38,6 +38,7 @@ from hora import settings
 from hora.errors import HoraError, RendezvousError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import KVClient, WorkerEnv
+from hora.pids import pid_alive
 from hora.runners.spec import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_TERMINATE_GRACE,
@@ -142,15 +143,7 @@ def _configure_logging(verbose: int) -> None:
 def supervisor_alive(pid: int) -> bool:
     """Whether the supervisor ``pid`` of this rank still runs: its parent (a plain
     subprocess), or a live process (a rank forked by a warm server, :mod:`hora.runners.warm`)."""
-    if os.getppid() == pid:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return os.getppid() == pid or pid_alive(pid)
 
 
 class _Watchdog(threading.Thread):

@@ -41,6 +41,7 @@ from typing import Iterator
 
 from hora import settings
 from hora.errors import StoreError
+from hora.pids import pid_alive
 from hora.store.layout import LEASE_PREFIX, TMP_PREFIX
 from hora.store.store import Store
 
@@ -67,16 +68,6 @@ def _machine() -> str:
 MACHINE = _machine()
 
 
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @dataclass(frozen=True)
 class LeaseInfo:
     """What one lease file says."""
@@ -100,7 +91,7 @@ class LeaseInfo:
         if (time.time() if now is None else now) - self.heartbeat_at > self.ttl:
             return False
         if self.machine == MACHINE and self.pid > 0 and self.pid != os.getpid():
-            return _pid_exists(self.pid)
+            return pid_alive(self.pid)
         return True
 
 
