@@ -63,6 +63,7 @@ def test_a_collective_some_rank_never_joins_is_named_and_the_job_aborted():
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=80)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
+    out += f"\n(mpiexec exit code {proc.returncode})"
     assert time.monotonic() - t0 < 60  # the ranks would sleep 120 s: the watchdog ended the job
     assert "did not complete within HORA_COLLECTIVE_TIMEOUT=4s: ranks [2] never joined it" in out, out[-3000:]
     assert "rank 1 waits in call 1 (barrier)" in out or "rank 0 waits in call 1 (allreduce)" in out, out[-3000:]

@@ -18,10 +18,12 @@ threads wait on a TCPStore that rank 0 serves.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -36,6 +38,8 @@ from hora.native.backends.base import Backend, Group, ReduceOp, StoreWaker, Wake
 log = logging.getLogger(__name__)
 
 _NO_NATIVE_REDUCE = (torch.float16, torch.bfloat16)
+#: Seconds between the watchdog's error and its MPI_Abort, for mpiexec to relay the error.
+ABORT_RELAY_S = 1.0
 
 
 def _import_mpi() -> Any:
@@ -187,6 +191,11 @@ class MPIBackend(Backend):
             log.error("rank %d: MPI %s over ranks %s (call %d on that group) did not complete within "
                       "HORA_COLLECTIVE_TIMEOUT=%gs: %s. Aborting the job.", self.rank, what, group.ranks, n,
                       self.timeout, detail)
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            # mpiexec relays the ranks' output asynchronously and tears the job down at the
+            # abort: give it a moment to pass the reason on, or the user sees nothing
+            time.sleep(ABORT_RELAY_S)
             self.MPI.COMM_WORLD.Abort(1)
             return
 
