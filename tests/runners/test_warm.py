@@ -190,3 +190,20 @@ def test_exit_process_ends_as_the_interpreter_would_without_its_finalization():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=_env())
     assert out.returncode == 7, out.stderr
     assert out.stdout.split() == ["main", "thread", "atexit"]
+
+
+@pytest.mark.timeout(30)
+def test_ranks_do_not_inherit_the_dask_workers_malloc_trim_threshold(monkeypatch):
+    """A Dask worker runs with MALLOC_TRIM_THRESHOLD_ from its nanny's config, which pins
+    glibc's mmap threshold (a training rank would page-fault through every buffer): its
+    ranks start without it; a value the user set themselves stays."""
+    import dask
+    import distributed  # noqa: F401  (a Dask worker has it imported)
+
+    from hora.runners.worker import worker_process_env
+
+    injected = str(dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"])
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", injected)
+    assert "MALLOC_TRIM_THRESHOLD_" not in worker_process_env()
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
+    assert worker_process_env()["MALLOC_TRIM_THRESHOLD_"] == "1048576"
