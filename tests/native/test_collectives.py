@@ -90,7 +90,11 @@ def test_a_predicted_round_one_rank_never_submits_still_times_out_naming_it():
     # after steps in lockstep the late step is a predicted round, which the blocked caller
     # runs in its own thread while the late rank's engine sleeps: the late rank's engine
     # still runs the round within its stall poll, so the caller's timeout names the rank
-    outs = run_ranks(workers.stall, 2, args=(1, 3.0, False, 8), env={"HORA_STALL_CHECK_TIME": "1"}, timeout=110)
+    # (16 steps: the first 4 are negotiated, so 12 are predicted and a caller that misses a
+    # few offers on a loaded machine still runs 4; a cycle of 100 ms keeps each offer open
+    # long enough, as in the test below)
+    outs = run_ranks(workers.stall, 2, args=(1, 3.0, False, 16),
+                     env={"HORA_STALL_CHECK_TIME": "1", "HORA_CYCLE_TIME": "100"}, timeout=110)
     assert outs[0]["steady_stats"].get("speculation_hits", 0) >= 4, outs[0]["steady_stats"]
     assert outs[0]["steady_stats"].get("rounds_run_by_caller", 0) >= 4, outs[0]["steady_stats"]
     assert outs[0]["value"] == [2.0, 2.0] and outs[1]["value"] == [2.0, 2.0]
@@ -237,7 +241,8 @@ def test_a_caller_blocking_on_a_handle_runs_the_predicted_round_itself():
     # the engine offers a complete predicted round for one cycle (100 ms here, so the
     # caller is surely in time) to a caller that blocks on a handle; it runs it in its own
     # thread, sparing two hand-overs between threads
-    outs = run_ranks(workers.caller_runs_predicted_round, 2, args=(8,), env={"HORA_CYCLE_TIME": "100"},
+    # (16 steps: the first 4 are negotiated, the 12 predicted leave room for missed offers)
+    outs = run_ranks(workers.caller_runs_predicted_round, 2, args=(16,), env={"HORA_CYCLE_TIME": "100"},
                      timeout=110)
     for o in outs:
         assert o["fails"] == []
