@@ -29,6 +29,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from hora import ENV_LOG_LEVEL, settings
 from hora.errors import ConfigError, HoraError, RendezvousError, WorkerFailedError
 from hora.native.build_info import find_mpiexec
 
@@ -139,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="mark every engine cycle on the timeline (needs --timeline-filename)")
     tune.add_argument("--no-shm", action="store_true",
                       help="ranks on one host allreduce through Gloo instead of shared memory (HORA_SHM_ALLREDUCE=0)")
-    tune.add_argument("--backend", default=None, choices=["auto", "gloo", "nccl", "mpi"],
+    tune.add_argument("--backend", default=None, choices=list(settings.BACKENDS),
                       help="collective backend (HORA_BACKEND); default auto")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command to run (e.g. python train.py)")
 
@@ -186,7 +187,7 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
         shm=not args.no_shm,
     )
     if args.log_level:
-        out["HORA_LOG_LEVEL"] = args.log_level
+        out[ENV_LOG_LEVEL] = args.log_level
     return out
 
 

@@ -22,6 +22,17 @@ from typing import Any
 
 from hora.errors import ConfigError
 
+#: the names that both the launchers (which set them for a run) and the engine (which
+#: reads them) use; every other name has one home: its module's ``ENV_*`` constant
+ENV_BACKEND = "HORA_BACKEND"
+ENV_SHM_ALLREDUCE = "HORA_SHM_ALLREDUCE"
+ENV_TIMELINE = "HORA_TIMELINE"
+ENV_TIMELINE_MARK_CYCLES = "HORA_TIMELINE_MARK_CYCLES"
+ENV_CYCLE_TIME = "HORA_CYCLE_TIME"
+ENV_FUSION_THRESHOLD = "HORA_FUSION_THRESHOLD"
+ENV_CACHE_CAPACITY = "HORA_CACHE_CAPACITY"
+ENV_AUTOTUNE = "HORA_AUTOTUNE"
+
 #: the collective backends ``HORA_BACKEND`` (``hora run --backend``, ``collective_backend=``) names
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 #: the log levels of ``HORA_LOG_LEVEL`` (Horovod's names)
@@ -160,7 +171,7 @@ _DECLARED: tuple[Setting, ...] = (
     _s("HORA_ELASTIC_WORKER", "str", None, "the elastic worker's name", "contract"),
     _s("HORA_ELASTIC_ROUND", "int", None, "the elastic membership round this worker is in", "contract", minimum=0),
     # -- launching ------------------------------------------------------------------------
-    _s("HORA_BACKEND", "choice", "auto", "the collective backend (auto: MPI under mpiexec, else Gloo, plus "
+    _s(ENV_BACKEND, "choice", "auto", "the collective backend (auto: MPI under mpiexec, else Gloo, plus "
        "NCCL for CUDA tensors when a GPU is there)", "launch", choices=BACKENDS),
     _s("HORA_START_TIMEOUT", default=60.0, doc="seconds for hosts to answer and every rank to meet at start",
        group="launch", **_SECONDS),
@@ -202,12 +213,12 @@ _DECLARED: tuple[Setting, ...] = (
     _s("HORA_LOG_LEVEL", "choice", None, "hora's own log messages at this level and above go to stderr",
        "launch", choices=LOG_LEVELS),
     # -- the collective engine -------------------------------------------------------------
-    _s("HORA_CYCLE_TIME", "float", 1.0, "milliseconds between negotiation rounds while work is pending "
+    _s(ENV_CYCLE_TIME, "float", 1.0, "milliseconds between negotiation rounds while work is pending "
        "(a burst of submissions is gathered for up to 10 cycles)", "engine", minimum=0.0, maximum=1000.0,
        unit="ms"),
-    _s("HORA_FUSION_THRESHOLD", "int", 64 * 1024 * 1024, "bytes of allreduces fused into one collective "
+    _s(ENV_FUSION_THRESHOLD, "int", 64 * 1024 * 1024, "bytes of allreduces fused into one collective "
        "(0: no fusion)", "engine", minimum=0, maximum=1 << 34, unit="bytes"),
-    _s("HORA_CACHE_CAPACITY", "int", 1024, "response-cache slots: ops negotiated once, then by one bit per "
+    _s(ENV_CACHE_CAPACITY, "int", 1024, "response-cache slots: ops negotiated once, then by one bit per "
        "round (0: no cache)", "engine", minimum=0, maximum=1 << 16),
     _s("HORA_STALL_CHECK_TIME", "float", 60.0, "seconds before an op some ranks submitted and others did not "
        "is logged as a stall (0: no warnings)", "engine", minimum=0.0, unit="seconds"),
@@ -222,14 +233,14 @@ _DECLARED: tuple[Setting, ...] = (
        "negotiation", "engine"),
     _s("HORA_LINGER_ROUNDS", "int", 0, "rounds without results the engine runs before going idle", "engine",
        minimum=0, maximum=1 << 20),
-    _s("HORA_AUTOTUNE", "bool", False, "search fusion threshold and cycle time during the first steps",
+    _s(ENV_AUTOTUNE, "bool", False, "search fusion threshold and cycle time during the first steps",
        "engine"),
     _s("HORA_AUTOTUNE_WINDOW", "int", 20, "working rounds the autotuner scores each candidate over", "engine",
        minimum=1, maximum=1 << 20),
-    _s("HORA_TIMELINE", "str", None, "write a Chrome trace of every op's phases to this file", "engine"),
+    _s(ENV_TIMELINE, "str", None, "write a Chrome trace of every op's phases to this file", "engine"),
     _s("HORA_TIMELINE_ALL_RANKS", "bool", False, "every rank writes a timeline (to <file>.rank<r>)", "engine"),
-    _s("HORA_TIMELINE_MARK_CYCLES", "bool", False, "a marker per negotiation round in the timeline", "engine"),
-    _s("HORA_SHM_ALLREDUCE", "bool", True, "ranks on one host allreduce through shared memory (else Gloo)",
+    _s(ENV_TIMELINE_MARK_CYCLES, "bool", False, "a marker per negotiation round in the timeline", "engine"),
+    _s(ENV_SHM_ALLREDUCE, "bool", True, "ranks on one host allreduce through shared memory (else Gloo)",
        "engine"),
     _s("HORA_SHM_BUFFER_MB", "float", 8.0, "MiB of a shared-memory segment half (each rank maps 2 per group)",
        "engine", minimum=0.0, above=True, maximum=float(1 << 20), unit="MiB"),

@@ -35,6 +35,33 @@ def test_every_hora_variable_the_code_names_is_declared():
     assert len(used) >= 40  # the grep found the code's names (not an empty tree)
 
 
+_LITERAL = re.compile(r"[\"'](HORA_[A-Z0-9_]*[A-Z0-9])[\"']")
+
+
+@pytest.mark.timeout(30)
+def test_every_hora_name_is_written_once_as_a_string_outside_the_registry():
+    # a name is a constant of the one module that owns it (``ENV_SECRET = "HORA_SECRET"``)
+    # and everything else imports that constant; the names both the launchers and the
+    # engine use are hora.settings' own constants
+    written: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "hora").rglob("*.py")):
+        if path.name == "settings.py" and path.parent.name == "hora":
+            continue
+        for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for name in _LITERAL.findall(line):
+                written.setdefault(name, []).append(f"{path.relative_to(ROOT)}:{no}")
+    twice = {n: where for n, where in written.items() if len(where) > 1}
+    assert not twice, f"import the one constant of each of these instead of writing it again: {twice}"
+    owned = {getattr(settings, c) for c in dir(settings) if c.startswith("ENV_")}
+    assert len(owned) >= 8
+    elsewhere = {n: written[n] for n in owned if n in written}
+    assert not elsewhere, f"hora.settings owns these names: {elsewhere}"
+    backends = re.compile(r"\(\s*[\"']auto[\"'],\s*[\"']gloo[\"']")
+    again = [str(p.relative_to(ROOT)) for p in (ROOT / "hora").rglob("*.py")
+             if p.name != "settings.py" and backends.search(p.read_text(encoding="utf-8"))]
+    assert not again, f"use hora.settings.BACKENDS in {again}"
+
+
 @pytest.mark.timeout(30)
 def test_values_are_checked_against_their_type_and_bounds():
     env = {"HORA_CACHE_CAPACITY": "1e9", "HORA_SPECULATE": "maybe", "HORA_CYCLE_TIME": "fast",

@@ -40,6 +40,7 @@ from hora.estimators.callbacks import CallbackContext
 from hora.estimators.framework import Resume, TrainingSession
 from hora.estimators.params import checkpoint_interval
 from hora.estimators.spec import TrainSpec, thaw
+from hora.runners.spec import ENV_ATTEMPT
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class WorkerRun:
         if self.size != spec.num_proc:
             logger.warning("the job has %d ranks, the estimator asked for num_proc=%d", self.size, spec.num_proc)
         self.history: list[dict[str, float]] = []
-        self.attempt = int(os.environ.get("HORA_ATTEMPT", "1") or 1)  # set by hora.runners (relaunches count up)
+        self.attempt = int(os.environ.get(ENV_ATTEMPT, "1") or 1)  # set by hora.runners (relaunches count up)
         self.every, self.every_unit = checkpoint_interval(self.config.checkpoint_every)
         self.resumed_at: int | None = None  # the epoch (0-based) this attempt resumed at, if it resumed
         self.ctx = CallbackContext(rank=self.rank, size=self.size, run_id=spec.run_id, store=spec.store,

@@ -44,6 +44,7 @@ import hora.native as hn
 from hora.errors import ConfigError
 from hora.lightning import collectives
 from hora.lightning._compat import Flavor, get_flavor, resolve_flavor
+from hora.native.rendezvous import ENV_RENDEZVOUS_ADDR
 
 log = logging.getLogger(__name__)
 
@@ -422,12 +423,12 @@ class _Environment:
 
     @property
     def main_address(self) -> str:
-        addr = os.environ.get("HORA_RENDEZVOUS_ADDR", "")
+        addr = os.environ.get(ENV_RENDEZVOUS_ADDR, "")
         return addr.rsplit(":", 1)[0] if ":" in addr else "127.0.0.1"
 
     @property
     def main_port(self) -> int:
-        addr = os.environ.get("HORA_RENDEZVOUS_ADDR", "")
+        addr = os.environ.get(ENV_RENDEZVOUS_ADDR, "")
         tail = addr.rsplit(":", 1)[-1] if ":" in addr else ""
         return int(tail) if tail.isdigit() else 0
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from hora import settings
 from hora.errors import ConfigError, RendezvousError
+from hora.settings import ENV_BACKEND  # gloo | nccl | mpi | auto (default auto)
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,6 @@ ENV_RENDEZVOUS_ADDR = "HORA_RENDEZVOUS_ADDR"  # "host:port" of the RendezvousSer
 ENV_SECRET = "HORA_SECRET"  # hex of the per-job secret
 ENV_JOB_ID = "HORA_JOB_ID"
 ENV_HOSTNAME = "HORA_HOSTNAME"  # address this worker advertises to its peers (gloo, ...)
-ENV_BACKEND = "HORA_BACKEND"  # gloo | nccl | mpi | auto (default auto)
 ENV_START_TIMEOUT = "HORA_START_TIMEOUT"  # seconds to wait for every rank at start
 ENV_RENDEZVOUS_TIMEOUT = "HORA_RENDEZVOUS_TIMEOUT"  # seconds for one key-value wait
 

@@ -23,12 +23,11 @@ from typing import Any
 
 from hora import settings
 from hora.errors import ConfigError
+from hora.settings import ENV_TIMELINE, ENV_TIMELINE_MARK_CYCLES
 
 log = logging.getLogger(__name__)
 
-ENV_TIMELINE = "HORA_TIMELINE"
 ENV_TIMELINE_ALL_RANKS = "HORA_TIMELINE_ALL_RANKS"
-ENV_TIMELINE_MARK_CYCLES = "HORA_TIMELINE_MARK_CYCLES"
 PHASES = ("NEGOTIATE", "QUEUE", "FUSE_COPY_IN", "COLLECTIVE", "FUSE_COPY_OUT")
 MAX_EVENTS = 2_000_000
 

@@ -27,7 +27,7 @@ from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START
 from hora.runners.driver import DriverService
 from hora.runners.monitor import Policy, RunTimeoutError, watch
 from hora.runners.recovery import Attempts, check_max_failures, start_size, wait_for_slots
-from hora.runners.spec import LaunchSpec, check_run_id, dumps, new_run_id
+from hora.runners.spec import ENV_ADVERTISE_ADDR, LaunchSpec, check_run_id, dumps, new_run_id
 
 if TYPE_CHECKING:
     from hora.runners.monitor import Failure
@@ -99,7 +99,7 @@ class Launcher(abc.ABC):
 
     def driver_addresses(self) -> tuple[str, str]:
         """``(bind, advertise)``: where the driver service listens and how ranks reach it."""
-        adv = os.environ.get("HORA_ADVERTISE_ADDR") or "127.0.0.1"
+        adv = os.environ.get(ENV_ADVERTISE_ADDR) or "127.0.0.1"
         return ("127.0.0.1" if adv.startswith("127.") else "0.0.0.0", adv)
 
     @abc.abstractmethod

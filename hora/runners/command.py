@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import IO
 
 from hora.errors import ConfigError, RendezvousError, WorkerFailedError
-from hora.native.rendezvous import WorkerEnv, make_secret
+from hora import settings
+from hora.native.rendezvous import ENV_BACKEND, WorkerEnv, make_secret
 from hora.runners.driver import DriverService
 from hora.runners.hostjob import HostPlan, HostsJob, RankOutput, RankProcess, forward_environment
 from hora.runners.hosts import HostSlots, RankSlot
@@ -27,12 +28,12 @@ from hora.runners.local import hosts_config
 from hora.runners.monitor import Policy, watch
 from hora.runners.mpi import MpiJob
 from hora.runners.recovery import Attempts, check_max_failures
-from hora.runners.spec import ENV_ATTEMPT, ENV_DRIVER_ADDR, ENV_RUN_ID, new_run_id
+from hora.runners.spec import ENV_ATTEMPT, ENV_DRIVER_ADDR, ENV_RUN_ID, ENV_SUPERVISOR_PID, new_run_id
 from hora.runners.ssh import SshOptions
 
 log = logging.getLogger(__name__)
 
-COLLECTIVES = ("auto", "gloo", "nccl", "mpi")
+COLLECTIVES = settings.BACKENDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +109,7 @@ def command_environment(cfg: CommandConfig, plan: HostPlan, service_addr: str, r
         env = forward_environment(os.environ, cfg.forward)
     else:
         env = dict(os.environ)
-        env.pop("HORA_SUPERVISOR_PID", None)
+        env.pop(ENV_SUPERVISOR_PID, None)
     env.update(cfg.settings)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if plan.interface:
@@ -183,7 +184,7 @@ class CommandRun:
         cfg = self.cfg
         if cfg.mpi:
             env = self._env(remote=False)
-            env["HORA_BACKEND"] = "mpi"
+            env[ENV_BACKEND] = "mpi"
             self.job = MpiJob(cfg.command, cfg.hosts, cfg.ssh, env, self.output, self.service, cfg.num_proc,
                               functions=False, interface=cfg.network_interface)
             log.info("mpiexec: %s", self.job.describe())

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from hora.errors import ConfigError
+from hora.native.rendezvous import ENV_BACKEND
 
 def run(
     func: Callable[..., Any],
@@ -133,7 +134,7 @@ def run(
     level = 1 if verbose is None else max(0, min(2, int(verbose)))
     return base.run(func, args=tuple(args), kwargs=dict(kwargs or {}), num_proc=num_proc, backend=launcher,
                     start_timeout=start_timeout, verbose=level, init_native=False, max_failures=max_failures,
-                    env={"HORA_BACKEND": "mpi"} if use_mpi else None)
+                    env={ENV_BACKEND: "mpi"} if use_mpi else None)
 
 
 __all__ = ["run"]

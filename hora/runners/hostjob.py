@@ -32,8 +32,9 @@ from hora.runners.base import Job
 from hora.runners.hosts import HostSlots, RankSlot, assign_ranks
 from hora.runners.monitor import Failure
 from hora.runners.procs import ProcessLauncher, last_traceback
-from hora.runners.spec import ENV_ADVERTISE_ADDR
-from hora.runners.ssh import HostUnreachable, SshHost, SshOptions
+from hora.native.rendezvous import ENV_SECRET
+from hora.runners.spec import ENV_ADVERTISE_ADDR, ENV_SUPERVISOR_PID
+from hora.runners.ssh import ENV_SSH_ARGS, HostUnreachable, SshHost, SshOptions
 
 if TYPE_CHECKING:
     from hora.runners.driver import DriverService
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT = 2.0
 FORWARDED = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-NOT_FORWARDED = frozenset({"HORA_SECRET", "HORA_SUPERVISOR_PID", "HORA_SSH_ARGS"})
+NOT_FORWARDED = frozenset({ENV_SECRET, ENV_SUPERVISOR_PID, ENV_SSH_ARGS})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,18 @@ from typing import Any
 from hora import settings
 from hora.errors import ConfigError, RendezvousError
 from hora.native import keys
-from hora.native.rendezvous import Placement
+from hora.native.rendezvous import (
+    ENV_CROSS_RANK,
+    ENV_CROSS_SIZE,
+    ENV_JOB_ID,
+    ENV_LOCAL_RANK,
+    ENV_LOCAL_SIZE,
+    ENV_RANK,
+    ENV_RENDEZVOUS_ADDR,
+    ENV_SECRET,
+    ENV_SIZE,
+    Placement,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +81,10 @@ class Assignment:
         """The variables that change from round to round."""
         p = self.place
         return {
-            "HORA_RANK": str(p.rank), "HORA_SIZE": str(self.size),
-            "HORA_LOCAL_RANK": str(p.local_rank), "HORA_LOCAL_SIZE": str(p.local_size),
-            "HORA_CROSS_RANK": str(p.cross_rank), "HORA_CROSS_SIZE": str(p.cross_size),
-            "HORA_JOB_ID": self.job_id, ENV_ROUND: str(self.round),
+            ENV_RANK: str(p.rank), ENV_SIZE: str(self.size),
+            ENV_LOCAL_RANK: str(p.local_rank), ENV_LOCAL_SIZE: str(p.local_size),
+            ENV_CROSS_RANK: str(p.cross_rank), ENV_CROSS_SIZE: str(p.cross_size),
+            ENV_JOB_ID: self.job_id, ENV_ROUND: str(self.round),
         }
 
 
@@ -95,7 +106,7 @@ def is_elastic() -> bool:
 def _client() -> Any:
     from hora.native.rendezvous import KVClient  # (hora.native.rendezvous does not import torch)
 
-    addr, secret = os.environ.get("HORA_RENDEZVOUS_ADDR"), os.environ.get("HORA_SECRET")
+    addr, secret = os.environ.get(ENV_RENDEZVOUS_ADDR), os.environ.get(ENV_SECRET)
     if not addr or not secret:
         raise ConfigError("an elastic worker needs HORA_RENDEZVOUS_ADDR and HORA_SECRET (start it with hora run)")
     return KVClient(addr, bytes.fromhex(secret))

@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from hora.errors import ConfigError
 from hora.native.build_info import find_mpiexec
+from hora.native.rendezvous import ENV_BACKEND, ENV_SECRET
 from hora.runners.base import Job, Launcher, start_or_cancel
 from hora.runners.hostjob import HostPlan
 from hora.runners.hosts import HostSlots
 from hora.runners.monitor import Failure
 from hora.runners.procs import ProcessLauncher, describe_exit
+from hora.runners.spec import ENV_DRIVER_ADDR, ENV_RUN_ID, ENV_SUPERVISOR_PID
 from hora.runners.ssh import SshOptions
 
 if TYPE_CHECKING:
@@ -258,9 +260,9 @@ class MpiLauncher(Launcher):
 
         service.server.set(keys.SPEC, pickle.dumps(spec))
         env = dict(os.environ)
-        env.update({"HORA_DRIVER_ADDR": spec.driver_addr, "HORA_SECRET": spec.secret.hex(),
-                    "HORA_RUN_ID": spec.run_id, "HORA_BACKEND": "mpi", "PYTHONUNBUFFERED": "1"})
-        env.pop("HORA_SUPERVISOR_PID", None)
+        env.update({ENV_DRIVER_ADDR: spec.driver_addr, ENV_SECRET: spec.secret.hex(),
+                    ENV_RUN_ID: spec.run_id, ENV_BACKEND: "mpi", "PYTHONUNBUFFERED": "1"})
+        env.pop(ENV_SUPERVISOR_PID, None)
         output = RankOutput(service.emit, self.output_dir, spec.num_proc)
         job = MpiJob(worker_argv(FROM_DRIVER, self.python), self._hosts_for(spec.num_proc), self.ssh, env, output,
                      service, spec.num_proc, functions=True, interface=self.interface, extra_args=self.extra_args)

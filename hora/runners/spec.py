@@ -17,6 +17,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from hora import settings
+from hora.settings import (  # the native engine's settings a run sets (read by hora.native)
+    ENV_AUTOTUNE,
+    ENV_CACHE_CAPACITY,
+    ENV_CYCLE_TIME,
+    ENV_FUSION_THRESHOLD,
+    ENV_SHM_ALLREDUCE,
+    ENV_TIMELINE,
+    ENV_TIMELINE_MARK_CYCLES,
+)
 from hora.errors import ConfigError
 from hora.names import check_run_id, new_run_id  # the one run id rule (store folders, job tags, task keys)
 
@@ -32,16 +41,10 @@ ENV_TERMINATE_GRACE = "HORA_TERMINATE_GRACE"  # seconds between SIGTERM and SIGK
 ENV_NETWORK_INTERFACE = "HORA_NETWORK_INTERFACE"  # ranks advertise this interface's address (Gloo/NCCL use it)
 ENV_WORKER_PYTHON = "HORA_WORKER_PYTHON"  # the interpreter Spark/Dask task supervisors start ranks with
 ENV_TEST_HANG_AT_START = "HORA_TEST_HANG_AT_START"  # fault injection: comma list of ranks that never start
+ENV_SUPERVISOR_PID = "HORA_SUPERVISOR_PID"  # set in every rank: the process supervising it (it ends with it)
 ENV_ATTEMPT = "HORA_ATTEMPT"  # set in every rank: 1 for the first launch, 2 for the first relaunch, ...
 ENV_ROOT_CAUSE_GRACE = "HORA_ROOT_CAUSE_GRACE"  # seconds to wait for a lost rank behind a survivor's error
 
-# the native engine's settings (read by hora.native)
-ENV_TIMELINE = "HORA_TIMELINE"
-ENV_TIMELINE_MARK_CYCLES = "HORA_TIMELINE_MARK_CYCLES"  # 1: a CYCLE marker per engine round
-ENV_CYCLE_TIME = "HORA_CYCLE_TIME"  # milliseconds
-ENV_FUSION_THRESHOLD = "HORA_FUSION_THRESHOLD"  # bytes
-ENV_CACHE_CAPACITY = "HORA_CACHE_CAPACITY"
-ENV_AUTOTUNE = "HORA_AUTOTUNE"
 
 DEFAULT_HEARTBEAT_TIMEOUT = settings.default(ENV_HEARTBEAT_TIMEOUT)
 DEFAULT_FINISH_TIMEOUT = settings.default(ENV_FINISH_TIMEOUT)
@@ -101,7 +104,7 @@ def native_settings_env(
     if autotune:
         out[ENV_AUTOTUNE] = "1"
     if not shm:
-        out["HORA_SHM_ALLREDUCE"] = "0"
+        out[ENV_SHM_ALLREDUCE] = "0"
     return out
 
 
@@ -168,7 +171,7 @@ class LaunchSpec:
             raise ConfigError(f"driver address {self.driver_addr!r} is not host:port")
         if not self.start_timeout > 0:
             raise ConfigError(f"start_timeout must be > 0 seconds, got {self.start_timeout!r}")
-        if self.collective_backend not in ("auto", "gloo", "nccl", "mpi"):
+        if self.collective_backend not in settings.BACKENDS:
             raise ConfigError(
                 f"collective backend {self.collective_backend!r} is unknown; use one of auto, gloo, nccl, mpi"
             )

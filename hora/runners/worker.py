@@ -37,7 +37,7 @@ from typing import Any
 from hora import settings
 from hora.errors import HoraError, RendezvousError, WorkerFailedError
 from hora.native import keys
-from hora.native.rendezvous import KVClient, WorkerEnv
+from hora.native.rendezvous import ENV_BACKEND, ENV_SECRET, KVClient, WorkerEnv
 from hora.pids import pid_alive
 from hora.runners.spec import (
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -47,6 +47,7 @@ from hora.runners.spec import (
     ENV_HEARTBEAT_TIMEOUT,
     ENV_NETWORK_INTERFACE,
     ENV_RUN_ID,
+    ENV_SUPERVISOR_PID,
     ENV_TERMINATE_GRACE,
     ENV_TEST_HANG_AT_START,
     ENV_WORKER_PYTHON,
@@ -59,7 +60,6 @@ from hora.runners.spec import (
 
 log = logging.getLogger(__name__)
 
-ENV_SUPERVISOR_PID = "HORA_SUPERVISOR_PID"
 EXIT_FAILED = 1
 EXIT_ABORTED = 143
 TO_DRIVER = "--to-driver"  # post the result to the driver service instead of a file
@@ -96,7 +96,7 @@ def report(**metrics: Any) -> None:
     global _reporter
     with _reporter_lock:
         reporter = _reporter
-        if reporter is None and os.environ.get(ENV_DRIVER_ADDR) and os.environ.get("HORA_SECRET"):
+        if reporter is None and os.environ.get(ENV_DRIVER_ADDR) and os.environ.get(ENV_SECRET):
             try:  # under `hora run`: the launcher's service is the driver
                 env = WorkerEnv.from_environ()
                 reporter = _reporter = (KVClient(os.environ[ENV_DRIVER_ADDR], env.secret), env.rank)
@@ -222,7 +222,7 @@ def rank_environ(spec: LaunchSpec, ctx: RankContext | None) -> dict[str, str]:
     env[ENV_RUN_ID] = spec.run_id
     env[ENV_ATTEMPT] = str(spec.attempt)
     if ctx is None:
-        env["HORA_BACKEND"] = spec.collective_backend
+        env[ENV_BACKEND] = spec.collective_backend
         return env
     env.update(dict(ctx.extra_env))
     hostname = ctx.hostname
@@ -365,10 +365,10 @@ def _stop(watchdog: _Watchdog | None, client: KVClient | None) -> None:
 def _spec_from_driver() -> tuple[LaunchSpec, None]:
     """The spec a rank started by mpiexec fetches from the driver (address and secret in its environment)."""
     env = os.environ
-    missing = [n for n in (ENV_DRIVER_ADDR, "HORA_SECRET") if not env.get(n)]
+    missing = [n for n in (ENV_DRIVER_ADDR, ENV_SECRET) if not env.get(n)]
     if missing:
         raise WorkerFailedError(f"--from-driver needs {', '.join(missing)} in the environment")
-    client = KVClient(env[ENV_DRIVER_ADDR], bytes.fromhex(env["HORA_SECRET"]))
+    client = KVClient(env[ENV_DRIVER_ADDR], bytes.fromhex(env[ENV_SECRET]))
     try:
         spec = pickle.loads(client.get(keys.SPEC))
     finally:
@@ -476,8 +476,7 @@ def worker_process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         del env["MALLOC_TRIM_THRESHOLD_"]
     env["PYTHONUNBUFFERED"] = "1"
     env[ENV_SUPERVISOR_PID] = str(os.getpid())
-    for name in ("HORA_SECRET",):  # never inherit another job's secret
-        env.pop(name, None)
+    env.pop(ENV_SECRET, None)  # never inherit another job's secret
     env.update(extra or {})
     return env
 

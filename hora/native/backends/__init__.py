@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hora import settings
+from hora.native.rendezvous import ENV_RANK, ENV_RENDEZVOUS_ADDR
+from hora.settings import ENV_BACKEND
 from hora.native import keys
 from hora.native.backends.base import Backend, Group, ReduceOp, Waker
 
@@ -19,7 +21,6 @@ log = logging.getLogger(__name__)
 
 BACKENDS = settings.BACKENDS
 MPI_LAUNCH_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-ENV_BACKEND = "HORA_BACKEND"
 ENV_COLLECTIVE_TIMEOUT = "HORA_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT = settings.default(ENV_COLLECTIVE_TIMEOUT)
 # per job id: the generation this process joined last (init, shutdown, init, ...); an elastic
@@ -48,7 +49,7 @@ def choose_backend(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     name = requested_backend(env)
     if name == "auto":
-        return "mpi" if launched_by_mpi(env) and not env.get("HORA_RENDEZVOUS_ADDR") else "gloo"
+        return "mpi" if launched_by_mpi(env) and not env.get(ENV_RENDEZVOUS_ADDR) else "gloo"
     return name
 
 
@@ -75,7 +76,7 @@ def create_backend() -> tuple[Backend, tuple[int, int, int, int], list[Any]]:
         return be, be.placement, []
     from hora.native.backends.gloo import GlooBackend, make_stores
 
-    if not os.environ.get("HORA_RANK") and not os.environ.get("HORA_RENDEZVOUS_ADDR"):
+    if not os.environ.get(ENV_RANK) and not os.environ.get(ENV_RENDEZVOUS_ADDR):
         # a one-process job started without a launcher: no network at all
         import torch.distributed as dist
 

@@ -34,6 +34,7 @@ import torch
 
 from hora.errors import CollectiveError, ConfigError, RendezvousError
 from hora.native.backends.base import Backend, Group, ReduceOp, StoreWaker, Waker
+from hora.native.rendezvous import ENV_HOSTNAME
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class MPIBackend(Backend):
         err = None
         default_host = _default_host(comm, MPI)  # collective: every rank calls it
         if rank == 0:
-            host = os.environ.get("HORA_HOSTNAME") or default_host
+            host = os.environ.get(ENV_HOSTNAME) or default_host
             try:
                 store = dist.TCPStore(host, 0, None, True, td, wait_for_workers=False)
                 addr = (host, store.port)

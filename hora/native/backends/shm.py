@@ -68,7 +68,7 @@ from hora.native.rendezvous import recv_exact
 
 log = logging.getLogger(__name__)
 
-ENV_SHM = "HORA_SHM_ALLREDUCE"
+ENV_SHM = settings.ENV_SHM_ALLREDUCE
 ENV_SHM_BUFFER_MB = "HORA_SHM_BUFFER_MB"
 DEFAULT_BUFFER_MB = settings.default(ENV_SHM_BUFFER_MB)
 SHM_DIR = "/dev/shm"
