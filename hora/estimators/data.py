@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hora.errors import ConfigError, DataError
+from hora.store.dataset import ColumnSpec, group_dtype
 
 #: Rows taken from the DataFrame for the driver-side checks.
 SAMPLE_ROWS = 16
@@ -118,17 +119,8 @@ class Features:
         Raises:
             ConfigError: names the group, the column and its shape or dtype.
         """
-        for key, cols in self.groups.items():
-            dtypes = {}
-            for c in cols:
-                arr = sample[c]
-                if arr.ndim != 1:
-                    raise ConfigError(f"feature group {key} holds column {c!r} of per-row shape {arr.shape[1:]}; "
-                                      "a group stacks scalar columns only (list array columns on their own)")
-                dtypes[c] = arr.dtype
-            if len(set(dtypes.values())) > 1:
-                raise ConfigError(f"feature group {key} mixes dtypes {({c: str(d) for c, d in dtypes.items()})}; "
-                                  "cast its columns to one dtype first (or split the group)")
+        for key, cols in self.groups.items():  # (the reader checks the stored specs by the same rule)
+            group_dtype(key, {c: ColumnSpec(str(sample[c].dtype), sample[c].shape[1:]) for c in cols})
 
 
 def hint_grouping(features: Features) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from hora.errors import StoreError
+from hora.errors import ConfigError, StoreError
 from hora.store.layout import SPLITS, join
 
 #: Version of the ``_metadata.json`` format; bump on incompatible changes (part of the fingerprint).
@@ -38,6 +39,27 @@ class ColumnSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ColumnSpec":
         return cls(dtype=d["dtype"], shape=tuple(d.get("shape", ())))
+
+
+def group_dtype(key: str, members: Mapping[str, ColumnSpec]) -> str:
+    """The dtype of feature group ``key``, whose member columns have the specs ``members``:
+    a group stacks scalar columns of one dtype into ``(rows, len(members))``. The one rule
+    the driver checks on a sample of arrays before any worker starts and the reader checks
+    on the stored column specs.
+
+    Raises:
+        ConfigError: a member is not a scalar column, or the members' dtypes differ (names
+            the group and the column, or every member's dtype).
+    """
+    for name, spec in members.items():
+        if spec.shape:
+            raise ConfigError(f"feature group {key} holds column {name!r} of per-row shape {spec.shape}; "
+                              "a group stacks scalar columns only (list array columns on their own)")
+    dtypes = {spec.dtype for spec in members.values()}
+    if len(dtypes) > 1:
+        raise ConfigError(f"feature group {key} mixes dtypes {({n: s.dtype for n, s in members.items()})}; "
+                          "cast its columns to one dtype first (or split the group)")
+    return dtypes.pop()
 
 
 @dataclass(frozen=True)

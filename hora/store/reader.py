@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from hora import settings
 from hora.errors import ConfigError, DataError, StoreError
-from hora.store.dataset import ColumnSpec, DatasetInfo
+from hora.store.dataset import ColumnSpec, DatasetInfo, group_dtype
 from hora.store.layout import SPLITS
 from hora.store.store import Store
 
@@ -193,15 +193,7 @@ def group_spec(info: DatasetInfo, key: str, members: Sequence[str]) -> ColumnSpe
     unknown = [m for m in members if m not in info.columns]
     if unknown:
         raise ConfigError(f"feature group {key}: columns {unknown} are not in the dataset; it has {list(info.columns)}")
-    specs = {m: info.columns[m] for m in members}
-    shaped = [m for m, s in specs.items() if s.shape]
-    if shaped:
-        raise ConfigError(f"feature group {key} holds column {shaped[0]!r} of per-row shape {specs[shaped[0]].shape}; "
-                          "a group stacks scalar columns only")
-    dtypes = {s.dtype for s in specs.values()}
-    if len(dtypes) > 1:
-        raise ConfigError(f"feature group {key} mixes dtypes {({m: s.dtype for m, s in specs.items()})}")
-    return ColumnSpec(dtype=dtypes.pop(), shape=(len(members),))
+    return ColumnSpec(dtype=group_dtype(key, {m: info.columns[m] for m in members}), shape=(len(members),))
 
 
 def _stacked(table: pa.Table, members: Sequence[str], spec: ColumnSpec) -> np.ndarray:

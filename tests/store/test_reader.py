@@ -372,3 +372,26 @@ def test_torch_adapter_pins_and_copies_to_cuda(shared):
         assert torch.equal(b["xf"].cpu(), b["id"].cpu().float())
         seen += len(b["id"])
     assert seen == 1000
+
+
+@pytest.mark.timeout(30)
+def test_the_driver_and_the_reader_check_a_feature_group_by_one_rule():
+    """The driver checks a sample of arrays before any worker starts, the reader the stored
+    column specs; both raise the same error for the same group."""
+    from hora.estimators.data import Features
+    from hora.store.dataset import ColumnSpec, group_dtype
+
+    sample = {"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32), "k": np.zeros(4, np.int64),
+              "v": np.zeros((4, 3), np.float32)}
+    specs = {c: ColumnSpec(str(arr.dtype), arr.shape[1:]) for c, arr in sample.items()}
+    for members, match in ((("a", "k"), r"\[a,k\] mixes dtypes \{'a': 'float32', 'k': 'int64'\}"),
+                           (("a", "v"), r"\[a,v\] holds column 'v' of per-row shape \(3,\)")):
+        key = f"[{','.join(members)}]"
+        with pytest.raises(ConfigError, match=match) as from_reader:
+            group_dtype(key, {m: specs[m] for m in members})
+        one = Features.parse([list(members)])
+        with pytest.raises(ConfigError) as from_driver:
+            one.check_sample(sample)
+        assert str(from_driver.value) == str(from_reader.value)
+    assert group_dtype("[a,b]", {"a": specs["a"], "b": specs["b"]}) == "float32"
+    Features.parse([["a", "b"], "v"]).check_sample(sample)  # a list column on its own is fine
