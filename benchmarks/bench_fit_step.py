@@ -14,6 +14,8 @@ Measured in the same run:
 * the compute floor: one process, one thread (``torch.set_num_threads(1)``), the same
   MLP and optimizer over all rows x epochs in batches of 1024 from in-memory tensors,
   halved (each rank trains half the rows);
+* two processes at once, each that loop over its half of the rows, with no reduction: what
+  the machine's two cores give two ranks that never communicate;
 * the time inside the epochs (the ranks' ``epoch_time_s``, summed; rank 0's view) as a
   ratio to the floor;
 * the worker job (the driver's ``train_s``) minus the epochs, broken down with the
@@ -72,6 +74,43 @@ def compute_floor(x, y, epochs: int, batch: int, lr: float) -> float:
         return time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
+
+
+def _floor_half(rows: int, cols: int, part: int, epochs: int, batch: int, lr: float, barrier, out) -> None:
+    """One of :func:`parallel_floor`'s two processes: :func:`compute_floor` on half the rows."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = rng.random((rows, cols), dtype=np.float32)
+    y = x.sum(axis=1, dtype=np.float32)
+    half = slice(0, rows // 2) if part == 0 else slice(rows // 2, rows)
+    xt, yt = torch.from_numpy(x[half].copy()), torch.from_numpy(y[half].copy()).reshape(-1, 1)
+    del x, y
+    barrier.wait(timeout=300)
+    out.put((part, compute_floor(xt, yt, epochs, batch, lr)))
+
+
+def parallel_floor(rows: int, cols: int, epochs: int, batch: int, lr: float) -> float:
+    """Seconds for two processes at once, one thread each, to train the MLP on their half
+    of the rows x ``epochs`` each, with no reduction at all: what this machine's two cores
+    give two ranks that never communicate (the slower of the two)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_floor_half, args=(rows, cols, part, epochs, batch, lr, barrier, out))
+             for part in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        times = [out.get(timeout=600)[1] for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    return max(times)
 
 
 def breakdown(timings: dict, phases: dict, driver_start: float) -> dict[str, float]:
@@ -146,6 +185,7 @@ def main() -> None:
     floor = compute_floor(torch.from_numpy(x), torch.from_numpy(y).reshape(-1, 1), args.epochs, args.batch_size,
                           args.lr)
     per_rank = floor / 2
+    both = parallel_floor(args.rows, args.cols, args.epochs, args.batch_size, args.lr)
 
     tmp = tempfile.mkdtemp(prefix="hora-bench-fitstep-")
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
@@ -187,16 +227,19 @@ def main() -> None:
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}\n")
     print(f"compute floor: one thread, all rows x {args.epochs} epochs = {floor:.2f} s; per rank (half) "
           f"{per_rank:.2f} s\n")
+    print(f"two processes at once, each its half of the rows x {args.epochs} epochs, no reduction (the slower): "
+          f"{both:.2f} s ({both / per_rank:.2f} x the per-rank floor)\n")
     steps = args.epochs * -(-args.rows // 2 // args.batch_size)
-    print("| fit | seconds | epochs s (goal <= 2.0) | epochs / floor | ms per step (floor) | job - epochs s "
-          "(goal <= 1.5) | final loss |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| fit | seconds | epochs s (goal <= 2.0) | epochs / floor | epochs / two at once | ms per step (floor) "
+          "| job - epochs s (goal <= 1.5) | final loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     def label(i: int, warm: str) -> str:
         return ("first (materializes)" if i == 0 else f"{i + 1}: dataset reused") + (", warm" if warm == "1" else
                                                                                      ", fresh processes")
 
     for i, warm, elapsed, tm, parts, loss, _ in runs:
         print(f"| {label(i, warm)} | {elapsed:.2f} | {tm['epochs_s']:.2f} | {tm['epochs_s'] / per_rank:.2f} | "
+              f"{tm['epochs_s'] / both:.2f} | "
               f"{1000 * tm['epochs_s'] / steps:.2f} ({1000 * per_rank / steps:.2f}) | "
               f"{tm['train_s'] - tm['epochs_s']:.2f} | {loss:.4g} |")
     print("\nworker job minus the epochs, by phase (seconds; rank 0's stamps):\n")
