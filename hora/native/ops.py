@@ -46,6 +46,7 @@ from hora.native.engine import (
     EngineConfig,
     Handle,
     Request,
+    auto_name,
     fast_allreduce_request,
 )
 from hora.native.process_sets import ProcessSet, global_process_set
@@ -92,7 +93,7 @@ class _State:
         with self.lock:
             n = self.counters.get(key, 0)
             self.counters[key] = n + 1
-        return f"{kind}.noname.{n}" if process_set_id == 0 else f"{kind}.ps{process_set_id}.noname.{n}"
+        return auto_name(kind, process_set_id, n)
 
     def forget_names(self, process_set_id: int) -> None:
         """Drop the unnamed-op counters of a removed process set."""

@@ -871,3 +871,49 @@ def shm_backend_job(mode: str) -> dict[str, Any]:
         be.shutdown()
         for c in closers:
             c.close()
+
+
+def unnamed_ops_between_steps(steps: int, between: str) -> dict[str, Any]:
+    """Steady steps of 6 named gradients-like tensors, with an unnamed op between steps
+    (``between``: "allreduce", an unnamed metric allreduce; "barrier"; "grouped", an
+    unnamed grouped allreduce); returns exact-result failures and the stats before and
+    after the steps, and when each rank entered and left a last barrier (wall clock)."""
+    import time
+
+    import hora.native as hn
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    fails: list[str] = []
+    capacity_used = []
+    out: dict[str, Any] = {}
+    for i in range(steps):
+        ts = [torch.full((64,), float(r + i + k)) for k in range(6)]
+        hs = [hn.allreduce_async_(t, op=hn.Sum, name=f"un.{k}") for k, t in enumerate(ts)]
+        [h.synchronize() for h in hs]
+        for k, t in enumerate(ts):
+            want = float(sum(q + i + k for q in range(n)))
+            if not torch.equal(t, torch.full((64,), want)):
+                fails.append(f"step {i} un.{k}: {t[0].item()} != {want}")
+        if between == "allreduce":
+            got = hn.allreduce(torch.tensor([float(r + i)]), op=hn.Sum)
+            if got.item() != float(sum(q + i for q in range(n))):
+                fails.append(f"step {i} metric: {got.item()}")
+        elif between == "grouped":
+            got = hn.grouped_allreduce([torch.ones(3) * r, torch.ones(2)], op=hn.Sum)
+            if got[0].tolist() != [float(sum(range(n)))] * 3 or got[1].tolist() != [float(n)] * 2:
+                fails.append(f"step {i} grouped: {[g.tolist() for g in got]}")
+        else:
+            hn.barrier()
+        capacity_used.append(hn.engine_stats().get("cache_size", 0))
+        if i == 3:
+            out["steady_from"] = hn.engine_stats()
+    out["stats"] = hn.engine_stats()
+    if r == 1:
+        time.sleep(1.0)  # the last barrier: rank 1 comes late
+    out["entered"] = time.time()
+    hn.barrier()
+    out["left"] = time.time()
+    out.update(fails=fails, cache_sizes=capacity_used)
+    hn.shutdown()
+    return out

@@ -32,7 +32,7 @@ from hora.native.engine.control import ControlVector
 from hora.native.engine.engine import Engine
 from hora.native.engine.request import (
     ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, PS_ADD, PS_REMOVE, QUIT, REDUCESCATTER, Handle, OpKey,
-    OpKind, Request, fast_allreduce_request,
+    OpKind, Request, auto_name, fast_allreduce_request, is_one_off,
 )
 from hora.native.engine.speculation import Spec
 
@@ -41,5 +41,5 @@ _Spec = Spec  # (the name the tests of predicted rounds use)
 __all__ = [
     "ALLGATHER", "ALLREDUCE", "ALLTOALL", "BARRIER", "BROADCAST", "JOIN", "PS_ADD", "PS_REMOVE", "QUIT",
     "REDUCESCATTER", "CacheEntry", "ControlVector", "Engine", "EngineConfig", "Handle", "OpKey", "OpKind", "Request",
-    "Response", "ResponseCache", "Spec", "Tuning", "fast_allreduce_request",
+    "Response", "ResponseCache", "Spec", "Tuning", "auto_name", "fast_allreduce_request", "is_one_off",
 ]

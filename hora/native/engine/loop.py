@@ -31,8 +31,8 @@ from hora.native.engine import negotiation
 from hora.native.engine.cache import Response
 from hora.native.engine.config import IDLE_POLL
 from hora.native.engine.control import I32_MAX, Vote
-from hora.native.engine.request import ALLREDUCE, JOIN, QUIT, QUIT_KEY, UNCACHEABLE
-from hora.native.engine.speculation import HIT, PURE_HIT, Spec
+from hora.native.engine.request import ALLREDUCE, JOIN, QUIT, QUIT_KEY, UNCACHEABLE, is_one_off
+from hora.native.engine.speculation import HIT, ONE_OFF, PURE_HIT, Spec
 
 if TYPE_CHECKING:
     from hora.native.engine.engine import Engine
@@ -331,17 +331,23 @@ class RoundLoop:
             elif responses:
                 self.executor.execute(responses)
                 if C:
-                    for r in new_ready:
-                        if r.error is None and r.kind not in UNCACHEABLE:
+                    for r in new_ready:  # (a name made up for an unnamed op never comes again)
+                        if r.error is None and r.kind not in UNCACHEABLE and not is_one_off(r.name):
                             cache.put(r.name, r.key, r.locals)
         finally:
             self.notify_done()
         if tuner is not None and self.rank == 0:
             tuner.observe(responses)
-        if new_ready or errors:
+        # the chain of predicted rounds: a round that negotiated by name starts it over,
+        # unless all it negotiated were unnamed ops (a metric's allreduce or a barrier
+        # between steps): those never come again, so the chain goes on through them
+        one_offs = bool(new_ready) and all(is_one_off(r.name) and r.kind not in UNCACHEABLE for r in new_ready)
+        if errors or (new_ready and not one_offs):
             spx.learn(None)
-        elif responses or spec_ok:
+        elif len(responses) > len(new_ready) or spec_ok:
             spx.learn(round_bits)
+        elif one_offs:
+            spx.learn(ONE_OFF)
         elif spec is not None:
             spx.spec = None  # predicted, and nothing came: wait through the store again
         return self._after_round(t0, bool(responses or errors), cache.evictions != evictions)

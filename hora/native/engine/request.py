@@ -51,6 +51,24 @@ PS_ADD = OpKind.PS_ADD
 PS_REMOVE = OpKind.PS_REMOVE
 QUIT = OpKind.QUIT
 UNCACHEABLE = frozenset({JOIN, PS_ADD, PS_REMOVE})
+_AUTO = ".noname."  # the mark of a name made up for an unnamed op
+
+
+def auto_name(kind: str, process_set_id: int, n: int) -> str:
+    """The name of the ``n``-th unnamed ``kind`` op over process set ``process_set_id``
+    (every member counts alike, so the names match across ranks)."""
+    return f"{kind}{_AUTO}{n}" if process_set_id == 0 else f"{kind}.ps{process_set_id}{_AUTO}{n}"
+
+
+def is_one_off(name: str) -> bool:
+    """Whether ``name`` is one made up for an unnamed op (:func:`auto_name`, and the
+    grouped ops' ``<auto name>.<i>``): it never comes again, so the engine does not keep
+    it in the response cache, and a round that negotiates nothing else by name does not
+    break the chain of predicted rounds (a training step with an unnamed metric allreduce
+    or a barrier stays predicted)."""
+    return _AUTO in name
+
+
 ROOM = "room"  # OpKey.extra of an allreduce whose tensor has spare room after it (see fast_allreduce_request)
 
 

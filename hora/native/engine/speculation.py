@@ -38,6 +38,9 @@ SPEC_MIN_HITS = 2  # a successor seen this many times in a row is predicted
 SPEC_SINGLE_MAX_BYTES = 1 << 20  # a predicted round of one tensor above this runs as a normal round
 STAGE_MIN_NUMEL = 16384  # elements: a predicted tensor at least this big is staged at submit
 MISS, HIT, PURE_HIT = range(3)  # outcomes of Speculator.collective
+#: what Speculator.learn records for a round that negotiated only unnamed ops by name (a
+#: metric's allreduce, a barrier between steps): a link of the chain that is never predicted
+ONE_OFF = b"one-off"
 
 
 class Spec:
@@ -131,7 +134,9 @@ class Speculator:
 
     def learn(self, bits: bytes | None) -> None:
         """Record that a round with cached-response ``bits`` followed the previous one
-        (None: a round that negotiated by name; the chain starts over) and predict the
+        (None: a round that negotiated by name; the chain starts over; :data:`ONE_OFF`: a
+        round of unnamed ops only, which never repeat: the chain goes on through it, and
+        when it is what comes next, nothing is predicted for that round) and predict the
         next round. Runs alike on every rank, from job-wide results only."""
         self.spec = None
         if bits is None:
@@ -149,7 +154,7 @@ class Speculator:
         self._prev_bits = bits
         nxt = self._succ.get(bits)
         eng = self.engine
-        if nxt is None or nxt[1] < SPEC_MIN_HITS or not self.allowed or eng.negotiator.joined:
+        if nxt is None or nxt[1] < SPEC_MIN_HITS or not self.allowed or eng.negotiator.joined or nxt[0] == ONE_OFF:
             return
         version = (nxt[0], eng.cache.version, eng.ps_version, eng.tuning.fusion_threshold)
         memo = self._memo
