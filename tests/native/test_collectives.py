@@ -246,6 +246,21 @@ def test_unnamed_ops_between_steps_keep_the_steps_predicted_and_out_of_the_cache
     assert outs[0]["left"] >= outs[1]["entered"], (outs[0]["left"], outs[1]["entered"])
 
 
+@pytest.mark.timeout(150)
+def test_small_allgathers_go_through_shared_memory_bit_for_bit():
+    # an allgather of at most 64 KiB among ranks on one host (a round's metadata, most
+    # allgather_object calls) is a shared-memory Sum of bytes, each rank's in its place
+    # and zeros elsewhere; bigger ones go through Gloo; either way every byte is exact
+    sizes = [1, 7, 4096, 16384]  # per rank; 3 ranks x 16384 x 8 bytes is above 64 KiB
+    outs = run_ranks(workers.small_allgathers, 3, args=(sizes,), timeout=140)
+    itemsizes = [1, 1, 2, 8, 2, 2, 4, 8, 1]  # the worker's dtypes
+    above = sum(1 for n in sizes for b in itemsizes if 3 * n * b > 64 * 1024)
+    assert above == 8
+    for o in outs:
+        assert o["fails"] == [], o["fails"]
+        assert o["through_gloo"] == above, o["through_gloo"]  # (the rounds' metadata: never)
+
+
 @pytest.mark.timeout(120)
 def test_speculation_can_be_switched_off():
     outs = run_ranks(workers.speculation_job, 2, args=(4,), env={"HORA_SPECULATE": "0"}, timeout=110)

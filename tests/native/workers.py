@@ -917,3 +917,50 @@ def unnamed_ops_between_steps(steps: int, between: str) -> dict[str, Any]:
     out.update(fails=fails, cache_sizes=capacity_used)
     hn.shutdown()
     return out
+
+
+def small_allgathers(sizes: list[int]) -> dict[str, Any]:
+    """Allgathers of ``sizes`` elements per rank over several dtypes, each rank's values
+    its own; returns the wrong results and how many allgathers went through Gloo."""
+    import hora.native as hn
+    from hora.native.backends import gloo
+
+    through_gloo = []
+    orig = gloo.GlooBackend._wait
+
+    def counting(work: Any, what: str, group: Any) -> None:
+        if what == "allgather":
+            through_gloo.append(what)
+        orig(work, what, group)
+
+    gloo.GlooBackend._wait = staticmethod(counting)
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    fails: list[str] = []
+    for numel in sizes:
+        for dtype in (torch.uint8, torch.int8, torch.int16, torch.int64, torch.float16, torch.bfloat16,
+                      torch.float32, torch.float64, torch.bool):
+            g = torch.Generator().manual_seed(100 * r + numel)
+            if dtype == torch.bool:
+                mine = torch.rand(numel, generator=g) > 0.5
+            elif dtype.is_floating_point:
+                mine = (torch.randn(numel, generator=g) * 1e3).to(dtype)
+            else:
+                mine = torch.randint(-100 if dtype != torch.uint8 else 0, 100, (numel,), generator=g).to(dtype)
+            got = hn.allgather(mine.view(numel, 1), name=f"ag.{numel}.{dtype}")
+            theirs = []
+            for q in range(n):
+                gq = torch.Generator().manual_seed(100 * q + numel)
+                if dtype == torch.bool:
+                    theirs.append(torch.rand(numel, generator=gq) > 0.5)
+                elif dtype.is_floating_point:
+                    theirs.append((torch.randn(numel, generator=gq) * 1e3).to(dtype))
+                else:
+                    theirs.append(torch.randint(-100 if dtype != torch.uint8 else 0, 100, (numel,),
+                                                generator=gq).to(dtype))
+            want = torch.cat(theirs).view(n * numel, 1)
+            if got.dtype != dtype or not torch.equal(got.view(torch.uint8) if dtype == torch.bool else got,
+                                                     want.view(torch.uint8) if dtype == torch.bool else want):
+                fails.append(f"{numel} x {dtype}")
+    hn.shutdown()
+    return {"fails": fails, "through_gloo": len(through_gloo)}

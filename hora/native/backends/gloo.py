@@ -42,6 +42,9 @@ _GLOO_REDUCES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, to
 _GLOO_MOVES = _GLOO_REDUCES
 
 
+SHM_GATHER_MAX_BYTES = 64 << 10  # an allgather up to this size goes through shared memory
+
+
 def _movable(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a tensor Gloo moves: itself, or its bytes (uint8, one row per row of dim
     0, so alltoall's row counts keep their meaning) for a dtype Gloo lacks (int16,
@@ -227,6 +230,21 @@ class GlooBackend(Backend):
         self._wait(group.handle.allreduce([buf], opts), "allreduce", group)
 
     def allgather(self, out: torch.Tensor, inp: torch.Tensor, group: Group) -> None:
+        """A small gather among members on one host (a round's metadata, a pickled object)
+        is a shared-memory Sum of bytes, each member's own in its place and zeros around
+        them (exact: x + 0 = x); anything else through Gloo, whose round trip on loopback
+        costs about 0.7 ms against tens of microseconds."""
+        reducer = group.shm
+        nbytes = out.numel() * out.element_size()
+        if type(reducer) is shm.ShmReducer and nbytes <= SHM_GATHER_MAX_BYTES and out.is_contiguous() \
+                and out.is_cpu and inp.is_cpu:
+            b = out.view(-1).view(torch.uint8)
+            n = nbytes // group.size
+            b.zero_()
+            if n:
+                b[group.rank * n:(group.rank + 1) * n].copy_(inp.reshape(-1).view(torch.uint8))
+            reducer.allreduce(b, ReduceOp.Sum)
+            return
         self._wait(group.handle._allgather_base(_movable(out), _movable(inp)), "allgather", group)
 
     def broadcast(self, buf: torch.Tensor, root: int, group: Group) -> None:
