@@ -9,6 +9,10 @@
   The last lines are the goal rows of benchmarks/README.md (run once as is and once with
   ``HORA_SHM_ALLREDUCE=0``).
 * 1000 tensors of 4 KiB reduced one by one (synchronous calls): reported only.
+* latency of one small op (one float32): ``hvd.allreduce(t, name=...)`` (the response
+  cache's path), ``hvd.allreduce(t)`` unnamed (a made-up name, negotiated by name every
+  call: what Horovod code that logs a metric each step does) and ``hvd.barrier()``,
+  against raw ``all_reduce`` and ``barrier``: reported only.
 * latency of one synchronous ``grouped_allreduce_`` of 8 tensors of 1-100 KB (a small
   model's gradients), back to back and with ~5 ms of compute (matmuls) between ops,
   against the hand-fused ``cat`` + ``all_reduce`` + copy back of the same tensors:
@@ -164,6 +168,22 @@ def gloo_worker(numel: int, reps: int, small_n: int) -> dict[str, float]:
     res.update({f"small_{k}": v for k, v in _interleaved({"raw": raw_small, "hora": hora_small}, 2,
                                                           dist.barrier).items()})
     res.update(_grouped_latency(max(2, reps // 4), dist.barrier))
+    one = torch.ones(1)
+
+    def ten(fn):  # ten calls back to back: a median over repetitions of the mean call
+        def run() -> None:
+            for _ in range(10):
+                fn()
+        return run
+
+    lat = _interleaved({
+        "raw": ten(lambda: dist.all_reduce(one)),
+        "named": ten(lambda: hn.allreduce(one, op=hn.Sum, name="one.named")),
+        "unnamed": ten(lambda: hn.allreduce(one, op=hn.Sum)),
+        "raw_barrier": ten(dist.barrier),
+        "barrier": ten(hn.barrier),
+    }, max(5, reps), dist.barrier)
+    res.update({f"one_{k}": v / 10 for k, v in lat.items() if not k.endswith("_best")})
     hn.shutdown()
     dist.destroy_process_group()
     del store
@@ -222,6 +242,13 @@ def _rows(res: dict[str, float], numel: int, small_n: int, lib: str, raw_name: s
     rows.append((f"{small_n} x 4 KiB one by one, {lib}", raw_name, f"{res['small_raw'] * 1e3:.1f} ms",
                  "hora allreduce_ per tensor", f"{res['small_hora'] * 1e3:.1f} ms",
                  f"{res['small_raw'] / res['small_hora']:.3f}"))
+    for key, base, what in (("one_named", "one_raw", "hora allreduce(t, name=) (cached)"),
+                            ("one_unnamed", "one_raw", "hora allreduce(t) unnamed (negotiated by name)"),
+                            ("one_barrier", "one_raw_barrier", "hora barrier()")):
+        if key in res:
+            raw_name_1 = "barrier" if "barrier" in base else raw_name
+            rows.append((f"1 float32, one op, {lib} (latency)", raw_name_1, f"{res[base] * 1e6:.0f} us", what,
+                         f"{res[key] * 1e6:.0f} us", f"{res[base] / res[key]:.3f}"))
     for work, what in ((0, "back to back"), (80, "~5 ms compute between ops")):
         if f"grouped{work}_raw" in res:
             raw_s, hora_s = res[f"grouped{work}_raw"], res[f"grouped{work}_hora"]

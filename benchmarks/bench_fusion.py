@@ -73,6 +73,16 @@ def worker(n_tensors: int, numel: int, steps: int, rounds: int) -> dict[str, flo
         stage.setdefault("submit", []).append(t1 - t0)
         stage.setdefault("sync", []).append(time.thread_time() - t1)
 
+    one = torch.ones(1)
+
+    def hora_oop_metric() -> None:
+        # the same step, then an unnamed allreduce of a metric (Horovod code logging its
+        # loss): a made-up name every step, negotiated by name
+        hs = [hn.allreduce_async(t, op=hn.Sum, name=f"o.{i}") for i, t in enumerate(tensors)]
+        for h in hs:
+            h.synchronize()
+        hn.allreduce(one, op=hn.Sum)
+
     def hora_inplace() -> None:
         hs = [hn.allreduce_async_(t, op=hn.Sum, name=f"f.{i}") for i, t in enumerate(tensors)]
         for h in hs:
@@ -82,7 +92,7 @@ def worker(n_tensors: int, numel: int, steps: int, rounds: int) -> dict[str, flo
         hn.allreduce_async_(one, op=hn.Sum, name="one").synchronize()
 
     fns = {"hand": hand_fused, "tight": hand_fused_tight, "raw": raw_flat, "hora_oop": hora_oop,
-           "hora_inplace": hora_inplace, "hora_one": hora_one}
+           "hora_oop_metric": hora_oop_metric, "hora_inplace": hora_inplace, "hora_one": hora_one}
     hn.init()
     first = time.perf_counter()
     hora_oop()  # first step: every name negotiated in full
@@ -147,6 +157,8 @@ def main() -> None:
         ("raw all_reduce of the flat buffer (no packing)", ms(r["raw"]), f"{r['raw'] / hand:.2f}"),
         (f"hora allreduce_async(t, name=) x{n} + synchronize, new tensors (cache)", ms(r["hora_oop"]),
          f"{r['hora_oop'] / hand:.2f}"),
+        ("the same, then an unnamed allreduce of one float (a metric)", ms(r["hora_oop_metric"]),
+         f"{r['hora_oop_metric'] / hand:.2f}"),
         (f"hora allreduce_async_(t, name=) x{n} + synchronize, in place (cache)", ms(r["hora_inplace"]),
          f"{r['hora_inplace'] / hand:.2f}"),
         ("hora allreduce_async_ of one tensor of the same bytes", ms(r["hora_one"]), f"{r['hora_one'] / hand:.2f}"),
