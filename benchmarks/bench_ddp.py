@@ -141,6 +141,7 @@ def _small_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> t
             wall, cpu_ms = _small_loop(model, opt, data, steps, dist.barrier)
         finally:
             dist.destroy_process_group()
+            _leave_together(store, rank, size)
         return wall, cpu_ms
     import hora.torch as hvd
 
@@ -228,6 +229,7 @@ def _ddp_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> flo
         elapsed = _loop(model, opt, data, steps, dist.barrier)
     finally:
         dist.destroy_process_group()
+        _leave_together(store, rank, size)
     return size * BATCH * steps / elapsed, _cpu_ms_per_step[0]
 
 
@@ -266,6 +268,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _leave_together(store, rank: int, size: int) -> None:
+    """Rank 0 holds the TCPStore's server: it leaves only once every rank has torn its
+    process group down (a rank still in ``destroy_process_group`` when the server went
+    away waited for its store's timeout: one DDP run hung that way for 300 s)."""
+    import datetime
+
+    store.set(f"bench/left/{rank}", "1")
+    store.wait([f"bench/left/{r}" for r in range(size)], datetime.timedelta(seconds=120))
 
 
 def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0,
