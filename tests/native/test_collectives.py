@@ -233,14 +233,15 @@ def test_unnamed_ops_between_steps_keep_the_steps_predicted_and_out_of_the_cache
     # an unnamed op gets a made-up name that never comes again: it is negotiated by name
     # each time; before, that started the chain of predicted rounds over every step (no
     # step was ever predicted) and filled the response cache with dead names
-    outs = run_ranks(workers.unnamed_ops_between_steps, 2, args=(14, between), timeout=140)
+    outs = run_ranks(workers.unnamed_ops_between_steps, 2, args=(20, between), timeout=140)
     for o in outs:
         assert o["fails"] == [], o["fails"]
         steady, s = o["steady_from"], o["stats"]
-        # the 10 steps after the 4th are predicted; a barrier or an unnamed allreduce
-        # between them is never mistaken for a step (no prediction misses)
-        assert s.get("speculation_hits", 0) - steady.get("speculation_hits", 0) >= 9, s
-        assert s.get("speculation_misses", 0) == 0, s
+        # the 14 steps after the 6th are predicted (the first steps learn the chain; a
+        # loaded machine may split one of them); a barrier or an unnamed allreduce between
+        # them is never mistaken for a step (no prediction misses)
+        assert s.get("speculation_hits", 0) - steady.get("speculation_hits", 0) >= 12, s
+        assert s.get("speculation_misses", 0) == steady.get("speculation_misses", 0), s
         assert set(o["cache_sizes"]) == {6}, o["cache_sizes"]  # the 6 named tensors only
     # the barrier without a backend barrier of its own still waits for every rank
     assert outs[0]["left"] >= outs[1]["entered"], (outs[0]["left"], outs[1]["entered"])

@@ -906,7 +906,7 @@ def unnamed_ops_between_steps(steps: int, between: str) -> dict[str, Any]:
         else:
             hn.barrier()
         capacity_used.append(hn.engine_stats().get("cache_size", 0))
-        if i == 3:
+        if i == 5:
             out["steady_from"] = hn.engine_stats()
     out["stats"] = hn.engine_stats()
     if r == 1:
