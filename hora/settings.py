@@ -244,6 +244,8 @@ _DECLARED: tuple[Setting, ...] = (
        "engine"),
     _s("HORA_SHM_BUFFER_MB", "float", 8.0, "MiB of a shared-memory segment half (each rank maps 2 per group)",
        "engine", minimum=0.0, above=True, maximum=float(1 << 20), unit="MiB"),
+    _s("HORA_SHM_SPIN_US", "int", 50, "microseconds a rank polls for its peers in a shared-memory step before "
+       "it sleeps until they come (0: sleep at once)", "engine", minimum=0, maximum=1_000_000, unit="us"),
     _s("HORA_BUCKET_CAP_MB", "float", 25.0, "DistributedOptimizer's gradient bucket size (0: one op per "
        "gradient)", "engine", minimum=0.0, unit="MiB"),
     _s("HORA_ELASTIC_RESET_LIMIT", "int", 5, "resets in a row without a commit before elastic training gives "

@@ -14,10 +14,12 @@ needs_shm = pytest.mark.skipif(not availability()[0], reason=f"no shared memory 
 
 @needs_shm
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("size,buffer_mb", [(2, "8"), (3, "0.001")])  # 0.001: 1 KiB pieces
-def test_values_equal_the_exact_result_and_gloos(size, buffer_mb):
-    outs = run_ranks(workers.shm_backend_job, size, args=("values",), env={"HORA_SHM_BUFFER_MB": buffer_mb},
-                     timeout=140)
+# 0.001: 1 KiB pieces; spin 0: every step sleeps in recv until its peers' bytes come (the
+# default polls first)
+@pytest.mark.parametrize("size,buffer_mb,spin_us", [(2, "8", "50"), (3, "0.001", "50"), (2, "0.001", "0")])
+def test_values_equal_the_exact_result_and_gloos(size, buffer_mb, spin_us):
+    outs = run_ranks(workers.shm_backend_job, size, args=("values",),
+                     env={"HORA_SHM_BUFFER_MB": buffer_mb, "HORA_SHM_SPIN_US": spin_us}, timeout=140)
     for r, o in enumerate(outs):
         assert o["shm"], r
         assert o["fails"] == [], (r, o["fails"][:10])
@@ -79,8 +81,9 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout():
 
 @needs_shm
 @pytest.mark.timeout(120)
-def test_a_rank_that_is_gone_is_named_at_once_and_later_calls_fail_too():
-    outs = run_ranks(workers.shm_backend_job, 2, args=("gone",), timeout=110)
+@pytest.mark.parametrize("spin_us", ["0", "1000000"])  # a long poll sees the closed end as readable too
+def test_a_rank_that_is_gone_is_named_at_once_and_later_calls_fail_too(spin_us):
+    outs = run_ranks(workers.shm_backend_job, 2, args=("gone",), env={"HORA_SHM_SPIN_US": spin_us}, timeout=110)
     err = outs[0]["error"]
     assert err is not None and "rank 1 closed its connection" in err, err
     assert outs[0]["again"] is not None and "earlier shared-memory collective failed" in outs[0]["again"]
@@ -96,6 +99,11 @@ def test_bad_settings_are_config_errors(monkeypatch):
     monkeypatch.setenv("HORA_SHM_BUFFER_MB", "-1")
     with pytest.raises(ConfigError, match="HORA_SHM_BUFFER_MB"):
         shm.buffer_bytes()
+    from hora import settings
+
+    monkeypatch.setenv("HORA_SHM_SPIN_US", "-5")
+    with pytest.raises(ConfigError, match="HORA_SHM_SPIN_US"):
+        settings.get(shm.ENV_SHM_SPIN_US)
 
 
 @pytest.mark.timeout(30)

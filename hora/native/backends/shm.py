@@ -53,6 +53,7 @@ import mmap
 import os
 import re
 import secrets
+import select
 import socket
 import struct
 import time
@@ -70,6 +71,7 @@ log = logging.getLogger(__name__)
 
 ENV_SHM = settings.ENV_SHM_ALLREDUCE
 ENV_SHM_BUFFER_MB = "HORA_SHM_BUFFER_MB"
+ENV_SHM_SPIN_US = "HORA_SHM_SPIN_US"
 DEFAULT_BUFFER_MB = settings.default(ENV_SHM_BUFFER_MB)
 SHM_DIR = "/dev/shm"
 _ALIGN = 64  # bytes: chunk boundaries on cache lines
@@ -141,6 +143,11 @@ class ShmReducer:
         self._maps: dict[int, mmap.mmap] = {}  # group rank -> segment (mine included)
         self._bytes: dict[int, torch.Tensor] = {}  # group rank -> uint8 view of it
         self._socks: dict[int, socket.socket] = {}  # peer group rank -> connection
+        # polls of those connections: a step polls them for ``spin`` seconds before it
+        # sleeps in recv (waking a sleeping process costs some 50 us on a VM; the
+        # peer is often a few microseconds away)
+        self._polls: dict[int, Any] = {}
+        self.spin = settings.get(ENV_SHM_SPIN_US) * 1e-6
         self._files: list[str] = []  # my segment's path until it is unlinked
         self.paths: list[str] = []  # every member's segment path (unlinked after set-up)
         self._listener: socket.socket | None = None
@@ -221,6 +228,10 @@ class ShmReducer:
             self._socks[p] = s
         self._listener.close()
         self._listener = None
+        for p, s in self._socks.items():
+            poll = select.poll()
+            poll.register(s, select.POLLIN)
+            self._polls[p] = poll
         for p, m in self._maps.items():
             self._bytes[p] = torch.frombuffer(m, dtype=torch.uint8)
         return True
@@ -255,6 +266,7 @@ class ShmReducer:
             with contextlib.suppress(OSError):
                 s.close()
         self._socks.clear()
+        self._polls.clear()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -380,7 +392,16 @@ class ShmReducer:
                 s.sendall(step)
             except OSError as exc:  # EPIPE, ECONNRESET: its end is closed
                 raise self._error(p, f"closed its connection (its process ended?): {exc}") from exc
+        spin = self.spin
+        end = time.perf_counter() + spin if spin else 0.0
         for p, s in self._socks.items():
+            if spin:
+                # the byte is often about to come: polling for it (a syscall that returns
+                # at once) beats sleeping in recv and being woken by the kernel; a peer
+                # that gone away shows as readable too (its end closed), so recv tells
+                poll, clock = self._polls[p].poll, time.perf_counter
+                while not poll(0) and clock() < end:
+                    pass
             try:
                 got = s.recv(1)
             except TimeoutError:
