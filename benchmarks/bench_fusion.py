@@ -18,6 +18,11 @@ engine) against the hand-fused step's. The engine's steady-state overhead per te
 (tight hand-fused - raw flat)) / tensors: what having many tensors costs beyond moving
 their bytes, on the same wire.
 
+Two floors, measured in the same run: the least any engine written in Python does per
+tensor (a handle filed by name under a lock, completed, synchronized; no checks, no
+communication), and what a new result tensor costs (out of place; one batched clone).
+Their sum is what an out-of-place op costs at least, on this machine, in Python.
+
     python benchmarks/bench_fusion.py [--tensors 1000] [--steps 20]
 
 The last lines are the goal rows of benchmarks/README.md.
@@ -91,8 +96,47 @@ def worker(n_tensors: int, numel: int, steps: int, rounds: int) -> dict[str, flo
     def hora_one() -> None:
         hn.allreduce_async_(one, op=hn.Sum, name="one").synchronize()
 
+    # The floor of any engine written in Python, on this machine, in this run: per tensor
+    # the least such an engine does (a call that makes a handle and files it by name
+    # under a lock for the thread that runs the rounds, a completion that takes it out
+    # and marks it done, the caller's synchronize), with no check and no communication;
+    # and what a new tensor per result costs (out of place), made in one batched call.
+    import threading
+
+    class FloorHandle:
+        __slots__ = ("name", "tensor", "key", "done", "result")
+
+        def synchronize(self) -> torch.Tensor:
+            return self.result
+
+    lock, filed, keys = threading.Lock(), {}, {}
+    floor_names = [f"p.{i}" for i in range(n_tensors)]
+
+    def floor_submit(t: torch.Tensor, name: str) -> FloorHandle:
+        h = FloorHandle()
+        h.name, h.tensor, h.done = name, t, False
+        k = (t.shape, t.dtype)
+        h.key = keys.get(k) or keys.setdefault(k, k)
+        with lock:
+            filed[name] = h
+        return h
+
+    def python_floor() -> None:
+        hs = [floor_submit(t, nm) for t, nm in zip(tensors, floor_names)]
+        with lock:
+            for h in hs:
+                del filed[h.name]
+                h.result = h.tensor
+                h.done = True
+        for h in hs:
+            h.synchronize()
+
+    def new_tensors() -> None:
+        torch._foreach_clone(tensors)
+
     fns = {"hand": hand_fused, "tight": hand_fused_tight, "raw": raw_flat, "hora_oop": hora_oop,
-           "hora_oop_metric": hora_oop_metric, "hora_inplace": hora_inplace, "hora_one": hora_one}
+           "hora_oop_metric": hora_oop_metric, "hora_inplace": hora_inplace, "hora_one": hora_one,
+           "python_floor": python_floor, "new_tensors": new_tensors}
     hn.init()
     first = time.perf_counter()
     hora_oop()  # first step: every name negotiated in full
@@ -181,6 +225,9 @@ def main() -> None:
         ("CPU of the whole step, all threads (hand-fused)", us(r["cpu_hand"])),
         ("engine steady-state overhead, new tensors", us(overhead)),
         ("engine steady-state overhead, in place", us(overhead_ip)),
+        ("floor of a Python engine: handle, filed by name, completed, synchronized (no checks)",
+         us(r["python_floor"])),
+        ("floor of a result as a new tensor (out of place; one batched clone)", us(r["new_tensors"])),
     ]
     print()
     print(table(stages, ("stage (rank 0)", "us per tensor")))
@@ -194,6 +241,10 @@ def main() -> None:
     print(goal_row("engine steady-state overhead per tensor (response cache hit)",
                    "hora's own allreduce of the same bytes as one tensor, plus packing by hand",
                    f"{per:.2f} us", "<= 3 us", per <= 3.0, load))
+    floor = (r["python_floor"] + r["new_tensors"]) * 1e6 / n
+    print(f"\nthe floor of a Python engine per tensor out of place, this run: {floor:.2f} us "
+          f"({us(r['python_floor'])} bookkeeping + {us(r['new_tensors'])} a new tensor); "
+          f"hora's overhead is {per / floor:.2f} x that floor")
 
 
 if __name__ == "__main__":

@@ -185,11 +185,18 @@ class Engine(RoundLoop):
         while True:
             self.stats["rounds_run_by_caller"] += 1
             spec = args[2]
+            # no autograd in the round (the caller may be anywhere); the grad-mode switch
+            # itself, not torch.no_grad(), whose context costs some 7 us a round
+            grad = torch.is_grad_enabled()
+            if grad:
+                torch._C._set_grad_enabled(False)
             try:
-                with torch.no_grad():
-                    result: Any = self._round_body(*args)
+                result: Any = self._round_body(*args)
             except BaseException as exc:  # noqa: BLE001 - the engine thread raises it
                 result = exc
+            finally:
+                if grad:
+                    torch._C._set_grad_enabled(True)
             with self._lock:
                 spec.unclaimed = 0
                 spec.claimed += 1

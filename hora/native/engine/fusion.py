@@ -190,6 +190,11 @@ class FusionBuffers:
             self._bufs[key] = buf
         return buf[:numel]
 
+    def base(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        """The whole buffer :meth:`get` cuts for ``dtype`` on ``device`` now (None: none
+        yet); a new one replaces it when a larger request comes."""
+        return self._bufs.get((dtype, device))
+
     def clear(self) -> None:
         self._bufs.clear()
 

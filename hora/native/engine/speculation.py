@@ -28,7 +28,7 @@ import torch
 
 from hora.native.backends.base import ReduceOp
 from hora.native.engine.control import Vote
-from hora.native.engine.fusion import FusedGroup, flat, unpack
+from hora.native.engine.fusion import FusedGroup, FusionBuffers, flat, unpack
 from hora.native.engine.request import ALLREDUCE, ROOM, Request
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ MISS, HIT, PURE_HIT = range(3)  # outcomes of Speculator.collective
 #: what Speculator.learn records for a round that negotiated only unnamed ops by name (a
 #: metric's allreduce, a barrier between steps): a link of the chain that is never predicted
 ONE_OFF = b"one-off"
+CPU = torch.device("cpu")
 
 
 class Spec:
@@ -49,7 +50,7 @@ class Spec:
 
     __slots__ = ("slots", "slot_set", "names", "name_set", "sizes", "numel", "dtype", "prescale", "postscale",
                  "average", "offsets", "_parts", "unclaimed", "claimed", "skipped", "piggyback", "inplace", "bits",
-                 "shapes", "flat", "stages", "_room")
+                 "shapes", "flat", "stages", "_room", "_fused")
 
     def __init__(self, slots: list[int], names: list[str], sizes: list[int], dtype: torch.dtype | None,
                  prescale: float, postscale: float, average: bool, piggyback: bool = True,
@@ -80,6 +81,7 @@ class Spec:
         self.flat = False  # every tensor is 1-D (copied in without views)
         self.stages = max(sizes, default=0) >= STAGE_MIN_NUMEL  # some tensor is copied in at submit
         self._room: tuple | None = None  # an in-place round's buffer and tail views, while the room stays
+        self._fused: tuple | None = None  # the fusion buffer's views for this round (see fused_views)
 
     def should_offer(self) -> bool:
         """Offer the round to a blocking caller, unless the last two offers went
@@ -112,6 +114,17 @@ class Spec:
             buf = room[:numel]
             got = self._room = (key, buf, buf[self.numel:].numpy())
         return got[1], got[2]
+
+    def fused_views(self, buffers: FusionBuffers, tail: int, threshold: int) -> tuple[torch.Tensor, np.ndarray]:
+        """The fusion buffer for this round's data and a ``tail`` of control elements,
+        and the tail's numpy view, kept while the buffer underneath stays the same (a
+        round reuses them step after step; making them costs more than the round's copy)."""
+        base = buffers.base(self.dtype, CPU)
+        got = self._fused
+        if got is None or got[0] is not base or got[1] != tail or base is None:
+            buf = buffers.get(self.dtype, self.numel + tail, CPU, threshold)
+            got = self._fused = (buffers.base(self.dtype, CPU), tail, buf, buf[self.numel:].numpy())
+        return got[2], got[3]
 
     def shaped_parts(self) -> list[torch.Tensor]:
         """The views of the last :meth:`parts_of`, with the tensors' shapes."""
@@ -247,7 +260,7 @@ class Speculator:
                 buf = eng.executor.buffer(spec.dtype, n + T, torch.device("cpu"))
                 buf[:n].zero_()
         else:
-            buf = eng.executor.buffer(spec.dtype, n + T, torch.device("cpu"))
+            buf, out = spec.fused_views(eng.executor.buffers, T, eng.tuning.fusion_threshold)
             data = buf[:n]
             token = self.stage_token
             self.stage_token += 1  # what was staged is consumed (or overwritten) by this collective
@@ -297,7 +310,11 @@ class Speculator:
             res = data.mul(post) if post != 1.0 else data.clone()
             q.output = res if spec.flat else res.view(q.tensor.shape)
         else:
-            unpack(parts, reqs, post, spec.shaped_parts())
+            if post != 1.0:
+                # one pass over the fused data (the tail stays as reduced): a scale per
+                # tensor while copying out costs a call per tensor, 3 us each
+                data.mul_(post)
+            unpack(parts, reqs, 1.0, spec.shaped_parts())
         eng.finish_fused(reqs, n * buf.element_size(), fused=not inplace, waiting=eng._waiting)
         st["speculation_hits"] += 1
         return (PURE_HIT if pure else HIT), ctrl
