@@ -230,7 +230,8 @@ class RoundLoop:
             waiting[req.name] = req
             if C:
                 e = by_name.get(req.name)
-                if e is not None and e.key == req.key and e.locals.get(me) == req.local:
+                # (the submit path reuses one key object per shape: identity first)
+                if e is not None and (e.key is req.key or e.key == req.key) and e.locals.get(me) == req.local:
                     req.entry = e
                     bits.append(e.slot)
                     continue
