@@ -321,7 +321,9 @@ class TorchSession(TrainingSession):
             value = self.losses[i](out, label)
             if weights is not None:
                 value = weighted(value, weights)
-            value = value * self.loss_weights[i]
+            w = self.loss_weights[i]
+            if w != 1.0:  # (a weight of 1 would add a node to the graph for nothing, every step)
+                value = value * w
             total = value if total is None else total + value
         return total
 

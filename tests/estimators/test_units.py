@@ -139,3 +139,24 @@ def test_tensorboard_writer_is_made_in_the_background_and_its_errors_reach_log(t
     with pytest.raises(OSError, match="read-only"):
         tb.log(0, {"loss": 1.0})
     tb.close()
+
+
+@pytest.mark.parametrize("weights", [[1.0, 1.0], [1.0, 0.25], [0.0, 2.0]])
+def test_the_training_loss_is_the_weighted_sum_of_the_label_losses(weights):
+    from types import SimpleNamespace
+
+    from hora.estimators.torch import TorchSession
+
+    torch.manual_seed(0)
+    outs = [torch.randn(5, 1, requires_grad=True), torch.randn(5, 3, requires_grad=True)]
+    labels = [torch.randn(5, 1), torch.randn(5, 3)]
+    fns = [torch.nn.MSELoss(), torch.nn.L1Loss()]
+    session = SimpleNamespace(losses=fns, loss_weights=weights)
+    total = TorchSession._loss(session, outs, labels, None)
+    want = weights[0] * fns[0](outs[0], labels[0]) + weights[1] * fns[1](outs[1], labels[1])
+    assert torch.allclose(total, want)
+    total.backward()  # the weights reach the gradients too
+    g0 = outs[0].grad.clone()
+    outs[0].grad = None
+    fns[0](outs[0], labels[0]).backward()
+    assert torch.allclose(g0, weights[0] * outs[0].grad)
