@@ -15,7 +15,11 @@ Measured in the same run:
   MLP and optimizer over all rows x epochs in batches of 1024 from in-memory tensors,
   halved (each rank trains half the rows);
 * two processes at once, each that loop over its half of the rows, with no reduction: what
-  the machine's two cores give two ranks that never communicate;
+  the machine's two cores give two ranks that never communicate; the same meeting at a
+  barrier every step (lockstep with no data: what waiting for the slower of two ranks
+  costs by itself on this machine); and the same reducing their gradients by hand every
+  step (``torch.cat``, one ``torch.distributed.all_reduce`` over Gloo, copy back: the
+  least a synchronous data-parallel loop written with torch alone does);
 * the time inside the epochs (the ranks' ``epoch_time_s``, summed; rank 0's view) as a
   ratio to the floor;
 * the worker job (the driver's ``train_s``) minus the epochs, broken down with the
@@ -51,8 +55,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_estimator import make_mlp  # noqa: E402  (the same MLP as the Spark fit's benchmark)
 
 
-def compute_floor(x, y, epochs: int, batch: int, lr: float) -> float:
-    """Seconds for one thread to train the MLP on all rows x ``epochs`` (shuffled batches from memory)."""
+def compute_floor(x, y, epochs: int, batch: int, lr: float, sync=None) -> float:
+    """Seconds for one thread to train the MLP on all rows x ``epochs`` (shuffled batches
+    from memory). ``sync(model)``, when given, runs after each backward pass (before the
+    optimizer step): what a data-parallel rank must at least add to its step."""
     import torch
 
     threads = torch.get_num_threads()
@@ -69,6 +75,8 @@ def compute_floor(x, y, epochs: int, batch: int, lr: float) -> float:
                 opt.zero_grad()
                 loss = loss_fn(model(x[idx]), y[idx])
                 loss.backward()
+                if sync is not None:
+                    sync(model)
                 opt.step()
                 float(loss.detach())  # the estimator reads every step's loss too
         return time.perf_counter() - t0
@@ -76,8 +84,13 @@ def compute_floor(x, y, epochs: int, batch: int, lr: float) -> float:
         torch.set_num_threads(threads)
 
 
-def _floor_half(rows: int, cols: int, part: int, epochs: int, batch: int, lr: float, barrier, out) -> None:
-    """One of :func:`parallel_floor`'s two processes: :func:`compute_floor` on half the rows."""
+def _floor_half(rows: int, cols: int, part: int, epochs: int, batch: int, lr: float, barrier, out,
+                mode: str = "none", port: int = 0) -> None:
+    """One of :func:`parallel_floor`'s two processes: :func:`compute_floor` on half the rows.
+
+    ``mode`` "none": no communication; "barrier": the two meet at a barrier every step (no
+    data: what lockstep alone costs); "gloo": every step the gradients are reduced by hand,
+    fused (``torch.cat``, one ``torch.distributed.all_reduce`` over Gloo, copy back)."""
     import numpy as np
     import torch
 
@@ -87,19 +100,48 @@ def _floor_half(rows: int, cols: int, part: int, epochs: int, batch: int, lr: fl
     half = slice(0, rows // 2) if part == 0 else slice(rows // 2, rows)
     xt, yt = torch.from_numpy(x[half].copy()), torch.from_numpy(y[half].copy()).reshape(-1, 1)
     del x, y
+    sync = None
+    if mode == "barrier":
+        def sync(model) -> None:
+            barrier.wait(timeout=300)
+    elif mode == "gloo":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=part, world_size=2,
+                                timeout=__import__("datetime").timedelta(seconds=300))
+
+        def sync(model) -> None:
+            grads = [p.grad for p in model.parameters()]
+            fused = torch.cat([g.view(-1) for g in grads])
+            dist.all_reduce(fused)
+            fused.div_(2)
+            torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(fused.split([g.numel() for g in grads]),
+                                                                       grads)])
     barrier.wait(timeout=300)
-    out.put((part, compute_floor(xt, yt, epochs, batch, lr)))
+    try:
+        out.put((part, compute_floor(xt, yt, epochs, batch, lr, sync)))
+    finally:
+        if mode == "gloo":
+            barrier.wait(timeout=300)  # (the rank that holds the store leaves last)
+            dist.destroy_process_group()
 
 
-def parallel_floor(rows: int, cols: int, epochs: int, batch: int, lr: float) -> float:
+def parallel_floor(rows: int, cols: int, epochs: int, batch: int, lr: float, mode: str = "none") -> float:
     """Seconds for two processes at once, one thread each, to train the MLP on their half
-    of the rows x ``epochs`` each, with no reduction at all: what this machine's two cores
-    give two ranks that never communicate (the slower of the two)."""
+    of the rows x ``epochs`` each (the slower of the two), with no reduction at all (what
+    this machine's two cores give two ranks that never communicate), or ``mode``
+    "barrier" / "gloo" (see :func:`_floor_half`)."""
     import multiprocessing as mp
+    import socket
 
+    port = 0
+    if mode == "gloo":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_floor_half, args=(rows, cols, part, epochs, batch, lr, barrier, out))
+    procs = [ctx.Process(target=_floor_half, args=(rows, cols, part, epochs, batch, lr, barrier, out, mode, port))
              for part in (0, 1)]
     for p in procs:
         p.start()
@@ -186,6 +228,8 @@ def main() -> None:
                           args.lr)
     per_rank = floor / 2
     both = parallel_floor(args.rows, args.cols, args.epochs, args.batch_size, args.lr)
+    lockstep = parallel_floor(args.rows, args.cols, args.epochs, args.batch_size, args.lr, "barrier")
+    by_hand = parallel_floor(args.rows, args.cols, args.epochs, args.batch_size, args.lr, "gloo")
 
     tmp = tempfile.mkdtemp(prefix="hora-bench-fitstep-")
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
@@ -229,17 +273,19 @@ def main() -> None:
           f"{per_rank:.2f} s\n")
     print(f"two processes at once, each its half of the rows x {args.epochs} epochs, no reduction (the slower): "
           f"{both:.2f} s ({both / per_rank:.2f} x the per-rank floor)\n")
+    print(f"the same, the two meeting at a barrier every step (lockstep, no data): {lockstep:.2f} s; "
+          f"reducing their gradients by hand every step (cat, one Gloo all_reduce, copy back): {by_hand:.2f} s\n")
     steps = args.epochs * -(-args.rows // 2 // args.batch_size)
-    print("| fit | seconds | epochs s (goal <= 2.0) | epochs / floor | epochs / two at once | ms per step (floor) "
-          "| job - epochs s (goal <= 1.5) | final loss |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| fit | seconds | epochs s (goal <= 2.0) | epochs / floor | epochs / two at once | epochs / lockstep "
+          "| epochs / by hand | ms per step (floor) | job - epochs s (goal <= 1.5) | final loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     def label(i: int, warm: str) -> str:
         return ("first (materializes)" if i == 0 else f"{i + 1}: dataset reused") + (", warm" if warm == "1" else
                                                                                      ", fresh processes")
 
     for i, warm, elapsed, tm, parts, loss, _ in runs:
         print(f"| {label(i, warm)} | {elapsed:.2f} | {tm['epochs_s']:.2f} | {tm['epochs_s'] / per_rank:.2f} | "
-              f"{tm['epochs_s'] / both:.2f} | "
+              f"{tm['epochs_s'] / both:.2f} | {tm['epochs_s'] / lockstep:.2f} | {tm['epochs_s'] / by_hand:.2f} | "
               f"{1000 * tm['epochs_s'] / steps:.2f} ({1000 * per_rank / steps:.2f}) | "
               f"{tm['train_s'] - tm['epochs_s']:.2f} | {loss:.4g} |")
     print("\nworker job minus the epochs, by phase (seconds; rank 0's stamps):\n")
