@@ -398,7 +398,7 @@ class ShmReducer:
             if spin:
                 # the byte is often about to come: polling for it (a syscall that returns
                 # at once) beats sleeping in recv and being woken by the kernel; a peer
-                # that gone away shows as readable too (its end closed), so recv tells
+                # that has gone away shows as readable too (its end closed), so recv tells
                 poll, clock = self._polls[p].poll, time.perf_counter
                 while not poll(0) and clock() < end:
                     pass

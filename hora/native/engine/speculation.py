@@ -257,7 +257,7 @@ class Speculator:
             if have:
                 buf, out = spec.room_views(reqs[0].room, n + T)
             else:
-                buf = eng.executor.buffer(spec.dtype, n + T, torch.device("cpu"))
+                buf = eng.executor.buffer(spec.dtype, n + T, CPU)
                 buf[:n].zero_()
         else:
             buf, out = spec.fused_views(eng.executor.buffers, T, eng.tuning.fusion_threshold)
