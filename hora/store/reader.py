@@ -13,17 +13,18 @@ How rows are shared (identical arithmetic on every rank, from the metadata alone
    Either way every rank reads exactly ``per`` rows, so ``len(reader)`` (batches) is
    the same on every rank; when ``size`` divides ``N`` every row is read exactly once.
 3. A rank streams its row groups one at a time. With shuffling, rows are mixed in a
-   window of ``shuffle_buffer_size`` rows (one random scatter per column, no per-row
-   Python), and the rows left over after the last full batch of a window carry into
-   the next one. Memory stays around the shuffle buffer, one row group and the
+   window of ``shuffle_buffer_size`` rows (one random permutation, applied as each batch
+   gathers its rows, no per-row Python), and the rows left over after the last full batch
+   of a window carry into the next one. Memory stays around the shuffle buffer, one row group and the
    prefetched batches, whatever the dataset's size.
 4. A background thread prepares batches ahead and hands them over in runs of up to
    :data:`HANDOVER_BYTES` (``prefetch`` runs queued): one hand-over between threads per
    run, not per batch, which on a CPU-bound rank costs more than the batch itself.
 
 Feature groups (``groups``): scalar columns that a model takes as one ``(rows, k)``
-input are stacked once per row group, as it is read, so the shuffle and every batch move
-one 2-d array instead of ``k`` columns, and nothing is stacked per batch.
+input are stacked once per row group, as it is read (straight into the shuffle window when
+shuffling), so the shuffle and every batch move one 2-d array instead of ``k`` columns,
+and nothing is stacked per batch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import math
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -196,12 +197,32 @@ def group_spec(info: DatasetInfo, key: str, members: Sequence[str]) -> ColumnSpe
     return ColumnSpec(dtype=group_dtype(key, {m: info.columns[m] for m in members}), shape=(len(members),))
 
 
-def _stacked(table: pa.Table, members: Sequence[str], spec: ColumnSpec) -> np.ndarray:
-    """The members of a group in one ``(rows, k)`` array (one pass per member column)."""
-    out = np.empty((table.num_rows, len(members)), dtype=spec.dtype)
-    for j, m in enumerate(members):
-        out[:, j] = _to_numpy(table.column(m), ColumnSpec(spec.dtype), m)
+def _stack(members: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """The 1-d ``members`` side by side as the columns of ``out`` ``(rows, k)`` (a new array if None).
+
+    One contiguous copy into a ``(k, rows)`` array, then one transposing copy into ``out``:
+    about 8 x less CPU than writing each member into its strided column of ``out`` (which
+    passes over all of ``out`` once per member), measured on 63,550 x 32 float32.
+    """
+    if out is None:
+        out = np.empty((len(members[0]), len(members)), dtype=members[0].dtype)
+    out[...] = np.vstack(members).T
     return out
+
+
+def _put(out: np.ndarray, col: np.ndarray | tuple[np.ndarray, ...]) -> None:
+    """Writes one chunk column into ``out``: an array as it is, a group's members stacked."""
+    if isinstance(col, tuple):
+        _stack(col, out)
+    else:
+        out[...] = col
+
+
+class _Chunk(NamedTuple):
+    """The rows of one planned segment: numpy columns, a feature group as its members (not yet stacked)."""
+
+    rows: int
+    columns: dict[str, np.ndarray | tuple[np.ndarray, ...]]
 
 
 class Reader:
@@ -281,9 +302,11 @@ class Reader:
                 f"rows={self.rows}, batches={len(self)})")
 
     # reading ----------------------------------------------------------------------------
-    def _row_groups(self) -> Iterator[dict[str, np.ndarray]]:
-        """Yields the numpy columns of each planned segment, in order (opening each file once)."""
+    def _row_groups(self) -> Iterator[_Chunk]:
+        """Yields the rows of each planned segment, in order (opening each file once); a feature
+        group comes as its member columns, stacked where the rows land (:func:`_put`)."""
         handles: dict[int, tuple[Any, pq.ParquetFile]] = {}
+        member = {c: ColumnSpec(self.specs[c].dtype) for c in self.groups}  # a group member's spec
         try:
             for seg in self.segments:
                 if seg.file not in handles:
@@ -308,11 +331,14 @@ class Reader:
                         f"cannot read row group {seg.row_group} of {self.store.url_for(self.files[seg.file])}: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
-                cols = {c: _stacked(table, self.groups[c], self.specs[c]) if c in self.groups
-                        else _to_numpy(table.column(c), self.specs[c], c) for c in self.columns}
-                if seg.start or seg.stop != table.num_rows:
-                    cols = {c: a[seg.start : seg.stop] for c, a in cols.items()}
-                yield cols
+                cut = slice(seg.start, seg.stop)
+                columns: dict[str, np.ndarray | tuple[np.ndarray, ...]] = {}
+                for c in self.columns:
+                    if c in self.groups:
+                        columns[c] = tuple(_to_numpy(table.column(m), member[c], m)[cut] for m in self.groups[c])
+                    else:
+                        columns[c] = _to_numpy(table.column(c), self.specs[c], c)[cut]
+                yield _Chunk(seg.rows, columns)
         finally:
             for fh, _ in handles.values():
                 if fh is not None:
@@ -333,11 +359,15 @@ class Reader:
         if emitted != len(self):  # pragma: no cover - a planning bug would show here, not as a hang
             raise StoreError(f"reader rank {self.rank}: produced {emitted} batches, planned {len(self)}")
 
-    def _shuffled(self, chunks: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-        """Windows of about ``shuffle_buffer_size`` rows, each mixed by one random scatter per column.
+    def _shuffled(self, chunks: Iterator[_Chunk]) -> Iterator[dict[str, np.ndarray]]:
+        """Windows of about ``shuffle_buffer_size`` rows, each mixed by one random permutation.
 
-        Window sizes follow from the plan, so each row group is scattered into the window
-        as soon as it is read and then released: memory holds one window plus a row group.
+        Window sizes follow from the plan, so each row group is copied into the window (in
+        reading order, feature groups stacked on the way) as soon as it is read and then
+        released: memory holds one window plus a row group. Row ``i`` of a window in reading
+        order is row ``dest[i]`` of the mixed window; each batch gathers its rows through the
+        inverse permutation, a copy that the batch needs anyway (a scatter into the window
+        followed by a copy of each batch moved every row twice).
         """
         bs = self.batch_size
         rng = np.random.default_rng([self.seed, self.epoch, self.rank, 0xB0F])
@@ -355,37 +385,41 @@ class Reader:
         source = iter(chunks)
         for wi, wrows in enumerate(windows):
             total = wrows + carry_rows
-            dest = rng.permutation(total)  # row i of the window lands at dest[i]
-            out = {c: np.empty((total, *s.shape), dtype=s.dtype) for c, s in self.specs.items()}
+            dest = rng.permutation(total)  # row i of the window (reading order) is mixed row dest[i]
+            src = np.empty_like(dest)
+            src[dest] = np.arange(total)  # mixed row p is row src[p] in reading order
+            del dest
+            window = {c: np.empty((total, *s.shape), dtype=s.dtype) for c, s in self.specs.items()}
             pos = 0
             if carry is not None:
                 for c in self.columns:
-                    out[c][dest[:carry_rows]] = carry[c]
+                    window[c][:carry_rows] = carry[c]
                 pos = carry_rows
             while pos < total:
                 try:
                     chunk = next(source)
                 except StopIteration:  # pragma: no cover - would be a planning bug
                     raise StoreError(f"reader rank {self.rank}: row groups ended before the planned rows") from None
-                n = len(chunk[self.columns[0]])
                 for c in self.columns:
-                    out[c][dest[pos : pos + n]] = chunk[c]
-                pos += n
+                    _put(window[c][pos : pos + chunk.rows], chunk.columns[c])
+                pos += chunk.rows
                 del chunk
             upto = total if wi == len(windows) - 1 else (total // bs) * bs
             # the rows short of a full batch are copied (small) into the next window
-            carry = {c: out[c][upto:].copy() for c in self.columns} if upto < total else None
+            carry = {c: window[c].take(src[upto:], axis=0) for c in self.columns} if upto < total else None
             carry_rows = total - upto
             for start in range(0, upto, bs):
-                yield {c: out[c][start : min(start + bs, upto)].copy() for c in self.columns}
-            del out
+                rows = src[start : min(start + bs, upto)]
+                yield {c: window[c].take(rows, axis=0) for c in self.columns}
+            del window
 
-    def _sequential(self, chunks: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    def _sequential(self, chunks: Iterator[_Chunk]) -> Iterator[dict[str, np.ndarray]]:
         bs = self.batch_size
         pending: list[dict[str, np.ndarray]] = []
         pending_rows = 0
-        for chunk in chunks:
-            n = len(next(iter(chunk.values())))
+        for read in chunks:
+            n = read.rows
+            chunk = {c: _stack(a) if isinstance(a, tuple) else a for c, a in read.columns.items()}
             start = 0
             while start < n:
                 if pending_rows == 0 and n - start >= bs:
@@ -402,7 +436,7 @@ class Reader:
         if pending_rows:
             yield {c: np.concatenate([p[c] for p in pending]) for c in self.columns}
 
-    def _chunks(self) -> Iterator[dict[str, np.ndarray]]:
+    def _chunks(self) -> Iterator[_Chunk]:
         """Row-group chunks, read one ahead in a background thread when prefetching (Parquet
         decoding releases the GIL, so it overlaps with the shuffle of the previous window)."""
         if self.prefetch <= 0:
