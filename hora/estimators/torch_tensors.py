@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -19,20 +19,77 @@ def _param_dtype(model: Any):
     return torch.float32
 
 
-def to_inputs(model: Any, arrays: Sequence[np.ndarray], input_shapes: Any, device: Any = None) -> list:
-    """Feature arrays -> model input tensors (reshaped, floats in the model's dtype)."""
+class ParamDtype:
+    """``_param_dtype(model)`` for a model trained step after step, without a walk of its modules per call.
+
+    The first call finds the first floating-point parameter as :func:`_param_dtype` does and
+    keeps it with the chain of modules that holds it; later calls check that chain (each
+    module and the parameter still under the same name in its parent) and return the
+    parameter's dtype as it is then: ``model.double()`` converts parameters in place, and
+    a replaced module or parameter (``model[0] = ...``; torch's
+    ``overwrite_module_params_on_conversion``) fails the check, which searches again.
+    Not seen: a floating-point parameter registered ahead of the kept one after the first
+    call (its optimizer, made before, would not train it either).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        #: ``(parent, child name, child module)`` from the model down to the module that holds the parameter
+        self._modules: list[tuple[Any, str, Any]] = []
+        #: ``(that module, name, parameter)``, or None before the first call (or when not found)
+        self._param: tuple[Any, str, Any] | None = None
+
+    def __call__(self) -> Any:
+        if self._param is not None:
+            owner, name, param = self._param
+            if owner._parameters.get(name) is param and param.is_floating_point() and \
+                    all(parent._modules.get(key) is child for parent, key, child in self._modules):
+                return param.dtype
+        return self._find()
+
+    def _find(self) -> Any:
+        import torch
+
+        self._param = None
+        for param in self.model.parameters():
+            if param.is_floating_point():
+                self._keep(param)
+                return param.dtype
+        return torch.float32
+
+    def _keep(self, param: Any) -> None:
+        """Keep ``param`` with its chain of modules, when ``named_parameters`` names it by its
+        place in the modules' ``_modules`` / ``_parameters`` (else nothing is kept)."""
+        name = next((n for n, p in self.model.named_parameters() if p is param), None)
+        if name is None:
+            return
+        *path, last = name.split(".")
+        chain, module = [], self.model
+        for key in path:
+            child = getattr(module, "_modules", {}).get(key)
+            if child is None:
+                return
+            chain.append((module, key, child))
+            module = child
+        if getattr(module, "_parameters", {}).get(last) is param:
+            self._modules, self._param = chain, (module, last, param)
+
+
+def to_inputs(model: Any, arrays: Sequence[np.ndarray], input_shapes: Any, device: Any = None,
+              dtype: Any = None) -> list:
+    """Feature arrays -> model input tensors (reshaped, floats in the model's dtype: ``dtype``,
+    when the caller knows it, else :func:`_param_dtype`)."""
     import torch
 
-    dtype = _param_dtype(model)
+    if dtype is None:
+        dtype = _param_dtype(model)
     out = []
     for i, arr in enumerate(arrays):
         arr = np.asarray(arr)
         if arr.dtype == object:
             arr = np.stack([np.asarray(v) for v in arr])
         t = _tensor(arr)
-        if t.is_floating_point():
-            t = t.to(dtype)
-        elif t.dtype == torch.bool:
+        if t.dtype != dtype and (t.is_floating_point() or t.dtype == torch.bool):  # (.to of the same dtype: a no-op)
             t = t.to(dtype)
         if input_shapes is not None:
             shape = list(input_shapes[i])
@@ -67,30 +124,150 @@ def as_outputs(output: Any, n_labels: int) -> list:
     return outs
 
 
-def align_label(output: Any, label: Any, name: str = "label") -> Any:
-    """``label`` (a tensor) in the dtype and shape ``output`` needs (see the module docstring).
+class LabelRule(NamedTuple):
+    """What :func:`align_label` does to a label, decided from its and the output's shapes and dtypes.
 
-    Raises:
-        ConfigError: the per-row shapes are incompatible (names the label and both shapes).
+    ``kind``: ``"ids"`` (``label.long()``), ``"whole_ids"`` (``long()`` when every value is a
+    whole number, else ``fallback``), ``"cast"`` (``to(dtype)`` unless None or the label's
+    dtype already, then ``reshape(shape)`` unless None) or ``"error"`` (a ConfigError with
+    ``message``).
     """
+
+    kind: str
+    dtype: Any = None
+    shape: Any = None
+    message: str = ""
+    fallback: "LabelRule | None" = None
+
+
+def label_rule(output: Any, label: Any, name: str = "label") -> LabelRule:
+    """The :class:`LabelRule` that aligns ``label`` (a tensor) to ``output`` (see :func:`align_label`)."""
     import torch
 
     if output.is_floating_point() and output.dim() == label.dim() + 1 and output.shape[-1] > 1 and \
             tuple(output.shape[:-1]) == tuple(label.shape):
         if label.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
+            return LabelRule("ids")
+        if label.is_floating_point():  # class ids stored as doubles (Spark's labels): ids, as Horovod's users pass them
+            return LabelRule("whole_ids", fallback=_cast_rule(output, label, name))
+    return _cast_rule(output, label, name)
+
+
+def _cast_rule(output: Any, label: Any, name: str) -> LabelRule:
+    dtype = output.dtype if output.is_floating_point() else None
+    if tuple(label.shape) == tuple(output.shape):
+        return LabelRule("cast", dtype)
+    n = output.shape[0] if output.dim() else 1
+    if output.dim() >= 1 and label.dim() >= 1 and label.shape[0] == n and label.numel() == output.numel():
+        return LabelRule("cast", dtype, output.shape)
+    return LabelRule("error", message=(
+        f"label {name!r} has per-row shape {tuple(label.shape[1:])} but the model's output for it has "
+        f"per-row shape {tuple(output.shape[1:])}"))
+
+
+def apply_label_rule(rule: LabelRule, label: Any) -> Any:
+    """``label`` aligned by ``rule`` (from :func:`label_rule` on a label of the same shape and dtype).
+
+    Raises:
+        ConfigError: the rule is an error (names the label and both per-row shapes).
+    """
+    import torch
+
+    if rule.kind == "ids":
+        return label.long()
+    if rule.kind == "whole_ids":
+        if bool(torch.all(label == torch.round(label))):
             return label.long()
-        if label.is_floating_point() and bool(torch.all(label == torch.round(label))):
-            return label.long()  # class ids stored as doubles (Spark's labels): ids, as Horovod's users pass them
-    label = label.to(output.dtype) if output.is_floating_point() else label
-    if tuple(label.shape) != tuple(output.shape):
-        n = output.shape[0] if output.dim() else 1
-        if output.dim() >= 1 and label.dim() >= 1 and label.shape[0] == n and label.numel() == output.numel():
-            return label.reshape(output.shape)
-        raise ConfigError(
-            f"label {name!r} has per-row shape {tuple(label.shape[1:])} but the model's output for it has "
-            f"per-row shape {tuple(output.shape[1:])}"
-        )
+        rule = rule.fallback
+    if rule.kind == "error":
+        raise ConfigError(rule.message)
+    if rule.dtype is not None and label.dtype != rule.dtype:  # (.to of the same dtype: a no-op)
+        label = label.to(rule.dtype)
+    if rule.shape is not None:
+        label = label.reshape(rule.shape)
     return label
+
+
+def align_label(output: Any, label: Any, name: str = "label") -> Any:
+    """``label`` (a tensor) in the dtype and shape ``output`` needs (see the module docstring
+    of :mod:`hora.estimators.torch`): class ids (integers, or floats holding whole numbers) as
+    int64 for an output of shape ``(n, classes)``, else cast to the output's floating dtype
+    and reshaped to its shape when both hold the same number of values per row.
+
+    Raises:
+        ConfigError: the per-row shapes are incompatible (names the label and both shapes).
+    """
+    return apply_label_rule(label_rule(output, label, name), label)
+
+
+class LabelConverter:
+    """One label column's numpy batches -> tensors aligned to the model's output, for a
+    session that trains batch after batch (the same shapes and dtypes, step after step).
+
+    :meth:`tensor` (before the forward pass) converts the batch's array as
+    ``_tensor(_stack(...))`` does (and moves it to ``device``); when a batch of the same
+    shape and dtype was aligned before by a rule that depends on shapes and dtypes alone,
+    it applies that rule already, reshaping on the numpy side. :meth:`align` (after the
+    forward pass) keeps that tensor when the output has the shape and dtype the rule was
+    made for, else aligns the plain tensor with :func:`align_label`'s rule and keeps the
+    rule for the next batch. Values, dtypes, shapes and errors are :func:`align_label`'s.
+    """
+
+    #: rules kept per label (batch shapes x dtypes); more are forgotten all at once
+    MAX_RULES = 16
+
+    def __init__(self, name: str, device: Any = None) -> None:
+        self.name, self.device = name, device
+        #: (array shape, array dtype) -> (output shape, output dtype, rule)
+        self._rules: dict[tuple, tuple[Any, Any, LabelRule]] = {}
+
+    def tensor(self, values: Any) -> tuple[Any, np.ndarray, tuple | None]:
+        """``(tensor, array, kept rule or None)`` of a batch's label values, for :meth:`align`."""
+        import torch
+
+        arr = _contiguous(_stack(values))
+        kept = self._rules.get((arr.shape, arr.dtype))
+        if kept is None:
+            return self._moved(torch.from_numpy(arr)), arr, None
+        rule = kept[2]
+        t = self._moved(torch.from_numpy(arr if rule.shape is None else arr.reshape(rule.shape)))
+        if rule.kind == "ids":
+            return t.long(), arr, kept
+        return (t if rule.dtype is None or t.dtype == rule.dtype else t.to(rule.dtype)), arr, kept
+
+    def align(self, output: Any, converted: tuple[Any, np.ndarray, tuple | None]) -> Any:
+        """The label of ``converted`` (from :meth:`tensor`) aligned to ``output``.
+
+        Raises:
+            ConfigError: as :func:`align_label`.
+        """
+        import torch
+
+        t, arr, kept = converted
+        if kept is not None:
+            if output.shape == kept[0] and output.dtype == kept[1]:
+                return t
+            t = self._moved(torch.from_numpy(arr))
+        rule = label_rule(output, t, self.name)
+        label = apply_label_rule(rule, t)
+        if rule.kind in ("ids", "cast"):
+            if len(self._rules) >= self.MAX_RULES:
+                self._rules.clear()
+            self._rules[(arr.shape, arr.dtype)] = (output.shape, output.dtype, rule)
+        return label
+
+    def _moved(self, t: Any) -> Any:
+        return t if self.device is None else t.to(self.device)
+
+
+def loss_value(loss: Any) -> float:
+    """``float(loss.detach())`` (``float(loss)`` for a non-tensor), without making the detached
+    tensor when ``loss.item()`` gives the same float: a one-element floating-point ``torch.Tensor``."""
+    import torch
+
+    if type(loss) is torch.Tensor and loss.is_floating_point() and loss.numel() == 1:
+        return loss.item()
+    return float(loss.detach()) if hasattr(loss, "detach") else float(loss)
 
 
 def _metric_name(metric: Any, used: set[str]) -> str:
@@ -177,10 +354,15 @@ def _tensor(arr: np.ndarray) -> Any:
     """A tensor of ``arr`` (shares memory when it can; copies read-only arrays, e.g. from Arrow)."""
     import torch
 
+    return torch.from_numpy(_contiguous(arr))
+
+
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as :func:`_tensor` hands it to ``torch.from_numpy``: C-contiguous and writable."""
     arr = np.ascontiguousarray(arr)
     if not arr.flags.writeable:
         arr = arr.copy()
-    return torch.from_numpy(arr)
+    return arr
 
 
 def _stack(arr: np.ndarray) -> np.ndarray:
@@ -190,5 +372,6 @@ def _stack(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-__all__ = ["to_inputs", "as_outputs", "align_label", "normalize_metrics", "is_torchmetric", "per_row_loss_fn",
+__all__ = ["to_inputs", "ParamDtype", "as_outputs", "align_label", "LabelRule", "label_rule", "apply_label_rule",
+           "LabelConverter", "loss_value", "normalize_metrics", "is_torchmetric", "per_row_loss_fn",
            "weighted", "state_bytes", "first_state_mismatch"]
