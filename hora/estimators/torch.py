@@ -40,8 +40,8 @@ from hora.estimators.framework import CheckResult, Framework, ModelCodec, Resume
 from hora.estimators.params import EstimatorConfig, param
 from hora.estimators.spec import freeze, thaw
 from hora.estimators.torch_tensors import (
-    _stack, _tensor, align_label, as_outputs, first_state_mismatch, is_torchmetric, normalize_metrics, per_row_loss_fn,
-    state_bytes, to_inputs, weighted,
+    LabelConverter, ParamDtype, _stack, _tensor, align_label, as_outputs, first_state_mismatch, is_torchmetric,
+    loss_value, normalize_metrics, per_row_loss_fn, state_bytes, to_inputs, weighted,
 )
 
 logger = logging.getLogger(__name__)
@@ -233,6 +233,14 @@ class TorchSession(TrainingSession):
     #: seconds of the default step's parts, summed over the run (the worker's epoch profile)
     step_seconds: dict = field(default_factory=lambda: {"forward+loss": 0.0, "backward": 0.0, "optimizer": 0.0})
     _hooks: list = field(default_factory=list)
+    #: the model's parameter dtype, kept between steps (see :class:`~hora.estimators.torch_tensors.ParamDtype`)
+    _dtype: Any = field(default=None, init=False, repr=False)
+    #: one per label column: its batches as tensors aligned to the model's output, the rule kept between steps
+    _label_converters: list = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._dtype = ParamDtype(self.model)
+        self._label_converters = [LabelConverter(name, self.device) for name in self.label_cols]
 
     @classmethod
     def open(cls, spec: Any) -> "TorchSession":
@@ -303,7 +311,8 @@ class TorchSession(TrainingSession):
                 self._hooks.append(p.register_post_accumulate_grad_hook(grads_in))
 
     def _prepare(self, batch: dict[str, np.ndarray]) -> tuple[list, list, Any]:
-        inputs = to_inputs(self.model, [batch[k] for k in self.feature_keys], self.input_shapes, self.device)
+        """Inputs, labels (not aligned yet) and weights of a batch, as tensors (``train_minibatch_fn``'s)."""
+        inputs = self._inputs(batch)
         labels = [_tensor(_stack(batch[name])) for name in self.label_cols]
         weights = _tensor(batch[self.sample_weight_col]) if self.sample_weight_col is not None else None
         if self.device is not None:
@@ -327,9 +336,31 @@ class TorchSession(TrainingSession):
             total = value if total is None else total + value
         return total
 
+    def _inputs(self, batch: dict[str, np.ndarray]) -> list:
+        return to_inputs(self.model, [batch[k] for k in self.feature_keys], self.input_shapes, self.device,
+                         dtype=self._dtype())
+
     def _forward_loss(self, batch: dict[str, np.ndarray]) -> tuple[Any, list, list]:
-        inputs, labels, weights = self._prepare(batch)
-        outs, labels = self._align(self.model(*inputs), labels)
+        """The loss of a batch, with the outputs and aligned labels: :meth:`_prepare`, the forward
+        pass, :meth:`_align` and :meth:`_loss`, the labels made by the session's
+        :class:`~hora.estimators.torch_tensors.LabelConverter` s (the same tensors, without
+        deciding again per batch what aligning them takes)."""
+        inputs, converted, weights = self._tensors(batch)
+        return self._aligned_loss(self.model(*inputs), converted, weights)
+
+    def _tensors(self, batch: dict[str, np.ndarray]) -> tuple[list, list, Any]:
+        """What the forward pass and the loss need of a batch, before the forward pass: inputs,
+        labels (:meth:`LabelConverter.tensor`), weights."""
+        inputs = self._inputs(batch)
+        converted = [conv.tensor(batch[name]) for conv, name in zip(self._label_converters, self.label_cols)]
+        weights = _tensor(batch[self.sample_weight_col]) if self.sample_weight_col is not None else None
+        if weights is not None and self.device is not None:
+            weights = weights.to(self.device)
+        return inputs, converted, weights
+
+    def _aligned_loss(self, raw: Any, converted: list, weights: Any) -> tuple[Any, list, list]:
+        outs = as_outputs(raw, len(self.label_cols))
+        labels = [conv.align(out, c) for conv, out, c in zip(self._label_converters, outs, converted)]
         return self._loss(outs, labels, weights), outs, labels
 
     def train_step(self, batch: dict[str, np.ndarray], step: int) -> float:
@@ -353,7 +384,7 @@ class TorchSession(TrainingSession):
             seconds["forward+loss"] += t1 - t0
             seconds["backward"] += t2 - t1
             seconds["optimizer"] += clock() - t2
-        value = float(loss.detach()) if hasattr(loss, "detach") else float(loss)
+        value = loss_value(loss)
         if not math.isfinite(value):
             raise DataError(f"training loss became {value} at step {step} on rank {self.rank}")
         return value
