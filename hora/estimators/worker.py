@@ -302,9 +302,10 @@ class WorkerRun:
 
     def batch_end(self, epoch: int, step: int, loss: float | None) -> None:
         self.session.step = self.ctx.step = step
-        logs = {"loss": loss} if loss is not None else {}
-        for cb in self.callbacks:
-            cb.on_batch_end(self.ctx, step, logs)
+        if self.callbacks:
+            logs = {"loss": loss} if loss is not None else {}
+            for cb in self.callbacks:
+                cb.on_batch_end(self.ctx, step, logs)
         if self.rank == 0 and self.config.verbose and step % self.report_every == 0:
             _report(epoch=epoch + 1, epochs=self.config.epochs, step=step + 1, total=self.total,
                     last_epoch=self.last_epoch, **self._resumed_metric(),
@@ -392,6 +393,12 @@ def _train(run: WorkerRun) -> dict | None:
         waited = stepping = first = 0.0  # seconds waiting for batches / in train_step (the epoch's profile)
         inner = getattr(session, "step_seconds", None)
         inner_before = dict(inner) if inner else {}
+        # decided once per epoch: a session without its own on_batch_end is not called per step,
+        # nor is save_step_checkpoint where no step checkpoint is due (not rank 0, or by epochs)
+        on_batch_end = session.on_batch_end
+        if getattr(on_batch_end, "__func__", None) is TrainingSession.on_batch_end:
+            on_batch_end = None
+        step_checkpoints = run.rank == 0 and run.every_unit == "steps"
         t_prev = clock()
         for step, batch in enumerate(run.batches("train", epoch, skip), start=skip):
             t_got = clock()
@@ -405,9 +412,11 @@ def _train(run: WorkerRun) -> dict | None:
             session.global_step += 1
             loss_sum += loss
             steps += 1
-            session.on_batch_end(step, loss)
+            if on_batch_end is not None:
+                on_batch_end(step, loss)
             run.batch_end(epoch, step, loss)
-            run.save_step_checkpoint(epoch, step)
+            if step_checkpoints:
+                run.save_step_checkpoint(epoch, step)
         session.finish_epoch(steps)
         profile = {"steps": steps, "batch_wait": waited, "first_batch_wait": first, "train_step": stepping,
                    **{f"train_step.{k}": v - inner_before.get(k, 0.0) for k, v in (inner or {}).items()}}
