@@ -228,6 +228,27 @@ def test_predicted_rounds_run_as_one_collective_and_survive_a_misprediction():
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("inplace,disrupt", [(False, "order"), (True, "late")])
+def test_a_steady_round_of_many_small_tensors_is_matched_whole_and_survives_a_disruption(inplace, disrupt):
+    # the steady state of 200 named tensors (beyond the 64 slots of the control tail's
+    # list path) is recognized by comparing whole lists; a rank that submits them in
+    # another order goes through the per-request match, one that lacks some misses the
+    # prediction; every result stays exact, and the round never compares a tensor with
+    # None through torch (once a thousandfold slowdown of the in-place round)
+    outs = run_ranks(workers.many_small_predicted, 2, args=(6, inplace, disrupt), timeout=140)
+    for r, o in enumerate(outs):
+        assert o["fails"] == [], (r, o["fails"][:5])
+        assert o["eq_none"] == 0, o["eq_none"]
+        steady, s = o["steady"], o["stats"]
+        assert steady.get("speculation_hits", 0) >= 2, steady
+        assert steady.get("rounds_matched_whole", 0) >= 2, steady
+        assert s["rounds_matched_whole"] >= steady["rounds_matched_whole"] + 3, s
+        if disrupt == "late":
+            assert s.get("speculation_misses", 0) >= 1, s
+    assert outs[0]["stats"]["speculation_hits"] == outs[1]["stats"]["speculation_hits"]
+
+
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("between", ["allreduce", "barrier", "grouped"])
 def test_unnamed_ops_between_steps_keep_the_steps_predicted_and_out_of_the_cache(between):
     # an unnamed op gets a made-up name that never comes again: it is negotiated by name

@@ -282,3 +282,81 @@ def test_the_autotuner_proposes_each_candidate_then_keeps_the_best():
             tuner.observe([resp])
     assert tuner.done and tuner.index == best
     assert tuner.proposal(best) == tuner.candidates[best]
+
+
+# ---------------------------------------------------------------------------- cache order, predicted rounds
+@pytest.mark.timeout(30)
+def test_touching_a_rounds_slots_again_skips_only_what_would_not_change_the_order():
+    # a predicted round touches its slots every step; the cache skips the moves when the
+    # same round did exactly that last, and the eviction order stays the one moving every
+    # slot each time gives (every rank must evict alike)
+    rng = np.random.default_rng(3)
+    a, b = ResponseCache(8), ResponseCache(8)
+    for c in (a, b):
+        for i in range(8):
+            c.put(f"t{i}", None, {})
+    rounds = [[1, 3, 5], [0, 2], [7, 6, 5, 4]]
+    for _ in range(200):
+        k = int(rng.integers(0, 5))
+        if k < 3:  # a round's touch (a's cache may skip it, b's never does)
+            owner = rounds[k]
+            a.touch_all(owner, owner)
+            for s in owner:
+                b.lru.move_to_end(s)
+        elif k == 3:  # a general round's touch of some entries
+            slots = sorted(set(rng.integers(0, 8, 3).tolist()))
+            a.touch_all(slots)
+            for s in slots:
+                b.lru.move_to_end(s)
+        else:  # a name replaced (erase and put: the slot moves to the recent end)
+            name = f"t{int(rng.integers(0, 8))}"
+            for c in (a, b):
+                c.put(name, None, {})
+        assert list(a.lru) == list(b.lru)
+        assert [e.name for e in a.slots] == [e.name for e in b.slots]
+
+
+def _spec_of(cache: ResponseCache, names: list[str], reqs: list[Request]):
+    from hora.native.engine.speculation import Spec
+
+    entries = [cache.by_name[n] for n in names]
+    spec = Spec([e.slot for e in entries], names, [q.tensor.numel() for q in reqs], torch.float32, 1.0, 1.0, False)
+    spec.entries = entries
+    spec.keys = [e.key for e in entries]
+    spec.version = cache.version
+    return spec
+
+
+@pytest.mark.timeout(30)
+def test_a_predicted_rounds_requests_are_matched_whole_only_when_exactly_its_own():
+    def reqs(shapes, names):
+        return [fast_allreduce_request(n, torch.zeros(s), None, ReduceOp.Sum, 1.0, 1.0) for s, n in zip(shapes, names)]
+
+    names = [f"x{i}" for i in range(5)]
+    shapes = [(3,), (2, 2), (3,), (1,), (4,)]
+    first = reqs(shapes, names)
+    cache = ResponseCache(16)
+    for q in first:
+        # the entries' keys as the round's metadata gives them: equal objects, not the same
+        cache.put(q.name, type(q.key)(*q.key), {0: None, 1: None})
+    spec = _spec_of(cache, names, first)
+    assert spec.matches(reqs(shapes, names), 0)
+    assert all(e.key is k for e, k in zip(spec.entries, spec.keys))  # the submit path's keys kept
+    assert all(e.key is q.key for e, q in zip(spec.entries, reqs(shapes, names)))  # identity from now on
+    assert spec.matches(reqs(shapes, names), 1)
+    assert not spec.matches(reqs(shapes, names)[::-1], 0)  # another order
+    assert not spec.matches(reqs(shapes, names)[:4], 0)  # one missing
+    assert not spec.matches(reqs(shapes, names) + reqs([(3,)], ["x9"]), 0)  # one more
+    assert not spec.matches(reqs(shapes[:4] + [(5,)], names), 0)  # another shape
+    other = reqs(shapes, names)
+    other[2] = fast_allreduce_request("x2", torch.zeros(3), None, ReduceOp.Max, 1.0, 1.0)
+    assert not spec.matches(other, 0)  # another op
+    with_local = reqs(shapes, names)
+    with_local[0].local = (3, None)
+    assert not spec.matches(with_local, 0)  # per-rank data
+    cache.by_name["x1"].locals = {0: (2, None), 1: None}
+    assert not spec.matches(reqs(shapes, names), 0)  # the entry's per-rank data on this rank
+    assert spec.matches(reqs(shapes, names), 1)
+    no_entries = _spec_of(cache, names, first)
+    no_entries.entries = None  # a round only waited for locally: never matched whole
+    assert not no_entries.matches(reqs(shapes, names), 1)

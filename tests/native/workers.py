@@ -626,6 +626,55 @@ def speculation_job(steps: int) -> dict[str, Any]:
     return {"fails": fails, "steady": steady, "stats": s}
 
 
+def many_small_predicted(steps: int, inplace: bool, disrupt: str) -> dict[str, Any]:
+    """Steady steps of 200 small (3, 5) float32 tensors reduced by name (out of place or in
+    place, Average), then a step disrupted on rank 1 (``"order"``: it submits them in
+    reverse order; ``"late"``: it blocks on the first before submitting the rest), then
+    steady again. Exact results every step; torch's ``==`` against None (which the round
+    must never use on tensors: each call goes through torch) is counted in the steady
+    steps."""
+    import hora.native as hn
+
+    hn.init()
+    r, n = hn.rank(), hn.size()
+    fails: list[str] = []
+    eq_none = [0]
+    plain_eq = torch.Tensor.__eq__
+
+    def counting_eq(self: torch.Tensor, other: Any) -> Any:
+        if other is None:
+            eq_none[0] += 1
+        return plain_eq(self, other)
+
+    f = hn.allreduce_async_ if inplace else hn.allreduce_async
+
+    def step(i: int, disrupted: bool) -> None:
+        ts = [torch.full((3, 5), float(r + i + k)) for k in range(200)]
+        order = list(enumerate(ts))
+        if disrupted and r == 1 and disrupt == "order":
+            order.reverse()
+        if disrupted and r == 1 and disrupt == "late":
+            f(ts[0], op=hn.Average, name="ms.0").synchronize()
+            order = order[1:]
+        hs = {k: f(t, op=hn.Average, name=f"ms.{k}") for k, t in order}
+        got = {k: h.synchronize() for k, h in hs.items()}
+        for k, t in enumerate(ts):
+            res = t if inplace else got.get(k, t)
+            want = sum(q + i + k for q in range(n)) / n
+            if not torch.equal(res, torch.full((3, 5), float(want))):
+                fails.append(f"step {i} ms.{k}: {res.flatten()[:3].tolist()} != {want}")
+            if not inplace and k in got and got[k] is t:
+                fails.append(f"step {i} ms.{k}: out of place gave the input back")
+
+    torch.Tensor.__eq__ = counting_eq
+    try:
+        steady, s = _steady_disrupted_steady(step, steps)
+    finally:
+        torch.Tensor.__eq__ = plain_eq
+    hn.shutdown()
+    return {"fails": fails, "steady": steady, "stats": s, "eq_none": eq_none[0]}
+
+
 def caller_runs_predicted_round(steps: int) -> dict[str, Any]:
     """Steady submit-then-synchronize steps; returns the engine stats and any wrong result."""
     import time

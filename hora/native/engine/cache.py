@@ -65,6 +65,8 @@ class ResponseCache:
         self.free = list(range(capacity - 1, -1, -1))
         self.version = 0  # bumped on every insertion or removal (execution plans depend on it)
         self.evictions = 0  # removals only (a request may hold a dropped slot: renegotiate it)
+        self._lru_moves = 0  # bumped whenever the LRU order may change (see touch_all)
+        self._touched: tuple[Any, int] | None = None  # (owner, _lru_moves) of the last touch_all
         self._used_version = -1
         self._used = 0
 
@@ -81,6 +83,7 @@ class ResponseCache:
     def erase(self, name: str) -> None:
         e = self.by_name.pop(name, None)
         if e is not None:
+            self._lru_moves += 1
             self.version += 1
             self.evictions += 1
             self.slots[e.slot] = None
@@ -88,7 +91,22 @@ class ResponseCache:
             self.free.append(e.slot)
 
     def touch(self, e: CacheEntry) -> None:
+        self._lru_moves += 1
         self.lru.move_to_end(e.slot)
+
+    def touch_all(self, slots: list[int], owner: Any = None) -> None:
+        """Make ``slots`` the most recently used, in this order. ``owner`` (a predicted
+        round, whose slots are the same every step): when it did exactly this last and
+        nothing moved since, the order is already that and nothing is done (a training
+        loop's steady state, a thousand moves a round otherwise)."""
+        if owner is not None and self._touched is not None and self._touched[0] is owner \
+                and self._touched[1] == self._lru_moves:
+            return
+        self._lru_moves += 1
+        move = self.lru.move_to_end
+        for slot in slots:
+            move(slot)
+        self._touched = (owner, self._lru_moves) if owner is not None else None
 
     def put(self, name: str, key: OpKey, locals_: dict[int, Any]) -> None:
         if self.capacity <= 0:
@@ -103,6 +121,7 @@ class ResponseCache:
             self.slots[victim] = None
             self.free.append(victim)
         self.version += 1
+        self._lru_moves += 1
         slot = self.free.pop()
         e = CacheEntry(slot, name, key, locals_)
         self.slots[slot] = e

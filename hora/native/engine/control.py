@@ -147,10 +147,11 @@ class ControlVector:
         return 2 * used + 8 + (size if inplace else 0)
 
     def tail_of(self, vote: Vote, used: int, out: np.ndarray, *, rank: int, size: int, have: bool, alone: bool,
-                inplace: bool) -> None:
+                inplace: bool, index: np.ndarray | None = None) -> None:
         """Write into ``out`` (:meth:`tail_size` elements) the tail form of ``vote``,
         exactly ``encode_tail(encode(*vote), ...)``, without making the MIN form (a
-        predicted round that holds needs none)."""
+        predicted round that holds needs none). ``index``: ``vote.bits`` as an index
+        array, all below ``used`` (a predicted round's slots, made once)."""
         U = used
         F = 2 * U
         flags = [1 if vote.uncached else 0, -(-vote.payload // 1024), 1 if vote.has_work else 0,
@@ -169,7 +170,10 @@ class ControlVector:
             out[:] = vals
             return
         out[:] = 0
-        if vote.bits:
+        if index is not None:
+            out[index] = 1  # ready votes
+            out[index + U] = 1  # members that have it
+        elif vote.bits:
             bits = [b for b in vote.bits if b < U]
             out[bits] = 1  # ready votes
             out[[U + b for b in bits]] = 1  # members that have it

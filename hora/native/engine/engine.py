@@ -70,6 +70,7 @@ class Engine(RoundLoop):
         self._incoming: list[Request] = []
         self._names: dict[str, Request] = {}  # every request submitted here and not finished
         self._waiting: dict[str, Request] = {}  # reported to the negotiation, not finished
+        self._caller_round = False  # the round running now is a blocking caller's (see request_flush)
         # the thread's state
         self._round_no = 0
         self._epoch = 0
@@ -107,41 +108,44 @@ class Engine(RoundLoop):
         req._engine = self
         if self.timeline.enabled:
             req.t_submit = self.timeline.now()
+        name = req.name
         with self._lock:
             if self._broken is not None:
                 raise CollectiveError(f"the hora engine has stopped: {self._broken}") from self._broken
             if self._shutdown:
                 raise CollectiveError("hora is shutting down; no new collectives are accepted")
-            if req.name in self._names:
+            if self._names.setdefault(name, req) is not req:
                 raise ConfigError(
-                    f"a collective named '{req.name}' is already in flight on rank {self.rank}; "
+                    f"a collective named '{name}' is already in flight on rank {self.rank}; "
                     "wait for it (synchronize) before submitting the same name again"
                 )
-            self._names[req.name] = req
             self._incoming.append(req)
             offer = self._offer
             missing = offer.missing
             if missing is not None:
-                if req.name in missing:
-                    missing.discard(req.name)
+                try:
+                    missing.remove(name)
+                except KeyError:
+                    if name not in offer.spec.name_set:
+                        offer.foreign = True  # not predicted: negotiate it soon
+                        self._gather_cond.notify()
+                else:
                     if not missing and offer.claim == NO_CLAIM:
                         offer.claim = OFFERED
                     stage = offer.stage
-                    t = req.tensor
-                    if stage is not None and t is not None and t.numel() >= STAGE_MIN_NUMEL:
-                        # copy it into its place in the fusion buffer now, while it is hot in
-                        # the cache (and while backward still runs), not after the last one;
-                        # small tensors are cheaper in the engine's one batched copy
-                        off, cnt = offer.spec.offsets[req.name]
-                        if t.dtype == stage.dtype and t.numel() == cnt and t.is_cpu:
-                            stage[off : off + cnt].copy_(flat(t))
-                            req.staged = self.speculator.stage_token
-                            self.speculator.staged += 1
+                    if stage is not None:
+                        t = req.tensor
+                        if t is not None and t.numel() >= STAGE_MIN_NUMEL:
+                            # copy it into its place in the fusion buffer now, while it is hot in
+                            # the cache (and while backward still runs), not after the last one;
+                            # small tensors are cheaper in the engine's one batched copy
+                            off, cnt = offer.spec.offsets[name]
+                            if t.dtype == stage.dtype and t.numel() == cnt and t.is_cpu:
+                                stage[off : off + cnt].copy_(flat(t))
+                                req.staged = self.speculator.stage_token
+                                self.speculator.staged += 1
                     if not missing and not blocking and not offer.defer:
                         self._gather_cond.notify()  # this rank now has the whole predicted round
-                elif req.name not in offer.spec.name_set:
-                    offer.foreign = True  # not predicted: negotiate it soon
-                    self._gather_cond.notify()
             if self._idle and not self._woken:
                 self._woken = True
                 self._waker.signal(self._epoch)
@@ -190,11 +194,13 @@ class Engine(RoundLoop):
             grad = torch.is_grad_enabled()
             if grad:
                 torch._C._set_grad_enabled(False)
+            self._caller_round = True
             try:
                 result: Any = self._round_body(*args)
             except BaseException as exc:  # noqa: BLE001 - the engine thread raises it
                 result = exc
             finally:
+                self._caller_round = False
                 if grad:
                     torch._C._set_grad_enabled(True)
             with self._lock:
@@ -333,6 +339,49 @@ class Engine(RoundLoop):
         st["allreduce_tensors"] += len(reqs)
         st["allreduce_calls"] += 1
         st["allreduce_bytes"] += nbytes
+
+    def complete_now(self, reqs: list[Request], results: list[Any], nbytes: int, fused: bool) -> None:
+        """Complete ``reqs`` (allreduces of one fused collective of ``nbytes``, or
+        ``fused=False`` one reduced in place) with ``results``.
+
+        In a round a blocking caller runs (``Engine.request_flush``), at once: what
+        :meth:`finish_fused` and :meth:`notify_done` do together, in one pass over the
+        requests (a predicted round of a thousand small tensors; see
+        ``Speculator.collective``). The names are freed before the handles are done, so a
+        caller that sees its handle done may submit the name again at once. In a round
+        of the engine thread, when the round ends (:meth:`notify_done`), as any other
+        result: a caller woken earlier would submit its next step before the thread
+        offers that step's predicted round, which the thread then runs itself, and the
+        rounds would stay with the thread instead of passing to the caller."""
+        if not self._caller_round:
+            self._finish_later(reqs, results)
+        else:
+            wpop = self._waiting.pop
+            npop = self._names.pop
+            with self._lock:
+                for q, r in zip(reqs, results):
+                    name = q.name
+                    wpop(name, None)
+                    npop(name, None)
+                    q._result = r
+                    q._done = True
+            with self._done_cond:
+                self._done_cond.notify_all()
+        st = self.stats
+        if fused:
+            st["fused_batches"] += 1
+            st["fused_tensors"] += len(reqs)
+        st["allreduce_tensors"] += len(reqs)
+        st["allreduce_calls"] += 1
+        st["allreduce_bytes"] += nbytes
+
+    def _finish_later(self, reqs: list[Request], results: list[Any]) -> None:
+        wpop = self._waiting.pop
+        append = self._completed.append
+        for q, r in zip(reqs, results):
+            wpop(q.name, None)
+            q._result = r
+            append(q)
 
     def notify_done(self) -> None:
         """Mark the completed handles done and wake their callers."""

@@ -281,7 +281,8 @@ class Request(Handle):
 
 
 def fast_allreduce_request(name: str, tensor: torch.Tensor, output: torch.Tensor | None, op: ReduceOp,
-                           prescale: float, postscale: float, room: torch.Tensor | None = None) -> Request:
+                           prescale: float, postscale: float, room: torch.Tensor | None = None,
+                           dtype: torch.dtype | None = None) -> Request:
     """A :class:`Request` for the common case (contiguous CPU tensor, global set, no
     compression), built without the general constructor's checks: the submit hot path.
 
@@ -289,33 +290,46 @@ def fast_allreduce_request(name: str, tensor: torch.Tensor, output: torch.Tensor
     ``room``: an in-place request's tensor is the start of this 1-D buffer, which has
     :meth:`Engine.room_elements` spare elements after it; a predicted round then runs in
     place, with the control vector in the spare room (``room`` is part of the key: every
-    rank must pass it alike)."""
-    r = Request.__new__(Request)
-    r.kind = ALLREDUCE
+    rank must pass it alike). ``dtype``: ``tensor.dtype``, when the caller has it."""
+    r = _FastAllreduce.__new__(_FastAllreduce)  # (kind, and the op's default, from the class)
     r.name = name
     r.tensor = tensor
-    r.output = output
-    r.op = op
-    if prescale != 1.0:
-        r.prescale = prescale
-    if postscale != 1.0:
-        r.postscale = postscale
-    if room is not None:
-        r.room = room
-    cached = (tensor.shape, tensor.dtype, op, prescale, postscale, room is None)
+    if output is not None:
+        r.output = output
+    if op is not _SUM:
+        r.op = op
+    if dtype is None:
+        dtype = tensor.dtype
+    if room is not None or prescale != 1.0 or postscale != 1.0:
+        if prescale != 1.0:
+            r.prescale = prescale
+        if postscale != 1.0:
+            r.postscale = postscale
+        if room is not None:
+            r.room = room
+        cached: tuple = (tensor.shape, dtype, op, prescale, postscale, room is None)
+    else:
+        cached = (tensor.shape, dtype, op)  # (the common case: a shorter key to hash)
     key = _FAST_KEYS.get(cached)
     if key is None:  # (a loop over the same tensors builds each key once)
         if len(_FAST_KEYS) >= 4096:
             _FAST_KEYS.clear()
         shape = tuple(tensor.shape)
         key = _FAST_KEYS[cached] = _new_key(OpKey, (
-            ALLREDUCE, DTYPE_NAMES[tensor.dtype], shape, len(shape), op.value, -1, 0, prescale, postscale, "none",
+            ALLREDUCE, DTYPE_NAMES[dtype], shape, len(shape), op.value, -1, 0, prescale, postscale, "none",
             "cpu", None if room is None else ROOM))
     r.key = key
     return r
 
 
-_FAST_KEYS: dict[tuple, OpKey] = {}  # fast_allreduce_request's keys by shape, dtype, op, scales, room
+_FAST_KEYS: dict[tuple, OpKey] = {}  # fast_allreduce_request's keys by shape, dtype, op (, scales, room)
+_SUM = ReduceOp.Sum
+
+
+class _FastAllreduce(Request):
+    """A request made by :func:`fast_allreduce_request`: an allreduce, Sum unless set."""
+
+    kind = ALLREDUCE
 
 
 def describe_key(key: OpKey) -> str:
