@@ -18,12 +18,21 @@ engine) against the hand-fused step's. The engine's steady-state overhead per te
 (the tight step's ``cat(out=)`` and ``_foreach_copy_``, timed alone)) / tensors: what
 having many tensors costs beyond moving their bytes, on the same wire.
 
-Two floors, measured in the same run: the least any engine written in Python does per
+Floors, measured in the same run: the least any engine written in Python does per
 tensor (a handle filed by name under a lock, completed, synchronized; no checks, no
-communication), and what a new result tensor costs (out of place; one batched clone).
-Their sum is what an out-of-place op costs at least, on this machine, in Python.
+communication); the same with the checks hora must make of every op (the tensor's type,
+device, dtype, layout and autograd, the name, the key of shape, dtype and op that ranks
+agree on, a name already in flight); and what a new result tensor costs (out of place;
+one batched clone). Bookkeeping plus the new tensor is what an out-of-place op costs at
+least, on this machine, in Python: the first without checks, the second with hora's.
 
-    python benchmarks/bench_fusion.py [--tensors 1000] [--steps 20]
+The engine's cache holds every name the script uses (``HORA_CACHE_CAPACITY``), so every
+"cache" row is the steady state. The variants run interleaved, ``--rounds`` times
+``--steps`` steps each; a row is the median over all its steps, and the overhead and its
+ratios are also taken per round (each against the floors of the same round) and their
+median reported, which keeps a drift of the machine within the run out of the ratio.
+
+    python benchmarks/bench_fusion.py [--tensors 1000] [--steps 10] [--rounds 5]
 
 The last lines are the goal rows of benchmarks/README.md.
 """
@@ -138,9 +147,48 @@ def worker(n_tensors: int, numel: int, steps: int, rounds: int) -> dict[str, flo
     def new_tensors() -> None:
         torch._foreach_clone(tensors)
 
+    # the same floor with the checks every op needs (hora's fast path makes these): the
+    # tensor can be reduced here, its name is a string, its key (what ranks agree on) comes
+    # from a dict of keys, and a name already in flight is refused
+    numeric = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64,
+                         torch.int8, torch.uint8, torch.int16})
+    checked_keys: dict = {}
+    in_flight: dict = {}
+    adasum = hn.Adasum
+
+    def checked_submit(t, op=hn.Average, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None,
+                       compression=None) -> FloorHandle:
+        if not (type(t) is torch.Tensor and process_set is None and compression is None and op is not adasum
+                and t.is_cpu and not t.requires_grad and t.is_contiguous()):
+            raise ValueError("not the fast path")
+        dtype = t.dtype
+        if dtype not in numeric or type(name) is not str or not name:
+            raise ValueError("not the fast path")
+        k = (t.shape, dtype, op)
+        key = checked_keys.get(k)
+        if key is None:
+            key = checked_keys[k] = (tuple(t.shape), str(dtype), op)
+        h = FloorHandle()
+        h.name, h.tensor, h.key, h.done = name, t, key, False
+        with lock:
+            if in_flight.setdefault(name, h) is not h:
+                raise ValueError(f"{name} in flight")
+        return h
+
+    def checked_floor() -> None:
+        hs = [checked_submit(t, op=hn.Sum, name=nm) for t, nm in zip(tensors, floor_names)]
+        pop = in_flight.pop
+        with lock:
+            for h in hs:
+                pop(h.name)
+                h.result = h.tensor
+                h.done = True
+        for h in hs:
+            h.synchronize()
+
     fns = {"hand": hand_fused, "tight": hand_fused_tight, "raw": raw_flat, "packing": packing, "hora_oop": hora_oop,
            "hora_oop_metric": hora_oop_metric, "hora_inplace": hora_inplace, "hora_one": hora_one,
-           "python_floor": python_floor, "new_tensors": new_tensors}
+           "python_floor": python_floor, "checked_floor": checked_floor, "new_tensors": new_tensors}
     hn.init()
     first = time.perf_counter()
     hora_oop()  # first step: every name negotiated in full
@@ -151,7 +199,9 @@ def worker(n_tensors: int, numel: int, steps: int, rounds: int) -> dict[str, flo
             f()
     stage.clear()
     cpu: dict[str, list[float]] = {}
+    per_round: list[dict[str, float]] = []
     for _ in range(rounds):  # interleaved, so that every variant sees the same machine load
+        this: dict[str, list[float]] = {}
         for k, f in fns.items():
             for _ in range(steps):
                 dist.barrier()
@@ -159,7 +209,9 @@ def worker(n_tensors: int, numel: int, steps: int, rounds: int) -> dict[str, flo
                 t = time.perf_counter()
                 f()
                 res.setdefault(k, []).append(time.perf_counter() - t)
+                this.setdefault(k, []).append(res[k][-1])
                 cpu.setdefault(k, []).append(time.process_time() - c)
+        per_round.append({k: statistics.median(v) for k, v in this.items()})
     s = hn.engine_stats()
     hn.shutdown()
     os.environ["HORA_CACHE_CAPACITY"] = "0"
@@ -183,6 +235,8 @@ def worker(n_tensors: int, numel: int, steps: int, rounds: int) -> dict[str, flo
     out["stage_sync"] = statistics.median(stage["sync"][:n_stage]) if stage.get("sync") else 0.0
     out["cache_hits"] = s.get("cache_hits", 0)
     out["speculation_hits"] = s.get("speculation_hits", 0)
+    out["rounds_matched_whole"] = s.get("rounds_matched_whole", 0)
+    out["per_round"] = per_round
     return out
 
 
@@ -191,11 +245,14 @@ def main() -> None:
     ap.add_argument("--tensors", type=int, default=1000)
     ap.add_argument("--numel", type=int, default=1024, help="float32 elements per tensor (1024 = 4 KiB)")
     ap.add_argument("--steps", type=int, default=10, help="steps per variant and round")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the variants")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds over the variants")
     a = ap.parse_args()
     note = machine_note()
     load = load_now()
-    r = run_local(worker, 2, args=(a.tensors, a.numel, a.steps, a.rounds))[0]
+    # a cache for every name used here (o.*, f.*, one and the metric's), so that the cached
+    # rows are the steady state and not a cache that evicts between variants
+    env = {"HORA_CACHE_CAPACITY": str(max(1024, 2 * a.tensors + 64))}
+    r = run_local(worker, 2, args=(a.tensors, a.numel, a.steps, a.rounds), env=env)[0]
     n = a.tensors
     ms = lambda s: f"{s * 1e3:.2f}"  # noqa: E731
     hand = r["hand"]
@@ -233,6 +290,7 @@ def main() -> None:
         ("engine steady-state overhead, in place", us(overhead_ip)),
         ("floor of a Python engine: handle, filed by name, completed, synchronized (no checks)",
          us(r["python_floor"])),
+        ("the same with hora's checks (tensor, name, key, a name in flight)", us(r["checked_floor"])),
         ("floor of a result as a new tensor (out of place; one batched clone)", us(r["new_tensors"])),
     ]
     print()
@@ -243,14 +301,23 @@ def main() -> None:
     print(goal_row(f"{n} x 4 KiB `allreduce_async(t, name=...)` (out of place) then `synchronize` on each",
                    "`torch.cat` + one `all_reduce` + copy back (Gloo)", f"{ratio:.2f} x the time", "<= 1.2 x",
                    ratio <= 1.2, load))
-    per = overhead * 1e6 / n
+    rounds = r["per_round"]
+    # per round: the overhead, and the floors of the same round (their medians below)
+    per_r = [(x["hora_oop"] - x["hora_one"] - x["packing"]) * 1e6 / n for x in rounds]
+    bare_r = [(x["python_floor"] + x["new_tensors"]) * 1e6 / n for x in rounds]
+    checked_r = [(x["checked_floor"] + x["new_tensors"]) * 1e6 / n for x in rounds]
+    med = statistics.median
+    per = med(per_r)
     print(goal_row("engine steady-state overhead per tensor (response cache hit)",
                    "hora's own allreduce of the same bytes as one tensor, plus packing by hand (timed alone)",
                    f"{per:.2f} us", "<= 3 us", per <= 3.0, load))
-    floor = (r["python_floor"] + r["new_tensors"]) * 1e6 / n
-    print(f"\nthe floor of a Python engine per tensor out of place, this run: {floor:.2f} us "
-          f"({us(r['python_floor'])} bookkeeping + {us(r['new_tensors'])} a new tensor); "
-          f"hora's overhead is {per / floor:.2f} x that floor")
+    print(f"\nper round ({len(rounds)} rounds of {a.steps} steps; medians): hora's overhead {per:.2f} us "
+          f"(rounds: {', '.join(f'{v:.2f}' for v in per_r)}); the floor of a Python engine out of place, without "
+          f"checks {med(bare_r):.2f} us, with hora's checks {med(checked_r):.2f} us; hora's overhead is "
+          f"{med(p / b for p, b in zip(per_r, bare_r)):.2f} x the first and "
+          f"{med(p / c for p, c in zip(per_r, checked_r)):.2f} x the second (per-round ratios)")
+    print(f"rounds matched whole (steady state recognized without a per-request lookup): "
+          f"{r['rounds_matched_whole']}")
 
 
 if __name__ == "__main__":
