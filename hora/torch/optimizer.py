@@ -228,6 +228,7 @@ class _DistributedMixin:
         self._hora_numel = [sum(p.numel() for p in bucket) for bucket in self._hora_buckets]
         self._hora_room = [False] * len(self._hora_buckets)
         self._hora_fold = [0.0] * len(self._hora_buckets)  # 1/size folded into the copy into the bucket
+        self._hora_scale_by: list[tuple | None] = [None] * len(self._hora_buckets)  # see _hora_make_flat
         self._hora_layout_checked = not any(self._hora_flat_ok)
         self._hora_bucket_ready = [0] * len(self._hora_buckets)
         self._hora_submitted = [False] * len(self._hora_buckets)
@@ -272,6 +273,10 @@ class _DistributedMixin:
             # pass over the data fewer. Only for a power-of-two size, where it is exact:
             # x * 2^-k rounds like x, so the result is bitwise that of scaling after the sum.
             self._hora_fold[b] = 1.0 / size
+            # a small bucket is scaled whole at submit: through its data's view and the factor
+            # as a tensor of its dtype (the same product; a Python number is wrapped into a
+            # tensor on every call, which costs more than scaling a small bucket)
+            self._hora_scale_by[b] = (flat[:total], torch.tensor(1.0 / size, dtype=flat.dtype))
 
     # ---------------------------------------------------------------- gradient hooks
     def _hora_guard(self, s: _Slot) -> Any:
@@ -383,7 +388,8 @@ class _DistributedMixin:
             fold = self._hora_fold[b]
             if fold:  # every gradient of the bucket scaled by 1/size exactly once, then summed
                 if small:  # none is scaled yet: the whole bucket at once
-                    flat[: self._hora_numel[b]].mul_(fold)
+                    data, factor = self._hora_scale_by[b]
+                    data.mul_(factor)
                 else:
                     rest = [s.view for s in slots if not s.scaled]
                     if rest:  # accumulated in place by autograd (zero_grad(set_to_none=False))
@@ -598,6 +604,7 @@ class _DistributedMixin:
         self._hora_flats = [None] * len(self._hora_buckets)
         self._hora_room = [False] * len(self._hora_buckets)
         self._hora_fold = [0.0] * len(self._hora_buckets)
+        self._hora_scale_by = [None] * len(self._hora_buckets)
         self._hora_member = None
         self._hora_layout_checked = not any(self._hora_flat_ok)
 
