@@ -16,8 +16,13 @@ threads): on a machine shared with other work it shows the cost that wall time h
 The last lines are the goal rows of benchmarks/README.md (hora, and hora-gloo: hora's
 allreduce through Gloo's TCP loopback, as DDP's, instead of shared memory).
 
-``--only NAME`` (repeatable) picks configurations; besides the default four (single,
-ddp, hora, hora-gloo) there are variants of each side, so a difference can be traced to
+The default configurations are single (one process), local (both ranks training at once
+with the plain optimizer, nothing reduced: the floor of any data-parallel run on this
+machine, which two ranks sharing two cores and memory make slower than twice one
+process), ddp, hora and hora-gloo; the table gives each against DDP and against the floor
+(paired per round), and the last line says how far above DDP the floor itself is.
+
+``--only NAME`` (repeatable) picks configurations; there are variants of each side, so a difference can be traced to
 its cause: hora-nospec (no predicted rounds), hora-first-1mb (DDP's small first bucket),
 hora-by-name (gradients matched by name, Horovod style), ddp-one-bucket and ddp-view
 (DDP's gradient_as_bucket_view=True).
@@ -247,10 +252,11 @@ def _hora_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> fl
     try:
         model = make_model()
         first = os.environ.get("BENCH_HORA_FIRST_BUCKET_MB")
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                       named_parameters=model.named_parameters(),
-                                       first_bucket_mb=float(first) if first else None,
-                                       gradient_as_bucket_view=not os.environ.get("BENCH_HORA_BY_NAME"))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        if not os.environ.get("BENCH_LOCAL"):  # (local: both ranks train at once, nothing reduced)
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                           first_bucket_mb=float(first) if first else None,
+                                           gradient_as_bucket_view=not os.environ.get("BENCH_HORA_BY_NAME"))
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         data = _batches(rank)
         _loop(model, opt, data, warmup, hvd.barrier)
@@ -330,6 +336,9 @@ def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0,
 # name -> (label, worker, extra environment)
 CONFIGS: dict[str, tuple[str, Any, dict[str, str]]] = {
     "single": ("one process", None, {}),
+    # the floor of any data-parallel run on this machine: both ranks training at once with
+    # the plain optimizer (nothing reduced; the samples/s of the slower rank times two)
+    "local": ("both ranks at once, no reduction (the floor)", _hora_worker, {"BENCH_LOCAL": "1"}),
     "ddp": ("torch DDP gloo", _ddp_worker, {}),
     "hora": ("hora DistributedOptimizer", _hora_worker, {}),
     "hora-gloo": ("hora, HORA_SHM_ALLREDUCE=0 (Gloo over loopback, as DDP)", _hora_worker,
@@ -361,7 +370,7 @@ def main() -> int:
         run_small(args)
         if args.model == "small":
             return 0
-    configs = args.only or ["single", "ddp", "hora", "hora-gloo"]
+    configs = args.only or ["single", "local", "ddp", "hora", "hora-gloo"]
     load = os.getloadavg()
     configs += [f"hora@{ms:g}" for ms in args.cycle_time_ms]
     runs: dict[str, list[float]] = {c: [] for c in configs}
@@ -388,8 +397,8 @@ def main() -> int:
     print(f"\nMLP {DEPTH}x Linear({WIDTH},{WIDTH}), batch {BATCH}/rank, 1 thread/rank, "
           f"{args.steps} steps x {args.rounds} rounds (median)\n")
     print("| configuration | samples/s (sum over ranks) | runs | vs DDP | vs DDP, paired | vs one process "
-          "| CPU ms/step/rank |")
-    print("|---|---:|---|---:|---:|---:|---:|")
+          "| vs the floor, paired | CPU ms/step/rank |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
     for c in configs:
         vs_ddp = f"{med[c] / med['ddp']:.2f}x" if "ddp" in med else "-"
         # the median of each round's ratio to the DDP run of the same round: the rounds are
@@ -397,8 +406,10 @@ def main() -> int:
         paired = (f"{statistics.median(a / b for a, b in zip(runs[c], runs['ddp'])):.2f}x"
                   if "ddp" in runs else "-")
         vs_one = f"{med[c] / med['single']:.2f}x" if "single" in med else "-"
+        vs_floor = (f"{statistics.median(a / b for a, b in zip(runs[c], runs['local'])):.2f}x"
+                    if "local" in runs else "-")
         runs_s = ", ".join(f"{v / 1000:.1f}k" for v in runs[c])
-        print(f"| {labels[c]} | {med[c]:,.0f} | {runs_s} | {vs_ddp} | {paired} | {vs_one} "
+        print(f"| {labels[c]} | {med[c]:,.0f} | {runs_s} | {vs_ddp} | {paired} | {vs_one} | {vs_floor} "
               f"| {statistics.median(cpu[c]):.1f} |")
     if "ddp" in runs:
         _goal_rows(runs, load)
@@ -417,6 +428,12 @@ def _goal_rows(runs: dict[str, list[float]], load: tuple[float, float, float]) -
             ratio = statistics.median(a / b for a, b in zip(runs[c], runs["ddp"]))
             print(f"| DistributedOptimizer, CPU MLP {DEPTH} x Linear({WIDTH}), batch {BATCH}/rank{what} | DDP over "
                   f"Gloo | {ratio:.2f} x throughput | >= {goal:g} x | {'yes' if ratio >= goal else 'NO'} | {loads} |")
+    if "local" in runs:
+        # what the goal of 1.5 x DDP leaves: the floor (both ranks at once, nothing reduced)
+        # against DDP in the same rounds; a ratio above it is out of reach for any reduction
+        ceiling = statistics.median(a / b for a, b in zip(runs["local"], runs["ddp"]))
+        print(f"\nthe floor (both ranks at once, nothing reduced) is {ceiling:.2f} x DDP in the same rounds: "
+              f"no data-parallel run on this machine, now, can exceed that")
 
 
 if __name__ == "__main__":

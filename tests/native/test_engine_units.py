@@ -319,11 +319,9 @@ def test_touching_a_rounds_slots_again_skips_only_what_would_not_change_the_orde
 def _spec_of(cache: ResponseCache, names: list[str], reqs: list[Request]):
     from hora.native.engine.speculation import Spec
 
-    entries = [cache.by_name[n] for n in names]
-    spec = Spec([e.slot for e in entries], names, [q.tensor.numel() for q in reqs], torch.float32, 1.0, 1.0, False)
-    spec.entries = entries
-    spec.keys = [e.key for e in entries]
-    spec.version = cache.version
+    spec = Spec([cache.by_name[n].slot for n in names], names, [q.tensor.numel() for q in reqs], torch.float32, 1.0,
+                1.0, False)
+    spec.keep_entries(cache.by_name, cache.version)
     return spec
 
 

@@ -235,25 +235,20 @@ class RoundLoop:
             bits = list(spec.slots)
             exact_reqs, fresh = fresh, []
             self.stats["rounds_matched_whole"] += 1
-        rest = list(waiting.values()) if not exact else []  # still pending from earlier rounds: re-check their slots
+        # still pending from earlier rounds: re-check their slots
+        rest = [] if exact else list(waiting.values())
         for req in fresh:
             waiting[req.name] = req
             if C:
                 e = by_name.get(req.name)
-                if e is not None and e.locals.get(me) == req.local:
-                    key = e.key
-                    if key is req.key:  # (the submit path reuses one key object per shape)
-                        req.entry = e
-                        bits.append(e.slot)
-                        continue
-                    if key == req.key:
-                        # the entry's key came from the round's metadata: keep the submit
-                        # path's equal object instead, so the next rounds match by identity
-                        # (comparing two 12-field keys costs more than the rest of the match)
-                        e.key = req.key
-                        req.entry = e
-                        bits.append(e.slot)
-                        continue
+                if e is not None and e.locals.get(me) == req.local and (e.key is req.key or e.key == req.key):
+                    # the entry keeps the submit path's key object (one per shape), so the
+                    # next rounds match by identity: comparing two 12-field keys costs more
+                    # than the rest of the match (the entry's came from the round's metadata)
+                    e.key = req.key
+                    req.entry = e
+                    bits.append(e.slot)
+                    continue
             rest.append(req)
         for req in rest:
             e = req.entry

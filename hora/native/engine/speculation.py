@@ -89,6 +89,13 @@ class Spec:
         self.slot_index = np.asarray(slots, dtype=np.int64)
         self.version = -1  # the response cache's version the entries are from
 
+    def keep_entries(self, by_name: dict[str, Any], version: int) -> None:
+        """Keep this round's cache entries (``by_name``, of the cache at ``version``) in
+        the order of its names, for :meth:`matches`."""
+        self.entries = [by_name[n] for n in self.names]
+        self.keys = [e.key for e in self.entries]
+        self.version = version
+
     def matches(self, reqs: list[Request], rank: int) -> bool:
         """Whether ``reqs`` are exactly this round's ops, submitted in its order, each
         matching its cache entry (name, key, no per-rank data): the steady state of a
@@ -236,9 +243,7 @@ class Speculator:
             # the room (see collective() for why a miss loses nothing)
             spec = Spec(slots, unit.names, unit.sizes, dtype, key.prescale_factor, key.postscale_factor, average,
                         inplace=True, bits=bits)
-            spec.entries = [by_name[n] for n in spec.names]
-            spec.keys = [e.key for e in spec.entries]
-            spec.version = eng.cache.version
+            spec.keep_entries(by_name, eng.cache.version)
             return spec
         if len(unit.names) == 1 and unit.nbytes > SPEC_SINGLE_MAX_BYTES:
             # a lone tensor is reduced in place by a normal round; riding along with the
@@ -249,9 +254,7 @@ class Speculator:
                     bits=bits)
         spec.shapes = unit.shapes
         spec.flat = unit.flat
-        spec.entries = [by_name[n] for n in spec.names]
-        spec.keys = [e.key for e in spec.entries]
-        spec.version = eng.cache.version
+        spec.keep_entries(by_name, eng.cache.version)
         return spec
 
     def stage_buffer(self, spec: Spec) -> torch.Tensor:
