@@ -64,14 +64,7 @@ class BaselineReader(Reader):
     def _shuffled(self, chunks):
         bs = self.batch_size
         rng = np.random.default_rng([self.seed, self.epoch, self.rank, 0xB0F])
-        windows, acc = [], 0
-        for seg in self.segments:
-            acc += seg.rows
-            if acc >= self.shuffle_buffer_size:
-                windows.append(acc)
-                acc = 0
-        if acc:
-            windows.append(acc)
+        windows = self.windows()  # (the same windows: the plan did not change)
         carry, carry_rows, source = None, 0, iter(chunks)
         for wi, wrows in enumerate(windows):
             total = wrows + carry_rows

@@ -359,6 +359,20 @@ class Reader:
         if emitted != len(self):  # pragma: no cover - a planning bug would show here, not as a hang
             raise StoreError(f"reader rank {self.rank}: produced {emitted} batches, planned {len(self)}")
 
+    def windows(self) -> list[int]:
+        """The rows of each shuffle window, in order: whole row groups (segments) until
+        ``shuffle_buffer_size`` is reached, and the rest in the last one."""
+        windows: list[int] = []
+        acc = 0
+        for seg in self.segments:
+            acc += seg.rows
+            if acc >= self.shuffle_buffer_size:
+                windows.append(acc)
+                acc = 0
+        if acc:
+            windows.append(acc)
+        return windows
+
     def _shuffled(self, chunks: Iterator[_Chunk]) -> Iterator[dict[str, np.ndarray]]:
         """Windows of about ``shuffle_buffer_size`` rows, each mixed by one random permutation.
 
@@ -371,15 +385,7 @@ class Reader:
         """
         bs = self.batch_size
         rng = np.random.default_rng([self.seed, self.epoch, self.rank, 0xB0F])
-        windows: list[int] = []
-        acc = 0
-        for seg in self.segments:
-            acc += seg.rows
-            if acc >= self.shuffle_buffer_size:
-                windows.append(acc)
-                acc = 0
-        if acc:
-            windows.append(acc)
+        windows = self.windows()
         carry: dict[str, np.ndarray] | None = None
         carry_rows = 0
         source = iter(chunks)

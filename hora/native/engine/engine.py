@@ -332,11 +332,14 @@ class Engine(RoundLoop):
             for q in reqs:
                 q._result = q.output
                 append(q)
+        self._count_allreduce(len(reqs), nbytes, fused)
+
+    def _count_allreduce(self, tensors: int, nbytes: int, fused: bool) -> None:
         st = self.stats
         if fused:
             st["fused_batches"] += 1
-            st["fused_tensors"] += len(reqs)
-        st["allreduce_tensors"] += len(reqs)
+            st["fused_tensors"] += tensors
+        st["allreduce_tensors"] += tensors
         st["allreduce_calls"] += 1
         st["allreduce_bytes"] += nbytes
 
@@ -367,13 +370,7 @@ class Engine(RoundLoop):
                     q._done = True
             with self._done_cond:
                 self._done_cond.notify_all()
-        st = self.stats
-        if fused:
-            st["fused_batches"] += 1
-            st["fused_tensors"] += len(reqs)
-        st["allreduce_tensors"] += len(reqs)
-        st["allreduce_calls"] += 1
-        st["allreduce_bytes"] += nbytes
+        self._count_allreduce(len(reqs), nbytes, fused)
 
     def _finish_later(self, reqs: list[Request], results: list[Any]) -> None:
         wpop = self._waiting.pop
