@@ -19,7 +19,9 @@ allreduce through Gloo's TCP loopback, as DDP's, instead of shared memory).
 The default configurations are single (one process), local (both ranks training at once
 with the plain optimizer, nothing reduced: the floor of any data-parallel run on this
 machine, which two ranks sharing two cores and memory make slower than twice one
-process), ddp, hora and hora-gloo; the table gives each against DDP and against the floor
+process), lockstep (the same, the ranks meeting before every step through a one-byte
+exchange, no data: the floor of any synchronous data-parallel run, each step as slow as
+the slower rank's), ddp, hora and hora-gloo; the table gives each against DDP and against the floor
 (paired per round), and the last line says how far above DDP the floor itself is.
 
 ``--only NAME`` (repeatable) picks configurations; there are variants of each side, so a difference can be traced to
@@ -40,6 +42,7 @@ round; ``--small-steps`` sets its length, ``--model big|small`` runs one table o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -253,7 +256,9 @@ def _hora_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> fl
         model = make_model()
         first = os.environ.get("BENCH_HORA_FIRST_BUCKET_MB")
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        if not os.environ.get("BENCH_LOCAL"):  # (local: both ranks train at once, nothing reduced)
+        if os.environ.get("BENCH_LOCKSTEP"):  # (lockstep: the floor, the ranks meeting every step)
+            opt = _Lockstep(opt, rank, size, port)
+        elif not os.environ.get("BENCH_LOCAL"):  # (local: both ranks train at once, nothing reduced)
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            first_bucket_mb=float(first) if first else None,
                                            gradient_as_bucket_view=not os.environ.get("BENCH_HORA_BY_NAME"))
@@ -264,6 +269,57 @@ def _hora_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> fl
     finally:
         hvd.shutdown()
     return size * BATCH * steps / elapsed, _cpu_ms_per_step[0]
+
+
+class _Lockstep:
+    """The plain optimizer, but every rank waits for every other one before each step: one
+    byte each way over a Unix socket to rank 0 (tens of microseconds), no data. What a
+    synchronous data-parallel job pays for the lockstep alone: each step is as slow as
+    the slower rank's (the two vCPUs of this host do not run at one speed)."""
+
+    def __init__(self, opt, rank: int, size: int, port: int) -> None:
+
+        self.opt, self.rank = opt, rank
+        path = f"/tmp/hora-bench-lockstep-{port}"
+        if rank == 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            srv = socket.socket(socket.AF_UNIX)
+            srv.bind(path)
+            srv.listen(size)
+            srv.settimeout(60)
+            self.peers = [srv.accept()[0] for _ in range(size - 1)]
+            srv.close()
+            os.unlink(path)
+        else:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    s = socket.socket(socket.AF_UNIX)
+                    s.connect(path)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    s.close()
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"lockstep: rank 0's socket {path} never appeared") from None
+                    time.sleep(0.01)
+            self.peers = [s]
+        for s in self.peers:
+            s.settimeout(60)
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad()
+
+    def step(self) -> None:
+        if self.rank == 0:
+            for s in self.peers:  # every other rank is here; then release them all
+                s.recv(1)
+            for s in self.peers:
+                s.sendall(b"s")
+        else:
+            self.peers[0].sendall(b"s")
+            self.peers[0].recv(1)
+        self.opt.step()
 
 
 def _child(target, rank, size, port, env, args, results) -> None:
@@ -339,6 +395,9 @@ CONFIGS: dict[str, tuple[str, Any, dict[str, str]]] = {
     # the floor of any data-parallel run on this machine: both ranks training at once with
     # the plain optimizer (nothing reduced; the samples/s of the slower rank times two)
     "local": ("both ranks at once, no reduction (the floor)", _hora_worker, {"BENCH_LOCAL": "1"}),
+    # the same, the ranks meeting every step with no data (a synchronous job's floor)
+    "lockstep": ("both ranks at once, meeting every step, no data (lockstep)", _hora_worker,
+                 {"BENCH_LOCKSTEP": "1"}),
     "ddp": ("torch DDP gloo", _ddp_worker, {}),
     "hora": ("hora DistributedOptimizer", _hora_worker, {}),
     "hora-gloo": ("hora, HORA_SHM_ALLREDUCE=0 (Gloo over loopback, as DDP)", _hora_worker,
@@ -370,7 +429,7 @@ def main() -> int:
         run_small(args)
         if args.model == "small":
             return 0
-    configs = args.only or ["single", "local", "ddp", "hora", "hora-gloo"]
+    configs = args.only or ["single", "local", "lockstep", "ddp", "hora", "hora-gloo"]
     load = os.getloadavg()
     configs += [f"hora@{ms:g}" for ms in args.cycle_time_ms]
     runs: dict[str, list[float]] = {c: [] for c in configs}
@@ -434,6 +493,14 @@ def _goal_rows(runs: dict[str, list[float]], load: tuple[float, float, float]) -
         ceiling = statistics.median(a / b for a, b in zip(runs["local"], runs["ddp"]))
         print(f"\nthe floor (both ranks at once, nothing reduced) is {ceiling:.2f} x DDP in the same rounds: "
               f"no data-parallel run on this machine, now, can exceed that")
+    if "lockstep" in runs:
+        # a synchronous job also waits for the slower rank every step, whatever it reduces
+        lock = statistics.median(a / b for a, b in zip(runs["lockstep"], runs["ddp"]))
+        line = f"the lockstep floor (the same, meeting every step, no data) is {lock:.2f} x DDP"
+        if "hora" in runs:
+            line += (f"; hora is {statistics.median(a / b for a, b in zip(runs['hora'], runs['lockstep'])):.2f} x it"
+                     " (paired)")
+        print(line)
 
 
 if __name__ == "__main__":
