@@ -19,8 +19,7 @@ allreduce through Gloo's TCP loopback, as DDP's, instead of shared memory).
 The default configurations are single (one process), local (both ranks training at once
 with the plain optimizer, nothing reduced: the floor of any data-parallel run on this
 machine, which two ranks sharing two cores and memory make slower than twice one
-process), lockstep (the same, the ranks meeting before every step through a one-byte
-exchange, no data: the floor of any synchronous data-parallel run, each step as slow as
+process), lockstep (the same, the ranks meeting at a barrier before every step, no data: the floor of any synchronous data-parallel run, each step as slow as
 the slower rank's), ddp, hora and hora-gloo; the table gives each against DDP and against the floor
 (paired per round), and the last line says how far above DDP the floor itself is.
 
@@ -42,7 +41,6 @@ round; ``--small-steps`` sets its length, ``--model big|small`` runs one table o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -256,8 +254,11 @@ def _hora_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> fl
         model = make_model()
         first = os.environ.get("BENCH_HORA_FIRST_BUCKET_MB")
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        if os.environ.get("BENCH_LOCKSTEP"):  # (lockstep: the floor, the ranks meeting every step)
-            opt = _Lockstep(opt, rank, size, port)
+        if os.environ.get("BENCH_LOCKSTEP"):
+            # (lockstep: the floor, but every rank waits for every other one before each
+            # step, no data, as bench_fit_step's barrier floor: each step is as slow as the
+            # slower rank's, and this host's two vCPUs do not run at one speed)
+            opt.register_step_pre_hook(_lockstep_wait)
         elif not os.environ.get("BENCH_LOCAL"):  # (local: both ranks train at once, nothing reduced)
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            first_bucket_mb=float(first) if first else None,
@@ -271,59 +272,16 @@ def _hora_worker(rank: int, size: int, port: int, steps: int, warmup: int) -> fl
     return size * BATCH * steps / elapsed, _cpu_ms_per_step[0]
 
 
-class _Lockstep:
-    """The plain optimizer, but every rank waits for every other one before each step: one
-    byte each way over a Unix socket to rank 0 (tens of microseconds), no data. What a
-    synchronous data-parallel job pays for the lockstep alone: each step is as slow as
-    the slower rank's (the two vCPUs of this host do not run at one speed)."""
-
-    def __init__(self, opt, rank: int, size: int, port: int) -> None:
-
-        self.opt, self.rank = opt, rank
-        path = f"/tmp/hora-bench-lockstep-{port}"
-        if rank == 0:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            srv = socket.socket(socket.AF_UNIX)
-            srv.bind(path)
-            srv.listen(size)
-            srv.settimeout(60)
-            self.peers = [srv.accept()[0] for _ in range(size - 1)]
-            srv.close()
-            os.unlink(path)
-        else:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    s = socket.socket(socket.AF_UNIX)
-                    s.connect(path)
-                    break
-                except (FileNotFoundError, ConnectionRefusedError):
-                    s.close()
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"lockstep: rank 0's socket {path} never appeared") from None
-                    time.sleep(0.01)
-            self.peers = [s]
-        for s in self.peers:
-            s.settimeout(60)
-
-    def zero_grad(self) -> None:
-        self.opt.zero_grad()
-
-    def step(self) -> None:
-        if self.rank == 0:
-            for s in self.peers:  # every other rank is here; then release them all
-                s.recv(1)
-            for s in self.peers:
-                s.sendall(b"s")
-        else:
-            self.peers[0].sendall(b"s")
-            self.peers[0].recv(1)
-        self.opt.step()
+_LOCKSTEP: list = []  # the job's multiprocessing Barrier, in each rank's process
 
 
-def _child(target, rank, size, port, env, args, results) -> None:
+def _lockstep_wait(*_) -> None:
+    _LOCKSTEP[0].wait(timeout=60)
+
+
+def _child(target, rank, size, port, env, args, results, barrier) -> None:
     os.environ.update(env)
+    _LOCKSTEP[:] = [barrier]
     try:
         results.put((rank, True, target(rank, size, port, *args)))
     except BaseException:
@@ -358,6 +316,7 @@ def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0,
     server.start()
     port = _free_port()
     results = ctx.Queue()
+    barrier = ctx.Barrier(size)  # (the lockstep configuration's)
     procs = []
     try:
         for rank in range(size):
@@ -366,7 +325,8 @@ def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0,
                             backend="gloo").to_environ()
             env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"})
             env.update(extra_env or {})
-            p = ctx.Process(target=_child, args=(target, rank, size, port, env, (steps, warmup), results), daemon=True)
+            p = ctx.Process(target=_child, args=(target, rank, size, port, env, (steps, warmup), results, barrier),
+                            daemon=True)
             p.start()
             procs.append(p)
         out = {}
