@@ -255,6 +255,9 @@ _DECLARED: tuple[Setting, ...] = (
        group="data", **_SECONDS),
     _s("HORA_STORE_TIMEOUT", default=60.0, doc="seconds for a Store's reachability check", group="data",
        **_SECONDS),
+    _s("HORA_STORE_RETRY_S", "float", 120.0, "seconds a Store operation retries transient failures (HTTP "
+       "429/5xx, SlowDown, connection resets, timeouts) with backoff before it fails (0: no retries)", "data",
+       minimum=0.0, unit="seconds"),
     _s("HORA_MATERIALIZE_LEASE_TTL", default=60.0, doc="seconds a materialization lease lives without a "
        "heartbeat", group="data", **_SECONDS),
     _s("HORA_MATERIALIZE_WAIT_TIMEOUT", "float", 3600.0, "seconds a fit waits for another writer's "

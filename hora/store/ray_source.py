@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from hora.errors import DataError, HoraError, StoreError
+from hora.store import retry
 from hora.store.layout import join
 from hora.store.sources import Source, probe_answer_error, remove_probe, stored_kinds
 from hora.store.store import STORE_TIMEOUT_ENV, Store, store_timeout
@@ -190,9 +191,10 @@ def gather(ray: Any, refs: list[Any], what: str, timeout: float | None = None) -
 def _probe(store: Store, path: str, token: str) -> str:
     """In a Ray task: read the driver's probe file, write the answer next to it; '' or the error."""
     try:
-        if store.read_bytes(path).decode("utf-8", "replace") != token:
-            return f"a Ray task reads different content at {store.url_for(path)}"
-        store.write_bytes(path + ".ack", token.encode())
+        with retry.limited(store_timeout() / 2):  # answer with the store's own error within the wait
+            if store.read_bytes(path).decode("utf-8", "replace") != token:
+                return f"a Ray task reads different content at {store.url_for(path)}"
+            store.write_bytes(path + ".ack", token.encode())
         return ""
     except Exception as exc:  # reported to the driver as text
         return f"{type(exc).__name__}: {exc}"

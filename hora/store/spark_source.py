@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from hora import _spark
 from hora.errors import DataError, StoreError
+from hora.store import retry
 from hora.store.layout import join
 from hora.store.sources import Source, missing_columns, probe_answer_error, remove_probe, stored_kinds
 from hora.store.store import STORE_TIMEOUT_ENV, Store, store_timeout
@@ -147,11 +148,13 @@ def _probe_on_executor(store: Store, path: str, token: str, batches: Iterator[An
 
     def _check() -> None:
         try:
-            seen = store.read_bytes(path).decode("utf-8", "replace")
+            with retry.limited(timeout / 3):  # answer with the store's own error within the timeout
+                seen = store.read_bytes(path).decode("utf-8", "replace")
             if seen != token:
                 outcome["error"] = f"the executor reads different content at {store.url_for(path)}"
                 return
-            store.write_bytes(path + ".ack", token.encode())
+            with retry.limited(timeout / 3):
+                store.write_bytes(path + ".ack", token.encode())
             outcome["error"] = ""
         except Exception as exc:  # reported to the driver as text
             outcome["error"] = f"{type(exc).__name__}: {exc}"

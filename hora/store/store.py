@@ -25,6 +25,7 @@ import fsspec
 
 from hora import settings
 from hora.errors import ConfigError, StoreError
+from hora.store import retry
 from hora.store.layout import StoreLayout, join
 
 logger = logging.getLogger(__name__)
@@ -253,14 +254,19 @@ class Store:
 
     # I/O --------------------------------------------------------------------------------
     def _call(self, what: str, path: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` under the Store's retry policy (:mod:`hora.store.retry`): transient
+        failures are retried within ``HORA_STORE_RETRY_S``; what still fails becomes a StoreError
+        naming the operation and the URL."""
+        url = self.url_for(path)
         try:
-            return fn(*args, **kwargs)
+            return retry.call(what, url, fn, *args, **kwargs)
         except (StoreError, ConfigError):
             raise
         except FileNotFoundError as exc:
-            raise StoreError(f"{what}: {self.url_for(path)} does not exist") from exc
+            raise StoreError(f"{what}: {url} does not exist") from exc
         except Exception as exc:
-            raise StoreError(f"{what} {self.url_for(path)} failed: {type(exc).__name__}: {exc}") from exc
+            notes = "; ".join(getattr(exc, "__notes__", ()) or ())
+            raise StoreError(f"{what} {url} failed: {type(exc).__name__}: {exc}" + (f" ({notes})" if notes else "")) from exc
 
     def _fresh(self, full: str) -> None:
         # Object-store filesystems (s3fs, gcsfs, adlfs) cache listings per process; another process's
@@ -428,6 +434,10 @@ class Store:
         full = self._resolve(path)
         if "w" in mode and self.protocol == "file":
             os.makedirs(posixpath.dirname(full), exist_ok=True)
+        if mode == "rb" and not kwargs and self.protocol != "file":
+            # a remote read resumes at its offset after a transient failure mid-file
+            size = self.size(full)
+            return retry.ResumableReader(lambda: self.fs.open(full, "rb"), size, "read", self.url_for(full))
         return self._call("open", full, self.fs.open, full, mode, **kwargs)
 
     def arrow_filesystem(self):
@@ -463,7 +473,8 @@ class Store:
 
         def _run() -> None:
             try:
-                _probe()
+                with retry.limited(timeout / 3):  # leave time to report the store's own error
+                    _probe()
                 result["error"] = None
             except BaseException as exc:  # handed to the caller below
                 result["error"] = exc
