@@ -215,33 +215,71 @@ def _send_frame(sock: socket.socket, secret: bytes, obj: Any) -> None:
     sock.sendall(_HEADER.pack(_MAGIC, len(body), _sign(secret, body)) + body)
 
 
+class PeerClosedError(RendezvousError, ConnectionError):
+    """The peer closed the connection before a whole message arrived (a ConnectionError too)."""
+
+
+class FrameError(RendezvousError):
+    """Bytes that are not a frame of this job: malformed, too large, unauthenticated or incomplete."""
+
+
+class AuthenticationError(FrameError):
+    """A frame failed the HMAC check or was malformed."""
+
+
+#: seconds the rest of a frame may take once its first byte arrived (a stalled sender is dropped)
+FRAME_TIMEOUT = 60.0
+
+
 def recv_exact(sock: socket.socket, n: int) -> bytes:
     """Exactly ``n`` bytes from ``sock``.
 
     Raises:
-        ConnectionError: the peer closed the connection first.
+        PeerClosedError: the peer closed the connection first (a ConnectionError).
     """
     chunks, left = [], n
     while left:
         chunk = sock.recv(min(left, 1 << 20))
         if not chunk:
-            raise ConnectionError("connection closed by peer")
+            raise PeerClosedError("connection closed by peer")
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
 
 
-class AuthenticationError(RendezvousError):
-    """A frame failed the HMAC check or was malformed."""
+def _recv_frame(sock: socket.socket, secret: bytes, frame_timeout: float | None = None) -> Any:
+    """The next frame's object, unpickled only after its HMAC checks out.
 
+    With ``frame_timeout`` (the server's side) the first byte is awaited with the socket's own
+    timeout (an idle client may wait long) and the rest of the frame must follow within
+    ``frame_timeout`` seconds.
 
-def _recv_frame(sock: socket.socket, secret: bytes) -> Any:
-    magic, length, mac = _HEADER.unpack(recv_exact(sock, _HEADER.size))
+    Raises:
+        PeerClosedError: the connection ended, before a frame or within one.
+        FrameError: bad magic, a length over the limit, a failed HMAC, or a frame that stalled.
+    """
+    if frame_timeout is None:
+        header = recv_exact(sock, _HEADER.size)
+    else:
+        first = recv_exact(sock, 1)
+        previous = sock.gettimeout()
+        sock.settimeout(frame_timeout)
+        try:
+            header = first + recv_exact(sock, _HEADER.size - 1)
+        except TimeoutError:
+            raise FrameError(f"an incomplete frame header (nothing more within {frame_timeout:g} s)") from None
+    magic, length, mac = _HEADER.unpack(header)
     if magic != _MAGIC:
         raise AuthenticationError(f"bad frame magic {magic!r}")
     if length > _MAX_FRAME:
         raise AuthenticationError(f"frame of {length} bytes exceeds the {_MAX_FRAME} byte limit")
-    body = recv_exact(sock, length)
+    try:
+        body = recv_exact(sock, length)
+    except TimeoutError:
+        raise FrameError(f"an incomplete frame of {length} bytes (stalled for {frame_timeout:g} s)") from None
+    finally:
+        if frame_timeout is not None:
+            sock.settimeout(previous)
     if not hmac.compare_digest(mac, _sign(secret, body)):
         raise AuthenticationError("frame failed HMAC authentication (wrong job secret?)")
     return pickle.loads(body)  # only after the HMAC check
@@ -303,10 +341,10 @@ class _Handler(socketserver.BaseRequestHandler):
         table = self.server.table
         while not self.server.closing:
             try:
-                request = _recv_frame(sock, secret)
+                request = _recv_frame(sock, secret, FRAME_TIMEOUT)
             except ConnectionError:
                 return
-            except (AuthenticationError, pickle.UnpicklingError, EOFError, struct.error) as exc:
+            except (FrameError, pickle.UnpicklingError, EOFError, struct.error) as exc:
                 log.warning("rendezvous: dropping connection from %s: %s", peer, exc)
                 return
             except OSError:
@@ -552,6 +590,8 @@ __all__ = [
     "RendezvousServer",
     "KVClient",
     "AuthenticationError",
+    "FrameError",
+    "PeerClosedError",
     "barrier",
     "make_secret",
     "env_float",

@@ -261,7 +261,38 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
         if not more:
             raise ValueError("the request ended early")
         body += more
-    return json.loads(body), list(fds)
+    return _parse_request(body), list(fds)
+
+
+class BadRequest(ValueError):
+    """A request to the warm server that is not one it serves (not JSON, or a wrong shape)."""
+
+
+def _parse_request(body: bytes) -> dict[str, Any]:
+    """The request in ``body``: a JSON object with a string ``op``; a ``spawn`` names a
+    ``module`` (str), ``args`` (list of str), ``env`` (str -> str) and ``cwd`` (str).
+
+    Raises:
+        BadRequest: anything else.
+    """
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise BadRequest(f"a request that is not JSON: {exc}") from None
+    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+        raise BadRequest("a request that is not an object with a string 'op'")
+    if request["op"] == "spawn":
+        if not isinstance(request.get("module"), str) or not request["module"]:
+            raise BadRequest("a spawn request without a module name")
+        args = request.get("args")
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise BadRequest("a spawn request whose args are not a list of strings")
+        env = request.get("env")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise BadRequest("a spawn request whose env is not a mapping of strings")
+        if not isinstance(request.get("cwd"), str):
+            raise BadRequest("a spawn request whose cwd is not a string")
+    return request
 
 
 # ------------------------------------------------------------------------------------------
