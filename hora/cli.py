@@ -69,9 +69,16 @@ def _number(name: str, kind: type, minimum: float, strict: bool):
     return parse
 
 
+def _hora_version() -> str:
+    import hora
+
+    return hora.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hora`` command."""
     parser = argparse.ArgumentParser(prog="hora", description="Distributed deep-learning training launcher.")
+    parser.add_argument("--version", action="version", version=f"hora {_hora_version()}")
     sub = parser.add_subparsers(dest="cmd", metavar="{run,check,timeline}")
 
     run = sub.add_parser("run", help="start N processes of a training command on this machine and ssh hosts",
