@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hora-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install bench clean system-deps
+.PHONY: demo test install bench clean system-deps wheel-smoke
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=25
+
+# The wheel carries everything: build it, install it (not editable) with hora[torch,dask] into a fresh
+# venv, and run a 2-rank Dask fit and `hora run -np 2` from outside the source tree (CI runs it).
+wheel-smoke: $(STAMP)
+	bash .ci/wheel_smoke.sh
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
