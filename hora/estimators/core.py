@@ -195,7 +195,8 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     if framework.codec.trains_on_frame(config):
         info = materialize(df, store, feature_cols=features.columns, label_cols=list(config.label_cols),
                            sample_weight_col=config.sample_weight_col, validation=config.validation,
-                           num_proc=num_proc * (config.partitions_per_process or 1), seed=config.seed)
+                           num_proc=num_proc * (config.partitions_per_process or 1), seed=config.seed,
+                           label_nan=config.label_nan)
         logger.info("dataset %s (%d train rows, %d val rows) %s in %.1f s", info.fingerprint, info.train_rows,
                     info.val_rows, "reused" if info.reused else "materialized", time.monotonic() - t0)
     timings["materialize_s"] = time.monotonic() - t0

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Sequence
 from hora.errors import ConfigError
 from hora.estimators import core, persistence
 from hora.estimators.base import plot_history
-from hora.estimators.data import engine_of
+from hora.estimators.data import check_face, engine_of
 from hora.estimators.framework import Framework
 from hora.estimators.params import ParamError, check_param_names, default_output_cols, param_defaults, param_docs
 from hora.estimators.ray_data import ray_transform
@@ -102,6 +102,7 @@ class DaskEstimator:
             DataError: missing columns, label shapes that do not match the model.
             WorkerFailedError: a training worker failed.
         """
+        check_face(ddf, "hora.dask", f"{type(self).__name__}.fit")
         if y is not None:
             raise ConfigError("pass labels as label_cols of the DataFrame, not as y")
         config = self._config()
@@ -171,7 +172,7 @@ class DaskModel:
             DataError: a feature column is missing or an output column already exists.
         """
         codec = self.framework.codec
-        engine = engine_of(df)
+        engine = check_face(df, "hora.dask", f"{type(self).__name__}.transform")
         if engine == "pandas":
             return predict_frame(codec, self.model_, df, self.feature_cols_, self.input_shapes_,
                                  self.output_cols_, self.output_shapes_, self.batch_size)

@@ -159,6 +159,28 @@ def engine_of(df: Any) -> str:
                     f"{type(df).__module__}.{type(df).__name__}")
 
 
+_FACE_FOR = {"spark": "hora.spark", "dask": "hora.dask", "pandas": "hora.dask", "ray": "hora.dask"}
+_KIND = {"spark": "a Spark DataFrame", "dask": "a Dask DataFrame", "pandas": "a pandas DataFrame", "ray": "a Ray Dataset"}
+
+
+def check_face(df: Any, face: str, what: str) -> str:
+    """The engine of ``df`` when the face ``face`` (``"hora.spark"`` or ``"hora.dask"``) takes it.
+
+    Raises:
+        TypeError: a frame of the other face's engine (pandas or Dask given to ``hora.spark``, Spark
+            given to ``hora.dask``), naming the face to use.
+        DataError: ``df`` is not a frame hora knows.
+    """
+    engine = engine_of(df)
+    if _FACE_FOR[engine] != face:
+        cls = what.split(".", 1)[0]
+        hint = (f"use {_FACE_FOR[engine]}.{cls} for it" + (", or spark.createDataFrame(pdf) to make it a Spark "
+                "DataFrame" if engine == "pandas" else ""))
+        raise TypeError(f"{what} takes {'a Spark DataFrame' if face == 'hora.spark' else 'a Dask or pandas DataFrame or a Ray Dataset'}"
+                        f", got {_KIND[engine]} ({type(df).__module__}.{type(df).__name__}): {hint}")
+    return engine
+
+
 def check_columns(df: Any, roles: list[tuple[str, str]]) -> None:
     """Every ``(role, column)`` exists in ``df``.
 

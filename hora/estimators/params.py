@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import logging
 import numbers
 import re
@@ -210,6 +211,8 @@ class EstimatorConfig:
                                                "stacked into one input (a feature group)")
     label_cols: Sequence[str] | None = param(None, "label column names; one model output per label")
     sample_weight_col: str | None = param(None, "column of per-row loss weights")
+    label_nan: str = param("error", "a NaN or null label: 'error' (default) fails before training, naming the "
+                           "column and the count; 'drop' drops those rows (counted in the log); 'keep' keeps NaN (a null still fails)")
     validation: float | str | None = param(None, "fraction of rows held out for validation, or a boolean column's name")
     batch_size: int = param(32, "rows per training batch on each rank")
     val_batch_size: int | None = param(None, "rows per validation batch (default: batch_size)")
@@ -283,6 +286,10 @@ class EstimatorConfig:
         if self.min_num_proc is not None and self.num_proc is not None and self.min_num_proc > self.num_proc:
             raise ConfigError(f"num_proc bounds: min {self.min_num_proc} is greater than max {self.num_proc}")
         self.max_failures = _positive_int("max_failures", self.max_failures, allow_none=False, minimum=0)
+        from hora.store.materialize import LABEL_NAN_MODES
+
+        if self.label_nan not in LABEL_NAN_MODES:
+            raise ConfigError(f"label_nan must be one of {', '.join(map(repr, LABEL_NAN_MODES))}, got {self.label_nan!r}")
         checkpoint_interval(self.checkpoint_every)
         if isinstance(self.backend, str):
             if self.backend not in LAUNCHER_NAMES:
@@ -497,8 +504,10 @@ def check_param_names(cls: type, names: Any, owner: str) -> None:
     parts = []
     if horovod:
         parts.append("Horovod parameter(s) hora does not take: " + "; ".join(horovod))
-    if others:
-        parts.append(f"it has no parameters {others} (unknown estimator parameters); its parameters are {sorted(known)}")
+    for name in others:
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"see help({owner.split('(')[0]}) for its parameters"
+        parts.append(f"it has no parameter {name!r} (an unknown estimator parameter): {hint}")
     raise ParamError(f"{owner}: " + ". ".join(parts))
 
 

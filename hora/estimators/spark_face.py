@@ -30,6 +30,7 @@ from hora import _spark
 from hora.errors import ConfigError, DataError, StoreError
 from hora.estimators import core, persistence
 from hora.estimators.base import plot_history
+from hora.estimators.data import check_face
 from hora.estimators.framework import Framework
 from hora.estimators.params import (
     EstimatorConfig, check_param_names, default_output_cols, json_params, param_defaults, param_docs, unsaved_params,
@@ -199,6 +200,7 @@ class SparkEstimator(Estimator, _Persisted):
         return self.framework.make_config({name: self.getOrDefault(name) for name in self._param_names()})
 
     def _fit(self, dataset: Any) -> Any:
+        check_face(dataset, "hora.spark", f"{type(self).__name__}.fit")
         config = self._config()
         try:
             result = core.fit(dataset, config, self.framework, spark=dataset.sparkSession)
@@ -288,6 +290,7 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
         return self._files
 
     def _transform(self, dataset: Any) -> Any:
+        check_face(dataset, "hora.spark", f"{type(self).__name__}.transform")
         if self._model is None:
             raise ConfigError(f"{type(self).__name__} holds no trained model")
         if not self.getOrDefault("output_shapes") or not self.getOrDefault("feature_cols"):

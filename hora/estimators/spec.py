@@ -23,12 +23,64 @@ def freeze(obj: Any) -> bytes:
     """cloudpickle ``obj`` (by value for ``__main__`` definitions).
 
     Raises:
-        ConfigError: ``obj`` cannot be pickled (names its type).
+        ConfigError: ``obj`` cannot be pickled. For a dict of parameters (what the codecs
+            freeze) the message names the parameter (``loss``, ``model``, ``callbacks``...)
+            and, where it can be found, the attribute path of the object that cannot be
+            pickled (``loss.cache['lock']``).
     """
     try:
         return cloudpickle.dumps(obj)
     except Exception as exc:  # an unpicklable user object: name it
+        where = _unpicklable_path(obj, "") if isinstance(obj, dict) else _unpicklable_path(obj, "the object")
+        if where is not None:
+            path, culprit = where
+            name = path.split(".", 1)[0].split("[", 1)[0]
+            raise ConfigError(f"cannot pickle the parameter {name!r} for the training workers: {path} (a "
+                              f"{type(culprit).__module__}.{type(culprit).__qualname__}) cannot be pickled: "
+                              f"{type(exc).__name__}: {exc}") from exc
         raise ConfigError(f"cannot pickle {type(obj).__name__} for the training workers: {type(exc).__name__}: {exc}") from exc
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        cloudpickle.dumps(obj)
+        return True
+    except Exception:
+        return False
+
+
+def _children(obj: Any, path: str) -> list[tuple[str, Any]]:
+    """``(path, value)`` of what ``obj`` holds: dict entries, sequence items, attributes
+    (a torch module's submodules as ``.name``)."""
+    if isinstance(obj, dict):
+        return [(f"{path}.{k}" if not path and isinstance(k, str) else f"{path}[{k!r}]", v) for k, v in obj.items()]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
+    state = getattr(obj, "__dict__", None)
+    if not isinstance(state, dict):
+        return []
+    out = []
+    for key, value in state.items():
+        if key in ("_modules", "_parameters", "_buffers") and isinstance(value, dict):
+            out.extend((f"{path}.{k}", v) for k, v in value.items() if v is not None)
+        else:
+            out.append((f"{path}.{key}", value))
+    return out
+
+
+def _unpicklable_path(obj: Any, path: str, depth: int = 0, seen: set[int] | None = None) -> tuple[str, Any] | None:
+    """The deepest ``(path, object)`` below ``obj`` that cannot be pickled while everything it holds
+    can (searched a few levels down), or None when ``obj`` pickles."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or (path and _picklable(obj)):
+        return None
+    seen.add(id(obj))
+    if depth < 8:
+        for child_path, child in _children(obj, path):
+            found = _unpicklable_path(child, child_path.lstrip("."), depth + 1, seen)
+            if found is not None:
+                return found
+    return (path, obj) if path else None
 
 
 def thaw(data: bytes) -> Any:

@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 #: Fault injection for tests: seconds to sleep after the data is written, before the commit.
 FAULT_SLEEP_BEFORE_COMMIT_ENV = "HORA_FAULT_MATERIALIZE_SLEEP_BEFORE_COMMIT"
 
-_LABEL_NAN_MODES = ("error", "drop", "keep")
+LABEL_NAN_MODES = ("error", "drop", "keep")
 _VECTOR_DTYPES = ("float32", "float64")
 
 
@@ -115,8 +115,8 @@ def materialize(
         raise ConfigError(f"num_proc must be an int >= 1, got {num_proc!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed must be an int, got {seed!r}")
-    if label_nan not in _LABEL_NAN_MODES:
-        raise ConfigError(f"label_nan must be one of {_LABEL_NAN_MODES}, got {label_nan!r}")
+    if label_nan not in LABEL_NAN_MODES:
+        raise ConfigError(f"label_nan must be one of {LABEL_NAN_MODES}, got {label_nan!r}")
     if vector_dtype not in _VECTOR_DTYPES:
         raise ConfigError(f"vector_dtype must be one of {_VECTOR_DTYPES}, got {vector_dtype!r}")
     if rows_per_row_group is not None and (

@@ -139,7 +139,7 @@ def test_spark_params_are_generated_with_accessors():
     from hora.estimators import spark_face
 
     assert issubclass(TorchEstimator, spark_face.HasBatchSize)
-    with pytest.raises(ConfigError, match="no parameters"):
+    with pytest.raises(ConfigError, match="no parameter .batchsize..*did you mean .batch_size."):
         TorchEstimator(batchsize=3)
     with pytest.raises(TypeError):
         TorchEstimator(16)

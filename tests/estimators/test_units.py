@@ -78,7 +78,7 @@ def test_plot_history():
 def test_config_rejects_unknown_and_checks_types(tmp_path):
     from hora.estimators.params import EstimatorConfig
 
-    with pytest.raises(ConfigError, match="unknown estimator parameters"):
+    with pytest.raises(ConfigError, match="unknown estimator parameter.*did you mean .batch_size."):
         EstimatorConfig.from_params({"batchsize": 3})
     base = dict(store=str(tmp_path), model=object(), optimizer=object(), loss=torch.nn.MSELoss(),
                 feature_cols=["x"], label_cols=["y"])

@@ -99,7 +99,7 @@ def test_spark_bad_input_fails_before_launch(spark_fit):
     OldAdam.__module__ = "tf_keras.src.optimizers.adam"
     with pytest.raises(ConfigError, match="Keras 2"):
         est.copy({est.optimizer: OldAdam()}).fit(df)
-    with pytest.raises(ConfigError, match="no parameters"):
+    with pytest.raises(ConfigError, match="no parameter .bogus."):
         KerasEstimator(bogus=1)
 
 
