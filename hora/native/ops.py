@@ -292,6 +292,16 @@ def backend_name() -> str:
     return _state_or_raise().backend.name
 
 
+def torch_store() -> Any:
+    """The ``torch.distributed`` Store every rank of the current init shares (built by hora's
+    rendezvous for its collectives), or None when the backend has none.
+
+    Raises:
+        NotInitializedError: hora is not initialized.
+    """
+    return _state_or_raise().backend.torch_store()
+
+
 def engine_stats() -> dict[str, int]:
     """Counters of the engine: rounds, cache_hits, cache_misses, fused_batches, ..."""
     return _state_or_raise().engine.engine_stats()

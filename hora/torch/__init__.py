@@ -99,6 +99,7 @@ from hora.torch.functions import (
     broadcast_parameters,
 )
 from hora.torch.optimizer import DistributedOptimizer, is_distributed_optimizer
+from hora.torch.process_group import destroy_process_group, init_process_group
 from hora.torch.sync_batch_norm import SyncBatchNorm
 from hora.torch import elastic  # noqa: E402  (hvd.elastic.TorchState, as in Horovod)
 
@@ -113,6 +114,7 @@ __all__ = [
     "cross_size", "DistributedOptimizer", "elastic", "global_process_set", "grouped_allgather",
     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "init",
+    "init_process_group", "destroy_process_group",
     "is_distributed_optimizer", "is_initialized", "join", "local_rank", "local_size", "poll",
     "rank", "reducescatter", "reducescatter_async", "remove_process_set", "shutdown", "size",
     "sparse_allreduce_async", "start_timeline", "stop_timeline", "SyncBatchNorm", "synchronize",

@@ -219,6 +219,11 @@ class Backend(abc.ABC):
     def make_waker(self) -> Waker:
         """The job-wide wake-up signal the engine's idle thread blocks on."""
 
+    def torch_store(self) -> Any:
+        """The job's ``torch.distributed`` Store of this init (what a ``torch.distributed`` process
+        group of the same ranks can be built over), or None when the transport has none."""
+        return getattr(self, "_store", None)
+
     @abc.abstractmethod
     def shutdown(self) -> None:
         """Release every resource (idempotent)."""
