@@ -328,6 +328,16 @@ def run_command(args: argparse.Namespace) -> int:
         _configure_logging("INFO")
     cfg = command_config(args)
     elastic = elastic_config(args, cfg) if args.host_discovery_script is not None else None
+    if any(h.is_local for h in cfg.hosts):  # the check runs here: hosts over ssh are not probed
+        from hora.runners.local import check_command_python
+
+        try:
+            checked = check_command_python(cfg.command, {**os.environ, **cfg.values},
+                                           timeout=min(60.0, cfg.start_timeout))
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        if checked is not None and checked.warning():
+            sys.stderr.write(f"hora run: warning: {checked.warning()}\n")
     if cfg.output_dir:
         os.makedirs(cfg.output_dir, exist_ok=True)
     previous = _install_signal_handlers()
