@@ -491,6 +491,11 @@ class KVClient:
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
+    def with_timeout(self, timeout: float) -> KVClient:
+        """A new client of the same server whose connects and calls give up after ``timeout``
+        seconds (its own connection, so a slow call of this one never blocks the other)."""
+        return KVClient(f"{self._addr[0]}:{self._addr[1]}", self._secret, timeout=timeout)
+
     @classmethod
     def from_env(cls, env: WorkerEnv) -> KVClient:
         return cls(env.rendezvous_addr, env.secret)

@@ -151,10 +151,14 @@ class _Watchdog(threading.Thread):
 
     def __init__(self, client: KVClient, rank: int, parent_pid: int | None) -> None:
         super().__init__(name="hora-watchdog", daemon=True)
-        self.client = client
         self.rank = rank
         self.parent_pid = parent_pid
         self.lost_after = env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT)
+        # Its own connection with a short timeout: a heartbeat to a dead driver gives up in seconds
+        # (the shared client's connect retries for HORA_RENDEZVOUS_TIMEOUT, 60 s, and its lock may be
+        # held by the training thread's report to the same dead driver), so a rank whose driver was
+        # SIGKILLed exits within HORA_HEARTBEAT_TIMEOUT plus a few seconds.
+        self.client = client.with_timeout(max(1.0, min(5.0, self.lost_after / 3)))
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -175,6 +179,7 @@ class _Watchdog(threading.Thread):
             if aborted:
                 log.warning("rank %d: the driver aborted the run; exiting", self.rank)
                 os._exit(EXIT_ABORTED)
+        self.client.close()
 
 
 def _native_module() -> Any:
@@ -511,6 +516,9 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
     from hora.runners.procs import ProcessLauncher, describe_exit
 
     client = KVClient(spec.driver_addr, spec.secret)
+    lost_after = env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT)
+    check = client.with_timeout(max(1.0, min(5.0, lost_after / 3)))  # gives up in seconds on a dead driver
+    driver_lost = False
     pusher = _LogPusher(client, ctx.rank)
     launcher = ProcessLauncher(pusher.add)
     grace = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE)
@@ -521,6 +529,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
         launcher.start(ctx.rank, worker_argv(result_path, python), worker_process_env(),
                        stdin_data=pickle.dumps((spec, ctx)), warm=_warm_key_env(spec))
         last_abort_check = 0.0
+        driver_seen, unreachable = time.monotonic(), False
         while True:
             code = launcher.poll()[ctx.rank]
             if code is not None:
@@ -528,15 +537,30 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
             now = time.monotonic()
             if now - last_abort_check > 1.0:
                 last_abort_check = now
-                with contextlib.suppress(HoraError):
-                    if client.keys(keys.ABORT):
+                try:
+                    aborted = bool(check.keys(keys.ABORT))
+                    driver_seen, unreachable = time.monotonic(), False
+                except HoraError:
+                    aborted, unreachable = False, True
+                    if time.monotonic() - driver_seen > lost_after:  # the driver is gone: stop training for nobody
+                        driver_lost = True
                         launcher.terminate(grace)
                         raise WorkerFailedError(
-                            f"rank {ctx.rank} was stopped because the driver aborted run {spec.run_id}",
-                            rank=ctx.rank, host=ctx.hostname,
-                        )
+                            f"rank {ctx.rank}: lost the driver of run {spec.run_id} for {lost_after:.0f} s "
+                            f"({ENV_HEARTBEAT_TIMEOUT}); stopped the rank", rank=ctx.rank, host=ctx.hostname,
+                        ) from None
+                if aborted:
+                    launcher.terminate(grace)
+                    raise WorkerFailedError(
+                        f"rank {ctx.rank} was stopped because the driver aborted run {spec.run_id}",
+                        rank=ctx.rank, host=ctx.hostname,
+                    )
             time.sleep(poll_interval)
         launcher.wait_output(ctx.rank)
+        if code != 0 and unreachable:  # the rank's watchdog ended it: its driver is gone too
+            driver_lost = True
+            raise WorkerFailedError(f"rank {ctx.rank}: exited with {describe_exit(code)} after losing the driver of "
+                                    f"run {spec.run_id}", rank=ctx.rank, host=ctx.hostname, exitcode=code)
         if code == 0:
             return read_result(result_path)
         tb = launcher.traceback_of(ctx.rank)
@@ -549,9 +573,13 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
         )
     finally:
         launcher.terminate(grace)
-        pusher.close()
-        with contextlib.suppress(HoraError):
-            client.set(keys.rank_key(keys.EXITED, ctx.rank), b"1")
+        if not driver_lost:  # nobody to push to or tell otherwise
+            pusher.close()
+            with contextlib.suppress(HoraError):
+                check.set(keys.rank_key(keys.EXITED, ctx.rank), b"1")
+        else:
+            pusher.stopped.set()
+        check.close()
         client.close()
         with contextlib.suppress(OSError):
             for name in os.listdir(tmpdir):
