@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from hora.errors import ConfigError
+from hora.runners.faults import with_spark_error
 
 logger = logging.getLogger(__name__)
 
@@ -83,20 +84,20 @@ def explain_worker_failure(spark: Any, exc: BaseException, framework: Any = None
         logger.debug("the worker-python probe failed", exc_info=True)
         text = str(probe_exc)
         if "Cannot run program" in text or "No such file" in text or "error=2" in text:
-            raise ConfigError(
+            raise with_spark_error(ConfigError(
                 f"Spark cannot start its Python workers ({named}): {text.splitlines()[0][:300]}. Set PYSPARK_PYTHON "
                 f"to an interpreter with hora installed, e.g. {sys.executable}, before the SparkSession starts"
-            ) from exc
+            ), exc) from None
         return
     if not seen.get("missing"):
         return
-    raise ConfigError(
+    raise with_spark_error(ConfigError(
         f"Spark's Python workers run {seen['python']} (Python {seen['version']}), which cannot import "
         f"{', '.join(seen['missing'])}; hora's tasks need {', '.join(modules)}. The driver runs {sys.executable}. "
         f"Spark starts the interpreter PYSPARK_PYTHON named when the session started ({named}): set "
         f"PYSPARK_PYTHON={sys.executable} (or spark.pyspark.python) before the SparkSession starts, or install hora "
         f"into {seen['python']}"
-    ) from exc
+    ), exc) from None
 
 
 __all__ = ["explain_worker_failure", "probe_worker_python", "WORKER_MODULES"]

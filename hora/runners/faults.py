@@ -45,8 +45,12 @@ Not retriable (a user error: the run fails at once, as without ``max_failures``)
 from __future__ import annotations
 
 import enum
+import logging
 import re
 from collections.abc import Sequence
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 
 class FaultKind(enum.Enum):
@@ -174,6 +178,18 @@ def with_kind(exc: BaseException, kind: FaultKind) -> BaseException:
     return exc
 
 
+def with_spark_error(error: E, spark_error: BaseException) -> E:
+    """``error`` with the Spark failure it explains kept as ``error.spark_error``.
+
+    hora raises such errors ``from None``: the Java stack and Spark's chained Python
+    tracebacks (often 100+ lines) do not print in front of the explanation, and whoever
+    wants them reads ``spark_error`` (also logged at DEBUG level).
+    """
+    error.spark_error = spark_error  # type: ignore[attr-defined]
+    logging.getLogger(__name__).debug("the Spark error behind %s: %s", type(error).__name__, spark_error)
+    return error
+
+
 __all__ = ["FaultKind", "kind_of_exception", "kind_of_exit", "kind_of_engine_error", "engine_failure", "fault_kind",
-           "with_kind",
+           "with_kind", "with_spark_error",
            "COLLECTIVE_ERRORS", "INFRASTRUCTURE_ERRORS"]

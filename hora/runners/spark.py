@@ -53,6 +53,7 @@ from hora.errors import ConfigError, StoreError, WorkerFailedError
 from hora.native.rendezvous import RendezvousServer, compute_placement
 from hora.runners.base import Job, Launcher
 from hora.runners.driver import DriverService
+from hora.runners.faults import with_spark_error
 from hora.runners.store_channel import StoreChannel, StoreMirror, StoreRelay, wait_mirrored
 from hora.runners.spec import (
     DEFAULT_TERMINATE_GRACE,
@@ -179,7 +180,12 @@ def _reach_task(addr: str, secret: bytes, batches: Iterator[Any]) -> Iterator[An
 
 def _stage_error(exc: BaseException, spec: LaunchSpec, launcher: SparkLauncher) -> Exception:
     """The error ``run()`` raises for a failed stage: ConfigError for what the cluster cannot do,
-    else WorkerFailedError with the first meaningful line of Spark's message."""
+    else WorkerFailedError with the first meaningful line of Spark's message; Spark's own
+    error (with its Java stack) is kept as the result's ``spark_error``."""
+    return with_spark_error(_stage_error_of(exc, spec, launcher), exc)
+
+
+def _stage_error_of(exc: BaseException, spec: LaunchSpec, launcher: SparkLauncher) -> Exception:
     text = str(exc)
     if "SPARK-24819" in text:
         return ConfigError(
@@ -257,7 +263,7 @@ class SparkJob(Job):
             return None
         if self._error is not None:
             self._sync_mirror()  # the ranks' own failure reports first
-            raise _stage_error(self._error, self.spec, self.launcher)
+            raise _stage_error(self._error, self.spec, self.launcher) from None
         import cloudpickle
 
         assert self._rows is not None
@@ -428,7 +434,10 @@ class SparkLauncher(Launcher):
         except TimeoutError as exc:
             raise ConfigError(f"could not check whether the executors reach this client at {service.addr}: {exc}") from exc
         except Exception as exc:
-            raise _spark.missing_hora(exc) or exc
+            missing = _spark.missing_hora(exc)
+            if missing is None:
+                raise
+            raise with_spark_error(missing, exc) from None
         errors = sorted({str(r["error"]) for r in rows if r["error"]})
         _reach_cache[key] = "; ".join(errors)
         return _reach_cache[key]

@@ -1,0 +1,80 @@
+"""Errors hora recognises inside a Spark failure are raised without Spark's Java stack and chained
+tracebacks in front; the Spark error stays on ``exc.spark_error`` (issue 25, item 4)."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+import venv
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import hora.runners as hr
+from hora.errors import ConfigError
+
+pytestmark = pytest.mark.spark
+
+
+def _printed(exc: BaseException) -> str:
+    """What Python prints for ``exc`` when nobody catches it."""
+    return "".join(traceback.format_exception(exc))
+
+
+def _assert_unwrapped(exc: BaseException, spark_error: bool = True) -> None:
+    assert exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__), \
+        "the Spark error is chained in front"
+    printed = _printed(exc)
+    for java in ("org.apache.spark", "py4j", "Py4JJavaError", "During handling of the above exception",
+                 "The above exception was the direct cause"):
+        assert java not in printed, f"{java!r} printed in front of the hora error:\n{printed}"
+    if spark_error:
+        kept = getattr(exc, "spark_error", None)
+        assert isinstance(kept, Exception) and kept is not exc
+
+
+def _fail_rank1():
+    import hora.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("rank 1 fails on purpose")
+    return 0
+
+
+@pytest.mark.timeout(240)
+def test_a_failed_rank_in_a_spark_stage_is_raised_without_the_java_stack(spark):
+    from hora.errors import WorkerFailedError
+
+    with pytest.raises(WorkerFailedError, match="rank 1 fails on purpose") as info:
+        hr.run(_fail_rank1, num_proc=2, backend="spark", spark=spark, run_id="unwrap-rank", verbose=0,
+               start_timeout=120)
+    _assert_unwrapped(info.value, spark_error=False)
+    assert info.value.rank == 1
+
+
+@pytest.mark.timeout(300)
+def test_pyspark_python_without_hora_is_raised_without_the_java_stack(spark, tmp_path):
+    torch = pytest.importorskip("torch")
+    from hora.spark import TorchEstimator
+    from hora.store import Store
+
+    bare = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=False).create(bare)
+    df = spark.createDataFrame(pd.DataFrame({"x": np.arange(16, dtype="float64"), "y": np.ones(16)}))
+    net = torch.nn.Linear(1, 1)
+    est = TorchEstimator(num_proc=2, store=Store.create(str(tmp_path / "store")), model=net, loss=torch.nn.MSELoss(),
+                         optimizer=torch.optim.SGD(net.parameters(), lr=0.1), feature_cols=["x"], label_cols=["y"],
+                         input_shapes=[[-1, 1]])
+    sc = spark.sparkContext
+    saved = sc.pythonExec
+    sc.pythonExec = str(bare / "bin" / "python")  # what PYSPARK_PYTHON names when the session starts
+    try:
+        with pytest.raises(ConfigError, match="PYSPARK_PYTHON") as info:
+            est.fit(df)
+    finally:
+        sc.pythonExec = saved
+    _assert_unwrapped(info.value)
+    assert str(bare / "bin" / "python") in str(info.value) and sys.executable in str(info.value)
+    assert len(_printed(info.value).splitlines()) < 40
