@@ -28,7 +28,9 @@ from hora.estimators import core, persistence
 from hora.estimators.base import plot_history
 from hora.estimators.data import check_face, engine_of
 from hora.estimators.framework import Framework
-from hora.estimators.params import ParamError, check_param_names, default_output_cols, param_defaults, param_docs
+from hora.estimators.params import (
+    ParamError, check_param_names, default_output_cols, param_defaults, param_docs, param_signature,
+)
 from hora.estimators.ray_data import ray_transform
 from hora.estimators.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame
 
@@ -240,15 +242,13 @@ class DaskModel:
 
 def build(framework: Framework, module: str, estimator_name: str, model_name: str) -> tuple[type, type]:
     """The Dask ``(estimator, model)`` classes of ``framework``, named as they are imported from ``module``."""
-    defaults = param_defaults(framework.config)
     docs = param_docs(framework.config)
 
     def __init__(self: DaskEstimator, **params: Any) -> None:
         DaskEstimator.__init__(self, **params)
 
-    __init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in defaults.items()])
+    __init__.__signature__ = param_signature(framework.config)  # type: ignore[attr-defined]
+    __init__.__qualname__, __init__.__module__ = f"{estimator_name}.__init__", module
     model_cls = type(model_name, (DaskModel,), {
         "framework": framework, "__module__": module, "__qualname__": model_name,
         "__doc__": f"A fitted {framework.name} model on Dask: model_ is {framework.model_kind}. "

@@ -23,7 +23,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import inspect
 import logging
+import typing
 import numbers
 import re
 from dataclasses import dataclass, field
@@ -74,6 +76,25 @@ def param_fields(cls: type) -> list[dataclasses.Field]:
 def param_defaults(cls: type) -> dict[str, Any]:
     """``{name: default}`` of a config class."""
     return {f.name: f.default for f in param_fields(cls)}
+
+
+def param_types(cls: type) -> dict[str, str]:
+    """``{name: annotation}`` of a config class, as declared (the text the stubs show)."""
+    return {f.name: f.type if isinstance(f.type, str) else inspect.formatannotation(f.type) for f in param_fields(cls)}
+
+
+def param_signature(cls: type, *, with_self: bool = True, return_annotation: Any = None) -> inspect.Signature:
+    """The signature of a constructor taking ``cls``'s parameters: each keyword-only, with its
+    declared type and default (what ``inspect.signature``, ``help()`` and IDEs show)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not evaluate here: show its text
+        hints = {}
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] if with_self else []
+    params += [inspect.Parameter(f.name, kw, default=f.default, annotation=hints.get(f.name, f.type))
+               for f in param_fields(cls)]
+    return inspect.Signature(params, return_annotation=return_annotation)
 
 
 def param_docs(cls: type) -> dict[str, str]:
@@ -526,5 +547,6 @@ PARAM_DOCS: dict[str, str] = param_docs(EstimatorConfig)
 JSON_PARAMS: frozenset[str] = json_params(EstimatorConfig)
 
 __all__ = ["EstimatorConfig", "ParamInfo", "ParamError", "param", "param_fields", "param_defaults", "param_docs",
-           "json_params", "unsaved_params", "check_param_names", "HOROVOD_UNSUPPORTED", "PARAM_DEFAULTS",
+           "param_types", "param_signature", "json_params", "unsaved_params", "check_param_names",
+           "HOROVOD_UNSUPPORTED", "PARAM_DEFAULTS",
            "PARAM_DOCS", "JSON_PARAMS", "LR_SCALING_POLICIES", "LAUNCHER_NAMES", "default_output_cols"]

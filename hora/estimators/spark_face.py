@@ -17,6 +17,7 @@ and, for a fitted model, the model's files as the framework's codec writes them.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from typing import Any, ClassVar, Sequence
@@ -33,7 +34,8 @@ from hora.estimators.base import plot_history
 from hora.estimators.data import check_face
 from hora.estimators.framework import Framework
 from hora.estimators.params import (
-    EstimatorConfig, check_param_names, default_output_cols, json_params, param_defaults, param_docs, unsaved_params,
+    EstimatorConfig, check_param_names, default_output_cols, json_params, param_defaults, param_docs, param_signature,
+    unsaved_params,
 )
 from hora.estimators.spark_python import explain_worker_failure
 from hora.estimators.transform import DEFAULT_PREDICT_BATCH, spark_transform
@@ -92,6 +94,26 @@ MODEL_PARAMS: dict[str, str] = {
     "batch_size": "rows per forward pass during transform",
 }
 _MODEL_MIXINS = [param_mixin(n, d) for n, d in MODEL_PARAMS.items()]
+#: the fitted model's constructor keywords: ``{name: (type as declared, default)}``
+MODEL_PARAM_TYPES: dict[str, tuple[str, Any]] = {
+    "model": ("Any", None),
+    "feature_cols": ("Sequence[str | Sequence[str]] | None", None),
+    "label_cols": ("Sequence[str] | None", None),
+    "output_cols": ("Sequence[str] | None", None),
+    "input_shapes": ("Sequence[Sequence[int]] | None", None),
+    "run_id": ("str | None", None),
+    "history": ("Sequence[dict[str, float]] | None", None),
+    "output_shapes": ("Sequence[Sequence[int]] | None", None),
+    "batch_size": ("int", DEFAULT_PREDICT_BATCH),
+}
+
+
+def model_signature() -> inspect.Signature:
+    """The Spark model constructor's signature (keyword-only ``model`` and :data:`MODEL_PARAM_TYPES`)."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+                             + [inspect.Parameter(n, kw, default=d, annotation=t)
+                                for n, (t, d) in MODEL_PARAM_TYPES.items()], return_annotation=None)
 
 
 class _HoraWriter(MLWriter):
@@ -337,13 +359,34 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
 def build(framework: Framework, module: str, estimator_name: str, model_name: str) -> tuple[type, type]:
     """The Spark ``(Estimator, Model)`` classes of ``framework``, named as they are imported from ``module``."""
     docs = param_docs(framework.config)
+
+    # per-class constructors whose signatures list every keyword, typed (pyspark's keyword_only
+    # on the base methods still collects them into _input_kwargs)
+    def model_init(self: SparkModel, **kwargs: Any) -> None:
+        SparkModel.__init__(self, **kwargs)
+
+    def est_init(self: SparkEstimator, **kwargs: Any) -> None:
+        SparkEstimator.__init__(self, **kwargs)
+
+    def set_params(self: SparkEstimator, **kwargs: Any) -> SparkEstimator:
+        return SparkEstimator.setParams(self, **kwargs)
+
+    model_init.__signature__ = model_signature()  # type: ignore[attr-defined]
+    est_init.__signature__ = param_signature(framework.config)  # type: ignore[attr-defined]
+    set_params.__signature__ = param_signature(  # type: ignore[attr-defined]
+        framework.config, return_annotation=estimator_name)
+    set_params.__doc__ = SparkEstimator.setParams.__doc__
+    for fn, name, owner in ((model_init, "__init__", model_name), (est_init, "__init__", estimator_name),
+                            (set_params, "setParams", estimator_name)):
+        fn.__name__, fn.__qualname__, fn.__module__ = name, f"{owner}.{name}", module
     model_cls = type(model_name, (SparkModel,), {
-        "framework": framework, "__module__": module, "__qualname__": model_name,
+        "framework": framework, "__module__": module, "__qualname__": model_name, "__init__": model_init,
         "__doc__": f"A fitted {framework.name} model on Spark: getModel() is {framework.model_kind}. "
                    f"See hora.estimators.spark_face.SparkModel.",
     })
     est_cls = type(estimator_name, (SparkEstimator, *[param_mixin(n, d) for n, d in docs.items()]), {
         "framework": framework, "model_class": model_cls, "__module__": module, "__qualname__": estimator_name,
+        "__init__": est_init, "setParams": set_params,
         "__doc__": f"Train {framework.model_kind} data-parallel on a Spark DataFrame; fit returns a {model_name}.\n\n"
                    "Params (keyword arguments, each also a Spark Param with get/set accessors):\n\n"
                    + "\n".join(f"* ``{n}``: {d}" for n, d in docs.items()),
@@ -351,4 +394,5 @@ def build(framework: Framework, module: str, estimator_name: str, model_name: st
     return est_cls, model_cls
 
 
-__all__ = ["SparkEstimator", "SparkModel", "build", "param_mixin", "MODEL_PARAMS"]
+__all__ = ["SparkEstimator", "SparkModel", "build", "param_mixin", "MODEL_PARAMS", "MODEL_PARAM_TYPES",
+           "model_signature"]
