@@ -191,6 +191,10 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
 
     t0 = time.monotonic()
     _check_store_reach(opts["backend"], store)
+    if engine == "dask" and client is not None:  # a worker whose `import hora` finds a folder fails every task
+        from hora.runners.dask import check_workers_import_hora
+
+        check_workers_import_hora(client)
     info = None
     if framework.codec.trains_on_frame(config):
         info = materialize(df, store, feature_cols=features.columns, label_cols=list(config.label_cols),

@@ -248,4 +248,68 @@ class DaskLauncher(Launcher):
         return DaskJob(self, spec, service)
 
 
-__all__ = ["DaskLauncher", "DaskJob"]
+# a worker whose `import hora` finds a folder named hora (e.g. a store path) instead of the package
+# fails every task at unpickling ("cannot import name ... from 'hora' (unknown location)"): this
+# probe is defined from source so cloudpickle ships it by value and the worker needs no hora to run it
+_HORA_PROBE_SOURCE = """
+def probe():
+    import importlib.util, os, sys
+    try:
+        spec = importlib.util.find_spec("hora")
+    except Exception as exc:
+        return {"python": sys.executable, "cwd": os.getcwd(), "error": type(exc).__name__ + ": " + str(exc)}
+    if spec is None:
+        return {"python": sys.executable, "cwd": os.getcwd(), "error": "No module named 'hora'"}
+    return {"python": sys.executable, "cwd": os.getcwd(), "origin": spec.origin,
+            "folders": list(spec.submodule_search_locations or [])}
+"""
+
+
+def check_workers_import_hora(client: Any, timeout: float = 60.0) -> None:
+    """Check that every worker of ``client`` imports hora as the installed package.
+
+    Runs one tiny task per worker that needs nothing from hora (``importlib.util.find_spec``).
+
+    Raises:
+        ConfigError: a worker's ``hora`` is a namespace folder (naming the worker and the
+            folder) or missing (naming the worker's interpreter), or the workers did not
+            answer within ``timeout`` seconds.
+    """
+    from distributed import wait
+
+    namespace: dict[str, Any] = {"__name__": "hora_dask_worker_probe"}
+    exec(_HORA_PROBE_SOURCE, namespace)  # noqa: S102 - our own constant source
+    workers = list(client.scheduler_info(n_workers=-1).get("workers", {})) if _takes_n_workers(client) else \
+        list(client.scheduler_info().get("workers", {}))
+    futures = {addr: client.submit(namespace["probe"], workers=[addr], allow_other_workers=False, pure=False,
+                                   key=f"hora-probe-{addr}-{time.monotonic_ns()}") for addr in workers}
+    done, not_done = wait(list(futures.values()), timeout=timeout)
+    if not_done:
+        client.cancel(list(not_done))
+        raise ConfigError(f"{len(not_done)} Dask worker(s) did not answer hora's import check within {timeout:.0f}s")
+    problems = []
+    for addr, fut in futures.items():
+        seen = fut.result()
+        if seen.get("error"):
+            problems.append(f"worker {addr} runs {seen['python']}, which cannot import hora ({seen['error']})")
+        elif seen.get("origin") is None:
+            folders = ", ".join(dict.fromkeys(seen.get("folders") or [])) or "(unknown)"
+            problems.append(f"on worker {addr} (cwd {seen['cwd']}), 'import hora' finds the folder {folders}, a "
+                            "namespace package (a folder named hora without __init__.py, e.g. a store path such as "
+                            "file:///tmp/hora, in the working directory or next to the script) instead of the "
+                            "installed hora")
+    if problems:
+        raise ConfigError("; ".join(problems) + ": rename that folder, or start the script and the workers from "
+                          "another directory")
+
+
+def _takes_n_workers(client: Any) -> bool:
+    import inspect
+
+    try:
+        return "n_workers" in inspect.signature(client.scheduler_info).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+__all__ = ["DaskLauncher", "DaskJob", "check_workers_import_hora"]

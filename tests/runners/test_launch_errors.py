@@ -3,6 +3,7 @@ tracebacks in front; the Spark error stays on ``exc.spark_error`` (issue 25, ite
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 import venv
@@ -13,8 +14,6 @@ import pytest
 
 import hora.runners as hr
 from hora.errors import ConfigError
-
-pytestmark = pytest.mark.spark
 
 
 def _printed(exc: BaseException) -> str:
@@ -43,6 +42,7 @@ def _fail_rank1():
     return 0
 
 
+@pytest.mark.spark
 @pytest.mark.timeout(240)
 def test_a_failed_rank_in_a_spark_stage_is_raised_without_the_java_stack(spark):
     from hora.errors import WorkerFailedError
@@ -54,6 +54,7 @@ def test_a_failed_rank_in_a_spark_stage_is_raised_without_the_java_stack(spark):
     assert info.value.rank == 1
 
 
+@pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_pyspark_python_without_hora_is_raised_without_the_java_stack(spark, tmp_path):
     torch = pytest.importorskip("torch")
@@ -78,3 +79,29 @@ def test_pyspark_python_without_hora_is_raised_without_the_java_stack(spark, tmp
     _assert_unwrapped(info.value)
     assert str(bare / "bin" / "python") in str(info.value) and sys.executable in str(info.value)
     assert len(_printed(info.value).splitlines()) < 40
+
+
+@pytest.mark.timeout(60)
+def test_healthy_dask_workers_pass_the_import_check(dask_client):
+    from hora.runners.dask import check_workers_import_hora
+
+    check_workers_import_hora(dask_client, timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_dask_workers_whose_hora_is_a_namespace_folder_are_named(tmp_path, monkeypatch):
+    """Workers started by a script next to a folder named hora (the README's file:///tmp/hora store)."""
+    distributed = pytest.importorskip("distributed")
+    from hora.runners.dask import check_workers_import_hora
+
+    (tmp_path / "hora").mkdir()
+    # the script's directory first, as the spawned workers inherit it; hora itself only through its installed
+    # finder (as outside the checkout: pytest puts the checkout on sys.path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + [
+        p for p in sys.path if not os.path.isfile(os.path.join(p or os.getcwd(), "hora", "__init__.py"))])
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  host="127.0.0.1") as cluster, distributed.Client(cluster) as client:
+        with pytest.raises(ConfigError) as info:
+            check_workers_import_hora(client, timeout=60)
+    text = str(info.value)
+    assert "namespace package" in text and str(tmp_path / "hora") in text and "worker tcp://127.0.0.1" in text
