@@ -75,7 +75,7 @@ def dask_classes(framework: Framework, est_name: str, model_name: str) -> str:
             f"    def fit(self, ddf: Any, y: Any = None) -> {model_name}: ...\n")
 
 
-_TYPING = "from typing import Any, Callable, ClassVar, Sequence\n\n"
+_TYPING = "from typing import Any, Callable, ClassVar, Literal, Sequence\n\n"
 _SPARK_BASES = "from hora.estimators.spark_face import SparkEstimator, SparkModel\n\n"
 _CALLBACKS = ("from hora.estimators.callbacks import BestModelCheckpoint as BestModelCheckpoint\n"
               "from hora.estimators.callbacks import Callback as Callback\n"

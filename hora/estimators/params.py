@@ -29,7 +29,7 @@ import typing
 import numbers
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from hora.errors import ConfigError
 from hora.estimators.data import Features
@@ -208,15 +208,16 @@ class EstimatorConfig:
         ConfigError: a field has a bad value; the message names the field.
     """
 
-    num_proc: Any = param(None, "number of training processes (ranks), or (min, max): as many as the cluster has "
-                          "slots for within the bounds, at start and at each relaunch; default: the engine's "
-                          "parallelism")
+    num_proc: int | Sequence[int] | None = param(
+        None, "number of training processes (ranks), or (min, max): as many as the cluster has slots for within "
+        "the bounds, at start and at each relaunch; default: the engine's parallelism")
     min_num_proc: int | None = param(None, "the fewest ranks a fit starts or is relaunched with (num_proc is the "
                                      "most); num_proc=(min, max) sets both")
     max_failures: int = param(0, "relaunch training up to this many times after a lost rank, executor or Dask "
                               "worker, from the last checkpoint (an error in the model or data is not retried)")
-    checkpoint_every: Any = param(1, "rank 0 checkpoints to the store every N epochs (an int), or every N training "
-                                  "steps ('N steps'); a relaunch or resume continues from the last checkpoint")
+    checkpoint_every: int | str = param(1, "rank 0 checkpoints to the store every N epochs (an int), or every N "
+                                        "training steps ('N steps'); a relaunch or resume continues from the last "
+                                        "checkpoint")
     backend: Any = param(None, "where the ranks run: a launcher's name ('local', 'spark', 'dask', 'ray'), a "
                          "hora.runners Launcher (e.g. RayLauncher(gpus_per_rank=1)), "
                          "hora.spark.common.backend.SparkBackend(num_proc=...) as in Horovod, or any object with "
@@ -232,8 +233,9 @@ class EstimatorConfig:
                                                "stacked into one input (a feature group)")
     label_cols: Sequence[str] | None = param(None, "label column names; one model output per label")
     sample_weight_col: str | None = param(None, "column of per-row loss weights")
-    label_nan: str = param("error", "a NaN or null label: 'error' (default) fails before training, naming the "
-                           "column and the count; 'drop' drops those rows (counted in the log); 'keep' keeps NaN (a null still fails)")
+    label_nan: Literal["error", "drop", "keep"] = param(
+        "error", "a NaN or null label: 'error' (default) fails before training, naming the column and the count; "
+        "'drop' drops those rows (counted in the log); 'keep' keeps NaN (a null still fails)")
     validation: float | str | None = param(None, "fraction of rows held out for validation, or a boolean column's name")
     batch_size: int = param(32, "rows per training batch on each rank")
     val_batch_size: int | None = param(None, "rows per validation batch (default: batch_size)")

@@ -61,7 +61,7 @@ def test_estimator_signature_lists_every_parameter_keyword_only_typed(face):
         est_cls(16)
     # help() shows the typed keywords
     text = pydoc.render_doc(est_cls, renderer=pydoc.plaintext)
-    assert "batch_size: int = 32" in text and "label_nan: str = 'error'" in text
+    assert "batch_size: int = 32" in text and "label_nan: Literal['error', 'drop', 'keep'] = 'error'" in text
 
 
 def test_spark_constructors_still_set_params():
@@ -103,6 +103,7 @@ def test_mypy_reports_a_misspelt_keyword_and_a_wrong_type(tmp_path):
         "d = LightningEstimator(epochs=2, feature_cols=['x'], label_nan='drop')\n"
         "e = TorchEstimator(feature_cols=['x'], batch_size=3, label_nan='drop')\n"
         "f = hora.dask.LightningEstimator(epochs=2).fit(None)\n"
+        "g = hora.dask.TorchEstimator(label_nan='dorp', num_proc=(1, 2), checkpoint_every='2 steps')\n"
     )
     out = subprocess.run(
         [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-error-summary", "--show-column-numbers",
@@ -115,4 +116,5 @@ def test_mypy_reports_a_misspelt_keyword_and_a_wrong_type(tmp_path):
     assert 'did you mean "feature_cols"' in by_line[5], out.stdout
     assert 'Argument "batch_size"' in by_line.get(6, "") and 'expected "int"' in by_line[6], out.stdout
     assert 'Unexpected keyword argument "label_col"' in by_line.get(7, ""), out.stdout
-    assert set(by_line) == {5, 6, 7}, out.stdout  # the correct calls pass
+    assert 'Argument "label_nan"' in by_line.get(11, ""), out.stdout  # a Literal: the three modes
+    assert set(by_line) == {5, 6, 7, 11}, out.stdout  # the correct calls pass
