@@ -128,6 +128,7 @@ class DaskModel:
 
     def __init__(
         self,
+        *,
         model: Any,
         feature_cols: Sequence[Any],
         label_cols: Sequence[str],

@@ -83,7 +83,9 @@ def test_dask_model_signature_is_typed():
 
     sig = inspect.signature(hora.dask.TorchModel)
     assert {"model", "feature_cols", "label_cols", "output_shapes", "output_cols"} <= set(sig.parameters)
-    assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values())
+    assert all(p.annotation is not inspect.Parameter.empty and p.kind is KW for p in sig.parameters.values())
+    with pytest.raises(TypeError):
+        hora.dask.TorchModel(object(), ["x"], ["y"], [[1]])
 
 
 @pytest.mark.timeout(300)
