@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hora-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install bench clean system-deps wheel-smoke
+.PHONY: demo test install bench clean system-deps wheel-smoke docs
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=25
+
+# The documentation site (docs/, mkdocs.yml) into build/site; --strict: a broken link or reference fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The wheel carries everything: build it, install it (not editable) with hora[torch,dask] into a fresh
 # venv, and run a 2-rank Dask fit and `hora run -np 2` from outside the source tree (CI runs it).

@@ -4,7 +4,7 @@
 >>> from hora.dask import TorchEstimator
 >>> from hora.store import Store
 >>> client = Client(LocalCluster(n_workers=2))
->>> est = TorchEstimator(num_proc=2, store=Store.create("/tmp/hora"), model=net,
+>>> est = TorchEstimator(num_proc=2, store=Store.create("/tmp/hora-store"), model=net,
 ...                      optimizer=torch.optim.Adam(net.parameters(), 1e-3), loss=torch.nn.MSELoss(),
 ...                      feature_cols=["features"], label_cols=["y"], batch_size=64, epochs=5)
 >>> model = est.fit(ddf)            # hora.dask.TorchModel

@@ -100,12 +100,12 @@ def test_a_setting_out_of_bounds_fails_init_naming_variable_value_and_bounds(mon
 
 @pytest.mark.timeout(30)
 def test_the_readme_lists_the_settings_from_the_registry():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     begin, end = "<!-- settings:begin -->", "<!-- settings:end -->"
-    assert begin in readme and end in readme, "README.md lacks the generated settings table"
+    assert begin in readme and end in readme, "docs/settings.md lacks the generated settings table"
     table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     assert table == settings.markdown_table(), (
-        "README.md's settings table is out of date: regenerate it with `python -m hora.settings --markdown`")
+        "docs/settings.md's settings table is out of date: regenerate it with `python -m hora.settings --markdown`")
 
 
 @pytest.mark.timeout(120)

@@ -2,7 +2,7 @@
 
 >>> from hora.spark import TorchEstimator
 >>> from hora.store import Store
->>> est = TorchEstimator(num_proc=2, store=Store.create("file:///tmp/hora"), model=net,
+>>> est = TorchEstimator(num_proc=2, store=Store.create("file:///tmp/hora-store"), model=net,
 ...                      optimizer=torch.optim.Adam(net.parameters(), 1e-3),
 ...                      loss=torch.nn.CrossEntropyLoss(), feature_cols=["features"],
 ...                      label_cols=["label"], batch_size=64, epochs=10, validation=0.2)
