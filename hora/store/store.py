@@ -419,6 +419,32 @@ class Store:
             return
         self._call("move", s, self.fs.mv, s, d, recursive=True)
 
+    def upload(self, local_path: str, path: str) -> None:
+        """Copy the local file ``local_path`` to ``path`` in the store, whole and retried as one
+        operation (object stores: one PUT or multipart upload; local: a rename of a temporary copy).
+
+        Raises:
+            StoreError: the upload fails (the URL named).
+        """
+        full = self._resolve(path)
+        if self.protocol == "file":
+            import shutil
+
+            tmp = f"{full}.tmp-{uuid.uuid4().hex[:12]}"
+
+            def _local() -> None:
+                os.makedirs(posixpath.dirname(full), exist_ok=True)
+                shutil.copyfile(local_path, tmp)
+                os.replace(tmp, full)
+
+            try:
+                self._call("upload", full, _local)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            return
+        self._call("upload", full, self.fs.put_file, local_path, full)
+
     def size(self, path: str) -> int:
         """Size of a file in bytes."""
         full = self._resolve(path)

@@ -9,8 +9,10 @@ partitions) into Arrow tables, arrays as nested lists.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -103,7 +105,7 @@ class SplitWriter:
         self.row_groups: list[int] = []
         self.rows_per_group: int | None = plan.rows_per_row_group
         self._writer: pq.ParquetWriter | None = None
-        self._fh = None
+        self._spool: str | None = None  # the local file a remote part is written to before its upload
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -122,11 +124,14 @@ class SplitWriter:
         store = self.plan.store
         if store.is_local:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self._fh = None
             where: Any = self.path
         else:
-            self._fh = store.open(self.path, "wb")
-            where = self._fh
+            # a remote file is spooled to a local temporary file and uploaded whole at close: the
+            # upload is one retried Store operation (a transient failure mid-stream cannot lose the
+            # part), and the object appears complete or not at all
+            fd, self._spool = tempfile.mkstemp(prefix="hora-part-", suffix=".parquet")
+            os.close(fd)
+            where = self._spool
         self._writer = pq.ParquetWriter(where, schema, compression="snappy", use_dictionary=False,
                                         write_statistics=False)
 
@@ -156,18 +161,24 @@ class SplitWriter:
         if self._writer is None:
             return None
         self._writer.close()
-        if self._fh is not None:
-            self._fh.close()
+        if self._spool is not None:
+            try:
+                self.plan.store.upload(self._spool, self.path)
+            finally:
+                os.unlink(self._spool)
+                self._spool = None
         return {"path": self.rel, "rows": sum(self.row_groups), "row_groups": self.row_groups}
 
     def abort(self) -> None:
         try:
             if self._writer is not None:
                 self._writer.close()
-            if self._fh is not None:
-                self._fh.close()
         except Exception:  # pragma: no cover
             pass
+        if self._spool is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._spool)
+            self._spool = None
 
 
 def write_part(plan: WritePlan, part: int, tables: Iterable[pa.Table | pa.RecordBatch], suffix: str = "") -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import io
 import random
+import time
 import uuid
 
 import numpy as np
@@ -240,7 +241,8 @@ def test_transient_errors_past_the_budget_name_the_store_and_the_operation(tmp_p
 
 
 @pytest.mark.timeout(240)
-def test_s3_store_materializes_and_reads_through_a_failing_proxy(s3_endpoint, monkeypatch):
+@pytest.mark.parametrize("seed", [4, 11])
+def test_s3_store_materializes_and_reads_through_a_failing_proxy(s3_endpoint, monkeypatch, seed):
     """30 % of requests answered 503/500 and 5 % reset: materialize, then every rank's reader
     gets every row, with s3fs's and botocore's own retries turned off (hora's policy alone)."""
     import s3fs
@@ -254,7 +256,7 @@ def test_s3_store_materializes_and_reads_through_a_failing_proxy(s3_endpoint, mo
     retry.reset_counts()
     n = 4_000
     df = pd.DataFrame({"x": np.arange(n, dtype=np.float64), "y": (np.arange(n) % 3).astype(np.float64)})
-    with FaultyProxy(s3_endpoint, fail=0.30, reset=0.05, seed=4) as proxy:
+    with FaultyProxy(s3_endpoint, fail=0.30, reset=0.05, seed=seed) as proxy:
         options = {
             "key": "testing", "secret": "testing", "anon": False,
             "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}},
@@ -290,3 +292,24 @@ def test_limited_caps_the_budget_in_this_thread_only(monkeypatch):
         t.join()
     assert seen["other"] == 120.0
     assert retry.budget_s() == 120.0
+
+
+@pytest.mark.timeout(120)
+def test_an_s3_store_that_always_fails_gives_up_within_the_budget_naming_url_and_operation(s3_endpoint, monkeypatch):
+    import s3fs
+
+    from tests.store.faulty_proxy import FaultyProxy
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    monkeypatch.setenv("HORA_STORE_RETRY_S", "2")
+    with FaultyProxy(s3_endpoint, fail=1.0, seed=1) as proxy:
+        options = {"key": "testing", "secret": "testing", "anon": False,
+                   "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}},
+                   "client_kwargs": {"endpoint_url": proxy.endpoint, "region_name": "us-east-1"}}
+        store = Store.create(f"s3://hora-tests/down-{uuid.uuid4().hex[:8]}", check_writable=False, **options)
+        start = time.monotonic()
+        with pytest.raises(StoreError, match=r"write s3://hora-tests/down-\w+/runs/r/history\.json failed: .*"
+                                             r"gave up after \d+ attempt"):
+            store.write_json("runs/r/history.json", {"loss": [1.0]})
+        assert time.monotonic() - start < 2 + 30
+        assert proxy.counts["failed"] >= 2 and proxy.counts["forwarded"] == 0
