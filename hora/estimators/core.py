@@ -125,6 +125,10 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
         opts["backend"].check_num_proc(opts["num_proc"])
     if config.max_failures:
         opts["max_failures"] = config.max_failures
+    if config.use_gpu:  # local: the driver's GPUs; Dask: each worker's, named (Spark/Ray check in their launchers)
+        from hora.estimators.devices import check_gpus_before_launch
+
+        check_gpus_before_launch(True, opts["backend"], opts["num_proc"], client=client)
     return opts
 
 
@@ -217,6 +221,10 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         num_proc=num_proc,
         output_shapes=tuple(tuple(s) for s in checked.output_shapes),
     )
+    if config.verbose >= 1:
+        from hora.runners.progress import console, header_line
+
+        console(header_line(run_id, num_proc, opts["backend"]))
     t1 = time.monotonic()
     results = _run_workers(spec, config, opts)
     timings["train_s"] = time.monotonic() - t1
@@ -228,6 +236,11 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     model = framework.codec.load(spec.payload, first["weights"])
     timings["collect_s"] = time.monotonic() - t2
     timings["epochs_s"] = float(sum(h.get("epoch_time_s", 0.0) for h in first["history"][first.get("start_epoch", 0):]))
+    if config.verbose >= 1:
+        from hora.runners.progress import console, summary_line
+
+        console(summary_line(run_id, list(first["history"]), store.url_for(store.layout.checkpoint_dir(run_id)),
+                             store.url_for(store.layout.logs_dir(run_id))))
     return FitResult(
         model=model,
         history=list(first["history"]),

@@ -259,10 +259,10 @@ class TorchSession(TrainingSession):
             opt = opt(model.parameters())
         device = None
         if config.use_gpu:
-            if not torch.cuda.is_available():
-                raise ConfigError(f"use_gpu=True but rank {hvd.rank()} sees no CUDA device")
-            device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
-            torch.cuda.set_device(device)
+            from hora.estimators.devices import rank_device
+
+            # local rank / CUDA_VISIBLE_DEVICES / the Spark task's GPU: more ranks than GPUs is an error
+            device = rank_device(hvd.rank(), hvd.local_rank(), hvd.local_size())
             model.to(device)  # moves parameters in place: the optimizer stays bound
         scale = hvd.size() if config.lr_scaling == "linear" else 1
         for group in opt.param_groups:
