@@ -34,9 +34,14 @@ def probe(_value):
     missing = []
     for name in MODULES:
         try:
-            importlib.import_module(name)
+            module = importlib.import_module(name)
         except Exception as exc:
             missing.append(name + " (" + type(exc).__name__ + ": " + str(exc)[:120] + ")")
+            continue
+        if getattr(module, "__file__", None) is None and hasattr(module, "__path__"):
+            missing.append(name + " (it finds the folder " + ", ".join(dict.fromkeys(module.__path__)) +
+                           ", a namespace package: a folder named " + name + " without __init__.py, e.g. a store "
+                           "path, in the executor's working directory or sys.path, instead of the package)")
     return json.dumps({"python": sys.executable, "version": sys.version.split()[0], "missing": missing,
                        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON")})
 '''

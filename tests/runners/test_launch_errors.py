@@ -105,3 +105,27 @@ def test_dask_workers_whose_hora_is_a_namespace_folder_are_named(tmp_path, monke
             check_workers_import_hora(client, timeout=60)
     text = str(info.value)
     assert "namespace package" in text and str(tmp_path / "hora") in text and "worker tcp://127.0.0.1" in text
+
+
+@pytest.mark.timeout(60)
+def test_the_executor_probe_names_a_namespace_hora_folder(tmp_path):
+    """The probe explain_worker_failure runs on a Spark executor, in a fresh python whose sys.path
+    has a folder named hora ahead of the package."""
+    import json
+    import subprocess
+
+    from hora.estimators.spark_python import _PROBE_SOURCE
+
+    (tmp_path / "hora").mkdir()
+    code = ("import json, sys\n"
+            f"sys.path = [{str(tmp_path)!r}] + [p for p in sys.path if p]\n"
+            "ns = {'__name__': 'probe', 'MODULES': ('json', 'hora')}\n"
+            "exec(sys.argv[1], ns)\n"
+            "print(ns['probe'](0))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code, _PROBE_SOURCE], cwd=str(tmp_path), env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    missing = json.loads(out.stdout.strip().splitlines()[-1])["missing"]
+    assert len(missing) == 1 and missing[0].startswith("hora (") and str(tmp_path / "hora") in missing[0]
+    assert "namespace package" in missing[0]
