@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hora-installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install bench clean system-deps wheel-smoke docs
+.PHONY: demo test install bench clean system-deps wheel-smoke lint-imports docs
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ docs: $(STAMP)
 # venv, and run a 2-rank Dask fit and `hora run -np 2` from outside the source tree (CI runs it).
 wheel-smoke: $(STAMP)
 	bash .ci/wheel_smoke.sh
+
+# The import rules of ARCHITECTURE.md, declared as import-linter contracts in pyproject.toml.
+lint-imports: $(STAMP)
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import pyarrow as pa
 
+from hora import settings
 from hora.errors import DataError, HoraError, StoreError
 from hora.store import retry
 from hora.store.layout import join
@@ -145,9 +146,7 @@ def materialize_timeout() -> float:
     Raises:
         ConfigError: the variable is not a positive number.
     """
-    from hora.runners.spec import env_seconds  # the one reader of timeouts in seconds
-
-    return env_seconds(ENV_MATERIALIZE_TIMEOUT, DEFAULT_MATERIALIZE_TIMEOUT)
+    return float(settings.get(ENV_MATERIALIZE_TIMEOUT))
 
 
 def gather(ray: Any, refs: list[Any], what: str, timeout: float | None = None) -> list[Any]:

@@ -302,7 +302,7 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
         return _legacy_distributed(optimizer, name, use_locking, reduce_kwargs, process_set, scale_local_gradients)
     if collectives._is_adasum(op):
         raise ValueError("op == Adasum is not supported yet with Keras")
-    from hora.keras.optimizer import DistributedOptimizer as keras_distributed
+    from hora.tensorflow.keras_optimizer import DistributedOptimizer as keras_distributed
 
     return keras_distributed(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
                              compression=compression, sparse_as_dense=sparse_as_dense,
