@@ -69,6 +69,7 @@ def test_the_block_runs(name: str, info: str, code: str, tmp_path: Path):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env.pop("PYTHONPATH", None)
+    code = code.replace("/tmp/hora-store", str(tmp_path / "store"))  # the same code, a store of this test's own
     if info == "python":
         (tmp_path / "block.py").write_text(code, encoding="utf-8")
         cmd = [sys.executable, "block.py"]
