@@ -144,3 +144,26 @@ def check_gpus_before_launch(use_gpu: bool, backend: Any, num_proc: int, client:
         without = sorted(worker for worker, count in counts.items() if int(count) == 0)
         if without:
             raise ConfigError(f"use_gpu=True but Dask worker(s) {', '.join(without)} see no CUDA device")
+
+
+def inference_device() -> Any:
+    """The CUDA device a transform task infers on: the Spark task's GPU when Spark assigned one, else the
+    current CUDA device (cuda:0 unless the process pinned another).
+
+    Raises:
+        ConfigError: no CUDA device is visible, naming the host.
+    """
+    import torch
+
+    count = _cuda_count()
+    if count == 0:
+        raise ConfigError(f"use_gpu=True for transform but host {socket.gethostname()} sees no CUDA device "
+                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                          "transform with use_gpu=False")
+    gpus = _spark_task_gpus()
+    if gpus:
+        index = pick_device_index(rank=0, local_rank=0, local_size=1, device_count=count,
+                                  visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), task_gpu_addresses=gpus)
+    else:
+        index = torch.cuda.current_device()
+    return torch.device("cuda", index)

@@ -163,15 +163,21 @@ class TorchCodec(ModelCodec):
     def deserialize(self, files: dict[str, bytes]) -> Any:
         return _with_weights(thaw(files["model.pkl"]), files["weights.pt"])
 
-    def predict(self, model: Any, inputs: Sequence[np.ndarray], input_shapes: Any, batch_size: int) -> list[np.ndarray]:
+    def predict(self, model: Any, inputs: Sequence[np.ndarray], input_shapes: Any, batch_size: int,
+                device: Any = None) -> list[np.ndarray]:
+        """Run ``model`` on ``inputs`` ``batch_size`` rows at a time, on ``device`` (a ``torch.device``; the
+        model is moved there, each batch copied there, outputs returned on the CPU) or where the model is."""
         import torch
 
         n = len(inputs[0]) if inputs else 0
+        if device is not None:
+            model.to(device)
         model.eval()
         chunks: list[list[np.ndarray]] = []
         with torch.inference_mode():
             for start in range(0, n, batch_size):
-                outs = model(*to_inputs(model, [a[start:start + batch_size] for a in inputs], input_shapes))
+                outs = model(*to_inputs(model, [a[start:start + batch_size] for a in inputs], input_shapes,
+                                        device=device))
                 outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
                 chunks.append([o.detach().cpu().double().numpy() for o in outs])
         if not chunks:

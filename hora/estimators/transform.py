@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from hora.errors import DataError
+from hora.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +61,15 @@ def predict_frame(
     output_cols: Sequence[str],
     output_shapes: Sequence[Sequence[int]],
     batch_size: int = DEFAULT_PREDICT_BATCH,
+    use_gpu: bool = False,
 ) -> Any:
-    """``pdf`` with one prediction column per model output appended (its rows and index as they are).
+    """``pdf`` with one prediction column per model output appended (its rows and index as they are);
+    with ``use_gpu``, the model runs on this process's GPU (see :func:`_predict`).
 
     Raises:
         DataError: a feature column is missing, holds strings, or the model returns another
             number of outputs.
+        ConfigError: ``use_gpu`` but no CUDA device is visible, or the model's framework has no GPU path.
     """
     from hora.estimators.data import Features, series_to_numpy
 
@@ -83,12 +86,28 @@ def predict_frame(
     for c, arr in arrays.items():
         if arr.dtype.kind in "USO":
             raise DataError(f"feature column {c!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays")
-    preds = codec.predict(model, features.inputs(arrays), input_shapes, batch_size)
+    preds = _predict_on(codec, model, features.inputs(arrays), input_shapes, batch_size, use_gpu)
     _check_outputs(preds, output_cols)
     for name, shape, pred in zip(output_cols, output_shapes, preds):
         pred = np.asarray(pred, dtype=np.float64)
         out[name] = pred.reshape(len(pdf)) if is_scalar_shape(shape) else list(pred.reshape(len(pdf), -1))
     return out
+
+
+def _predict_on(codec: Any, model: Any, inputs: Any, input_shapes: Any, batch_size: int, use_gpu: bool) -> Any:
+    """``codec.predict``, on the task's GPU when ``use_gpu`` (model moved there, outputs back on the CPU).
+
+    Raises:
+        ConfigError: ``use_gpu`` but no CUDA device is visible, or ``codec`` (not PyTorch) has no GPU path.
+    """
+    if not use_gpu:
+        return codec.predict(model, inputs, input_shapes, batch_size)
+    from hora.estimators.devices import inference_device
+    from hora.estimators.torch import TorchCodec
+
+    if not isinstance(codec, TorchCodec):
+        raise ConfigError(f"use_gpu=True for transform is supported for PyTorch models, not {type(codec).__name__}")
+    return codec.predict(model, inputs, input_shapes, batch_size, device=inference_device())
 
 
 def check_transform_columns(have: Sequence[Any], features: Sequence[str], output_cols: Sequence[str],
@@ -202,8 +221,10 @@ def spark_transform(
     output_cols: Sequence[str],
     output_shapes: Sequence[Sequence[int]],
     batch_size: int = DEFAULT_PREDICT_BATCH,
+    use_gpu: bool = False,
 ) -> Any:
-    """``df`` with prediction columns, computed on the executors over Arrow batches (``mapInArrow``).
+    """``df`` with prediction columns, computed on the executors over Arrow batches (``mapInArrow``);
+    with ``use_gpu``, on each task's GPU (its Spark GPU address, else cuda:0).
 
     Feature columns are read from the Arrow batches straight into numpy (no pandas
     conversion; feature groups stacked); every other column, vectors included, passes
@@ -257,7 +278,7 @@ def spark_transform(
             columns = [batch.column(name) for name in keep]
             if n:
                 arrays = {c: arrow_to_numpy(batch.column(src), c) for c, src in sources.items()}
-                preds = codec.predict(model, features.inputs(arrays), input_shapes, batch_size)
+                preds = _predict_on(codec, model, features.inputs(arrays), input_shapes, batch_size, use_gpu)
                 _check_outputs(preds, output_cols)
             else:
                 preds = [np.zeros((0,) + tuple(shape)) for shape in output_shapes]
@@ -320,9 +341,10 @@ def dask_transform(
     output_cols: Sequence[str],
     output_shapes: Sequence[Sequence[int]],
     batch_size: int = DEFAULT_PREDICT_BATCH,
+    use_gpu: bool = False,
 ) -> Any:
     """``ddf`` with prediction columns, computed per partition with ``map_partitions``
-    (each partition keeps its rows, their order and its index).
+    (each partition keeps its rows, their order and its index); with ``use_gpu``, on the worker's GPU.
 
     Raises:
         DataError: a feature column is missing or an output column already exists.
@@ -344,7 +366,8 @@ def dask_transform(
 
     def _predict(pdf: Any) -> Any:
         model = _load_cached(key, lambda: codec.deserialize(model_files))
-        return predict_frame(codec, model, pdf, feature_cols, input_shapes, output_cols, output_shapes, batch_size)
+        return predict_frame(codec, model, pdf, feature_cols, input_shapes, output_cols, output_shapes, batch_size,
+                             use_gpu=use_gpu)
 
     return ddf.map_partitions(_predict, meta=meta)
 
