@@ -48,6 +48,10 @@ logger = logging.getLogger(__name__)
 REPORT_EVERY_ENV = "HORA_REPORT_EVERY"
 
 
+#: Finished epochs repeated in each progress report (the driver polls only the latest report).
+EPOCHS_DONE_KEPT = 8
+
+
 def _report(**metrics: Any) -> None:
     """Send metrics to the driver's progress bar (a no-op outside a hora runner)."""
     try:
@@ -226,6 +230,7 @@ class WorkerRun:
         self.cache: dict[str, CachedReader] | None = {} if self.config.inmemory_cache_all else None
         self.total = steps_per_epoch(spec, "train", self.rank, self.size) if spec.dataset is not None else None
         self.last_epoch: dict[str, float] = {}  # repeated in the next epoch's reports (the driver keeps the latest)
+        self.epochs_done: list[dict[str, float]] = []  # the last epochs' shown metrics, in every report
         self.start_epoch = 0
         #: wall-clock times of this rank's phases (``time.time()``), in rank 0's result as ``phases``;
         #: each epoch's entry has a ``profile``: steps, seconds waiting for batches and in
@@ -296,6 +301,7 @@ class WorkerRun:
 
     def epoch_begin(self, epoch: int) -> None:
         self.session.epoch = self.ctx.epoch = epoch
+        self.epoch_t0 = time.monotonic()
         for cb in self.callbacks:
             cb.on_epoch_begin(self.ctx, epoch)
         self.session.on_epoch_begin(epoch)
@@ -308,8 +314,20 @@ class WorkerRun:
                 cb.on_batch_end(self.ctx, step, logs)
         if self.rank == 0 and self.config.verbose and step % self.report_every == 0:
             _report(epoch=epoch + 1, epochs=self.config.epochs, step=step + 1, total=self.total,
-                    last_epoch=self.last_epoch, **self._resumed_metric(),
+                    last_epoch=self.last_epoch, epochs_done=self.epochs_done, **self._resumed_metric(),
+                    **self._rate_metrics(step + 1),
                     **({"loss": round(loss, 6)} if loss is not None else {}))
+
+    def _rate_metrics(self, steps: int, seconds: float | None = None) -> dict[str, float]:
+        """``elapsed_s`` (this epoch's seconds on this rank) and ``rows`` (all ranks' rows trained
+        so far, from rank 0's steps): the driver's bar computes its rate from them."""
+        if seconds is None:
+            seconds = time.monotonic() - getattr(self, "epoch_t0", time.monotonic())
+        out = {"elapsed_s": round(seconds, 3)}
+        rows = getattr(self.spec.dataset, "train_rows", None)
+        if self.total and isinstance(rows, int):
+            out["rows"] = int(round(rows * min(steps, self.total) / self.total))
+        return out
 
     def _resumed_metric(self) -> dict[str, int]:
         return {} if self.resumed_at is None else {"resumed_at": self.resumed_at + 1}
@@ -333,10 +351,16 @@ class WorkerRun:
                 self.tb.log(epoch, logs)
             if self.config.verbose:
                 shown = {k: round(v, 6) for k, v in logs.items() if k != "epoch_time_s"}
+                rate = self._rate_metrics(self.total or 0, logs.get("epoch_time_s"))
+                # final=True: these are the epoch's logged metrics, the last values its bar shows
+                self.last_epoch = {**shown, **rate}
+                # the driver sees only the latest report: the last epochs ride along so that none is lost
+                self.epochs_done = [*self.epochs_done, {"epoch": epoch + 1, **self.last_epoch}][-EPOCHS_DONE_KEPT:]
                 _report(epoch=epoch + 1, epochs=self.config.epochs, step=self.total, total=self.total,
-                        **self._resumed_metric(), **shown)
-                self.last_epoch = shown
-                logger.info("epoch %d/%d: %s", epoch + 1, self.config.epochs, shown)
+                        epochs_done=self.epochs_done, **self._resumed_metric(), **shown, **rate, final=True)
+                # the driver shows the epoch; the rank's own line is verbose=2 detail
+                logger.log(logging.INFO if self.config.verbose >= 2 else logging.DEBUG,
+                           "epoch %d/%d: %s", epoch + 1, self.config.epochs, shown)
         return self.ctx.stop_training
 
     def train_end(self) -> None:

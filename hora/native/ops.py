@@ -174,7 +174,7 @@ def init(process_sets: Sequence[ProcessSet | Sequence[int]] | str | None = None,
         if not _atexit_registered:
             atexit.register(shutdown)  # drain and stop the engine even if the script forgets
             _atexit_registered = True
-        log.info("hora initialized: rank %d of %d on %s (fusion %d B, cycle %.2f ms, cache %d)",
+        log.debug("hora initialized: rank %d of %d on %s (fusion %d B, cycle %.2f ms, cache %d)",
                  backend.rank, backend.size, backend.name, config.fusion_threshold, config.cycle_time * 1e3,
                  config.cache_capacity)
     for ps in process_sets or ():

@@ -89,7 +89,7 @@ class DriverService:
         self.addr = f"{advertise}:{port}"
         local = "127.0.0.1" if bind in ("0.0.0.0", "", "127.0.0.1", "localhost") else bind
         self._client = KVClient(f"{local}:{port}", secret, timeout=10.0)
-        self.progress = Progress(run_id, enabled=verbose >= 1, label=label)
+        self.progress = Progress(run_id, enabled=verbose >= 1, label=label, stream=self._stderr)
         self._lines: dict[int, list[str]] = {r: [] for r in range(num_proc)}
         self._dropped: dict[int, int] = {r: 0 for r in range(num_proc)}
         self._log_seq: dict[int, int] = {r: 0 for r in range(num_proc)}

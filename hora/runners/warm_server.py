@@ -328,8 +328,15 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
         sys.argv = [request["module"], *request["args"]]
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-        code = 0
+        if request["module"] == "hora.runners.worker":
+            # preloaded above: runpy would execute a second copy of it (and warn that it is
+            # already in sys.modules); run the imported module's entry point instead
+            from hora.runners.worker import main as worker_main
+
+            code = _exit_code(worker_main(request["args"]))
+        else:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            code = 0
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except BaseException:

@@ -131,7 +131,9 @@ def _set_parent_death_signal() -> None:
 
 
 def _configure_logging(verbose: int) -> None:
-    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    # verbose=1: the driver's console tells the run; ranks say only warnings and errors.
+    # verbose=2: the ranks' INFO detail; verbose>=3: DEBUG
+    level = logging.WARNING if verbose <= 1 else logging.INFO if verbose == 2 else logging.DEBUG
     root = logging.getLogger()
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)

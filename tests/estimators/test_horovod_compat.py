@@ -156,7 +156,7 @@ def test_cached_reader_serves_the_same_rows_from_memory(tmp_path):
 def test_progress_has_one_bar_per_epoch_with_a_total(capsys):
     from hora.runners.progress import Progress
 
-    progress = Progress("run-x")
+    progress = Progress("run-x", interactive=True)
     for epoch in (1, 2):
         for step in (1, 3):
             progress.update(0, {"epoch": epoch, "epochs": 2, "step": step, "total": 4, "loss": 0.5})
@@ -172,7 +172,7 @@ def test_progress_has_one_bar_per_epoch_with_a_total(capsys):
     assert closing.n == 4 and "val_loss=0.0625" in str(closing) and progress._bar is not closing
     progress.close()
     err = capsys.readouterr().err
-    assert "run-x epoch 1/2: 100%" in err and "run-x epoch 2/2: 100%" in err
+    assert "epoch 1/2: 100%" in err and "epoch 2/2: 100%" in err and "run-x" not in err  # the id is in the header
 
 
 @pytest.mark.spark

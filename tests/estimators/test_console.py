@@ -1,0 +1,123 @@
+"""The console of a fit at verbose=1 (issue 25): one header line, one line (off a terminal)
+or one bar (on a terminal) per epoch whose last loss is the history's, one summary line;
+no per-rank INFO lines and no RuntimeWarning from hora."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+
+from tests.estimators.conftest import mlp, regression_data
+
+EPOCH_LINE = re.compile(r"^epoch (\d)/3: loss=(\S+) val_loss=(\S+) .*\| [\d.]+ s, \d+ rows/s$")
+
+
+def _estimator(cls, store):
+    net = mlp()
+    return cls(num_proc=2, store=store, model=net, optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+               loss=torch.nn.MSELoss(), feature_cols=["features"], label_cols=["y"], batch_size=32, epochs=3,
+               validation=0.25, random_seed=1, verbose=1)
+
+
+def _check_plain_console(err: str, history: list[dict]) -> None:
+    assert "RuntimeWarning" not in err, err
+    assert "<stderr>:INFO" not in err and "hora initialized" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith(("hora: ", "epoch "))]
+    assert len([ln for ln in lines if ln.startswith("hora: run ") and " on 2 ranks " in ln]) == 1, err
+    epochs = [EPOCH_LINE.match(ln) for ln in lines if ln.startswith("epoch ")]
+    assert all(epochs) and [int(m.group(1)) for m in epochs] == [1, 2, 3], err
+    for m, h in zip(epochs, history):  # the line's values are the epoch's logged values
+        assert m.group(2) == f"{round(h['loss'], 6):.4g}" and m.group(3) == f"{round(h['val_loss'], 6):.4g}"
+    summary = [ln for ln in lines if " done: 3 epochs" in ln]
+    assert len(summary) == 1 and "best val_loss=" in summary[0] and "checkpoints: " in summary[0], err
+    assert "TensorBoard logs: " in summary[0]
+    assert "\r" not in err.split("hora: run ", 1)[1].split(" done: ", 1)[0]  # no bar off a terminal
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(420)
+def test_spark_fit_console_off_a_terminal(spark, store, capfd):
+    from hora.spark import TorchEstimator
+
+    x, y = regression_data(n=300)
+    df = spark.createDataFrame(pd.DataFrame({"features": [list(map(float, r)) for r in x], "y": y}))
+    capfd.readouterr()
+    model = _estimator(TorchEstimator, store).fit(df)
+    _check_plain_console(capfd.readouterr().err, model.history_)
+
+
+@pytest.mark.timeout(420)
+def test_dask_fit_console_off_a_terminal(dask_client, store, capfd):
+    import dask
+    import dask.dataframe as dd
+
+    from hora.dask import TorchEstimator
+
+    x, y = regression_data(n=300)
+    with dask.config.set({"dataframe.convert-string": False}):
+        ddf = dd.from_pandas(pd.DataFrame({"features": list(x), "y": y}), npartitions=4)
+    capfd.readouterr()
+    model = _estimator(TorchEstimator, store).fit(ddf)
+    _check_plain_console(capfd.readouterr().err, model.history_)
+
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import pandas as pd, torch
+    from tests.estimators.conftest import mlp, regression_data
+    from hora.store import Store
+    from hora.dask import TorchEstimator
+
+    x, y = regression_data(n=300)
+    net = mlp()
+    est = TorchEstimator(num_proc=2, store=Store.create(sys.argv[1]), model=net,
+                         optimizer=torch.optim.Adam(net.parameters(), lr=0.01), loss=torch.nn.MSELoss(),
+                         feature_cols=["features"], label_cols=["y"], batch_size=32, epochs=3, validation=0.25,
+                         random_seed=1, verbose=1)
+    model = est.fit(pd.DataFrame({"features": list(x), "y": y}))
+    print("HISTORY=" + json.dumps(model.history_), flush=True)
+""")
+
+
+@pytest.mark.timeout(420)
+def test_fit_console_on_a_terminal_draws_one_bar_per_epoch_ending_with_the_logged_loss(tmp_path):
+    import pty
+
+    script = tmp_path / "fit.py"
+    script.write_text(SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "COLUMNS": "120"}
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "store")], cwd=root, env=env,
+                            stdin=terminal, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            data = os.read(controller, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=60) == 0, b"".join(chunks).decode(errors="replace")
+    os.close(controller)
+    out = b"".join(chunks).decode(errors="replace")
+    import json
+
+    history = json.loads(out.split("HISTORY=", 1)[1].splitlines()[0])
+    assert "RuntimeWarning" not in out and "<stderr>:INFO" not in out, out
+    assert out.count("hora: run ") == 2 and " done: 3 epochs" in out, out  # header and summary
+    for h in history:  # each epoch's bar closes at 100% with the epoch's logged loss
+        e = h["epoch"] + 1
+        frames = [f for f in re.split(r"[\r\n]", out) if f.startswith(f"epoch {e}/3:")]
+        assert frames, out
+        assert "100%" in frames[-1] and f"loss={round(h['loss'], 6):.4g}," in frames[-1], frames[-1]
+        assert "steps/s" in frames[-1] and "rows/s" in frames[-1]
