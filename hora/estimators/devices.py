@@ -118,11 +118,13 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def check_gpus_before_launch(use_gpu: bool, backend: Any, num_proc: int, client: Any = None) -> None:
+def check_gpus_before_launch(use_gpu: bool, backend: Any, num_proc: int, client: Any = None,
+                             timeout: float = 60.0) -> None:
     """Driver-side check that ``use_gpu=True`` can be honoured, before any rank starts.
 
     Local launcher: the driver's own GPUs (the ranks run on this host) must number at least ``num_proc``.
-    Dask: every worker is asked for its ``torch.cuda.device_count()``; one without a GPU is named.
+    Dask: every worker is asked for its ``torch.cuda.device_count()`` (``timeout`` seconds each); one without a
+    GPU, or that does not answer, is named.
 
     Raises:
         ConfigError: no GPU visible, naming the host or the Dask worker; more local ranks than GPUs.
@@ -140,7 +142,15 @@ def check_gpus_before_launch(use_gpu: bool, backend: Any, num_proc: int, client:
                               f"device(s): ranks {count}..{num_proc - 1} would have no GPU of their own; "
                               f"lower num_proc or set {SHARING_ENV}=1")
     elif name == "dask" and client is not None:
-        counts = client.run(_cuda_count)
+        workers = list(client.scheduler_info()["workers"])
+        futures = {w: client.submit(_cuda_count, workers=[w], allow_other_workers=False, pure=False) for w in workers}
+        counts = {}
+        for worker, future in futures.items():
+            try:
+                counts[worker] = future.result(timeout=timeout)
+            except Exception as exc:  # a worker that cannot answer is named, not waited on forever
+                raise ConfigError(f"use_gpu=True: Dask worker {worker} did not report its CUDA devices within "
+                                  f"{timeout:.0f}s ({type(exc).__name__}: {exc})") from exc
         without = sorted(worker for worker, count in counts.items() if int(count) == 0)
         if without:
             raise ConfigError(f"use_gpu=True but Dask worker(s) {', '.join(without)} see no CUDA device")
