@@ -198,14 +198,16 @@ class Progress:
             stream.flush()
 
     def close(self) -> None:
-        """Close the bar (idempotent). Off a terminal, a run whose reports name no epoch (a
-        user's own :func:`hora.runners.report`) ends with one line of its latest metrics."""
+        """Close the bar (idempotent). Off a terminal, a run whose last report ended no epoch
+        (a user's own :func:`hora.runners.report`) ends with one line of its latest metrics."""
         self._close_bar()
         last = self.latest.get(self._rank) if self._rank is not None else None
-        if self.enabled and not self.interactive and last and last.get("epoch") is None:
+        if self.enabled and not self.interactive and last and last.get("epoch") not in self._done:
             self.latest.pop(self._rank, None)
             step, total = last.get("step"), last.get("total", last.get("steps"))
             where = f"step {step}" + (f"/{total}" if total is not None else "") if step is not None else "metrics"
+            if last.get("epoch") is not None:
+                where = f"{self._describe(last, last['epoch'])} {where}"
             said = " ".join(f"{k}={v}" for k, v in _postfix(last).items())
             rate = _rate(last)
             self._write_line(f"{where}: {said}" + (f" | {', '.join(rate)}" if rate else ""))

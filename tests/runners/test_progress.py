@@ -67,3 +67,12 @@ def test_epochs_whose_reports_were_all_overtaken_come_from_epochs_done():
                         "rows": 10, "final": True, "epochs_done": done})
     progress.close()
     assert out.getvalue().splitlines() == [f"epoch {e}/3: loss={1.0 / e:.4g} | 1.0 s, 10 rows/s" for e in (1, 2, 3)]
+
+
+def test_an_unfinished_epoch_ends_with_one_line_of_its_latest_metrics_off_a_terminal():
+    out = io.StringIO()
+    progress = Progress("run-x", stream=out, interactive=False)
+    for step in (1, 2, 3):
+        progress.update(0, {"epoch": 0, "step": step, "total": 3, "loss": 1.0 / step})
+    progress.close()
+    assert out.getvalue() == "epoch 0 step 3/3: loss=0.3333\n"
