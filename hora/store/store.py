@@ -317,22 +317,16 @@ class Store:
         if self.protocol in _ATOMIC_PUT:
             self._call("write", full, self.fs.pipe_file, full, bytes(data))
             return
-        tmp = join(parent, f".{posixpath.basename(full)}.tmp-{uuid.uuid4().hex[:12]}")
         if self.protocol == "file":
-            def _local() -> None:
-                os.makedirs(parent, exist_ok=True)
+            def _fill(tmp: str) -> None:
                 with open(tmp, "wb") as fh:
                     fh.write(data)
                     fh.flush()
                     os.fsync(fh.fileno())
-                os.replace(tmp, full)
 
-            try:
-                self._call("write", full, _local)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            self._local_replace("write", full, _fill)
             return
+        tmp = join(parent, f".{posixpath.basename(full)}.tmp-{uuid.uuid4().hex[:12]}")
 
         def _generic() -> None:
             self.fs.makedirs(parent, exist_ok=True)
@@ -430,20 +424,26 @@ class Store:
         if self.protocol == "file":
             import shutil
 
-            tmp = f"{full}.tmp-{uuid.uuid4().hex[:12]}"
-
-            def _local() -> None:
-                os.makedirs(posixpath.dirname(full), exist_ok=True)
-                shutil.copyfile(local_path, tmp)
-                os.replace(tmp, full)
-
-            try:
-                self._call("upload", full, _local)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            self._local_replace("upload", full, lambda tmp: shutil.copyfile(local_path, tmp))
             return
         self._call("upload", full, self.fs.put_file, local_path, full)
+
+    def _local_replace(self, what: str, full: str, fill: Any) -> None:
+        """Write a local file atomically: ``fill(tmp)`` writes a temporary sibling, which is then
+        renamed over ``full`` (readers see the old content or the new, never a part)."""
+        parent = posixpath.dirname(full)
+        tmp = join(parent, f".{posixpath.basename(full)}.tmp-{uuid.uuid4().hex[:12]}")
+
+        def _local() -> None:
+            os.makedirs(parent, exist_ok=True)
+            fill(tmp)
+            os.replace(tmp, full)
+
+        try:
+            self._call(what, full, _local)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     def size(self, path: str) -> int:
         """Size of a file in bytes."""
