@@ -14,6 +14,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from hora import settings
 from hora.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def rank_device(rank: int, local_rank: int, local_size: int) -> Any:
     index = pick_device_index(rank=rank, local_rank=local_rank, local_size=local_size, device_count=count,
                               visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                               task_gpu_addresses=_spark_task_gpus(),
-                              allow_sharing=os.environ.get(SHARING_ENV, "") in ("1", "true", "yes"))
+                              allow_sharing=bool(settings.get(SHARING_ENV)))
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device
@@ -137,7 +138,7 @@ def check_gpus_before_launch(use_gpu: bool, backend: Any, num_proc: int, client:
         host = socket.gethostname()
         if count == 0:
             raise ConfigError(f"use_gpu=True but host {host} (the local launcher's) sees no CUDA device")
-        if num_proc > count and os.environ.get(SHARING_ENV, "") not in ("1", "true", "yes"):
+        if num_proc > count and not settings.get(SHARING_ENV):
             raise ConfigError(f"use_gpu=True with num_proc={num_proc} on host {host}, which has {count} CUDA "
                               f"device(s): ranks {count}..{num_proc - 1} would have no GPU of their own; "
                               f"lower num_proc or set {SHARING_ENV}=1")

@@ -251,7 +251,7 @@ class DaskLauncher(Launcher):
 # a worker whose `import hora` finds a folder named hora (e.g. a store path) instead of the package
 # fails every task at unpickling ("cannot import name ... from 'hora' (unknown location)"): this
 # probe is defined from source so cloudpickle ships it by value and the worker needs no hora to run it
-_HORA_PROBE_SOURCE = """
+_IMPORT_PROBE_SOURCE = """
 def probe():
     import importlib.util, os, sys
     try:
@@ -278,7 +278,7 @@ def check_workers_import_hora(client: Any, timeout: float = 60.0) -> None:
     from distributed import wait
 
     namespace: dict[str, Any] = {"__name__": "hora_dask_worker_probe"}
-    exec(_HORA_PROBE_SOURCE, namespace)  # noqa: S102 - our own constant source
+    exec(_IMPORT_PROBE_SOURCE, namespace)  # noqa: S102 - our own constant source
     workers = list(client.scheduler_info(n_workers=-1).get("workers", {})) if _takes_n_workers(client) else \
         list(client.scheduler_info().get("workers", {}))
     futures = {addr: client.submit(namespace["probe"], workers=[addr], allow_other_workers=False, pure=False,

@@ -169,7 +169,7 @@ _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 # prints where `hora` resolves; a namespace package (a folder named hora without __init__.py
 # ahead of the installed package) has no __file__
-_HORA_PROBE = (
+_IMPORT_PROBE = (
     "import sys, importlib.util\n"
     "if sys.argv[2]: sys.path = [sys.argv[2]] + [p for p in sys.path if p != '']  # as for python script.py\n"
     "import hora, json\n"
@@ -245,7 +245,7 @@ def check_command_python(command: Sequence[str], env: dict[str, str] | None = No
         script_dir = os.path.dirname(os.path.abspath(os.path.join(cwd or os.getcwd(), command[1])))
     same = os.path.realpath(python) == os.path.realpath(sys.executable)
     frameworks = [] if same else [m for m in FRAMEWORKS if importlib.util.find_spec(m) is not None]
-    argv = [python, "-c", _HORA_PROBE, ",".join(frameworks), script_dir]
+    argv = [python, "-c", _IMPORT_PROBE, ",".join(frameworks), script_dir]
     try:
         proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
