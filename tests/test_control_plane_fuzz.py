@@ -271,9 +271,12 @@ def test_the_warm_server_survives_garbage_from_its_owner(open_warm_server, data)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(15)
         conn.connect(open_warm_server)
-        conn.sendall(data)
-        conn.shutdown(socket.SHUT_WR)
-        while conn.recv(4096):
+        try:  # the server may drop garbage before reading all of it
+            conn.sendall(data)
+            conn.shutdown(socket.SHUT_WR)
+            while conn.recv(4096):
+                pass
+        except (BrokenPipeError, ConnectionResetError):
             pass
     assert json.loads(_ask(open_warm_server, {"op": "hello"})) == {"error": "unknown op 'hello'"}
 
@@ -338,13 +341,16 @@ def test_header_layout_is_what_the_fuzz_assumes():
 def test_the_warm_server_survives_well_framed_requests_of_any_shape(open_warm_server, request):
     """A framed JSON value of the wrong shape (a list, a spawn whose args are a number...) is
     answered or dropped; the server never forks for it and keeps serving."""
+    answer = b""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(15)
         conn.connect(open_warm_server)
-        warm._send(conn, request)
-        conn.shutdown(socket.SHUT_WR)
-        answer = b""
-        while chunk := conn.recv(4096):
-            answer += chunk
+        try:  # the server may drop a request it refuses before reading all of it
+            warm._send(conn, request)
+            conn.shutdown(socket.SHUT_WR)
+            while chunk := conn.recv(4096):
+                answer += chunk
+        except (BrokenPipeError, ConnectionResetError):
+            pass
     assert b'"pid"' not in answer
     assert json.loads(_ask(open_warm_server, {"op": "hello"})) == {"error": "unknown op 'hello'"}
