@@ -7,7 +7,7 @@ its own policy above them:
 
 - :func:`classify` tells a *transient* failure (HTTP 429/500/502/503/504, SlowDown and
   throttling codes, connection reset/refused/aborted, timeouts, ``EBUSY``/``EAGAIN``)
-  from a *permanent* one (403/permission, a missing file, no space left, a bad URL, a
+  from a *permanent* one (403/permission, a missing file, no space left, a bad URL or a host name that does not resolve, a
   programming error). Permanent failures are raised at once.
 - :func:`call` runs an operation and retries transient failures with exponential
   backoff and full jitter (``sleep = uniform(0, min(cap, base * 2**attempt))``, as S3
@@ -29,6 +29,7 @@ import errno
 import logging
 import random
 import re
+import socket
 import threading
 import time
 from typing import Any, Callable, Iterator, TypeVar
@@ -52,6 +53,8 @@ _TRANSIENT_ERRNOS = {
 }
 _PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EROFS,
                      errno.EISDIR, errno.ENOTDIR, errno.EINVAL, errno.ENAMETOOLONG}
+# name resolution answers that mean the host does not exist (EAI_AGAIN, a resolver's hiccup, is retried)
+_PERMANENT_DNS = {getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA", "EAI_SERVICE") if hasattr(socket, n)}
 # HTTP statuses and service codes that say "try again" (AWS, GCS, Azure spell them so)
 _TRANSIENT_CODES = {
     "429", "500", "502", "503", "504", "slowdown", "throttling", "throttlingexception", "requestlimitexceeded",
@@ -160,6 +163,8 @@ def classify(exc: BaseException) -> str:
                 return PERMANENT
         if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
             return PERMANENT
+        if isinstance(e, socket.gaierror):  # a host name that does not exist is a bad URL; a DNS hiccup is not
+            return PERMANENT if e.errno in _PERMANENT_DNS else TRANSIENT
         if isinstance(e, OSError) and e.errno is not None:
             if e.errno in _TRANSIENT_ERRNOS:
                 return TRANSIENT

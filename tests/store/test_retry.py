@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import io
 import random
+import socket
 import time
 import uuid
 
@@ -50,6 +51,8 @@ class ServerDisconnectedError(Exception):
     (_ClientError("AccessDenied", 403), retry.PERMANENT),
     (_ClientError("NoSuchBucket", 404), retry.PERMANENT),
     (ValueError("bad URL"), retry.PERMANENT),
+    (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), retry.PERMANENT),
+    (socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"), retry.TRANSIENT),
     (TypeError("a bug"), retry.PERMANENT),
 ])
 def test_classify(exc, kind):
