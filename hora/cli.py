@@ -499,7 +499,57 @@ def check_report() -> list[tuple[str, str, bool, str]]:
         v = _version(dist)
         ok = v is not None and _importable(module)
         add("stores", f"{scheme}://", ok, f"{dist} {v}" if v else f"needs {dist}")
+
+    # network
+    for address in ("::ffff:127.0.0.1", _own_address()):
+        if address:
+            add("network", f"reverse lookup {address}", *reverse_lookup_check(address))
     return rows
+
+
+def _own_address() -> str | None:
+    """This host's address as a peer sees it (IPv4-mapped), or None if the name does not resolve."""
+    import socket
+
+    try:
+        ip = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return None if ip.startswith("127.") else f"::ffff:{ip}"
+
+
+def reverse_lookup_check(address: str, *, resolve=None, limit: float = 1.0) -> tuple[bool, str]:
+    """Whether a reverse lookup of ``address`` answers within ``limit`` seconds.
+
+    torch's TCPStore (which every Gloo and NCCL init of hora sets up) reverse-resolves each
+    peer's address, IPv4-mapped; a resolver that drops the query costs every init its
+    retry timeout (5 s with glibc's defaults). ``resolve`` (address -> name) is for tests.
+    """
+    import socket
+    import time
+
+    if resolve is None:
+        def resolve(addr: str) -> str:
+            return socket.getnameinfo((addr, 0, 0, 0), 0)[0]
+
+    answer: list[str] = []
+    start = time.monotonic()
+    probe = threading.Thread(target=lambda: answer.append(_quietly(resolve, address)), daemon=True)
+    probe.start()
+    probe.join(limit)
+    took = time.monotonic() - start
+    if probe.is_alive():
+        return False, (f"no answer within {limit:g} s: each init of a job on this host may wait for the "
+                       f"resolver (torch's TCPStore reverse-resolves its peers); add '{address} <name>' "
+                       f"to /etc/hosts or fix the resolver")
+    return True, f"-> {answer[0]} in {took * 1e3:.0f} ms"
+
+
+def _quietly(resolve, address: str) -> str:
+    try:
+        return resolve(address)
+    except OSError as exc:
+        return f"(unknown: {exc.strerror or exc})"
 
 
 def check_command() -> int:

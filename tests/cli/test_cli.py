@@ -198,6 +198,7 @@ def test_python_dash_m_hora_check_lists_what_is_usable():
 
     assert f"[{'x' if availability()[0] else ' '}] shm" in res.stdout
     assert "pyspark" in res.stdout and "dask/distributed" in res.stdout
+    assert "network:" in res.stdout and "reverse lookup ::ffff:127.0.0.1" in res.stdout
     import importlib.metadata
 
     try:
@@ -206,6 +207,27 @@ def test_python_dash_m_hora_check_lists_what_is_usable():
         ray_v = None
     assert (f"[x] ray                ray {ray_v}" if ray_v else "[ ] ray                not installed") in res.stdout
     assert "[x] file://" in res.stdout
+
+
+@pytest.mark.timeout(30)
+def test_check_names_a_reverse_lookup_the_resolver_does_not_answer_in_time():
+    from hora.cli import reverse_lookup_check
+
+    def stalled(address: str) -> str:  # a resolver that lost the query and waits to retry
+        time.sleep(3)
+        return "late"
+
+    ok, detail = reverse_lookup_check("::ffff:10.1.2.3", resolve=stalled, limit=0.2)
+    assert not ok
+    assert "::ffff:10.1.2.3" in detail and "/etc/hosts" in detail and "0.2 s" in detail
+    ok, detail = reverse_lookup_check("::ffff:10.1.2.3", resolve=lambda a: "node-3", limit=2)
+    assert ok and detail.startswith("-> node-3 in ")
+
+    def unknown(address: str) -> str:
+        raise OSError(-2, "Name or service not known")
+
+    ok, detail = reverse_lookup_check("::ffff:10.1.2.3", resolve=unknown, limit=2)
+    assert ok and "(unknown: Name or service not known)" in detail  # answered at once: no wait at init
 
 
 @pytest.mark.timeout(60)
