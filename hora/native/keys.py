@@ -108,6 +108,8 @@ FAILED = "runner/failed/"  # runner/failed/<rank> = pickled FailureReport
 FAILSEQ = "runner/failseq"  # the counter that orders failures (reports and observed exits)
 DONE = "runner/done/"  # runner/done/<rank>: fn returned
 EXITED = "runner/exited/"  # runner/exited/<rank>: a task supervisor's rank processes are gone
+TASK_HELLO = "runner/task_hello/"  # runner/task_hello/<stage>/<rank> = a Spark task's host (JSON)
+TASK_DONE = "runner/task_done/"  # runner/task_done/<rank>: a Spark task is done with rank 0's rendezvous server
 RESULT = "runner/result/"  # runner/result/<rank> = chunk count; runner/result/<rank>/<i> = chunk i
 SPEC = "runner/spec"  # the pickled (LaunchSpec, None) for ranks that fetch it (under mpiexec)
 ABORT = "runner/abort"  # set by the driver: every rank stops

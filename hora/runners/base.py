@@ -102,6 +102,11 @@ class Launcher(abc.ABC):
         adv = os.environ.get(ENV_ADVERTISE_ADDR) or "127.0.0.1"
         return ("127.0.0.1" if adv.startswith("127.") else "0.0.0.0", adv)
 
+    def prestart(self, num_proc: int, env: Mapping[str, str]) -> None:
+        """Prepare, without waiting, what the ranks of a coming run will need (the estimators
+        call it while they materialize the data): e.g. start the warm rank servers where the
+        ranks will run. Never raises; the default does nothing."""
+
     @abc.abstractmethod
     def start(self, spec: LaunchSpec, service: DriverService) -> Job:
         """Start ``spec.num_proc`` ranks; return the running :class:`Job`."""

@@ -16,7 +16,9 @@ import ipaddress
 import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -243,6 +245,25 @@ class DaskLauncher(Launcher):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the address facing the scheduler
             s.connect((host, 9))
             return ("0.0.0.0", s.getsockname()[0])
+
+    def prestart(self, num_proc: int, env: Mapping[str, str]) -> None:
+        """Start the warm rank servers of the workers the ranks will run on
+        (:func:`hora.runners.worker.prestart_rank_server`, through ``Client.run`` on a
+        background thread): they import torch while the fit checks and materializes its data."""
+        from hora.runners import warm
+        from hora.runners.worker import prestart_rank_server
+
+        if not warm.enabled({**os.environ, **env}):
+            return
+
+        def run() -> None:
+            try:
+                addrs = [a for a, _ in self.pick_workers(num_proc)]
+                self.client.run(prestart_rank_server, dict(env), workers=addrs)
+            except Exception as exc:  # the ranks then start their servers themselves
+                log.debug("could not start the warm rank servers ahead of the ranks: %s", exc)
+
+        threading.Thread(target=run, name="hora-dask-prestart", daemon=True).start()
 
     def start(self, spec: LaunchSpec, service: DriverService) -> Job:
         return DaskJob(self, spec, service)

@@ -45,12 +45,13 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hora import _spark, settings
-from hora.errors import ConfigError, StoreError, WorkerFailedError
-from hora.native.rendezvous import RendezvousServer, compute_placement
+from hora.errors import ConfigError, HoraError, StoreError, WorkerFailedError
+from hora.native import keys
+from hora.native.rendezvous import ENV_START_TIMEOUT, KVClient, RendezvousServer, compute_placement
 from hora.runners.base import Job, Launcher
 from hora.runners.driver import DriverService
 from hora.runners.faults import with_spark_error
@@ -116,7 +117,10 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, channel: StoreChannel
             message["rendezvous"] = f"{me}:{server.addr.rpartition(':')[2]}"
             if channel is not None:
                 relay = StoreRelay(server, channel, spec.secret)
-        gathered = [json.loads(m) for m in context.allGather(json.dumps(message))]
+        if channel is None:  # the driver's service is reachable: meet there, not at Spark's barrier
+            gathered = _gather_at_driver(spec, context, rank, message)
+        else:
+            gathered = [json.loads(m) for m in context.allGather(json.dumps(message))]
         hosts = [m["host"] for m in gathered]
         rendezvous_addr = gathered[0]["rendezvous"]
         if channel is not None:  # report to rank 0's server; its relay forwards to the Store
@@ -143,7 +147,7 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, channel: StoreChannel
             if channel is not None and not wait_mirrored(rendezvous_addr, spec.secret, rank):
                 log.warning("rank %d: its failure report did not reach the store channel in time", rank)
             raise
-        context.barrier()  # rank 0 keeps the rendezvous up until every rank is done
+        _release_rendezvous(spec, rank, len(hosts), rendezvous_addr, server)
         chunks = [value[i : i + CHUNK_BYTES] for i in range(0, len(value), CHUNK_BYTES)] or [b""]
         yield pa.RecordBatch.from_pydict({
             "rank": pa.array([rank] * len(chunks), pa.int32()),
@@ -155,6 +159,73 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, channel: StoreChannel
             relay.close()
         if server is not None:
             server.stop()
+
+
+def _gather_at_driver(spec: LaunchSpec, context: Any, rank: int, message: dict[str, str]) -> list[dict[str, str]]:
+    """Every task's ``message`` (its host; rank 0's also its rendezvous address), in rank order,
+    exchanged through the driver's service.
+
+    What ``BarrierTaskContext.allGather`` does, without its cost: Spark's barrier calls poll
+    their coordinator once a second, so the first tasks to arrive waited up to a second on
+    every fit. Keys carry the stage's id. A stage that Spark itself retries (pyspark does not
+    expose the stage's attempt number) may read an earlier attempt's messages; hora aborts
+    the run's attempt at the first failure anyway, and the retried tasks then fail to reach
+    the earlier rank 0 within ``HORA_RENDEZVOUS_TIMEOUT`` rather than wait on Spark.
+
+    Raises:
+        RendezvousError: a task's message did not arrive within ``HORA_START_TIMEOUT`` (named).
+    """
+    size = len(context.getTaskInfos())
+    prefix = f"{keys.TASK_HELLO}{context.stageId()}/"
+    client = KVClient(spec.driver_addr, spec.secret, timeout=settings.get(ENV_START_TIMEOUT, {**os.environ, **spec.env_dict}))
+    try:
+        client.set(prefix + str(rank), json.dumps(message).encode())
+        return [json.loads(v) for v in client.wait([prefix + str(r) for r in range(size)])]
+    finally:
+        client.close()
+
+
+def _prestart_task(run_env: dict[str, str], batches: Iterator[Any]) -> Iterator[Any]:
+    """One task of :meth:`SparkLauncher.prestart`: start this executor's warm rank server in the
+    background and return at once (the task slot is free again for the materialization)."""
+    import pyarrow as pa
+
+    from hora.runners.worker import prestart_rank_server
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"started": pa.array([prestart_rank_server(run_env)], pa.bool_())})
+
+
+def _release_rendezvous(spec: LaunchSpec, rank: int, size: int, rendezvous_addr: str,
+                        server: RendezvousServer | None) -> None:
+    """Rank 0's task keeps its rendezvous server up until every other task is done with it.
+
+    The other tasks' supervisors still talk to that server after their rank returns (their
+    exit, their last output lines when it relays to a Store channel). Each sets
+    ``runner/task_done/<rank>`` there and goes on; rank 0 waits for all of them. Spark's own
+    ``BarrierTaskContext.barrier()`` did this before, but its tasks poll the coordinator once
+    a second, so every fit paid up to a second for it.
+    """
+    if rank != 0:
+        client = KVClient(rendezvous_addr, spec.secret, timeout=30.0)
+        try:
+            client.set(keys.rank_key(keys.TASK_DONE, rank), b"1")
+        except HoraError as exc:  # rank 0's task is gone already: nothing waits for this one
+            log.warning("rank %d: could not tell rank 0's task that it is done: %s", rank, exc)
+        finally:
+            client.close()
+        return
+    assert server is not None
+    wanted = [keys.rank_key(keys.TASK_DONE, r) for r in range(1, size)]
+    timeout = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE) + 30
+    try:
+        server.wait(wanted, timeout)
+    except HoraError:
+        done = set(server.keys(keys.TASK_DONE))
+        log.warning("run %s: the Spark task(s) of rank(s) %s did not report done within %.0f s; stopping the "
+                    "rendezvous server anyway", spec.run_id, [r for r, k in enumerate(wanted, 1) if k not in done],
+                    timeout)
 
 
 def _reach_task(addr: str, secret: bytes, batches: Iterator[Any]) -> Iterator[Any]:
@@ -251,7 +322,7 @@ class SparkJob(Job):
             n = self.spec.num_proc
             task = functools.partial(_barrier_task, self.spec, self.launcher.advertise, self.channel)
             task.__name__ = self.description  # type: ignore[attr-defined]  # the UDF's name in the Spark UI
-            with _spark.job_scope(self.spark, self.tag, self.description):
+            with _spark.job_scope(self.spark, self.tag, self.description), _spark.console_progress_paused(self.spark):
                 frame = self.spark.range(0, n, 1, numPartitions=n)
                 stage = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=self.launcher.profile())
                 self._rows = stage.collect()
@@ -469,6 +540,32 @@ class SparkLauncher(Launcher):
         check_executors_reach(self.spark, service.store)
         log.info("%s: the ranks of run %s report through the store %s", why, spec.run_id, service.store.url)
         return StoreChannel(service.store, spec.run_id)
+
+    def prestart(self, num_proc: int, env: Mapping[str, str]) -> None:
+        """Start the executors' warm rank servers (:func:`hora.runners.worker.prestart_rank_server`)
+        from one short job of ``num_proc`` tasks, on a background thread of the driver: the
+        servers import torch while the fit checks and materializes its data, and the training
+        stage's tasks, in whichever Python worker of their executor they run, fork their ranks
+        from them. On a cluster the job's tasks may land on other executors than the training
+        stage's: a server that serves no rank ends after ``HORA_WARM_IDLE_TIMEOUT``."""
+        from hora.runners import warm
+
+        if not warm.enabled({**os.environ, **env}):
+            return
+        task = functools.partial(_prestart_task, dict(env))
+        task.__name__ = "hora: start the ranks' warm servers"  # type: ignore[attr-defined]
+
+        def job() -> None:
+            try:
+                with _spark.job_scope(self.spark, f"hora-prestart-{os.getpid()}-{threading.get_ident()}",
+                                      "hora: start the ranks' warm servers"):
+                    frame = self.spark.range(0, num_proc, 1, numPartitions=num_proc)
+                    started = sum(bool(r["started"]) for r in frame.mapInArrow(task, "started boolean").collect())
+                log.debug("started %d warm rank server(s) ahead of the ranks", started)
+            except Exception as exc:  # the ranks then start their servers themselves
+                log.debug("could not start the warm rank servers ahead of the ranks: %s", exc)
+
+        threading.Thread(target=job, name="hora-spark-prestart", daemon=True).start()
 
     def start(self, spec: LaunchSpec, service: DriverService) -> Job:
         return SparkJob(self, spec, service, self._channel_for(spec, service))

@@ -21,8 +21,12 @@ Reuse key: the interpreter, the cwd, and the environment minus the ``HORA_*`` va
 (none of which hora reads at import, except :data:`KEYED_HORA`), so per-rank and per-run
 variables do not start a new server; the server's own check of its code (the hora sources'
 and ``sys.path`` folders' mtimes) answers ``stale`` after an install or an edit, and the
-client starts a fresh one. One server per owner (the process that asked for it), at most
-:data:`MAX_SERVERS` per owner (the oldest is asked to quit).
+client starts a fresh one. One server per key and owner: the process that asked for it, or,
+in a Spark task, the executor (:func:`owner_pid`), so every Python worker of the executor
+uses it; at most :data:`MAX_SERVERS` started by one process (the oldest is asked to quit).
+Starting is serialized across processes by a lock file beside the socket, so a server that
+:func:`prestart` is starting (a fit does that while it materializes its data) is waited
+for, not started twice.
 
 Lifetime: the server exits when its owner is gone (a pidfd), after ``HORA_WARM_IDLE_TIMEOUT``
 seconds without children, or when asked; a child dies with the server (PR_SET_PDEATHSIG)
@@ -33,6 +37,7 @@ connection closes). ``HORA_WARM_WORKERS=0`` turns all of it off.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -101,6 +106,55 @@ def _runtime_dir() -> str:
 def socket_path(key: str, owner: int) -> str:
     """Where the server of ``key`` owned by process ``owner`` listens."""
     return os.path.join(_runtime_dir(), f"{key}-{owner}.sock")
+
+
+def _cmdline_and_parent(pid: int) -> tuple[list[bytes], int]:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        cmdline = fh.read().split(b"\0")
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        stat = fh.read()
+    return cmdline, int(stat[stat.rindex(b")") + 2:].split()[1])  # the field after the state: ppid
+
+
+def owner_pid() -> int:
+    """The process whose life a server started from here follows: this process, or, in a
+    Python worker of a Spark executor (forked by pyspark's daemon), the executor's JVM.
+
+    Spark runs each task in whichever of its Python workers is free, and may keep more than
+    one daemon per executor (one per worker-factory key), so a server owned by a worker or
+    a daemon would be found only by the tasks that happen to run there; owned by the
+    executor, it serves every task of the executor (and :func:`prestart` can start it from
+    any of them before the training stage).
+    """
+    try:
+        parent, daemon_parent = _cmdline_and_parent(os.getppid())
+        if b"pyspark.daemon" not in parent[:4]:
+            return os.getpid()
+        executor, _ = _cmdline_and_parent(daemon_parent)
+    except (OSError, ValueError, IndexError):
+        return os.getpid()
+    return daemon_parent if executor and os.path.basename(executor[0]) == b"java" else os.getppid()
+
+
+@contextlib.contextmanager
+def _starting(path: str, timeout: float) -> Any:
+    """Hold the start lock of ``path``'s server (a lock file, so across processes: the Python
+    workers of one Spark executor share their servers); False when not had in ``timeout`` s."""
+    fd = os.open(path[: -len(".sock")] + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise WarmUnavailable(f"another process has been starting the warm server {path} for over "
+                                          f"{timeout:g}s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 # ------------------------------------------------------------------------------------------
@@ -216,26 +270,87 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
     cwd = os.path.abspath(cwd or os.getcwd())
     skey = {**env, **(import_env or {})}
     try:
-        key = server_key(python, cwd, skey)
-        path = socket_path(key, os.getpid())
+        path = socket_path(server_key(python, cwd, skey), owner_pid())
         with _lock:
             _reap()
             try:
                 return _request(path, module, args, env, cwd, stdin)
             except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
-                _retire(path)  # stale, ending (its idle time ran out), or never started
+                _retire(path)  # stale, ending (its idle time ran out), never started, or starting
             failed_at = _failed.get(path)
             if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER:
                 return None  # warned when it failed
-            try:
-                _start_server(python, path, cwd, server_environ(skey))
-            except BaseException:
-                _failed[path] = time.monotonic()
-                raise
+            with _starting(path, READY_TIMEOUT):
+                try:  # another process (a prestart) may have started it while this one waited
+                    return _request(path, module, args, env, cwd, stdin)
+                except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
+                    _retire(path)
+                _start_checked(python, path, cwd, server_environ(skey))
             return _request(path, module, args, env, cwd, stdin)
     except (OSError, WarmUnavailable, _Stale, ValueError, KeyError) as exc:
         log.warning("no warm rank process (%s); starting a plain one", exc)
         return None
+
+
+def _start_checked(python: str, path: str, cwd: str, env: dict[str, str]) -> None:
+    """:func:`_start_server`, remembering a failure (not retried for :data:`RETRY_AFTER` s)."""
+    try:
+        _start_server(python, path, cwd, env)
+    except BaseException:
+        _failed[path] = time.monotonic()
+        raise
+
+
+def _serving(path: str) -> bool:
+    """Whether a server listens at ``path`` and its code is current (a stale one then ends)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(ANSWER_TIMEOUT)
+            conn.connect(path)
+            _send(conn, {"op": "ping"})
+            return bool(_answer(conn, ANSWER_TIMEOUT).get("ok"))
+    except (OSError, WarmUnavailable, ValueError):
+        return False
+
+
+def prestart(python: str, env: Mapping[str, str], cwd: str | None = None,
+             import_env: Mapping[str, str] | None = None) -> threading.Thread | None:
+    """Start, in a background thread, the server that :func:`spawn` with the same ``python``,
+    ``env``, ``cwd`` and ``import_env`` will use, and return at once (None: warm ranks are off,
+    or it listens already).
+
+    A fit calls it on the hosts of its ranks while it materializes the data, so its first
+    ranks fork from a server that has imported torch instead of waiting for that import
+    (2-3 s). :func:`spawn` meanwhile waits for the start (the start lock) instead of
+    starting a second server. Failures are logged, never raised: the ranks then start as
+    they would have.
+    """
+    if not enabled({**env, **(import_env or {})}):
+        return None
+    cwd = os.path.abspath(cwd or os.getcwd())
+    skey = {**env, **(import_env or {})}
+    try:
+        path = socket_path(server_key(python, cwd, skey), owner_pid())
+    except (OSError, WarmUnavailable) as exc:
+        log.debug("no warm server prestart: %s", exc)
+        return None
+    if _serving(path):
+        return None
+
+    def start() -> None:
+        try:
+            with _lock:
+                _reap()
+                with _starting(path, READY_TIMEOUT):
+                    if not _serving(path):
+                        _retire(path)
+                        _start_checked(python, path, cwd, server_environ(skey))
+        except (OSError, WarmUnavailable, ValueError, KeyError) as exc:
+            log.warning("could not start a warm rank server ahead of the ranks: %s", exc)
+
+    thread = threading.Thread(target=start, name="hora-warm-prestart", daemon=True)
+    thread.start()
+    return thread
 
 
 class _Stale(Exception):
@@ -250,7 +365,8 @@ def _send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ())
     data = json.dumps(message).encode()
     frame = _LEN.pack(len(data)) + data
     sent = socket.send_fds(conn, [frame], list(fds)) if fds else conn.send(frame)
-    conn.sendall(frame[sent:])
+    if sent < len(frame):  # not an empty sendall: the server may have answered and closed already (EPIPE)
+        conn.sendall(frame[sent:])
 
 
 def _answer(conn: socket.socket, timeout: float) -> dict[str, Any]:
@@ -328,7 +444,7 @@ def _start_server(python: str, path: str, cwd: str, env: dict[str, str]) -> None
     try:
         with open(logfile, "wb") as err:
             proc = subprocess.Popen(
-                [python, "-m", "hora.runners.warm_server", path, str(os.getpid()), str(idle), str(write_fd),
+                [python, "-m", "hora.runners.warm_server", path, str(owner_pid()), str(idle), str(write_fd),
                  "." * TITLE_ROOM],
                 env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 pass_fds=(write_fd,), close_fds=True, start_new_session=True,

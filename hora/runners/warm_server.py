@@ -197,6 +197,11 @@ class Server:
             if op == "quit":
                 self.close()
                 _reply(conn, {"ok": True})
+            elif op == "ping":  # a prestart asks whether this server can serve (stale: it ends, as for a spawn)
+                fresh = _code_stamp() == self.stamp
+                if not fresh:
+                    self.close()
+                _reply(conn, {"ok": True} if fresh else {"error": "stale"})
             elif op == "spawn":
                 keep = self._spawn(conn, request, fds)
             else:
@@ -416,7 +421,10 @@ def main(argv: list[str]) -> int:
         except Exception as exc:
             os.write(ready_fd, f"error {type(exc).__name__}: {exc}\n".encode())
             raise
-        os.write(ready_fd, f"ready {os.getpid()} {','.join(failed)}\n".encode())
+        try:
+            os.write(ready_fd, f"ready {os.getpid()} {','.join(failed)}\n".encode())
+        except OSError:  # the starter is gone (a prestart's Python worker that ended): serve the owner anyway
+            log.info("warm server %s: its starter is gone; serving its owner", path)
         os.close(ready_fd)
         log.info("warm server %s: pid %d, owner %d, idle %gs, modules %d", path, os.getpid(), owner, idle,
                  len(sys.modules))
@@ -428,6 +436,8 @@ def main(argv: list[str]) -> int:
             server._kill_all()
             with contextlib.suppress(OSError):  # a clean end leaves no log behind
                 os.unlink(path[: -len(".sock")] + ".log")
+            with contextlib.suppress(OSError):  # nor its start lock (warm._starting)
+                os.unlink(path[: -len(".sock")] + ".lock")
         log.info("warm server %s: exiting", path)
 
 

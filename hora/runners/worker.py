@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Any
 
 from hora import settings
@@ -318,6 +319,7 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
             while True:
                 time.sleep(3600)
         client.set(keys.rank_key(keys.STARTED, rank), host.encode())
+        PHASES["registered"] = time.time()
         watchdog = _Watchdog(client, rank, int(parent) if parent else None)
         watchdog.start()
         _set_reporter(client, rank)
@@ -390,6 +392,7 @@ USAGE = (f"usage: python -m hora.runners.worker RESULT_PATH | {TO_DRIVER} | {FRO
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m hora.runners.worker RESULT_PATH | --to-driver | --from-driver``."""
     argv = sys.argv[1:] if argv is None else argv
+    PHASES["main"] = time.time()
     _set_parent_death_signal()
     parent = os.environ.get(ENV_SUPERVISOR_PID)
     if parent and not supervisor_alive(int(parent)):
@@ -405,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         sys.stderr.write(f"hora worker: cannot read the launch spec: {exc}\n")
         return 2
+    PHASES["spec_read"] = time.time()
     # the caller (``__main__``) ends the process with warm_server.exit_process: the result is
     # out, and the interpreter's finalization would only delay the supervisor by 0.3-0.5 s
     return run_rank(spec, ctx, None if argv[0] in (TO_DRIVER, FROM_DRIVER) else argv[0])
@@ -500,11 +504,30 @@ def read_result(result_path: str) -> Any:
 def _warm_key_env(spec: LaunchSpec) -> dict[str, str] | None:
     """The run's variables a warm rank server must have had at its imports (None: no warm
     server, ``HORA_WARM_WORKERS=0`` in this process's or the run's environment)."""
+    return _warm_import_env(spec.env_dict)
+
+
+def _warm_import_env(run_env: Mapping[str, str]) -> dict[str, str] | None:
     from hora.runners import warm
 
-    if not warm.enabled({**os.environ, **spec.env_dict}):
+    if not warm.enabled({**os.environ, **run_env}):
         return None
-    return {k: v for k, v in spec.env if not k.startswith("HORA_")}
+    return {k: v for k, v in run_env.items() if not k.startswith("HORA_")}
+
+
+def prestart_rank_server(run_env: Mapping[str, str]) -> bool:
+    """Start, in the background, the warm rank server that :func:`supervise` in this process
+    (or, in a Spark task, in any Python worker of this executor) will ask for the ranks of a
+    run whose environment is ``run_env`` (``LaunchSpec.env``); False when warm ranks are off
+    or it already runs. The estimators call it on the ranks' hosts while they materialize.
+    """
+    from hora.runners import warm
+
+    import_env = _warm_import_env(run_env)
+    if import_env is None:
+        return False
+    python = worker_argv("", settings.get(ENV_WORKER_PYTHON, run_env))[0]
+    return warm.prestart(python, worker_process_env(), None, import_env) is not None
 
 
 def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -> Any:

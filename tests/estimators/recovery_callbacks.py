@@ -38,10 +38,12 @@ class KillRank(Callback):
         elif self.target == "executor":
             import psutil
 
-            proc = psutil.Process()
+            # from the rank's supervisor (its Spark task's Python worker): a rank forked by a
+            # warm rank server has the server, not the executor, above it
+            proc = psutil.Process(int(os.environ.get("HORA_SUPERVISOR_PID") or os.getpid()))
             while proc is not None and "CoarseGrainedExecutorBackend" not in " ".join(proc.cmdline()):
                 proc = proc.parent()
-            assert proc is not None, "no executor JVM above this rank"
+            assert proc is not None, "no executor JVM above this rank's supervisor"
             victim = proc.pid
         os.kill(victim, signal.SIGKILL)
         time.sleep(300)

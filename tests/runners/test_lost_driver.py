@@ -1,9 +1,12 @@
-"""A lost driver: the process that called ``fit`` is SIGKILLed mid-training on a Dask cluster
-started from the command line (``dask scheduler`` and two ``dask worker`` processes). Every rank
-exits within HORA_HEARTBEAT_TIMEOUT plus a few seconds, and the workers stay up."""
+"""A lost driver: the process that called ``fit`` is SIGKILLed mid-training, after its first
+checkpoint, on a Dask cluster started from the command line (``dask scheduler`` and two
+``dask worker`` processes) and on a Spark standalone cluster. Every rank exits within
+HORA_HEARTBEAT_TIMEOUT plus a few seconds, the workers stay up, and a fit with the same
+``run_id`` resumes from the last checkpoint (every epoch in its history once)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -15,15 +18,14 @@ import time
 import psutil
 import pytest
 
-pytestmark = [pytest.mark.dask, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.timeout(300)]
 
 HEARTBEAT_TIMEOUT = 6
 
-FIT = r'''
-import sys, numpy as np, pandas as pd, torch
-import dask.dataframe as dd
-from distributed import Client
-from hora.dask import TorchEstimator
+# a model slow enough (20 ms a batch) for the test to kill its driver mid-fit; the scripts log
+# core's INFO (the resume line) and print the epochs of the fitted model's history
+COMMON = r'''
+import json, logging, sys, numpy as np, pandas as pd, torch
 from hora.store import Store
 
 class Slow(torch.nn.Module):
@@ -35,15 +37,26 @@ class Slow(torch.nn.Module):
         time.sleep(0.02)
         return self.lin(x)
 
+logging.basicConfig(level=logging.WARNING)
+logging.getLogger("hora.estimators.core").setLevel(logging.INFO)
+'''
+
+FIT = COMMON + r'''
+import dask.dataframe as dd
+from distributed import Client
+from hora.dask import TorchEstimator
+
 if __name__ == "__main__":
     client = Client(sys.argv[1])
     x = np.random.default_rng(0).normal(size=(4000, 4)).astype("float32")
     pdf = pd.DataFrame({"features": list(x), "y": x.sum(axis=1)})
     net = Slow()
-    est = TorchEstimator(num_proc=2, store=Store.create(sys.argv[2]), model=net,
+    est = TorchEstimator(num_proc=2, store=Store.create(sys.argv[2]), model=net, run_id="lost-driver-dask",
                          optimizer=torch.optim.SGD(net.parameters(), 0.01), loss=torch.nn.MSELoss(),
-                         feature_cols=["features"], label_cols=["y"], batch_size=16, epochs=40, verbose=0)
-    est.fit(dd.from_pandas(pdf, npartitions=2))
+                         feature_cols=["features"], label_cols=["y"], batch_size=16, epochs=int(sys.argv[3]),
+                         verbose=0)
+    model = est.fit(dd.from_pandas(pdf, npartitions=2))
+    print("HISTORY=" + json.dumps([h["epoch"] for h in model.history_]), flush=True)
 '''
 
 
@@ -68,7 +81,10 @@ def _ranks_under(pids: list[int]) -> list[psutil.Process]:
     return found
 
 
-def test_ranks_exit_when_the_fit_process_is_killed(tmp_path):
+@pytest.mark.dask
+def test_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path):
+    from hora.store import Store
+
     bindir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
                HORA_HEARTBEAT_TIMEOUT=str(HEARTBEAT_TIMEOUT), HORA_WARM_WORKERS="0")
@@ -85,15 +101,16 @@ def test_ranks_exit_when_the_fit_process_is_killed(tmp_path):
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         script = tmp_path / "fit.py"
         script.write_text(textwrap.dedent(FIT))
-        fit = subprocess.Popen([sys.executable, str(script), address, str(tmp_path / "store")], env=env,
+        store_url = f"file://{tmp_path / 'store'}"
+        store = Store.create(store_url)
+        fit = subprocess.Popen([sys.executable, str(script), address, store_url, "40"], env=env,
                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         workers = [p.pid for p in procs[1:]]
         deadline = time.monotonic() + 150
-        while len(_ranks_under(workers)) < 2:  # training has started on both workers
-            assert fit.poll() is None, fit.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the ranks never started"
+        while len(_ranks_under(workers)) < 2 or not store.list_checkpoints("lost-driver-dask"):
+            assert fit.poll() is None, fit.stderr.read().decode()[-3000:]  # training, one checkpoint written
+            assert time.monotonic() < deadline, "the ranks never started or never wrote a checkpoint"
             time.sleep(0.5)
-        time.sleep(2)
         ranks = _ranks_under(workers)
         fit.send_signal(signal.SIGKILL)
         fit.wait()
@@ -102,6 +119,14 @@ def test_ranks_exit_when_the_fit_process_is_killed(tmp_path):
         assert not alive, f"rank processes still running {time.monotonic() - killed_at:.0f} s after the driver died: " \
                           f"{[p.pid for p in alive]}"
         assert all(p.poll() is None for p in procs), "a Dask worker or the scheduler went down with the driver"
+
+        total = store.latest_checkpoint("lost-driver-dask")[0] + 3  # a fit with the same run_id resumes
+        refit = subprocess.run([sys.executable, str(script), address, store_url, str(total)], env=env, cwd=tmp_path,
+                               capture_output=True, text=True, timeout=150)
+        assert refit.returncode == 0, refit.stderr[-3000:]
+        assert "fit resumes from the last one" in refit.stderr, refit.stderr[-3000:]
+        history = json.loads(refit.stdout.split("HISTORY=", 1)[1].splitlines()[0])
+        assert history == list(range(total)), history  # every epoch once
     finally:
         for p in procs:
             p.terminate()
@@ -112,3 +137,76 @@ def test_ranks_exit_when_the_fit_process_is_killed(tmp_path):
                 p.kill()
         for leftover in _ranks_under([p.pid for p in procs]):
             leftover.kill()
+
+
+SPARK_FIT = COMMON + r'''
+from pyspark.sql import SparkSession
+from hora.spark import TorchEstimator
+
+master, store, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+spark = (SparkSession.builder.master(master).appName("hora-lost-driver")
+         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+         .config("spark.ui.enabled", "false").config("spark.executor.memory", "768m").getOrCreate())
+x = np.random.default_rng(0).normal(size=(2000, 4)).astype("float32")
+df = spark.createDataFrame(pd.DataFrame({"features": [list(map(float, r)) for r in x], "y": x.sum(axis=1)}))
+net = Slow()
+est = TorchEstimator(num_proc=2, store=Store.create(store), model=net, run_id="lost-driver-spark",
+                     optimizer=torch.optim.SGD(net.parameters(), 0.01), loss=torch.nn.MSELoss(),
+                     feature_cols=["features"], label_cols=["y"], batch_size=16, epochs=epochs, verbose=0)
+model = est.fit(df)
+print("HISTORY=" + json.dumps([h["epoch"] for h in model.history_]), flush=True)
+spark.stop()
+'''
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_spark_standalone_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path):
+    # a cluster of its own: the session's standalone cluster has its cores held by the Connect server's app
+    from tests.spark_clusters import StandaloneCluster
+
+    cluster = StandaloneCluster(tmp_path / "cluster").start()
+    try:
+        _spark_lost_driver(cluster, tmp_path)
+    finally:
+        cluster.stop()
+
+
+def _spark_lost_driver(standalone_cluster, tmp_path) -> None:
+    from hora.store import Store
+
+    env = dict(os.environ, HORA_HEARTBEAT_TIMEOUT=str(HEARTBEAT_TIMEOUT), PYSPARK_PYTHON=sys.executable)
+    script = tmp_path / "fit.py"
+    script.write_text(SPARK_FIT)
+    store_url = f"file://{tmp_path / 'store'}"
+    workers = [w.proc.pid for w in standalone_cluster.workers]
+    fit = subprocess.Popen([sys.executable, str(script), standalone_cluster.url, store_url, "40"], env=env,
+                           cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    store = Store.create(store_url)
+    try:
+        deadline = time.monotonic() + 240
+        while len(_ranks_under(workers)) < 2 or not store.list_checkpoints("lost-driver-spark"):
+            assert fit.poll() is None, fit.stderr.read().decode()[-3000:]  # training, one checkpoint written
+            assert time.monotonic() < deadline, "the ranks never started or never wrote a checkpoint"
+            time.sleep(0.5)
+        ranks = _ranks_under(workers)
+        fit.send_signal(signal.SIGKILL)
+        fit.wait()
+        killed_at = time.monotonic()
+        gone, alive = psutil.wait_procs(ranks, timeout=HEARTBEAT_TIMEOUT + 20)
+        assert not alive, f"rank processes still running {time.monotonic() - killed_at:.0f} s after the driver died: " \
+                          f"{[p.pid for p in alive]}"
+        assert all(w.proc.poll() is None for w in standalone_cluster.workers), "a Spark worker went down with the driver"
+    finally:
+        if fit.poll() is None:
+            fit.kill()
+            fit.wait()
+    done = store.latest_checkpoint("lost-driver-spark")[0]  # the last epoch checkpointed before the kill
+    total = done + 3
+    refit = subprocess.run([sys.executable, str(script), standalone_cluster.url, store_url, str(total)], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert refit.returncode == 0, refit.stderr[-3000:]
+    assert "fit resumes from the last one" in refit.stderr, refit.stderr[-3000:]
+    history = json.loads(refit.stdout.split("HISTORY=", 1)[1].splitlines()[0])
+    assert history == list(range(total)), history  # every epoch once: the checkpointed ones and the rest

@@ -193,6 +193,31 @@ def test_exit_process_ends_as_the_interpreter_would_without_its_finalization():
 
 
 @pytest.mark.timeout(30)
+def test_a_request_sent_whole_is_not_followed_by_an_empty_send_a_closed_peer_refuses():
+    """The server may read a request, answer and close before the client's next syscall (a
+    loaded machine schedules it so): a client that then sent the empty rest of its frame got
+    EPIPE in place of the answer."""
+    import socket
+
+    a, b = socket.socketpair()
+
+    class AnsweredAtOnce(socket.socket):
+        def send(self, data, *args):
+            sent = super().send(data, *args)
+            assert b.recv(4096) == data
+            b.sendall(b'{"ok": true}\n')
+            b.close()  # the peer is gone before the client writes again
+            return sent
+
+    conn = AnsweredAtOnce(fileno=a.detach())
+    try:
+        warm._send(conn, {"op": "quit"})
+        assert warm._answer(conn, 5) == {"ok": True}
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(30)
 def test_ranks_do_not_inherit_the_dask_workers_malloc_trim_threshold(monkeypatch):
     """A Dask worker runs with MALLOC_TRIM_THRESHOLD_ from its nanny's config, which pins
     glibc's mmap threshold (a training rank would page-fault through every buffer): its
@@ -207,3 +232,102 @@ def test_ranks_do_not_inherit_the_dask_workers_malloc_trim_threshold(monkeypatch
     assert "MALLOC_TRIM_THRESHOLD_" not in worker_process_env()
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
     assert worker_process_env()["MALLOC_TRIM_THRESHOLD_"] == "1048576"
+
+
+@pytest.mark.timeout(120)
+def test_a_prestarted_server_is_the_one_spawn_uses_even_while_it_is_still_starting(tmp_path, servers):
+    env = _env(**LIGHT)
+    cwd = str(tmp_path)
+    thread = warm.prestart(sys.executable, env, cwd)
+    assert thread is not None
+    # at once, while the prestart may still be starting it: spawn waits for that server, starts no second one
+    proc = warm.spawn(_child("exit", "0"), env, cwd, stdin=False)
+    assert isinstance(proc, WarmProcess) and proc.wait(60) == 0
+    thread.join(60)
+    assert len(warm._servers) == 1
+    (server,) = warm._servers.values()
+    assert psutil.Process(server.pid).is_running()
+    assert warm.prestart(sys.executable, env, cwd) is None  # it serves already: nothing to start
+    proc = warm.spawn(_child("sleep"), env, cwd, stdin=False)
+    deadline = time.monotonic() + 60
+    while psutil.Process(proc.pid).cmdline() != _child("sleep") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert psutil.Process(proc.pid).ppid() == server.pid
+    proc.kill()
+    assert proc.wait(30) == -9
+    assert warm.prestart(sys.executable, {**env, "HORA_WARM_WORKERS": "0"}, cwd) is None  # off: nothing
+
+
+def _parent_and_owner() -> tuple[int, int]:
+    """A rank's parent (the warm server it was forked from) and that server's owner."""
+    server = psutil.Process(os.getppid())
+    return server.pid, int(server.cmdline()[4])
+
+
+def _warm_servers() -> set[int]:
+    found = set()
+    for p in psutil.process_iter():
+        try:
+            if "hora.runners.warm_server" in " ".join(p.cmdline()[:3]):
+                found.add(p.pid)
+        except psutil.Error:  # gone, or a zombie
+            pass
+    return found
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_spark_prestart_starts_the_executors_server_that_the_training_stage_forks_from(spark):
+    from hora.runners.spark import SparkLauncher
+
+    launcher = SparkLauncher(spark)
+    env = {"PYTHONHASHSEED": "11"}  # a variable of the run's own: a new server key, so none runs yet
+    before = _warm_servers()
+    launcher.prestart(2, env)
+    deadline = time.monotonic() + 120
+    fresh: set[int] = set()
+    while not fresh and time.monotonic() < deadline:
+        fresh = _warm_servers() - before
+        time.sleep(0.2)
+    assert len(fresh) == 1, fresh  # one server for the executor, however many Python workers ran the job
+    ranks = hr.run(_parent_and_owner, num_proc=2, backend=launcher, env=env, verbose=0)
+    def info(pid):
+        try:
+            p = psutil.Process(pid)
+            return (pid, p.ppid(), p.cmdline()[3:5], p.create_time())
+        except psutil.Error as e:
+            return (pid, repr(e))
+    assert {server for server, _ in ranks} == fresh, (ranks, fresh, [info(p) for p in _warm_servers()])  # both ranks fork from the prestarted one
+    (owner,) = {owner for _, owner in ranks}
+    assert psutil.Process(owner).name() == "java"  # owned by the executor, not by a Python worker or daemon
+
+
+@pytest.mark.timeout(240)
+def test_dask_prestart_starts_the_server_of_each_rank_worker(dask_client):
+    from hora.runners.dask import DaskLauncher
+
+    launcher = DaskLauncher(dask_client)
+    env = {"PYTHONHASHSEED": "7"}  # a variable of the run's own: a new server key, so none runs yet
+    workers = [a for a, _ in launcher.pick_workers(2)]
+
+    def servers_of_worker() -> list[int]:
+        found = []
+        for child in psutil.Process().children():
+            try:
+                if "hora.runners.warm_server" in " ".join(child.cmdline()[:3]):
+                    found.append(child.pid)
+            except psutil.Error:  # gone, or a zombie
+                pass
+        return found
+
+    before = dask_client.run(servers_of_worker, workers=workers)  # earlier tests' servers (other keys)
+    launcher.prestart(2, env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        fresh = {w: set(pids) - set(before[w]) for w, pids in dask_client.run(servers_of_worker, workers=workers).items()}
+        if all(fresh.values()):
+            break
+        time.sleep(0.2)
+    assert all(fresh.values()), (fresh, before)
+    ranks = hr.run(_parent_and_owner, num_proc=2, backend="dask", client=dask_client, env=env, verbose=0)
+    assert {server for server, _ in ranks} <= {pid for pids in fresh.values() for pid in pids}, (ranks, fresh)
