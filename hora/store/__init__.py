@@ -10,6 +10,7 @@ Adapters: :func:`torch_batches` (torch tensors, pinned memory for CUDA) and
 called: importing ``hora.store`` never imports an ML framework.
 """
 
+from hora.store.columns import ColumnOps, CsrBatch, decode_image
 from hora.store.dataset import ColumnSpec, DatasetInfo, FileInfo
 from hora.store.layout import StoreLayout
 from hora.store.materialize import load_dataset_info, materialize
@@ -31,4 +32,7 @@ __all__ = [
     "torch_batches",
     "TorchBatches",
     "make_tf_dataset",
+    "decode_image",
+    "ColumnOps",
+    "CsrBatch",
 ]

@@ -25,7 +25,7 @@ from hora.store.dataset import ColumnSpec, DatasetInfo, FileInfo
 from hora.store.layout import COMMIT_MARKER, join
 from hora.store.lease import Lease, sweep_dead
 from hora.store.store import Store
-from hora.store.writer import SplitWriter, WritePlan
+from hora.store.writer import SplitWriter, WritePlan, is_sparse_type
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +66,25 @@ def assemble(fp: str, store: Store, plan: WritePlan, stats: list[dict], kind: st
             if c in shapes and shapes[c] != shape:
                 variable.append(c)
             shapes.setdefault(c, shape)
-    if variable:
-        raise DataError(
-            f"array column(s) {sorted(set(variable))} hold arrays of different lengths; hora needs one "
-            "fixed shape per column (pad or truncate them)"
-        )
+    variable = sorted(set(variable))
+    # variable-length 1-d arrays are stored as lists (a "ragged" column): its longest row
+    max_len: dict[str, int] = {}
+    for s in stats:
+        for c, n in s.get("max_len", {}).items():
+            max_len[c] = max(max_len.get(c, 0), int(n))
+        for c, shape in s["shapes"].items():
+            if c in variable and len(shape) == 1:
+                max_len[c] = max(max_len.get(c, 0), int(shape[0]))
+    sparse_size: dict[str, int] = {}
+    for s in stats:
+        for c, n in s.get("sparse_size", {}).items():
+            if sparse_size.setdefault(c, n) != n:
+                raise DataError(f"column {c!r} holds ML vectors of different sizes ({sparse_size[c]} and {n}); "
+                                "hora needs one size per vector column")
+    nnz: dict[str, int] = {}
+    for s in stats:
+        for c, n in s.get("nnz", {}).items():
+            nnz[c] = nnz.get(c, 0) + int(n)
     dropped = sum(s["dropped"] for s in stats)
     if dropped:
         logger.warning("materialize: dropped %d rows with NaN/null labels (label_nan='drop')", dropped)
@@ -94,21 +108,11 @@ def assemble(fp: str, store: Store, plan: WritePlan, stats: list[dict], kind: st
     # column specs from the first written file's schema (exact Arrow types) and the shapes
     first = files["train"][0]
     schema = _read_schema(store, join(plan.tmp_dir, first.path))
-    columns: dict[str, ColumnSpec] = {}
-    for c in plan.columns:
-        t = schema.field(c).type
-        depth = 0
-        while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            t = t.value_type
-            depth += 1
-        try:
-            dtype = np.dtype(t.to_pandas_dtype()).name
-        except NotImplementedError as exc:
-            raise DataError(f"column {c!r} has Arrow type {schema.field(c).type}, which hora cannot store") from exc
-        shape = tuple(shapes.get(c, [0] * depth)) if depth else ()
-        if len(shape) != depth:
-            raise DataError(f"column {c!r}: shape {shape} does not match its {depth}-level nesting")
-        columns[c] = ColumnSpec(dtype=dtype, shape=shape)
+    columns = {c: _column_spec(c, schema.field(c).type, shapes, variable, max_len, sparse_size)
+               for c in plan.columns}
+    if nnz:
+        logger.info("materialize: sparse column(s) %s", ", ".join(
+            f"{c!r} (size {sparse_size.get(c, 0)}, {n} non-zeros)" for c, n in nnz.items()))
     return DatasetInfo(
         fingerprint=fp,
         dataset_dir=store.layout.dataset_dir(fp),
@@ -120,6 +124,42 @@ def assemble(fp: str, store: Store, plan: WritePlan, stats: list[dict], kind: st
         source=kind,
         options=options,
     )
+
+
+def _column_spec(c: str, arrow_type: pa.DataType, shapes: dict[str, list[int]], variable: list[str],
+                 max_len: dict[str, int], sparse_size: dict[str, int]) -> ColumnSpec:
+    """The :class:`ColumnSpec` of stored column ``c`` from its Arrow type and the writers' counts.
+
+    Raises:
+        DataError: nested arrays of different lengths, or a type hora cannot store.
+    """
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return ColumnSpec(dtype="object", kind="binary")
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return ColumnSpec(dtype="object", kind="string")
+    if is_sparse_type(arrow_type):
+        values = arrow_type.field(1).type.value_type
+        return ColumnSpec(dtype=np.dtype(values.to_pandas_dtype()).name, kind="sparse", size=sparse_size.get(c, 0))
+    t = arrow_type
+    depth = 0
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+        depth += 1
+    try:
+        dtype = np.dtype(t.to_pandas_dtype()).name
+    except NotImplementedError as exc:
+        raise DataError(f"column {c!r} has Arrow type {arrow_type}, which hora cannot store") from exc
+    if c in variable:
+        if depth != 1:
+            raise DataError(
+                f"array column {c!r} holds nested arrays of different lengths; hora stores variable-length "
+                "1-d arrays (token ids, sequences) and fixed-shape nested arrays (pad or truncate them)"
+            )
+        return ColumnSpec(dtype=dtype, shape=(max_len.get(c, 0),), kind="ragged")
+    shape = tuple(shapes.get(c, [0] * depth)) if depth else ()
+    if len(shape) != depth:
+        raise DataError(f"column {c!r}: shape {shape} does not match its {depth}-level nesting")
+    return ColumnSpec(dtype=dtype, shape=shape)
 
 
 def _read_schema(store: Store, path: str) -> pa.Schema:

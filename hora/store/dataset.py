@@ -14,6 +14,8 @@ from hora.store.layout import SPLITS, join
 
 #: Version of the ``_metadata.json`` format; bump on incompatible changes (part of the fingerprint).
 FORMAT_VERSION = 1
+#: How a stored column is laid out (:attr:`ColumnSpec.kind`).
+COLUMN_KINDS = ("dense", "binary", "string", "ragged", "sparse")
 
 
 @dataclass(frozen=True)
@@ -21,24 +23,58 @@ class ColumnSpec:
     """dtype and per-row shape of a stored column.
 
     Attributes:
-        dtype: numpy dtype name (``"float32"``, ``"int64"``, ``"bool"``...).
+        dtype: numpy dtype name (``"float32"``, ``"int64"``, ``"bool"``...); of the values
+            for ``"ragged"`` and ``"sparse"`` columns, ``"object"`` for binary and string ones.
         shape: shape of one row's value: ``()`` for scalars, ``(n,)`` for vectors and
             1-d arrays, ``(a, b)`` for nested arrays. Batches have shape ``(batch, *shape)``.
+            A ``"ragged"`` column's is ``(longest row,)``; binary, string and sparse: ``()``.
+        kind: how the column is stored and comes out of the reader: ``"dense"`` (a numeric
+            array of ``(rows, *shape)``); ``"binary"`` / ``"string"`` (Parquet binary / UTF-8,
+            batches of ``bytes`` / ``str`` objects); ``"ragged"`` (a Parquet list of numbers of
+            any length per row, batches of 1-d arrays as objects); ``"sparse"`` (a Spark ML
+            vector stored as ``indices`` int32 + ``values``, batches of ``(indices, values)``
+            pairs as objects, ``size`` the vector's dimension).
+        size: the dimension of a ``"sparse"`` column (0 otherwise).
     """
 
     dtype: str
     shape: tuple[int, ...] = ()
+    kind: str = "dense"
+    size: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
         np.dtype(self.dtype)  # raises TypeError for nonsense
+        if self.kind not in COLUMN_KINDS:
+            raise StoreError(f"column kind {self.kind!r} is unknown; expected one of {COLUMN_KINDS}")
+
+    @property
+    def is_dense(self) -> bool:
+        """A fixed-shape numeric column (batches of ``(rows, *shape)`` arrays)."""
+        return self.kind == "dense"
+
+    @property
+    def batch_dtype(self) -> str:
+        """The dtype of this column's arrays in the reader's batches (``"object"`` unless dense)."""
+        return self.dtype if self.is_dense else "object"
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """The per-row shape of this column's arrays in the reader's batches (``()`` unless dense)."""
+        return self.shape if self.is_dense else ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape)}
+        d: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
+        if not self.is_dense:
+            d["kind"] = self.kind
+        if self.size:
+            d["size"] = self.size
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ColumnSpec":
-        return cls(dtype=d["dtype"], shape=tuple(d.get("shape", ())))
+        return cls(dtype=d["dtype"], shape=tuple(d.get("shape", ())), kind=d.get("kind", "dense"),
+                   size=int(d.get("size", 0)))
 
 
 def group_dtype(key: str, members: Mapping[str, ColumnSpec]) -> str:
@@ -52,7 +88,7 @@ def group_dtype(key: str, members: Mapping[str, ColumnSpec]) -> str:
             the group and the column, or every member's dtype).
     """
     for name, spec in members.items():
-        if spec.shape:
+        if spec.shape or not spec.is_dense:
             raise ConfigError(f"feature group {key} holds column {name!r} of per-row shape {spec.shape}; "
                               "a group stacks scalar columns only (list array columns on their own)")
     dtypes = {spec.dtype for spec in members.values()}
@@ -214,4 +250,4 @@ class DatasetInfo:
         return cls.from_dict(d)
 
 
-__all__ = ["ColumnSpec", "FileInfo", "DatasetInfo", "FORMAT_VERSION"]
+__all__ = ["ColumnSpec", "FileInfo", "DatasetInfo", "FORMAT_VERSION", "COLUMN_KINDS"]

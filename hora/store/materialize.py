@@ -44,7 +44,7 @@ from hora.errors import ConfigError
 from hora.store.commit import assemble, commit, ensure_min_files, load_dataset_info
 from hora.store.dataset import FORMAT_VERSION, DatasetInfo
 from hora.store.lease import Lease
-from hora.store.sources import make_source
+from hora.store.sources import check_label_kinds, make_source
 from hora.store.store import Store
 from hora.store.writer import WritePlan
 
@@ -73,6 +73,7 @@ def materialize(
     vector_dtype: str = "float32",
     rows_per_row_group: int | None = None,
     overwrite: bool = False,
+    compress_sparse_cols: bool = False,
 ) -> DatasetInfo:
     """Write the needed columns of ``df`` to ``store`` as train/val Parquet, or reuse a committed copy.
 
@@ -80,8 +81,10 @@ def materialize(
         df: a ``pyspark.sql.DataFrame``, a ``dask.dataframe.DataFrame`` or a ``pandas.DataFrame``.
         store: where to write (``store.layout.dataset_dir(fingerprint)``).
         feature_cols, label_cols, sample_weight_col: the columns to keep. Supported types:
-            numeric or boolean scalars, Spark ML vectors (dense or sparse), and (nested)
-            arrays of numbers with a fixed shape (numpy arrays or lists in pandas/Dask).
+            numeric or boolean scalars, Spark ML vectors (dense or sparse), (nested)
+            arrays of numbers with a fixed shape (numpy arrays or lists in pandas/Dask),
+            1-d arrays of numbers of any length per row (stored as lists: a ``"ragged"``
+            column), binary columns (``bytes``, e.g. PNG images) and strings (features only).
         validation: None (no validation split), a fraction in [0, 1) drawn by seeded
             random per row, or the name of a boolean / 0-1 column (true = validation row;
             the column itself is not stored).
@@ -93,6 +96,9 @@ def materialize(
         vector_dtype: float dtype of Spark ML vectors once stored as arrays.
         rows_per_row_group: Parquet row group size (default: about 8 MiB of data per group).
         overwrite: rewrite even when a committed dataset with the same fingerprint exists.
+        compress_sparse_cols: store Spark ML vector columns as ``indices`` (int32) and
+            ``values`` (``vector_dtype``) per row, so the store's size follows the non-zeros
+            (a ``"sparse"`` column); default: stored as dense arrays.
 
     Returns:
         the :class:`DatasetInfo` (``info.reused`` tells whether it was found committed).
@@ -128,8 +134,12 @@ def materialize(
     stored = list(dict.fromkeys([*feature_cols, *label_cols, *([sample_weight_col] if sample_weight_col else [])]))
     if val_col is not None and val_col in stored:
         raise ConfigError(f"validation column {val_col!r} is also a feature/label/weight column")
-    source = make_source(df, vector_dtype)
+    if not isinstance(compress_sparse_cols, bool):
+        raise ConfigError(f"compress_sparse_cols must be True or False, got {compress_sparse_cols!r}")
+    source = make_source(df, vector_dtype, compress_sparse_cols)
     source.check_schema(stored, label_cols, sample_weight_col, val_col)
+    check_label_kinds(getattr(source, "kinds", {}), label_cols)
+    sparse_cols = tuple(getattr(source, "sparse_cols", ()))
 
     options = {
         "feature_cols": list(feature_cols),
@@ -142,6 +152,8 @@ def materialize(
         "vector_dtype": vector_dtype,
         "rows_per_row_group": rows_per_row_group,
     }
+    if sparse_cols:  # (only then: the fingerprints of datasets without sparse columns stay as they were)
+        options["compress_sparse_cols"] = True
     token_data = source.data_token(stored + ([val_col] if val_col else []))
     fp = _fingerprint(source.kind, token_data, options)
     logger.debug("materialize: fingerprint %s computed in %.3f s", fp, time.perf_counter() - t0)
@@ -174,6 +186,8 @@ def materialize(
             seed=seed,
             label_nan=label_nan,
             rows_per_row_group=rows_per_row_group,
+            sparse_cols=sparse_cols,
+            vector_dtype=vector_dtype,
         )
         t1 = time.perf_counter()
         try:

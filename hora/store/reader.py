@@ -35,7 +35,7 @@ import math
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +60,16 @@ _REMAINDERS = ("pad", "truncate")
 HANDOVER_BYTES = 4 << 20
 _HANDOVER_MAX = 64
 _POLL_S = 0.5
+#: The batch column of ``make_reader(row_ids=True)``: where each row is stored (:func:`row_position`).
+ROW_ID = "__hora_row__"
+
+
+def row_position(reader: "Reader", row_id: int) -> str:
+    """Where a row of ``reader``'s split is stored, for messages: ``"row 17 of train/part-00001-....parquet"``
+    (the row's position in the file its input partition was written to)."""
+    file, row = int(row_id) >> 40, int(row_id) & ((1 << 40) - 1)
+    name = reader.file_names[file] if 0 <= file < len(reader.file_names) else f"file {file}"
+    return f"row {row} of {name}"
 
 
 # Every live background thread of every reader, so they can be stopped before the interpreter
@@ -162,10 +172,55 @@ def _values(arr: pa.Array) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False)
 
 
+def _objects(col: pa.Array, spec: ColumnSpec) -> np.ndarray:
+    """A non-dense column as a 1-d object array, one value per row: ``bytes`` (binary), ``str``
+    (string), a 1-d array of ``spec.dtype`` (ragged; views of one buffer) or an
+    ``(indices int32, values)`` pair (sparse)."""
+    n = len(col)
+    if spec.kind in ("binary", "string"):
+        return col.to_numpy(zero_copy_only=False).astype(object, copy=False)
+    out = np.empty(n, dtype=object)
+    if spec.kind == "ragged":
+        offsets = _values(col.offsets) if col.offset == 0 else col.offsets.to_numpy()
+        flat = _values(col.values)
+        if flat.dtype != np.dtype(spec.dtype):
+            flat = flat.astype(spec.dtype)
+        for i in range(n):
+            out[i] = flat[offsets[i]:offsets[i + 1]]
+        return out
+    # sparse: struct<indices: list<int32>, values: list<dtype>>
+    if col.offset:
+        col = pa.concat_arrays([col])
+    idx, val = col.field("indices"), col.field("values")
+    offsets = _values(idx.offsets)
+    flat_i = _values(idx.values)
+    flat_v = _values(val.values)
+    if flat_v.dtype != np.dtype(spec.dtype):
+        flat_v = flat_v.astype(spec.dtype)
+    for i in range(n):
+        out[i] = (flat_i[offsets[i]:offsets[i + 1]], flat_v[offsets[i]:offsets[i + 1]])
+    return out
+
+
+def row_bytes_of(spec: ColumnSpec) -> int:
+    """About how many bytes one row of a column takes in memory (sizes the shuffle buffer and hand-overs):
+    exact for dense columns; a guess for the others (a ragged row at its longest, 1 KiB of bytes or text)."""
+    if spec.is_dense:
+        return np.dtype(spec.dtype).itemsize * max(1, math.prod(spec.shape))
+    if spec.kind == "ragged":
+        return 100 + np.dtype(spec.dtype).itemsize * max(1, spec.shape[0] if spec.shape else 1)
+    if spec.kind == "sparse":
+        return 200
+    return 1024
+
+
 def _to_numpy(col: pa.ChunkedArray | pa.Array, spec: ColumnSpec, name: str) -> np.ndarray:
-    """Arrow column -> numpy ``(rows, *spec.shape)`` of ``spec.dtype``, vectorised (no per-row Python)."""
+    """Arrow column -> numpy ``(rows, *spec.shape)`` of ``spec.dtype``, vectorised (no per-row Python);
+    a non-dense column as a 1-d object array (:func:`_objects`)."""
     if isinstance(col, pa.ChunkedArray):
         col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    if not spec.is_dense:
+        return _objects(col, spec)
     n = len(col)
     arr = col
     for _ in spec.shape:
@@ -251,6 +306,8 @@ class Reader:
         remainder: str,
         drop_last: bool,
         groups: Mapping[str, Sequence[str]] | None = None,
+        batch_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
+        row_ids: bool = False,
     ) -> None:
         self.store = store
         self.info = info
@@ -271,10 +328,20 @@ class Reader:
             m for c in self.columns for m in (self.groups[c] if c in self.groups else (c,))))
         self.specs = {c: group_spec(info, c, self.groups[c]) if c in self.groups else info.columns[c]
                       for c in self.columns}
+        #: applied to every batch in the prefetch thread (decoding, padding; see make_reader)
+        self.batch_fn = batch_fn
+        #: each batch carries ROW_ID: where each row is stored (:func:`row_position`)
+        self.row_ids = bool(row_ids)
+        if self.row_ids:
+            self.columns.append(ROW_ID)
+            self.specs[ROW_ID] = ColumnSpec("int64")
         self.files = info.file_paths(split)
         file_infos = info.split_files(split)
+        self.file_names = [f.path for f in file_infos]
         self._group_rows = [(i, g, rows) for i, f in enumerate(file_infos) for g, rows in enumerate(f.row_groups)]
-        row_bytes = sum(np.dtype(s.dtype).itemsize * max(1, math.prod(s.shape)) for s in self.specs.values())
+        self._group_start = {(i, g): int(sum(f.row_groups[:g])) for i, f in enumerate(file_infos)
+                             for g in range(len(f.row_groups))}
+        row_bytes = sum(row_bytes_of(s) for s in self.specs.values())
         if shuffle_buffer_size is None:
             shuffle_buffer_size = max(batch_size, min(DEFAULT_SHUFFLE_BUFFER_ROWS, DEFAULT_SHUFFLE_BUFFER_BYTES // max(1, row_bytes)))
         self.shuffle_buffer_size = shuffle_buffer_size
@@ -334,7 +401,10 @@ class Reader:
                 cut = slice(seg.start, seg.stop)
                 columns: dict[str, np.ndarray | tuple[np.ndarray, ...]] = {}
                 for c in self.columns:
-                    if c in self.groups:
+                    if c == ROW_ID:
+                        first = self._group_start[(seg.file, seg.row_group)] + seg.start
+                        columns[c] = (np.int64(seg.file) << 40) + np.arange(first, first + seg.rows, dtype=np.int64)
+                    elif c in self.groups:
                         columns[c] = tuple(_to_numpy(table.column(m), member[c], m)[cut] for m in self.groups[c])
                     else:
                         columns[c] = _to_numpy(table.column(c), self.specs[c], c)[cut]
@@ -352,7 +422,7 @@ class Reader:
             for batch in (self._shuffled(chunks) if self.shuffle else self._sequential(chunks)):
                 if emitted >= len(self):
                     break
-                yield batch
+                yield batch if self.batch_fn is None else self.batch_fn(batch)
                 emitted += 1
         finally:
             chunks.close()
@@ -395,7 +465,7 @@ class Reader:
             src = np.empty_like(dest)
             src[dest] = np.arange(total)  # mixed row p is row src[p] in reading order
             del dest
-            window = {c: np.empty((total, *s.shape), dtype=s.dtype) for c, s in self.specs.items()}
+            window = {c: np.empty((total, *s.batch_shape), dtype=s.batch_dtype) for c, s in self.specs.items()}
             pos = 0
             if carry is not None:
                 for c in self.columns:
@@ -458,10 +528,13 @@ class Reader:
 
     def _runs(self) -> Iterator[list[dict[str, np.ndarray]]]:
         """The epoch's batches in lists of about :data:`HANDOVER_BYTES` (the prefetch thread's hand-overs)."""
-        row_bytes = sum(np.dtype(s.dtype).itemsize * max(1, math.prod(s.shape)) for s in self.specs.values())
+        row_bytes = sum(row_bytes_of(s) for s in self.specs.values())
         per = max(1, min(_HANDOVER_MAX, HANDOVER_BYTES // max(1, row_bytes * self.batch_size)))
         run: list[dict[str, np.ndarray]] = []
         for batch in self._batches():
+            if self.batch_fn is not None and not run:  # what batch_fn made: size the run by its bytes
+                size = sum(getattr(a, "nbytes", 0) for a in batch.values()) if isinstance(batch, dict) else 0
+                per = max(1, min(_HANDOVER_MAX, HANDOVER_BYTES // max(1, size)))
             run.append(batch)
             if len(run) >= per:
                 yield run
@@ -587,6 +660,8 @@ def make_reader(
     remainder: str = "pad",
     drop_last: bool = False,
     groups: Mapping[str, Sequence[str]] | None = None,
+    batch_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
+    row_ids: bool = False,
 ) -> Reader:
     """A reader of rank ``rank``'s share of ``split`` for one epoch.
 
@@ -615,7 +690,8 @@ def make_reader(
 
     Returns:
         a :class:`Reader`; ``for batch in reader`` gives ``dict[str, np.ndarray]`` with
-        shapes ``(rows, *ColumnSpec.shape)``.
+        shapes ``(rows, *ColumnSpec.shape)`` (a binary, string, ragged or sparse column:
+        a 1-d object array, see :attr:`ColumnSpec.kind`).
 
     Raises:
         ConfigError: bad rank/size/batch_size/split/columns/remainder.
@@ -660,12 +736,15 @@ def make_reader(
             f"the {split!r} split of dataset {info.fingerprint} is empty"
             + (" (materialize with validation=... to get one)" if split == "val" else "")
         )
+    if batch_fn is not None and not callable(batch_fn):
+        raise ConfigError(f"batch_fn must be callable, got {batch_fn!r}")
     reader = Reader(store, info, split, rank, size, batch_size, epoch, seed, bool(shuffle),
-                    shuffle_buffer_size, columns, prefetch, remainder, bool(drop_last), groups)
+                    shuffle_buffer_size, columns, prefetch, remainder, bool(drop_last), groups, batch_fn, row_ids)
     if len(reader) == 0:
         logger.warning("reader rank %d: %d rows per rank and batch_size %d with drop_last give no batches",
                        rank, reader.rows, batch_size)
     return reader
 
 
-__all__ = ["Reader", "make_reader", "plan_segments", "Segment", "READER_TIMEOUT_ENV", "DEFAULT_READER_TIMEOUT_S"]
+__all__ = ["Reader", "make_reader", "plan_segments", "Segment", "READER_TIMEOUT_ENV", "DEFAULT_READER_TIMEOUT_S",
+           "ROW_ID", "row_position", "row_bytes_of"]

@@ -88,6 +88,18 @@ def stored_kinds(kinds: dict[str, str], val_col: str | None, weight: str | None)
     return stored
 
 
+def check_label_kinds(kinds: dict[str, str], label_cols: Sequence[str]) -> None:
+    """Labels are numbers (scalars, arrays or vectors).
+
+    Raises:
+        DataError: a label column holds bytes or strings (names it).
+    """
+    for c in label_cols:
+        if kinds.get(c) in ("binary", "string"):
+            raise DataError(f"label column {c!r} holds {kinds[c]} values; a label must be numeric "
+                            "(index it first, e.g. with StringIndexer)")
+
+
 class _PandasSource(Source):
     kind = "pandas"
 
@@ -178,7 +190,7 @@ class _DaskSource(Source):
         return list(dask.compute(*tasks))
 
 
-def make_source(df: Any, vector_dtype: str) -> Source:
+def make_source(df: Any, vector_dtype: str, compress_sparse: bool = False) -> Source:
     mod = type(df).__module__
     if mod.startswith("pyspark.sql"):
         from pyspark.sql import DataFrame as SparkDF
@@ -186,7 +198,7 @@ def make_source(df: Any, vector_dtype: str) -> Source:
         if isinstance(df, SparkDF):  # classic and Spark Connect frames alike
             from hora.store.spark_source import SparkSource
 
-            return SparkSource(df, vector_dtype)
+            return SparkSource(df, vector_dtype, compress_sparse)
     if mod.startswith("dask") or mod.startswith("dask_expr"):
         import dask.dataframe as dd
 
@@ -209,4 +221,5 @@ def make_source(df: Any, vector_dtype: str) -> Source:
     )
 
 
-__all__ = ["Source", "make_source", "missing_columns", "probe_answer_error", "remove_probe", "check_scalar_role", "stored_kinds"]
+__all__ = ["Source", "make_source", "missing_columns", "probe_answer_error", "remove_probe", "check_scalar_role", "stored_kinds",
+           "check_label_kinds"]

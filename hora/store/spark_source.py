@@ -56,9 +56,11 @@ class SparkSource(Source):
 
     kind = "spark"
 
-    def __init__(self, df: Any, vector_dtype: str) -> None:
+    def __init__(self, df: Any, vector_dtype: str, compress_sparse: bool = False) -> None:
         self.df = df
         self.vector_dtype = vector_dtype
+        #: ML vector columns go to the store as indices + values (``compress_sparse_cols``)
+        self.compress_sparse = compress_sparse
         self.kinds: dict[str, str] = {}
 
     @staticmethod
@@ -70,6 +72,10 @@ class SparkSource(Source):
             return "vector"
         if name in _SPARK_SCALARS:
             return "scalar"
+        if isinstance(dt, T.BinaryType):
+            return "binary"
+        if isinstance(dt, T.StringType):
+            return "string"
         if isinstance(dt, T.ArrayType):
             inner = SparkSource._type_kind(dt.elementType)
             return "array" if inner in ("scalar", "array") else None
@@ -86,9 +92,15 @@ class SparkSource(Source):
             if kinds[c] is None:
                 raise DataError(
                     f"column {c!r} has Spark type {dt.simpleString()}; hora can feed numeric/boolean "
-                    "scalars, ML vectors and arrays of numbers to a model (index or encode it first)"
+                    "scalars, ML vectors, arrays of numbers (fixed or variable length), binary and string "
+                    "columns to a model (index or encode it first)"
                 )
         self.kinds = stored_kinds(kinds, val_col, weight)
+
+    @property
+    def sparse_cols(self) -> tuple[str, ...]:
+        """The vector columns stored sparse (all of them with ``compress_sparse_cols``)."""
+        return tuple(c for c, k in self.kinds.items() if k == "vector") if self.compress_sparse else ()
 
     def data_token(self, cols):
         df = self.df
@@ -106,7 +118,7 @@ class SparkSource(Source):
         F = _spark.functions(self.df)
         exprs = []
         for c in plan.columns:
-            if self.kinds[c] == "vector":
+            if self.kinds[c] == "vector" and c not in self.sparse_cols:
                 exprs.append(_spark.vector_to_array(self.df, F.col(c), self.vector_dtype).alias(c))
             else:
                 exprs.append(F.col(c))

@@ -47,6 +47,10 @@ class WritePlan:
     seed: int
     label_nan: str
     rows_per_row_group: int | None
+    #: Spark ML vector columns stored sparse (``compress_sparse_cols``): indices int32 + values
+    sparse_cols: tuple[str, ...] = ()
+    #: float dtype of the values of sparse columns
+    vector_dtype: str = "float32"
 
 
 def _list_shape(arr: pa.Array) -> tuple[list[int] | None, bool]:
@@ -63,6 +67,56 @@ def _list_shape(arr: pa.Array) -> tuple[list[int] | None, bool]:
         dims.append(int(first))
         a = a.flatten()
     return dims, False
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def sparse_struct(col: pa.ChunkedArray | pa.Array, name: str, dtype: str = "float32") -> tuple[pa.Array, int]:
+    """A Spark ML vector column as Arrow has it (``struct<type, size, indices, values>``) -> the
+    stored sparse form ``struct<indices: list<int32>, values: list<dtype>>``, and the vectors' size.
+
+    Dense vectors (``type`` 1) get ``indices`` 0..n-1. Nulls stay null (reported by the writer).
+
+    Raises:
+        DataError: the column is not a vector column, or its vectors have different sizes.
+    """
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if not pa.types.is_struct(col.type) or {col.type.field(i).name for i in range(col.type.num_fields)} != {
+            "type", "size", "indices", "values"}:
+        raise DataError(f"column {name!r} of type {col.type} is not a Spark ML vector column; "
+                        "compress_sparse_cols stores ML vector columns only")
+    if col.offset or col.null_count:  # flatten the struct's own validity into its children's view
+        col = pa.concat_arrays([col])
+    typ = col.field("type").fill_null(0).to_numpy(zero_copy_only=False)
+    indices = col.field("indices")
+    values = col.field("values")
+    sizes = col.field("size").to_numpy(zero_copy_only=False)
+    lengths = pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False)
+    valid = col.is_valid().to_numpy(zero_copy_only=False)
+    dense = (typ == 1) & valid
+    if dense.any():
+        rows = indices.to_pylist()
+        for i in np.flatnonzero(dense):
+            rows[i] = list(range(int(lengths[i])))
+        indices = pa.array(rows, type=pa.list_(pa.int32()))
+        sizes = np.where(dense, lengths, sizes)
+    dims = np.asarray(sizes[valid], dtype=np.int64) if valid.any() else np.zeros(0, np.int64)
+    size = int(dims.max()) if len(dims) else 0
+    if len(dims) and int(dims.min()) != size:
+        raise DataError(f"column {name!r} holds ML vectors of different sizes ({int(dims.min())} and {size}); "
+                        "hora needs one size per vector column")
+    out = pa.StructArray.from_arrays(
+        [indices.cast(pa.list_(pa.int32())), values.cast(pa.list_(pa.from_numpy_dtype(np.dtype(dtype))))],
+        names=["indices", "values"], mask=pa.array(~valid) if not valid.all() else None)
+    return out, size
+
+
+def is_sparse_type(t: pa.DataType) -> bool:
+    """The stored sparse form of :func:`sparse_struct`."""
+    return pa.types.is_struct(t) and t.num_fields == 2 and t.field(0).name == "indices" and t.field(1).name == "values"
 
 
 def _leaf(arr: pa.Array) -> pa.Array:
@@ -181,11 +235,24 @@ class SplitWriter:
             self._spool = None
 
 
+def _track_ragged(stats: dict[str, Any], name: str, col: pa.Array) -> None:
+    """Record the longest row of a variable-length list column and the nulls among its values."""
+    if col.null_count or len(col) == 0:
+        return
+    longest = pc.max(pc.list_value_length(col)).as_py() or 0
+    stats["max_len"][name] = max(stats["max_len"].get(name, 0), int(longest))
+    if _is_list(col.type):
+        leaf = _leaf(col)
+        if leaf.null_count:
+            stats["nulls"][name] = stats["nulls"].get(name, 0) + leaf.null_count
+
+
 def write_part(plan: WritePlan, part: int, tables: Iterable[pa.Table | pa.RecordBatch], suffix: str = "") -> dict:
     """Write one input partition: split it, check it, write its train/val files; return its stats."""
     stats: dict[str, Any] = {
         "part": part, "rows_in": 0, "dropped": 0, "files": {}, "shapes": {}, "variable": [],
         "types": {}, "nulls": {}, "label_nan": {}, "bad_validation": 0, "bad_validation_examples": [],
+        "max_len": {}, "sparse_size": {}, "nnz": {},
     }
     writers = {"train": SplitWriter(plan, "train", part, suffix), "val": SplitWriter(plan, "val", part, suffix)}
     rng = np.random.default_rng([plan.seed, part]) if plan.val_frac > 0 else None
@@ -195,6 +262,13 @@ def write_part(plan: WritePlan, part: int, tables: Iterable[pa.Table | pa.Record
             n = table.num_rows
             if n == 0:
                 continue
+            for c in plan.sparse_cols:
+                sparse, size = sparse_struct(table.column(c), c, plan.vector_dtype)
+                table = table.set_column(table.schema.get_field_index(c), c, sparse)
+                if size != stats["sparse_size"].setdefault(c, size):
+                    raise DataError(f"column {c!r} holds ML vectors of different sizes ({size} and "
+                                    f"{stats['sparse_size'][c]}); hora needs one size per vector column")
+                stats["nnz"][c] = stats["nnz"].get(c, 0) + int(len(sparse.field("values").flatten()))
             stats["rows_in"] += n
             # validation mask (computed on every input row, before any drop, for determinism)
             if plan.val_col is not None:
@@ -242,8 +316,9 @@ def write_part(plan: WritePlan, part: int, tables: Iterable[pa.Table | pa.Record
                 if col.null_count:
                     stats["nulls"][c] = stats["nulls"].get(c, 0) + col.null_count
                 stats["types"].setdefault(c, str(col.type))
-                if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+                if _is_list(col.type):
                     if c in stats["variable"]:
+                        _track_ragged(stats, c, col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
                         continue
                     combined = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
                     if combined.null_count:
@@ -251,6 +326,7 @@ def write_part(plan: WritePlan, part: int, tables: Iterable[pa.Table | pa.Record
                     shape, variable = _list_shape(combined)
                     if variable or (shape is not None and stats["shapes"].get(c, shape) != shape):
                         stats["variable"].append(c)
+                        _track_ragged(stats, c, combined)
                     elif shape is not None:
                         stats["shapes"][c] = shape
                         leaf = _leaf(combined)
@@ -277,7 +353,10 @@ def write_part(plan: WritePlan, part: int, tables: Iterable[pa.Table | pa.Record
 # conversion of pandas data (pandas frames and Dask partitions)
 # --------------------------------------------------------------------------------------
 def pandas_column_kind(name: str, series: Any) -> str:
-    """'scalar' or 'array' for a supported pandas column; DataError otherwise."""
+    """'scalar', 'array', 'binary' or 'string' for a supported pandas column; DataError otherwise.
+
+    Arrays may differ in length from row to row (stored as variable-length lists).
+    """
     import pandas as pd
 
     dtype = series.dtype
@@ -290,23 +369,24 @@ def pandas_column_kind(name: str, series: Any) -> str:
         if len(sample) == 0:
             return "array"  # all null: reported as nulls by the writer
         first = sample.iloc[0]
+        if isinstance(first, (bytes, bytearray, memoryview)):
+            return "binary"
+        if isinstance(first, str):
+            return "string"
         if isinstance(first, (np.ndarray, list, tuple)):
             arr = np.asarray(first)
             if arr.dtype.kind in "biuf":
                 return "array"
             raise DataError(f"column {name!r} holds arrays of {arr.dtype}; hora needs arrays of numbers")
         raise DataError(
-            f"column {name!r} holds {type(first).__name__} values; hora can feed numeric/boolean scalars "
-            "and fixed-shape numeric arrays to a model (encode strings to numbers first)"
+            f"column {name!r} holds {type(first).__name__} values; hora can feed numeric/boolean scalars, "
+            "numeric arrays (fixed or variable length), bytes and strings to a model"
         )
-    hint = ""
     if pd.api.types.is_string_dtype(dtype):
-        hint = (" (encode strings to numbers first; if the column held arrays in a Dask frame, Dask's "
-                "'dataframe.convert-string' setting turned them into strings: build the frame under "
-                "dask.config.set({'dataframe.convert-string': False}))")
+        return "string"
     raise DataError(
-        f"column {name!r} has dtype {dtype}; hora can feed numeric/boolean scalars and "
-        f"fixed-shape numeric arrays to a model{hint}"
+        f"column {name!r} has dtype {dtype}; hora can feed numeric/boolean scalars, numeric arrays "
+        "(fixed or variable length), bytes and strings to a model"
     )
 
 
@@ -321,11 +401,30 @@ def _ndarray_to_list_array(values: np.ndarray) -> pa.Array:
     return arr
 
 
+def _ragged_list_array(rows: list[np.ndarray], name: str) -> pa.Array:
+    """Rows of numbers of different lengths -> a list array keeping their dtype (nested rows via Python lists)."""
+    if any(r.ndim != 1 for r in rows) or len({r.dtype for r in rows}) > 1:
+        return pa.array([r.tolist() for r in rows])
+    if rows[0].dtype.kind not in "biuf":
+        raise DataError(f"column {name!r} holds arrays of {rows[0].dtype}; hora needs arrays of numbers")
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(rows)))
+
+
 def _pandas_to_arrow(pdf: Any, kinds: dict[str, str]) -> pa.Table:
     """Convert the given columns of a pandas frame (arrays as nested lists) to an Arrow table."""
+    import pandas as pd
+
     arrays, names = [], []
     for c, kind in kinds.items():
         s = pdf[c]
+        if kind in ("binary", "string"):
+            objs = [None if o is None or o is getattr(pd, "NA", None) or (isinstance(o, float) and math.isnan(o)) else
+                    (bytes(o) if kind == "binary" else str(o)) for o in s.to_numpy(dtype=object)]
+            arrays.append(pa.array(objs, type=pa.binary() if kind == "binary" else pa.string()))
+            names.append(c)
+            continue
         if kind == "scalar":
             if isinstance(s.dtype, np.dtype) and s.dtype.kind in "biuf":
                 arrays.append(pa.array(s.to_numpy(), from_pandas=False))  # NaN stays NaN
@@ -345,8 +444,9 @@ def _pandas_to_arrow(pdf: Any, kinds: dict[str, str]) -> pa.Table:
                 try:
                     stacked = np.stack([np.asarray(o) for o in objs])
                 except ValueError:
-                    # ragged: keep as (variable) lists; the writer reports it with the column name
-                    arrays.append(pa.array([np.asarray(o).tolist() for o in objs]))
+                    # variable lengths: lists of the rows' own dtype (1-d: one buffer, no per-value Python);
+                    # the writer records them as a ragged column, or reports nested ones by name
+                    arrays.append(_ragged_list_array([np.asarray(o) for o in objs], c))
                 else:
                     if stacked.dtype.kind not in "biuf":
                         raise DataError(f"column {c!r} holds arrays of {stacked.dtype}; hora needs arrays of numbers")

@@ -62,8 +62,8 @@ def test_workers_write_to_s3_and_memory_collects(dask_client, ddf, s3_store):
 
 
 def test_bad_input(dask_client, ddf, file_store):
-    with pytest.raises(DataError, match="'text'"):
-        materialize(ddf, file_store, ["text"], ["y"])
+    with pytest.raises(DataError, match="label column 'text' holds string"):
+        materialize(ddf, file_store, ["y"], ["text"])
     with pytest.raises(DataError, match=r"\['nope'\] not found"):
         materialize(ddf, file_store, ["nope"], ["y"])
     with pytest.raises(DataError, match="validation column 'x'"):

@@ -229,7 +229,7 @@ def test_nan_inside_array_labels_and_nullable_labels(file_store):
     [
         (dict(feature_cols=["nope", "x"]), DataError, r"\['nope'\] not found"),
         (dict(label_cols=["missing_label"]), DataError, "missing_label"),
-        (dict(feature_cols=["text"]), DataError, "'text' holds str"),
+        (dict(label_cols=["text"]), DataError, "label column 'text' holds string"),
         (dict(validation=1.0), ConfigError, r"\[0, 1\)"),
         (dict(validation=-0.1), ConfigError, r"\[0, 1\)"),
         (dict(validation=float("nan")), ConfigError, r"\[0, 1\)"),
@@ -262,9 +262,9 @@ def test_bad_data(file_store):
         materialize(df.assign(none=False), file_store, ["x"], ["y"], validation="none")
     with pytest.raises(DataError, match="training split is empty"):
         materialize(df.assign(all=True), file_store, ["x"], ["y"], validation="all")
-    ragged = df.copy()
-    ragged["r"] = [np.zeros(3 if i % 2 else 4) for i in range(40)]
-    with pytest.raises(DataError, match=r"\['r'\] hold arrays of different lengths"):
+    ragged = df.copy()  # variable-length 1-d arrays are stored (a "ragged" column); nested ones are not
+    ragged["r"] = [np.zeros((3 if i % 2 else 4, 2)) for i in range(40)]
+    with pytest.raises(DataError, match=r"array column 'r' holds nested arrays of different lengths"):
         materialize(ragged, file_store, ["r"], ["y"])
     nullfeat = df.copy()
     nullfeat["nf"] = pd.array([None] + list(range(39)), dtype="Int64")

@@ -110,8 +110,8 @@ def test_fewer_partitions_than_processes(sdf, file_store):
 
 
 def test_bad_input_fails_before_writing(sdf, file_store):
-    with pytest.raises(DataError, match="'text' has Spark type string"):
-        materialize(sdf, file_store, ["x", "text"], ["y"])
+    with pytest.raises(DataError, match="label column 'text' holds string"):
+        materialize(sdf, file_store, ["x"], ["text"])
     with pytest.raises(DataError, match="'mapping' has Spark type map"):
         materialize(sdf, file_store, ["mapping"], ["y"])
     with pytest.raises(DataError, match=r"\['nope'\] not found"):
