@@ -117,9 +117,16 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         ConfigError: ``optimizer`` is not an optimizer, or its parameter groups do not
             match the root's (number of groups or parameters per group).
         CollectiveError: the broadcast failed.
+
+    A sharded DistributedOptimizer (``sharding=``) gets the root's hyperparameters only:
+    its state is each rank's own shard (load checkpoints on every rank with
+    ``load_sharded_state_dict``).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"broadcast_optimizer_state expects a torch optimizer, got {type(optimizer).__name__}")
+    if getattr(optimizer, "_hora_sharding", None):  # a sharded DistributedOptimizer: each rank its own shard
+        optimizer._hora_broadcast_hyperparameters(root_rank)
+        return
     ps = _hn.global_process_set if process_set is None else process_set
     me = _hn.rank()
     sd = optimizer.state_dict()

@@ -624,6 +624,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     bucket_cap_mb: float | None = None,
     gradient_as_bucket_view: bool = True,
     first_bucket_mb: float | None = None,
+    sharding: str | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged across ranks before each step.
 
@@ -673,6 +674,13 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
             bucket against 1.03 x with one in one run, 0.97 against 0.98 in another; DDP
             itself is as fast or faster with one bucket). A bigger model still gets
             several buckets that overlap.
+        sharding: ``None`` (default): every rank keeps the whole optimizer state.
+            ``"optimizer"`` (ZeRO stage 1): each rank keeps the state of its share of
+            the parameters, steps those and allgathers the rest; ``"gradients"`` (ZeRO
+            stage 2): besides, gradients are reduce-scattered during backward and each
+            rank keeps only its share. Adds ``clip_grad_norm_``, sharded
+            ``state_dict()`` and ``consolidated_state_dict()``; see
+            :mod:`hora.torch.sharded_optimizer` (needs ``hora.torch.init()`` first).
 
     Raises:
         ConfigError: bad ``named_parameters`` (duplicate names, a parameter missing),
@@ -694,6 +702,16 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
                       DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
+    if sharding is not None:
+        from hora.torch.sharded_optimizer import wrap_sharded
+
+        if op == _hn.Adasum:
+            raise ConfigError(f"DistributedOptimizer(sharding={sharding!r}) reduces with Average or Sum, not Adasum")
+        cap = _default_bucket_cap_mb() if bucket_cap_mb is None else bucket_cap_mb
+        return wrap_sharded(optimizer, sharding, (
+            named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor, process_set,
+            cap, gradient_as_bucket_view, first_bucket_mb, None, sparse_as_dense), groups, cap,
+            gradient_as_bucket_view)
     if op == _hn.Adasum and _hn.size() > 1:  # (size(): NotInitializedError before init, as Horovod)
         return _adasum.wrap(optimizer, named_parameters, compression, backward_passes_per_step, process_set)
     dist = wrap_instance(optimizer, _DistributedMixin)
