@@ -184,6 +184,109 @@ def job_scope(session: Any, tag: str, description: str) -> Iterator[None]:
         sc.setJobDescription(None)  # type: ignore[arg-type]
 
 
+_PAUSE_LOCK = threading.Lock()
+#: ``lastFinishTime`` while paused: far in the future, so ``now - lastFinishTime`` stays below the bar's delay.
+_FAR_FUTURE_MS = 2**62
+#: How often a pause re-arms itself: under the bar's 500 ms first delay, which follows each job's end.
+_REARM_S = 0.2
+
+
+class _BarPause:
+    """The open pauses of one SparkContext's console bar, and the thread that keeps the bar quiet."""
+
+    def __init__(self, session: Any, bar: Any, fld: Any) -> None:
+        self.session, self.bar, self.fld = session, bar, fld
+        self.count = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._keep, name="hora-spark-bar-pause", daemon=True)
+
+    def _keep(self) -> None:
+        # Spark ends every job with finishAll(), which sets lastFinishTime to now: a block that
+        # runs several jobs would see the bar again 500 ms after the first one ends.
+        while not self.stop.wait(_REARM_S):
+            try:
+                self.fld.setLong(self.bar, _FAR_FUTURE_MS)
+            except Exception as exc:  # the context is stopping
+                log.debug("stopped pausing Spark's console progress bar: %s", exc)
+                return
+
+    def open(self) -> None:
+        self.bar.finishAll()  # clears a bar on screen
+        self.fld.setLong(self.bar, _FAR_FUTURE_MS)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.fld.setLong(self.bar, self.session.sparkContext._jvm.System.currentTimeMillis())
+
+
+_PAUSES: dict[int, _BarPause] = {}  # id(SparkContext) -> its open pauses
+
+
+def _console_progress_bar(session: Any) -> tuple[Any, Any] | None:
+    """The classic session's ``ConsoleProgressBar`` and its ``lastFinishTime`` field, or None.
+
+    None on Spark Connect (the server's console is not the user's), when the bar is off
+    (``spark.ui.showConsoleProgress=false``) or when this Spark's bar has no such field.
+    """
+    if is_connect(session):
+        return None
+    option = session.sparkContext._jsc.sc().progressBar()
+    if not option.isDefined():
+        return None
+    bar = option.get()
+    for fld in bar.getClass().getDeclaredFields():
+        if fld.getName() == "lastFinishTime" or fld.getName().endswith("$$lastFinishTime"):
+            fld.setAccessible(True)
+            return bar, fld
+    return None
+
+
+@contextlib.contextmanager
+def console_progress_paused(session: Any) -> Iterator[None]:
+    """Keep Spark's own console progress bar (``[Stage N:>  (0 + 2) / 2]``) quiet inside the block.
+
+    hora's training stage prints its own progress (one bar or line per epoch); Spark's bar
+    for the same stage would interleave with it. Spark has no API to pause its bar
+    (``spark.ui.showConsoleProgress`` is read once, when the SparkContext starts), but the
+    bar draws nothing while ``now - lastFinishTime`` is under its first delay: the block
+    clears a bar on screen (``finishAll``), keeps that field far in the future (re-armed
+    every 0.2 s, since each job's end resets it), and on exit sets it to now, as the end
+    of a job does. Nested and concurrent blocks on one context pause once and restore
+    when the last ends. On Spark Connect, with the bar off, or where this Spark's bar
+    differs (the reflection fails), it does nothing but log at DEBUG: a fit never
+    depends on it.
+    """
+    key = id(session.sparkContext) if not is_connect(session) else None
+    with _PAUSE_LOCK:
+        pause = _PAUSES.get(key) if key is not None else None
+        if pause is None and key is not None:
+            try:
+                found = _console_progress_bar(session)
+                if found is not None:
+                    pause = _BarPause(session, *found)
+                    pause.open()
+                    _PAUSES[key] = pause
+            except Exception as exc:  # py4j / reflection: a different Spark build
+                log.debug("cannot pause Spark's console progress bar: %s", exc)
+                pause = None
+        if pause is not None:
+            pause.count += 1
+    try:
+        yield
+    finally:
+        if pause is not None:
+            with _PAUSE_LOCK:
+                pause.count -= 1
+                if pause.count == 0:
+                    del _PAUSES[key]
+                    try:
+                        pause.close()
+                    except Exception as exc:  # the context may be stopping
+                        log.debug("cannot restore Spark's console progress bar: %s", exc)
+
+
 def collect(session: Any, frame: Any, tag: str, description: str, timeout: float) -> list[Any]:
     """``frame.collect()`` inside :func:`job_scope`, given up (and its jobs cancelled) after ``timeout`` s.
 

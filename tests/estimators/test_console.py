@@ -69,25 +69,44 @@ def test_dask_fit_console_off_a_terminal(dask_client, store, capfd):
 
 
 SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     import pandas as pd, torch
     from tests.estimators.conftest import mlp, regression_data
     from hora.store import Store
-    from hora.dask import TorchEstimator
 
     x, y = regression_data(n=300)
+    frame = pd.DataFrame({"features": [list(map(float, r)) for r in x], "y": y})
+    if sys.argv[2] == "spark":  # Spark's own console bar on, as in a pyspark shell: quiet while hora trains
+        from pyspark.sql import SparkSession
+        from hora.spark import TorchEstimator
+        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "true").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        frame = spark.createDataFrame(frame)
+    elif sys.argv[2] == "dask":  # a Dask frame on a LocalCluster of 2 worker processes
+        import dask, dask.dataframe as dd
+        from distributed import Client, LocalCluster
+        from hora.dask import TorchEstimator
+        if __name__ == "__main__":
+            client = Client(LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None))
+        with dask.config.set({"dataframe.convert-string": False}):
+            frame = dd.from_pandas(pd.DataFrame({"features": list(x), "y": y}), npartitions=4)
+    else:  # a pandas frame: local ranks
+        from hora.dask import TorchEstimator
     net = mlp()
     est = TorchEstimator(num_proc=2, store=Store.create(sys.argv[1]), model=net,
                          optimizer=torch.optim.Adam(net.parameters(), lr=0.01), loss=torch.nn.MSELoss(),
                          feature_cols=["features"], label_cols=["y"], batch_size=32, epochs=3, validation=0.25,
                          random_seed=1, verbose=1)
-    model = est.fit(pd.DataFrame({"features": list(x), "y": y}))
-    print("HISTORY=" + json.dumps(model.history_), flush=True)
+    if __name__ == "__main__":
+        model = est.fit(frame)
+        print("HISTORY=" + json.dumps(model.history_), flush=True)
 """)
 
 
 @pytest.mark.timeout(420)
-def test_fit_console_on_a_terminal_draws_one_bar_per_epoch_ending_with_the_logged_loss(tmp_path):
+@pytest.mark.parametrize("face", ["dask", pytest.param("spark", marks=pytest.mark.spark)])
+def test_fit_console_on_a_terminal_draws_one_bar_per_epoch_ending_with_the_logged_loss(tmp_path, face):
     import pty
 
     script = tmp_path / "fit.py"
@@ -95,7 +114,8 @@ def test_fit_console_on_a_terminal_draws_one_bar_per_epoch_ending_with_the_logge
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     controller, terminal = pty.openpty()
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "COLUMNS": "120"}
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "store")], cwd=root, env=env,
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "store"), face], cwd=root, env=env,
                             stdin=terminal, stdout=terminal, stderr=terminal)
     os.close(terminal)
     chunks = []
@@ -107,7 +127,7 @@ def test_fit_console_on_a_terminal_draws_one_bar_per_epoch_ending_with_the_logge
         if not data:
             break
         chunks.append(data)
-    assert proc.wait(timeout=60) == 0, b"".join(chunks).decode(errors="replace")
+    assert proc.wait(timeout=120) == 0, b"".join(chunks).decode(errors="replace")
     os.close(controller)
     out = b"".join(chunks).decode(errors="replace")
     import json
@@ -115,9 +135,52 @@ def test_fit_console_on_a_terminal_draws_one_bar_per_epoch_ending_with_the_logge
     history = json.loads(out.split("HISTORY=", 1)[1].splitlines()[0])
     assert "RuntimeWarning" not in out and "<stderr>:INFO" not in out, out
     assert out.count("hora: run ") == 2 and " done: 3 epochs" in out, out  # header and summary
+    training = out.split("hora: run ", 1)[1].split(" done: 3 epochs", 1)[0]
+    assert "[Stage " not in training, training  # no Spark console bar while hora's stage runs
     for h in history:  # each epoch's bar closes at 100% with the epoch's logged loss
         e = h["epoch"] + 1
         frames = [f for f in re.split(r"[\r\n]", out) if f.startswith(f"epoch {e}/3:")]
         assert frames, out
         assert "100%" in frames[-1] and f"loss={round(h['loss'], 6):.4g}," in frames[-1], frames[-1]
         assert "steps/s" in frames[-1] and "rows/s" in frames[-1]
+
+
+@pytest.mark.timeout(420)
+def test_lightning_fit_console_has_no_lightning_info_lines_or_model_summary_at_verbose_1(store, capfd):
+    pytest.importorskip("lightning")
+    import lightning.pytorch as pl
+
+    from hora.dask import LightningEstimator
+
+    class Regressor(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def _loss(self, batch):
+            return torch.nn.functional.mse_loss(self(batch["features"]).squeeze(-1), batch["y"])
+
+        def training_step(self, batch, batch_idx):
+            loss = self._loss(batch)
+            self.log("loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self._loss(batch))
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    x, y = regression_data(n=300)
+    est = LightningEstimator(num_proc=2, store=store, model=Regressor(), feature_cols=["features"], label_cols=["y"],
+                             batch_size=32, epochs=3, validation=0.25, random_seed=1, verbose=1)
+    capfd.readouterr()
+    model = est.fit(pd.DataFrame({"features": list(x), "y": y}))  # pandas: local ranks
+    captured = capfd.readouterr()
+    err = captured.err + captured.out
+    assert "<stderr>:INFO" not in err and "Trainable params" not in err, err  # Lightning's INFO, its summary
+    assert "GPU available" not in err, err
+    _check_plain_console(captured.err, model.history_)
