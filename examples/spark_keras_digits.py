@@ -78,15 +78,16 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"epoch {h['epoch'] + 1}: loss {h['loss']:.4f}  val_loss {h['val_loss']:.4f}  "
                   f"val_accuracy {h['val_accuracy']:.3f}")
 
-        scored = model.transform(test).select("label", "prediction").toPandas()
-        probs = np.stack(scored["prediction"].to_numpy())
-        accuracy = float((probs.argmax(axis=1) == scored["label"].to_numpy()).mean())
+        # sparse_categorical_crossentropy makes a classifier: probability vectors and the class as prediction
+        scored = model.transform(test).select("label", "probability", "prediction").toPandas()
+        probs = np.stack([v.toArray() for v in scored["probability"]])
+        accuracy = float((scored["prediction"].to_numpy() == scored["label"].to_numpy()).mean())
         print(f"test accuracy on {len(scored)} rows (scored on the executors): {accuracy:.3f}")
 
         path = os.path.join(tempfile.mkdtemp(prefix="hora-keras-model-"), "model")
         model.write().overwrite().save(path)
         again = KerasModel.load(path)
-        probs2 = np.stack(again.transform(test).select("prediction").toPandas()["prediction"].to_numpy())
+        probs2 = np.stack([v.toArray() for v in again.transform(test).select("probability").toPandas()["probability"]])
         same = bool(np.allclose(probs, probs2, atol=1e-6))
         print(f"saved to {path}; the loaded model predicts the same: {same}")
         if not same:

@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-accuracy", type=float, default=0.95)
     args = parser.parse_args(argv)
 
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
     from sklearn.datasets import load_digits
 
     from hora.spark import TorchEstimator, TorchModel
@@ -115,9 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     model.write().overwrite().save(path)
     loaded = TorchModel.load(path)
     scored = loaded.transform(test_df)
-    # prediction is the array of 10 logits: the class is the position of the largest
-    scored = scored.withColumn("predicted", F.expr("array_position(prediction, array_max(prediction)) - 1"))
-    test_acc = scored.select(F.avg((F.col("predicted") == F.col("label")).cast("double"))).first()[0]
+    # CrossEntropyLoss makes a classifier: rawPrediction (logits), probability (vectors) and prediction (the class)
+    test_acc = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
     print(f"reloaded model from {path}: held-out test accuracy {test_acc:.4f} on {n_test} images "
           f"({time.time() - t0:.0f} s in total)")
     spark.stop()

@@ -14,7 +14,107 @@ import numpy as np
 
 from hora.errors import DataError
 from hora.estimators.framework import TrainingSession
-from hora.store.reader import Reader
+from hora.store.columns import ColumnOps, decode_image
+from hora.store.dataset import ColumnSpec
+from hora.store.reader import ROW_ID, Reader, row_position
+
+
+def column_ops(config: Any, specs: dict[str, ColumnSpec], decode_fn: dict | None, collate_fn: Callable | None,
+               where: Callable[[int], str] | None = None) -> ColumnOps | None:
+    """The :class:`~hora.store.ColumnOps` of a fit for columns of ``specs`` (None when no batch needs
+    one): every binary feature column decoded by ``decode_fn[col]`` (default
+    :func:`hora.store.decode_image`; None keeps the bytes), ragged columns padded (``max_length``,
+    ``truncation``), sparse ones batched per ``sparse_format``, the ``<col>_mask`` inputs of
+    ``feature_cols`` made, ``collate_fn`` applied."""
+    features = config.features
+    user = dict(decode_fn or {})
+    decode = {c: user.get(c, decode_image) for c in features.columns
+              if c in specs and specs[c].kind == "binary"}
+    limit = config.max_length
+    ragged = [c for c, spec in specs.items() if spec.kind == "ragged"]
+    limits = dict(limit) if isinstance(limit, dict) else ({c: int(limit) for c in ragged} if limit else {})
+    ops = ColumnOps(specs=dict(specs), decode=decode, on_decode_error=config.on_decode_error or "raise",
+                    max_length=limits, truncation=config.truncation is not False,
+                    sparse_format=config.sparse_format or "csr", masks=features.masks, collate_fn=collate_fn,
+                    where=where)
+    return ops if ops.needed else None
+
+
+#: the fit's column settings a fitted model keeps for transform (:func:`inference_columns`)
+INFERENCE_COLUMN_SETTINGS = ("decode_fn", "max_length", "truncation", "collate_fn")
+
+
+def inference_columns(config: Any, dataset: Any = None) -> dict[str, Any] | None:
+    """The fit's ``decode_fn``, ``max_length``, ``truncation`` and ``collate_fn`` for the fitted
+    model's transform, and its variable-length feature columns (``ragged``, from the materialized
+    ``dataset``'s specs: a frame to transform whose rows happen to have one length is still
+    padded, cut and masked as in training). None when all are the defaults: nothing to keep."""
+    values = {k: getattr(config, k, None) for k in INFERENCE_COLUMN_SETTINGS}
+    if values["truncation"] is not False:
+        values["truncation"] = True
+    specs = getattr(dataset, "columns", None) or {}
+    values["ragged"] = sorted(c for c in config.features.columns if c in specs and specs[c].kind == "ragged")
+    default = {"decode_fn": None, "max_length": None, "truncation": True, "collate_fn": None, "ragged": []}
+    return None if values == default else values
+
+
+def _as_ragged(values: np.ndarray, spec: ColumnSpec | None) -> tuple[np.ndarray, ColumnSpec]:
+    """A column the fit saw as variable-length, as an object array of 1-d rows (a transform batch
+    whose rows have one length arrives as a 2-d array)."""
+    if spec is not None and spec.kind == "ragged":
+        return values, spec
+    rows = np.empty(len(values), dtype=object)
+    for i, row in enumerate(values):
+        rows[i] = np.asarray(row).reshape(-1)
+    longest = max((len(r) for r in rows), default=0)
+    return rows, ColumnSpec(str(np.asarray(values[0]).dtype) if len(values) else "float32", (longest,), kind="ragged")
+
+
+def inference_arrays(features: Any, arrays: dict[str, np.ndarray], specs: dict[str, ColumnSpec],
+                     columns: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Feature arrays of a frame to transform, as the model took them in training: binary columns
+    decoded (the fit's ``decode_fn`` per column, else :func:`hora.store.decode_image`),
+    variable-length ones (the fit's ``ragged`` columns, and any the batch shows) padded (to the
+    fit's ``max_length``, cut or refused per its ``truncation``, else to the batch's longest row)
+    with their ``<col>_mask`` inputs, sparse rows densified, then the fit's ``collate_fn`` (its
+    batch holds the feature columns only: no labels at transform). ``columns``:
+    :func:`inference_columns` of the fit (None: the defaults).
+
+    Raises:
+        DataError: an image that does not decode (names the column and the row), a row longer
+            than ``max_length`` under ``truncation=False`` (names the column and the length).
+    """
+    columns = columns or {}
+    specs = dict(specs)
+    arrays = dict(arrays)
+    for c in columns.get("ragged") or ():
+        if c in arrays:
+            arrays[c], specs[c] = _as_ragged(arrays[c], specs.get(c))
+    user = dict(columns.get("decode_fn") or {})
+    decode = {c: user.get(c, decode_image) for c, s in specs.items() if s.kind == "binary"}
+    limit = columns.get("max_length")
+    ragged = [c for c, spec in specs.items() if spec.kind == "ragged"]
+    limits = dict(limit) if isinstance(limit, dict) else ({c: int(limit) for c in ragged} if limit else {})
+    ops = ColumnOps(specs=specs, decode=decode, sparse_format="dense", masks=features.masks,
+                    max_length=limits, truncation=columns.get("truncation", True) is not False,
+                    collate_fn=columns.get("collate_fn"))
+    return ops(arrays) if ops.needed else arrays
+
+
+def _reader_ops(spec: Any, reader: Reader) -> Callable | None:
+    """The column operations of a rank's reader (its batches' specs; rows named by the reader's files)."""
+    from hora.estimators.spec import thaw
+
+    common = thaw(spec.common) if spec.common else {}
+    ops = column_ops(spec.config, {c: reader.specs[c] for c in reader.columns if c in reader.specs},
+                     common.get("decode_fn"), common.get("collate_fn"), where=lambda i: row_position(reader, i))
+    if ops is None and reader.row_ids:
+        return _without_row_ids
+    return ops
+
+
+def _without_row_ids(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {c: a for c, a in batch.items() if c != ROW_ID}
 
 
 class CachedReader(Reader):
@@ -29,6 +129,8 @@ class CachedReader(Reader):
     def __init__(self, reader: Reader) -> None:  # shares the reader's plan; reads nothing yet
         self.__dict__.update(reader.__dict__)
         self._source = reader
+        #: the reader's batch_fn (decoding, padding), applied to the kept rows on each pass
+        self._fn, reader.batch_fn = reader.batch_fn, None
         self._cache: dict[str, np.ndarray] | None = None
         self._sizes: list[int] = []
 
@@ -45,7 +147,7 @@ class CachedReader(Reader):
             parts: list[dict[str, np.ndarray]] = []
             for batch in self._source:
                 parts.append(batch)
-                yield batch
+                yield batch if self._fn is None else self._fn(batch)
             if len(parts) == len(self._source):  # a whole pass: keep it
                 self._sizes = [len(next(iter(p.values()))) for p in parts]
                 self._cache = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]} if parts else {}
@@ -58,7 +160,8 @@ class CachedReader(Reader):
         for n in self._sizes:
             idx = order[start:start + n]
             start += n
-            yield {c: a[idx] for c, a in self._cache.items()}
+            batch = {c: a[idx] for c, a in self._cache.items()}
+            yield batch if self._fn is None else self._fn(batch)
 
 
 def reader_layout(spec: Any) -> tuple[list[str], dict[str, tuple[str, ...]]]:
@@ -99,7 +202,9 @@ def _batches(
             reader = make_reader(spec.store, spec.dataset, split=split, rank=rank, size=size,
                                  batch_size=config.batch_size if train else config.val_batch, epoch=pass_epoch,
                                  seed=config.seed, shuffle=config.shuffle and train,
-                                 shuffle_buffer_size=config.shuffle_buffer_size, columns=columns, groups=groups)
+                                 shuffle_buffer_size=config.shuffle_buffer_size, columns=columns, groups=groups,
+                                 row_ids=any(not s.is_dense for s in spec.dataset.columns.values()))
+            reader.batch_fn = _reader_ops(spec, reader)  # decoding, padding: in the reader's prefetch thread
             if cache is not None:
                 reader = cache[split] = CachedReader(reader)
         else:
@@ -144,4 +249,5 @@ def steps_per_epoch(spec: Any, split: str, rank: int, size: int) -> int:
     return min(one_pass, config.validation_steps_per_epoch or one_pass)
 
 
-__all__ = ["CachedReader", "_batches", "reader_layout", "steps_per_epoch"]
+__all__ = ["CachedReader", "_batches", "reader_layout", "steps_per_epoch", "column_ops",
+           "inference_arrays", "inference_columns", "INFERENCE_COLUMN_SETTINGS"]

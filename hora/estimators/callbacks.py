@@ -6,9 +6,14 @@ takes the same decision; a callback that should act once (write a file) checks
 ``context.rank == 0``.
 
 A callback sees a :class:`CallbackContext` with the rank, the size, the run id, the
-store, the estimator's JSON params, ``stop_training`` (set it to True to end training
-after this epoch), ``state_bytes()`` (a checkpoint of the current model) and
-``model_files()`` (the model as a saved hora model holds it). Before anything is
+store, the estimator's JSON params, the ``model`` being trained and its ``optimizer``
+(the framework's objects on this rank: a ``torch.nn.Module`` and hora's
+``DistributedOptimizer`` for PyTorch, a ``keras.Model`` and its optimizer for Keras; for
+Lightning the ``LightningModule``, whose Trainer makes the optimizers: ``optimizer`` is None
+there, ``ctx.model.optimizers()`` gives them while the Trainer runs), ``stop_training``
+(set it to True to end training after this epoch), ``state_bytes()`` (a checkpoint of the
+current model; with ``strategy='zero1'`` / ``'zero2'`` it gathers the optimizer's shards, so every
+rank must call it, as :class:`BestModelCheckpoint` does) and ``model_files()`` (the model as a saved hora model holds it). Before anything is
 launched, the driver calls each callback's :meth:`Callback.prepare` with the config
 (:class:`MLflowLogger` checks its tracking server there).
 """
@@ -38,6 +43,10 @@ class CallbackContext:
         state_bytes: returns a checkpoint of the current model and optimizer (the session's format).
         model_files: returns the current model as the framework codec saves it (``{name: bytes}``).
         params: the estimator's JSON parameters.
+        model: the model this rank trains (the framework's object; changing its weights changes
+            training: every rank runs the same callbacks, so keep them alike).
+        optimizer: its optimizer (for PyTorch hora's ``DistributedOptimizer``: ``param_groups``
+            hold the learning rates, after ``lr_scaling``; the ``lr_scheduler`` is ``extra["lr_scheduler"]``).
         extra: free space for callbacks to share state.
     """
 
@@ -51,6 +60,8 @@ class CallbackContext:
     state_bytes: Callable[[], bytes] | None = None
     model_files: Callable[[], dict[str, bytes]] | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    model: Any = None
+    optimizer: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -10,10 +10,13 @@ trains beyond its :class:`~hora.estimators.framework.Framework` descriptor.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from hora.errors import ConfigError, WorkerFailedError
 from hora.estimators.callbacks import Callback
@@ -21,6 +24,7 @@ from hora.estimators.data import check_columns, dask_frame, engine_of, sample_nu
 from hora.estimators.framework import CheckResult, Framework
 from hora.estimators.params import EstimatorConfig
 from hora.estimators.spec import TrainSpec, freeze
+from hora.estimators.tasks import ClassifierHead, check_labels, resolve_task, sample_for_check
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,8 @@ class FitResult:
         num_proc: ranks that trained.
         extra: rank 0's extra results and ``timings`` (seconds: ``prepare_s``, ``materialize_s``,
             ``train_s`` (the whole worker job, start to end), ``epochs_s`` (inside epochs), ``collect_s``).
+        classifier: how a classifier's output becomes its columns (None: regression; see
+            :mod:`hora.estimators.tasks`).
     """
 
     model: Any
@@ -49,10 +55,17 @@ class FitResult:
     dataset: Any = None
     num_proc: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    classifier: ClassifierHead | None = None
 
 
 def prepare(df: Any, config: EstimatorConfig, framework: Framework) -> CheckResult:
-    """Validate ``df`` and ``config`` on the driver, before anything is launched.
+    """Validate ``df`` and ``config`` on the driver, before anything is launched (see :func:`prepare_task`)."""
+    return prepare_task(df, config, framework)[0]
+
+
+def prepare_task(df: Any, config: EstimatorConfig, framework: Framework) -> tuple[CheckResult, ClassifierHead | None]:
+    """Validate ``df`` and ``config`` on the driver, before anything is launched; with the fit's task
+    (:func:`hora.estimators.tasks.resolve_task`: a classifier's head, or None for outputs as they are).
 
     Raises:
         DataError: missing columns, empty DataFrame, string columns.
@@ -66,14 +79,17 @@ def prepare(df: Any, config: EstimatorConfig, framework: Framework) -> CheckResu
     if isinstance(config.validation, str):
         roles.append(("validation", config.validation))
     check_columns(df, roles)
-    sample = sample_numpy(df, features.columns + list(config.label_cols))
+    sample = sample_numpy(df, features.columns + list(config.label_cols), config=config)  # as a rank's batch
     features.check_sample(sample)
-    checked = framework.codec.check(config, features.stack(sample))
+    stacked = features.stack(sample)
+    checked = framework.codec.check(config, sample_for_check(config, framework.name, stacked))
+    label = np.asarray(stacked[config.label_cols[0]])
+    head = resolve_task(config, framework.name, checked.output_shapes, label_shape=label.shape[1:])
     for cb in config.callbacks or []:
         prepare_cb = getattr(cb, "prepare", None)
         if callable(prepare_cb):
             prepare_cb(config)
-    return checked
+    return checked, head
 
 
 def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: Any) -> dict[str, Any]:
@@ -132,6 +148,20 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
     return opts
 
 
+def _prestart(opts: dict[str, Any], spark: Any, client: Any) -> None:
+    """Let the launcher prepare the ranks' hosts now (:meth:`hora.runners.Launcher.prestart`),
+    overlapped with the store check and the materialization; never fails the fit."""
+    from hora import runners
+
+    backend = opts["backend"]
+    if not isinstance(backend, (str, runners.Launcher)):
+        return
+    try:
+        runners.resolve_launcher(backend, spark=spark, client=client).prestart(opts["num_proc"], opts["env"])
+    except Exception as exc:
+        logger.debug("no prestart of the ranks' hosts: %s", exc)
+
+
 def _check_store_reach(backend: Any, store: Any) -> None:
     """Ranks on Spark executors read the dataset and write checkpoints there: check the store first.
 
@@ -180,9 +210,10 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     if engine == "dask":
         df = dask_frame(df, features.columns + list(config.label_cols))
     t_prepare = time.monotonic()
-    checked = prepare(df, config, framework)
+    checked, head = prepare_task(df, config, framework)
     opts = _launch_options(config, engine, spark, client)
     num_proc = opts["num_proc"]
+    _prestart(opts, spark, client)  # the ranks' warm servers import torch while the data is materialized
     timings = {"prepare_s": time.monotonic() - t_prepare}
     run_id = config.run_id or new_run_id()
     store = config.store
@@ -204,17 +235,20 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         info = materialize(df, store, feature_cols=features.columns, label_cols=list(config.label_cols),
                            sample_weight_col=config.sample_weight_col, validation=config.validation,
                            num_proc=num_proc * (config.partitions_per_process or 1), seed=config.seed,
-                           label_nan=config.label_nan)
+                           label_nan=config.label_nan, compress_sparse_cols=bool(config.compress_sparse_cols))
         logger.info("dataset %s (%d train rows, %d val rows) %s in %.1f s", info.fingerprint, info.train_rows,
                     info.val_rows, "reused" if info.reused else "materialized", time.monotonic() - t0)
+        if head is not None:  # a classifier's labels: class indices, checked before any worker starts
+            head = dataclasses.replace(head, seen=check_labels(store, info, config.label_cols[0], head.classes))
     timings["materialize_s"] = time.monotonic() - t0
     input_shapes = checked.input_shapes if checked.input_shapes is not None else config.input_shapes
     spec = TrainSpec(
         framework=framework,
-        config=config.for_workers(input_shapes=input_shapes),
+        config=config.for_workers(input_shapes=input_shapes, task="classification" if head else "regression"),
         payload=framework.codec.freeze(config),
         common=freeze({"callbacks": [cb for cb in config.callbacks or [] if isinstance(cb, Callback)],
-                       "transformation_fn": config.transformation_fn}),  # the framework's own callbacks: codec
+                       "transformation_fn": config.transformation_fn,  # the framework's own callbacks: codec
+                       "decode_fn": config.decode_fn, "collate_fn": config.collate_fn}),
         store=store,
         dataset=info,
         run_id=run_id,
@@ -250,7 +284,8 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         dataset=info,
         num_proc=num_proc,
         extra={**{k: v for k, v in first.items() if k not in ("weights", "history")}, "timings": timings},
+        classifier=head,
     )
 
 
-__all__ = ["fit", "prepare", "FitResult"]
+__all__ = ["fit", "prepare", "prepare_task", "FitResult"]

@@ -23,15 +23,19 @@ import inspect
 import logging
 from typing import Any, ClassVar, Sequence
 
+import numpy as np
+
 from hora.errors import ConfigError
 from hora.estimators import core, persistence
 from hora.estimators.base import plot_history
+from hora.estimators.batches import inference_columns
 from hora.estimators.data import check_face, engine_of
 from hora.estimators.framework import Framework
 from hora.estimators.params import (
-    ParamError, check_param_names, default_output_cols, param_defaults, param_docs, param_signature,
+    ParamError, check_param_names, default_output_cols, mllib_aliases, param_defaults, param_docs, param_signature,
 )
 from hora.estimators.ray_data import ray_transform
+from hora.estimators.tasks import ClassifierCodec, ClassifierHead
 from hora.estimators.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame
 
 logger = logging.getLogger(__name__)
@@ -65,6 +69,7 @@ class DaskEstimator:
     model_class: ClassVar[type]
 
     def __init__(self, **params: Any) -> None:
+        params = mllib_aliases(params)
         check_param_names(self.framework.config, params, type(self).__name__)
         for name, default in param_defaults(self.framework.config).items():
             setattr(self, name, params.get(name, default))
@@ -80,6 +85,7 @@ class DaskEstimator:
         Raises:
             ParamError: an unknown parameter name.
         """
+        params = mllib_aliases(params)
         check_param_names(self.framework.config, params, type(self).__name__)
         for name, value in params.items():
             setattr(self, name, value)
@@ -122,6 +128,11 @@ class DaskModel:
         model_: the trained framework model. ``history_``: per-epoch metrics.
         run_id_: the run's id in the store. ``output_shapes_``: per-row output shapes.
         feature_cols_, label_cols_, output_cols_, input_shapes_: how columns map to the model.
+        task_: ``"classification"`` or ``"regression"``. For a classifier: ``classes_`` (the
+            label values seen in training, sorted), ``predict`` gives class labels,
+            ``predict_proba`` probabilities (one column per class of the model), and
+            ``transform`` adds the ``prediction_col_`` (class index), ``probability_col_`` and
+            ``raw_prediction_col_`` (arrays) columns.
     """
 
     framework: ClassVar[Framework]
@@ -138,8 +149,15 @@ class DaskModel:
         history: Sequence[dict[str, float]] | None = None,
         run_id: str | None = None,
         batch_size: int = DEFAULT_PREDICT_BATCH,
+        classifier: dict[str, Any] | None = None,
+        prediction_col: str = "prediction",
+        probability_col: str = "probability",
+        raw_prediction_col: str = "rawPrediction",
+        inference_columns: dict[str, Any] | None = None,
     ) -> None:
         self.model_ = model
+        #: the fit's decode_fn, max_length, truncation and collate_fn, which transform applies (None: defaults)
+        self.inference_columns_ = inference_columns
         self.feature_cols_ = [c if isinstance(c, str) else list(c) for c in feature_cols]
         self.label_cols_ = list(label_cols)
         self.output_shapes_ = [tuple(s) for s in output_shapes]
@@ -150,6 +168,12 @@ class DaskModel:
         self.history_ = [dict(h) for h in (history or [])]
         self.run_id_ = run_id
         self.batch_size = batch_size
+        self._head = ClassifierHead.from_meta(classifier)
+        self.task_ = "classification" if self._head is not None else "regression"
+        self.prediction_col_, self.probability_col_, self.raw_prediction_col_ = (
+            prediction_col, probability_col, raw_prediction_col)
+        if self._head is not None:
+            self.classes_ = np.asarray(self._head.seen or range(self._head.classes))
         #: seconds spent in each phase of the fit that produced this model (not persisted)
         self.fit_timings_: dict[str, float] = {}
         self._files: dict[str, bytes] | None = None
@@ -158,7 +182,10 @@ class DaskModel:
     def _from_result(cls, result: core.FitResult, config: Any) -> "DaskModel":
         model = cls(model=result.model, feature_cols=config.feature_cols, label_cols=config.label_cols,
                     output_shapes=result.output_shapes, output_cols=config.output_cols,
-                    input_shapes=result.input_shapes, history=result.history, run_id=result.run_id)
+                    input_shapes=result.input_shapes, history=result.history, run_id=result.run_id,
+                    classifier=result.classifier.to_meta() if result.classifier else None,
+                    prediction_col=config.prediction_col, probability_col=config.probability_col,
+                    raw_prediction_col=config.raw_prediction_col, inference_columns=inference_columns(config, result.dataset))
         model.fit_timings_ = dict(result.extra.get("timings", {}))
         return model
 
@@ -174,26 +201,54 @@ class DaskModel:
         Raises:
             DataError: a feature column is missing or an output column already exists.
         """
-        codec = self.framework.codec
+        codec, cols, shapes = self._outputs()
         engine = check_face(df, "hora.dask", f"{type(self).__name__}.transform")
         if engine == "pandas":
-            return predict_frame(codec, self.model_, df, self.feature_cols_, self.input_shapes_,
-                                 self.output_cols_, self.output_shapes_, self.batch_size)
+            return predict_frame(codec, self.model_, df, self.feature_cols_, self.input_shapes_, cols, shapes,
+                                 self.batch_size, columns=self.inference_columns_)
         if engine == "ray":
-            return ray_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_,
-                                 self.output_cols_, self.output_shapes_, self.batch_size)
-        return dask_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_,
-                              self.output_cols_, self.output_shapes_, self.batch_size)
+            return ray_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_, cols, shapes,
+                                 self.batch_size)
+        return dask_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_, cols, shapes,
+                              self.batch_size, columns=self.inference_columns_)
+
+    def _outputs(self) -> tuple[Any, list[str], list[tuple[int, ...]]]:
+        """(codec, output columns, per-row output shapes) of :meth:`transform`: a classifier's three columns."""
+        if self._head is None:
+            return self.framework.codec, self.output_cols_, self.output_shapes_
+        codec = ClassifierCodec(self.framework.codec, self._head)
+        return codec, [self.raw_prediction_col_, self.probability_col_, self.prediction_col_], codec.output_shapes()
 
     def predict(self, df: Any) -> Any:
         """The predictions only: a Series for one output, a DataFrame for several (the frame's rows and
-        index); for a Ray Dataset, a lazy Ray Dataset of the prediction column(s)."""
+        index); for a Ray Dataset, a lazy Ray Dataset of the prediction column(s). A classifier's are
+        its class labels (the values of ``classes_``)."""
         out = self.transform(df)
+        if self._head is not None:
+            if engine_of(df) == "ray":
+                return out.select_columns([self.prediction_col_])
+            return out[self.prediction_col_].astype(np.asarray(self.classes_).dtype)
         if engine_of(df) == "ray":
             return out.select_columns(self.output_cols_)
         if len(self.output_cols_) == 1:
             return out[self.output_cols_[0]]
         return out[self.output_cols_]
+
+    def predict_proba(self, df: Any) -> Any:
+        """A classifier's class probabilities: a numpy array ``(rows, classes)`` of a pandas frame, a Dask
+        Array (chunks per partition) of a Dask frame.
+
+        Raises:
+            ConfigError: the model is not a classifier.
+        """
+        if self._head is None:
+            raise ConfigError(f"{type(self).__name__}.predict_proba needs a classifier (task='classification'); "
+                              "this model was fitted as a regressor")
+        out = self.transform(df)
+        probs = out[self.probability_col_]
+        if engine_of(df) == "pandas":
+            return np.stack(probs.to_numpy()) if len(probs) else np.zeros((0, self._head.classes))
+        return _dask_proba(probs, self._head.classes)
 
     def plot_history(self, metrics: Sequence[str] | None = None) -> Any:
         """A matplotlib Figure of the training / validation curves of ``history_``."""
@@ -203,7 +258,10 @@ class DaskModel:
         return {"face": "dask", "class": persistence.class_path(self), "feature_cols": self.feature_cols_,
                 "label_cols": self.label_cols_, "output_cols": self.output_cols_,
                 "output_shapes": [list(s) for s in self.output_shapes_], "input_shapes": self.input_shapes_,
-                "history": self.history_, "run_id": self.run_id_, "batch_size": self.batch_size}
+                "history": self.history_, "run_id": self.run_id_, "batch_size": self.batch_size,
+                "classifier": self._head.to_meta() if self._head is not None else None,
+                "prediction_col": self.prediction_col_, "probability_col": self.probability_col_,
+                "raw_prediction_col": self.raw_prediction_col_}
 
     def save(self, url: str, overwrite: bool = True) -> None:
         """Save to a folder at any Store URL (``file://``, ``s3://``, ``memory://``...).
@@ -211,7 +269,8 @@ class DaskModel:
         Raises:
             StoreError: the location cannot be written (or holds a model and ``overwrite`` is False).
         """
-        persistence.save_fitted(url, self.framework.codec, self.model_, self._meta(), overwrite=overwrite)
+        persistence.save_fitted(url, self.framework.codec, self.model_, self._meta(), overwrite=overwrite,
+                                objects={"inference_columns": self.inference_columns_})
 
     @classmethod
     def load(cls, url: str) -> "DaskModel":
@@ -220,11 +279,15 @@ class DaskModel:
         Raises:
             StoreError: nothing saved there, or unreadable.
         """
-        _, model, meta, _ = persistence.load_fitted(url)
+        _, model, meta, objects = persistence.load_fitted(url)
         return cls(model=model, feature_cols=meta["feature_cols"], label_cols=meta["label_cols"],
                    output_shapes=meta["output_shapes"], output_cols=meta["output_cols"],
                    input_shapes=meta.get("input_shapes"), history=meta.get("history"), run_id=meta.get("run_id"),
-                   batch_size=int(meta.get("batch_size", DEFAULT_PREDICT_BATCH)))
+                   batch_size=int(meta.get("batch_size", DEFAULT_PREDICT_BATCH)), classifier=meta.get("classifier"),
+                   prediction_col=meta.get("prediction_col", "prediction"),
+                   probability_col=meta.get("probability_col", "probability"),
+                   raw_prediction_col=meta.get("raw_prediction_col", "rawPrediction"),
+                   inference_columns=objects.get("inference_columns"))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -239,6 +302,19 @@ class DaskModel:
         new.history_ = copy.deepcopy(self.history_, memo)
         new._files = None
         return new
+
+
+def _dask_proba(probs: Any, classes: int) -> Any:
+    """A Dask Series of probability arrays as a Dask Array ``(rows, classes)``, one chunk per partition."""
+    import dask
+    import dask.array as da
+
+    def _stack(s: Any) -> np.ndarray:
+        return np.stack(s.to_numpy()).astype(np.float64) if len(s) else np.zeros((0, classes))
+
+    parts = [da.from_delayed(dask.delayed(_stack)(d), shape=(np.nan, classes), dtype=np.float64)
+             for d in probs.to_delayed()]
+    return da.concatenate(parts, axis=0, allow_unknown_chunksizes=True)
 
 
 def build(framework: Framework, module: str, estimator_name: str, model_name: str) -> tuple[type, type]:

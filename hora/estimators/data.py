@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hora.errors import ConfigError, DataError
+from hora.store.columns import MASK_SUFFIX
 from hora.store.dataset import ColumnSpec, group_dtype
 
 #: Rows taken from the DataFrame for the driver-side checks.
@@ -81,13 +82,22 @@ class Features:
 
     @property
     def keys(self) -> list[str]:
-        """One name per model input (a group's is :func:`group_key`)."""
+        """One name per model input (a group's is :func:`group_key`; a mask's is ``<col>_mask``)."""
         return [e if isinstance(e, str) else group_key(e) for e in self.entries]
 
     @property
+    def masks(self) -> dict[str, str]:
+        """``{"<col>_mask": col}`` for each entry ``<col>_mask`` whose ``<col>`` is an entry too:
+        the padding mask of a variable-length column, made per batch (not a column of the frame)."""
+        names = {e for e in self.entries if isinstance(e, str)}
+        return {e: e[:-len(MASK_SUFFIX)] for e in self.entries
+                if isinstance(e, str) and e.endswith(MASK_SUFFIX) and e[:-len(MASK_SUFFIX)] in names}
+
+    @property
     def columns(self) -> list[str]:
-        """Every feature column, in order (what is materialized and read)."""
-        return [c for e in self.entries for c in ((e,) if isinstance(e, str) else e)]
+        """Every feature column, in order (what is materialized and read; masks are made, not read)."""
+        masks = self.masks
+        return [c for e in self.entries for c in ((e,) if isinstance(e, str) else e) if c not in masks]
 
     @property
     def groups(self) -> dict[str, tuple[str, ...]]:
@@ -229,11 +239,53 @@ def series_to_numpy(values: Any, vector_dtype: str = "float32") -> np.ndarray:
     return out
 
 
-def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS) -> dict[str, np.ndarray]:
-    """The first ``rows`` rows of ``columns`` as numpy arrays (for the driver-side checks).
+def column_sample(values: Any, name: str, compress_sparse: bool = False) -> tuple[np.ndarray, ColumnSpec]:
+    """A few rows of a column as the reader gives them, and their :class:`ColumnSpec`: bytes and
+    strings as object arrays (``"binary"`` / ``"string"``), arrays of different lengths as an object
+    array of 1-d arrays (``"ragged"``), ML vectors as ``(indices, values)`` pairs with
+    ``compress_sparse`` (``"sparse"``), everything else as :func:`series_to_numpy` makes it.
 
     Raises:
-        DataError: the DataFrame is empty, or a column holds strings.
+        DataError: values hora cannot feed (names the column).
+    """
+    import pandas as pd
+
+    items = values.tolist() if isinstance(values, pd.Series) and values.dtype == object else None
+    if items is None and isinstance(values, pd.Series) and pd.api.types.is_string_dtype(values.dtype):
+        items = values.astype(object).tolist()
+    if items:
+        first = items[0]
+        if isinstance(first, (bytes, bytearray, memoryview)):
+            return np.array([bytes(v) for v in items] + [b""], dtype=object)[:-1], ColumnSpec("object", kind="binary")
+        if isinstance(first, str):
+            return np.array(items + [""], dtype=object)[:-1], ColumnSpec("object", kind="string")
+        if compress_sparse and hasattr(first, "toArray"):
+            out = np.empty(len(items), dtype=object)
+            for i, v in enumerate(items):
+                idx = np.asarray(getattr(v, "indices", np.arange(len(v))), dtype=np.int32)
+                out[i] = (idx, np.asarray(v.values, dtype=np.float32))
+            return out, ColumnSpec("float32", kind="sparse", size=int(first.size))
+        if isinstance(first, (list, tuple, np.ndarray)) and not hasattr(first, "toArray"):
+            rows = [np.asarray(v) for v in items]
+            if len({r.shape for r in rows}) > 1 and all(r.ndim == 1 for r in rows):
+                out = np.empty(len(rows), dtype=object)
+                for i, r in enumerate(rows):
+                    out[i] = r
+                return out, ColumnSpec(str(rows[0].dtype), (max(len(r) for r in rows),), kind="ragged")
+    arr = series_to_numpy(values)
+    if arr.dtype.kind in "USO":
+        raise DataError(f"column {name!r} holds {arr.dtype} values; hora needs numbers, numeric arrays, bytes or strings")
+    return arr, ColumnSpec(arr.dtype.name, arr.shape[1:])
+
+
+def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS,
+                 config: Any = None) -> dict[str, np.ndarray]:
+    """The first ``rows`` rows of ``columns`` as numpy arrays (for the driver-side checks); with the
+    estimator's ``config``, as a rank's batch reaches the model: images decoded, sequences padded
+    (with their masks), sparse vectors batched, ``collate_fn`` applied (see :func:`sample_batch`).
+
+    Raises:
+        DataError: the DataFrame is empty, or a column holds values hora cannot feed.
     """
     engine = engine_of(df)
     columns = list(dict.fromkeys(columns))
@@ -251,13 +303,46 @@ def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS) -> di
         pdf = df[columns].head(rows)
     if len(pdf) == 0:
         raise DataError("the DataFrame is empty: nothing to train on")
-    out = {}
+    compress = bool(getattr(config, "compress_sparse_cols", False)) and engine == "spark"
+    out, specs = {}, {}
     for c in columns:
-        arr = series_to_numpy(pdf[c])
-        if arr.dtype.kind in "USO":
-            raise DataError(f"column {c!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays")
-        out[c] = arr
-    return out
+        out[c], specs[c] = column_sample(pdf[c], c, compress)
+    if config is None:
+        for c, spec in specs.items():
+            if not spec.is_dense:
+                raise DataError(f"column {c!r} holds {spec.kind} values; hora needs numbers or fixed-size numeric arrays")
+        return out
+    return sample_batch(out, specs, config)
+
+
+def sample_batch(sample: dict[str, np.ndarray], specs: dict[str, ColumnSpec], config: Any) -> dict[str, Any]:
+    """``sample`` (columns as the reader gives them) as the model gets it on a rank: through the
+    estimator's column operations (:func:`hora.estimators.batches.column_ops`), then, where a
+    feature is still bytes or text, through ``transformation_fn`` (a tokenizer).
+
+    Raises:
+        DataError: a decode_fn / collate_fn fails, or a feature stays bytes or text (names it).
+    """
+    from hora.estimators.batches import column_ops
+
+    ops = column_ops(config, specs, getattr(config, "decode_fn", None), getattr(config, "collate_fn", None))
+    batch = ops(sample) if ops is not None else dict(sample)
+    features = Features.parse(config.feature_cols)
+    textual = [k for k in features.keys if k in batch and _is_text(batch[k])]
+    if textual and config.transformation_fn is not None:
+        batch = config.transformation_fn(batch)
+        textual = [k for k in features.keys if k in batch and _is_text(batch[k])]
+    if textual:
+        raise DataError(f"feature column(s) {textual} hold bytes or strings when they reach the model: decode them "
+                        "(decode_fn for binary columns) or turn text into numbers in transformation_fn or "
+                        "collate_fn (a tokenizer)")
+    return batch
+
+
+def _is_text(arr: Any) -> bool:
+    arr = np.asarray(arr) if isinstance(arr, (list, np.ndarray)) else None
+    return arr is not None and (arr.dtype.kind in "US" or (arr.dtype == object and len(arr) > 0 and
+                                                           isinstance(arr.flat[0], (str, bytes))))
 
 
 # ---------------------------------------------------------------------------------------
@@ -301,4 +386,4 @@ def dask_frame(ddf: Any, columns: Sequence[str]) -> Any:
 
 
 __all__ = ["Features", "group_key", "hint_grouping", "engine_of", "check_columns", "series_to_numpy", "sample_numpy",
-           "dask_frame", "SAMPLE_ROWS"]
+           "sample_batch", "column_sample", "dask_frame", "SAMPLE_ROWS"]

@@ -70,6 +70,9 @@ class Resume:
     epoch: int = 0
     step: int = 0
     global_step: int = 0
+    #: True when :meth:`checkpoint` is a collective (a sharded optimizer gathers its state):
+    #: the loop then calls it on every rank whenever a checkpoint is due, and rank 0 writes it
+    checkpoint_collective: bool = False
     history: list[dict[str, float]] = field(default_factory=list)
     size: int = 0
 
@@ -167,6 +170,9 @@ class TrainingSession:
     epoch: int = 0
     step: int = 0
     global_step: int = 0
+    #: True when :meth:`checkpoint` is a collective (a sharded optimizer gathers its state):
+    #: the loop then calls it on every rank whenever a checkpoint is due, and rank 0 writes it
+    checkpoint_collective: bool = False
     #: True for a framework whose own loop trains (Lightning): the worker calls :meth:`fit_run`
     drives_loop: ClassVar[bool] = False
 
@@ -241,6 +247,10 @@ class TrainingSession:
     def restore(self, data: bytes, ckpt_epoch: int) -> Resume:
         """Load a checkpoint written by :meth:`checkpoint`; returns where training stands."""
         raise NotImplementedError(f"{type(self).__name__}.restore")
+
+    def finalize(self) -> None:
+        """Called on every rank once training ended (after a best state was restored), before
+        :meth:`weights` / :meth:`model_files` on rank 0: a sharded model gathers itself here."""
 
     def weights(self) -> bytes:
         """The trained model for the driver (what :meth:`ModelCodec.load` reads)."""

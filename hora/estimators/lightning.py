@@ -236,7 +236,8 @@ class LightningSession(TrainingSession):
                 train_steps=run.steps("train") or None if on_frame else None,
                 val_steps=run.steps("val") or None if on_frame else None, work_dir=work_dir,
                 scale_lr=spec.config.lr_scaling == "linear", terminate_on_nan=spec.config.terminate_on_nan,
-                distributed_optimizer_kwargs={"compression": self.compression} if self.compression else None)
+                distributed_optimizer_kwargs={"compression": self.compression} if self.compression else None,
+                quiet=spec.config.verbose <= 1)  # the driver's console tells the epochs
             run.history, run.start_epoch = list(result.history), result.start_epoch
             self.global_step = result.global_step
             if run.rank == 0:

@@ -37,6 +37,12 @@ from hora.estimators.data import Features
 logger = logging.getLogger(__name__)
 
 LR_SCALING_POLICIES = ("linear", "none")
+#: ``task=`` values (None: inferred from the loss, see :mod:`hora.estimators.tasks`).
+TASKS = (None, "classification", "regression")
+#: a classifier's output column parameters, and MLlib's names for them (accepted as keywords too).
+CLASSIFIER_COLS = ("prediction_col", "probability_col", "raw_prediction_col")
+MLLIB_ALIASES = {"predictionCol": "prediction_col", "probabilityCol": "probability_col",
+                 "rawPredictionCol": "raw_prediction_col"}
 #: ``backend=`` names of hora's launchers (``hora.runners.resolve_launcher``).
 LAUNCHER_NAMES = ("local", "spark", "dask", "ray")
 JSON, PICKLE, NONE = "json", "pickle", "none"
@@ -254,6 +260,23 @@ class EstimatorConfig:
     backward_passes_per_step: int = param(1, "gradient accumulation: backward passes per optimizer step")
     transformation_fn: Callable | None = param(None, "function applied to every batch (dict of numpy arrays -> dict) "
                                                "on the workers", PICKLE)
+    decode_fn: Any = param(None, "decoding of binary feature columns on the ranks, in the reader's background thread: "
+                           "{column: fn(bytes) -> array}; default hora.store.decode_image (Pillow: an (H, W, C) "
+                           "uint8 array) for every binary feature column; {column: None} keeps the bytes", PICKLE)
+    on_decode_error: Literal["raise", "skip"] = param(
+        "raise", "a row whose decode_fn fails: 'raise' (default) fails the fit, naming the column and the row's "
+        "place in its partition's file; 'skip' drops the row (counted and logged)")
+    max_length: int | dict[str, int] | None = param(
+        None, "variable-length array columns: each batch is padded to its longest row, at most this many values "
+        "(an int, or {column: int}); longer rows are truncated (counted and logged) unless truncation=False")
+    truncation: bool = param(True, "cut rows longer than max_length (False: such a row fails the fit, naming the "
+                             "column and its length)")
+    sparse_format: Literal["csr", "dense"] = param(
+        "csr", "sparse vector columns (compress_sparse_cols=True) reach a PyTorch model as a torch.sparse_csr "
+        "tensor per batch ('csr') or densified per batch ('dense')")
+    collate_fn: Callable | None = param(None, "function on each numpy batch on the ranks (images decoded, "
+                                        "variable-length rows as object arrays of arrays, strings as object arrays) "
+                                        "-> dict of arrays; replaces hora's padding and sparse batching", PICKLE)
     input_shapes: Sequence[Sequence[int]] | None = param(None, "shape of each feature input including the batch "
                                                          "dimension, e.g. [[-1, 1, 8, 8]]")
     use_gpu: bool = param(False, "train on the GPU of each worker (one GPU per rank)")
@@ -267,6 +290,15 @@ class EstimatorConfig:
                                         "parameter searches")
     output_cols: Sequence[str] | None = param(None, "prediction column names (default 'prediction' for one label, "
                                               "'<label>__output' for several)")
+    task: Literal["classification", "regression"] | None = param(
+        None, "'classification' (the model gives one logit per class, or one for two classes; the fitted model "
+        "outputs rawPrediction, probability and a class index as prediction), 'regression' (outputs as they are), "
+        "or None: inferred from the loss (cross-entropy / NLL / BCE: classification), logged once")
+    prediction_col: str = param("prediction", "a classifier's class index column (double), MLlib's predictionCol")
+    probability_col: str = param("probability", "a classifier's class probabilities column (an ML vector), MLlib's "
+                                 "probabilityCol")
+    raw_prediction_col: str = param("rawPrediction", "a classifier's logits column (an ML vector), MLlib's "
+                                    "rawPredictionCol")
     start_timeout: float | None = param(None, "seconds to wait for every worker to start")
     partitions_per_process: int | None = param(None, "Parquet files of the materialized data per training process "
                                                "(default: one)")
@@ -280,8 +312,8 @@ class EstimatorConfig:
                                          ignored=_IGNORED + "each rank reads in one background thread")
     mp_start_method: str | None = param(None, "ignored (Horovod's petastorm knob)",
                                         ignored=_IGNORED + "it starts no reader processes")
-    compress_sparse_cols: bool | None = param(None, "ignored (Horovod's petastorm knob)",
-                                              ignored=_IGNORED + "ML vectors are stored dense")
+    compress_sparse_cols: bool | None = param(None, "store Spark ML vector columns sparse (int32 indices + values "
+                                              "per row: the store's size follows the non-zeros); default: dense")
     transformation_edit_fields: Any = param(None, "ignored (Horovod's petastorm knob)",
                                             ignored=_IGNORED + "it learns the transformed batch's fields from "
                                             "transformation_fn's output")
@@ -377,6 +409,16 @@ class EstimatorConfig:
             if len(outs) != n_labels:
                 raise ConfigError(f"output_cols has {len(outs)} names but there are {n_labels} label_cols")
             self.output_cols = outs
+        if self.task not in TASKS:
+            raise ConfigError(f"task must be one of {', '.join(map(repr, TASKS))}, got {self.task!r}")
+        for name in CLASSIFIER_COLS:
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"{name} must be a column name, got {getattr(self, name)!r}")
+        names = [getattr(self, name) for name in CLASSIFIER_COLS]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"prediction_col, probability_col and raw_prediction_col must differ, got {names}")
+        if self.task == "classification" and n_labels != 1:
+            raise ConfigError(f"task='classification' takes one label column, got label_cols {self.label_cols}")
         if self.run_id is not None:
             from hora.runners.spec import check_run_id  # the one run id rule (store folders, task keys)
 
@@ -408,6 +450,7 @@ class EstimatorConfig:
         self.backward_passes_per_step = _positive_int("backward_passes_per_step", self.backward_passes_per_step, False)
         if self.transformation_fn is not None and not callable(self.transformation_fn):
             raise ConfigError(f"transformation_fn must be callable, got {self.transformation_fn!r}")
+        self._check_columns_ops()
         if self.input_shapes is not None:
             shapes = []
             for shape in self.input_shapes:
@@ -432,6 +475,33 @@ class EstimatorConfig:
         self.start_timeout = _positive_number("start_timeout", self.start_timeout)
         self.partitions_per_process = _positive_int("partitions_per_process", self.partitions_per_process)
         _flag("inmemory_cache_all", self.inmemory_cache_all)
+
+    def _check_columns_ops(self) -> None:
+        """decode_fn, on_decode_error, max_length, truncation, sparse_format, collate_fn, compress_sparse_cols."""
+        if self.decode_fn is not None:
+            if callable(self.decode_fn) or not isinstance(self.decode_fn, dict):
+                raise ConfigError(f"decode_fn must map binary column names to functions bytes -> array, e.g. "
+                                  f"{{'image': hora.store.decode_image}}, got {self.decode_fn!r}")
+            for col, fn in self.decode_fn.items():
+                if col not in self.features.columns:
+                    raise ConfigError(f"decode_fn names column {col!r}, which is not in feature_cols "
+                                      f"{self.features.columns}")
+                if fn is not None and not callable(fn):
+                    raise ConfigError(f"decode_fn[{col!r}] must be callable (or None to keep the bytes), got {fn!r}")
+        if self.on_decode_error not in ("raise", "skip"):
+            raise ConfigError(f"on_decode_error must be 'raise' or 'skip', got {self.on_decode_error!r}")
+        limits = self.max_length if isinstance(self.max_length, dict) else (
+            {} if self.max_length is None else {"": self.max_length})
+        for col, n in limits.items():
+            if not _is_int(n) or n < 1:
+                raise ConfigError(f"max_length{f'[{col!r}]' if col else ''} must be an int >= 1, got {n!r}")
+        _flag("truncation", self.truncation)
+        if self.sparse_format not in ("csr", "dense"):
+            raise ConfigError(f"sparse_format must be 'csr' or 'dense', got {self.sparse_format!r}")
+        if self.collate_fn is not None and not callable(self.collate_fn):
+            raise ConfigError(f"collate_fn must be callable, got {self.collate_fn!r}")
+        if self.compress_sparse_cols is not None and not isinstance(self.compress_sparse_cols, bool):
+            raise ConfigError(f"compress_sparse_cols must be True or False, got {self.compress_sparse_cols!r}")
 
     def _check_ignored(self) -> None:
         for f in param_fields(type(self)):
@@ -507,8 +577,25 @@ class EstimatorConfig:
         Raises:
             ParamError: an unknown name (Horovod's names say what to use instead).
         """
+        params = mllib_aliases(params)
         check_param_names(cls, params, "estimator")
         return cls(**params)
+
+
+def mllib_aliases(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with MLlib's column keywords (``predictionCol``, ``probabilityCol``, ``rawPredictionCol``)
+    under hora's names.
+
+    Raises:
+        ConfigError: both names of one parameter are given.
+    """
+    out = dict(params)
+    for alias, name in MLLIB_ALIASES.items():
+        if alias in out:
+            if name in out:
+                raise ConfigError(f"give {name} or MLlib's {alias}, not both")
+            out[name] = out.pop(alias)
+    return out
 
 
 def check_param_names(cls: type, names: Any, owner: str) -> None:
@@ -551,4 +638,5 @@ JSON_PARAMS: frozenset[str] = json_params(EstimatorConfig)
 __all__ = ["EstimatorConfig", "ParamInfo", "ParamError", "param", "param_fields", "param_defaults", "param_docs",
            "param_types", "param_signature", "json_params", "unsaved_params", "check_param_names",
            "HOROVOD_UNSUPPORTED", "PARAM_DEFAULTS",
-           "PARAM_DOCS", "JSON_PARAMS", "LR_SCALING_POLICIES", "LAUNCHER_NAMES", "default_output_cols"]
+           "PARAM_DOCS", "JSON_PARAMS", "LR_SCALING_POLICIES", "LAUNCHER_NAMES", "default_output_cols", "TASKS",
+           "CLASSIFIER_COLS", "MLLIB_ALIASES", "mllib_aliases"]

@@ -31,13 +31,15 @@ from hora import _spark
 from hora.errors import ConfigError, DataError, StoreError
 from hora.estimators import core, persistence
 from hora.estimators.base import plot_history
+from hora.estimators.batches import inference_columns
 from hora.estimators.data import check_face
 from hora.estimators.framework import Framework
 from hora.estimators.params import (
-    EstimatorConfig, check_param_names, default_output_cols, json_params, param_defaults, param_docs, param_signature,
-    unsaved_params,
+    EstimatorConfig, check_param_names, default_output_cols, json_params, mllib_aliases, param_defaults, param_docs,
+    param_signature, unsaved_params,
 )
 from hora.estimators.spark_python import explain_worker_failure
+from hora.estimators.tasks import ClassifierCodec, ClassifierHead
 from hora.estimators.transform import DEFAULT_PREDICT_BATCH, spark_transform
 
 logger = logging.getLogger(__name__)
@@ -92,7 +94,16 @@ MODEL_PARAMS: dict[str, str] = {
     "history": "per-epoch training metrics (a list of dicts)",
     "output_shapes": "per-row shape of each model output",
     "batch_size": "rows per forward pass during transform",
+    "task": "'classification' or 'regression': what the model was fitted as",
+    "classifier": "a classifier's classes and scores ({'classes', 'scores', 'single'}; None for a regressor)",
+    "prediction_col": "a classifier's class index column (double), MLlib's predictionCol",
+    "probability_col": "a classifier's class probabilities column (an ML vector), MLlib's probabilityCol",
+    "raw_prediction_col": "a classifier's logits column (an ML vector), MLlib's rawPredictionCol",
+    "inference_columns": "the fit's decode_fn, max_length, truncation and collate_fn, which transform applies "
+                         "(None: the defaults)",
 }
+#: model Params saved pickled beside the JSON metadata (they hold functions)
+MODEL_PICKLED_PARAMS = frozenset({"inference_columns"})
 _MODEL_MIXINS = [param_mixin(n, d) for n, d in MODEL_PARAMS.items()]
 #: the fitted model's constructor keywords: ``{name: (type as declared, default)}``
 MODEL_PARAM_TYPES: dict[str, tuple[str, Any]] = {
@@ -105,6 +116,12 @@ MODEL_PARAM_TYPES: dict[str, tuple[str, Any]] = {
     "history": ("Sequence[dict[str, float]] | None", None),
     "output_shapes": ("Sequence[Sequence[int]] | None", None),
     "batch_size": ("int", DEFAULT_PREDICT_BATCH),
+    "task": ("str", "regression"),
+    "classifier": ("dict[str, Any] | None", None),
+    "prediction_col": ("str", "prediction"),
+    "probability_col": ("str", "probability"),
+    "raw_prediction_col": ("str", "rawPrediction"),
+    "inference_columns": ("dict[str, Any] | None", None),
 }
 
 
@@ -212,8 +229,9 @@ class SparkEstimator(Estimator, _Persisted):
             ParamError: an unknown parameter (a ConfigError and a TypeError; Horovod's names
                 say what to use instead).
         """
-        check_param_names(self.framework.config, self._input_kwargs, type(self).__name__)
-        return self._set(**self._input_kwargs)
+        kwargs = mllib_aliases(self._input_kwargs)
+        check_param_names(self.framework.config, kwargs, type(self).__name__)
+        return self._set(**kwargs)
 
     def _param_names(self) -> list[str]:
         return list(param_defaults(self.framework.config))
@@ -264,7 +282,10 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
 
     The trained framework model is :meth:`getModel`; ``getHistory()`` / ``history_`` hold
     the per-epoch metrics; :meth:`plot_history` draws them; ``setOutputCols`` names the
-    prediction columns (as in Horovod).
+    prediction columns (as in Horovod). A classifier (``getTask() == "classification"``)
+    outputs MLlib's three columns instead, named by ``setRawPredictionCol`` (a vector of
+    the model's scores), ``setProbabilityCol`` (a vector of class probabilities) and
+    ``setPredictionCol`` (the class index, a double), as MLlib's evaluators expect.
     """
 
     framework: ClassVar[Framework]
@@ -273,7 +294,9 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         self._setDefault(output_cols=None, input_shapes=None, run_id=None, history=[], output_shapes=None,
-                         batch_size=DEFAULT_PREDICT_BATCH)
+                         batch_size=DEFAULT_PREDICT_BATCH, task="regression", classifier=None,
+                         prediction_col="prediction", probability_col="probability",
+                         raw_prediction_col="rawPrediction", inference_columns=None)
         self._model = kwargs.pop("model", None)
         #: seconds spent in each phase of the fit that produced this model (not persisted)
         self.fit_timings_: dict[str, float] = {}
@@ -285,7 +308,11 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
         model = cls(model=result.model, feature_cols=list(config.feature_cols), label_cols=list(config.label_cols),
                     output_cols=default_output_cols(config.label_cols, config.output_cols),
                     input_shapes=result.input_shapes, run_id=result.run_id, history=result.history,
-                    output_shapes=[list(s) for s in result.output_shapes])
+                    output_shapes=[list(s) for s in result.output_shapes],
+                    task="classification" if result.classifier else "regression",
+                    classifier=result.classifier.to_meta() if result.classifier else None,
+                    prediction_col=config.prediction_col, probability_col=config.probability_col,
+                    raw_prediction_col=config.raw_prediction_col, inference_columns=inference_columns(config, result.dataset))
         model.fit_timings_ = dict(result.extra.get("timings", {}))
         return model
 
@@ -319,12 +346,27 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
             raise ConfigError(
                 f"{type(self).__name__} needs feature_cols and output_shapes (per-row shape of each output) to transform"
             )
-        return spark_transform(
-            dataset, self.framework.codec, self._model_files(), self.getOrDefault("feature_cols"),
-            self.getOrDefault("input_shapes"),
-            default_output_cols(self.getOrDefault("label_cols"), self.getOrDefault("output_cols")),
-            [tuple(s) for s in self.getOrDefault("output_shapes")], int(self.getOrDefault("batch_size")),
-        )
+        head = ClassifierHead.from_meta(self.getOrDefault("classifier"))
+        if head is None:
+            return spark_transform(
+                dataset, self.framework.codec, self._model_files(), self.getOrDefault("feature_cols"),
+                self.getOrDefault("input_shapes"),
+                default_output_cols(self.getOrDefault("label_cols"), self.getOrDefault("output_cols")),
+                [tuple(s) for s in self.getOrDefault("output_shapes")], int(self.getOrDefault("batch_size")),
+                columns=self.getOrDefault("inference_columns"),
+            )
+        codec = ClassifierCodec(self.framework.codec, head)
+        raw, prob = self.getOrDefault("raw_prediction_col"), self.getOrDefault("probability_col")
+        names = [raw, prob, self.getOrDefault("prediction_col")]
+        if len(set(names)) != 3:
+            raise ConfigError(f"{type(self).__name__}: rawPrediction, probability and prediction columns must "
+                              f"differ, got {names}")
+        out = spark_transform(dataset, codec, self._model_files(), self.getOrDefault("feature_cols"),
+                              self.getOrDefault("input_shapes"), names, codec.output_shapes(),
+                              int(self.getOrDefault("batch_size")), columns=self.getOrDefault("inference_columns"))
+        to_vector = _array_to_vector(out)
+        F = _spark.functions(out)
+        return out.withColumn(raw, to_vector(F.col(f"`{raw}`"))).withColumn(prob, to_vector(F.col(f"`{prob}`")))
 
     def copy(self, extra: dict | None = None) -> "SparkModel":
         """A copy with the same uid and params (plus ``extra``) and its own copy of the trained model."""
@@ -339,7 +381,7 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
 
     # persistence ------------------------------------------------------------------------
     def _save_to(self, path: str, spark: Any) -> None:
-        json_out, objects = _split_params(self, list(MODEL_PARAMS), frozenset(MODEL_PARAMS))
+        json_out, objects = _split_params(self, list(MODEL_PARAMS), frozenset(MODEL_PARAMS) - MODEL_PICKLED_PARAMS)
         DefaultParamsWriter.saveMetadata(self, path, spark, extraMetadata={"hora": "model"}, paramMap=json_out)
         _check_client_sees(path, spark, saving=True)
         persistence.save_fitted(os.path.join(path, SIDE_DIR), self.framework.codec, self._model,
@@ -354,6 +396,15 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
         DefaultParamsReader.getAndSetParams(inst, metadata)
         inst._set(**objects)
         return inst
+
+
+def _array_to_vector(df: Any) -> Any:
+    """``array_to_vector`` for the kind of session ``df`` belongs to."""
+    if _spark.is_connect(df):
+        from pyspark.ml.connect.functions import array_to_vector
+    else:
+        from pyspark.ml.functions import array_to_vector
+    return array_to_vector
 
 
 def build(framework: Framework, module: str, estimator_name: str, model_name: str) -> tuple[type, type]:

@@ -15,6 +15,23 @@ Conventions for users of ``TorchEstimator``:
 * with ``sample_weight_col``, loss modules with a ``reduction`` attribute are run with
   ``reduction="none"`` and the per-row losses averaged with the weights; plain
   callables must then return one loss per row;
+* the options of a modern loop (each a ``TorchConfig`` parameter): ``lr_scheduler``, a
+  factory ``optimizer -> torch.optim.lr_scheduler`` object, stepped after each optimizer
+  step (``lr_scheduler_interval="step"``) or each epoch (``"epoch"``, the default;
+  ``ReduceLROnPlateau`` is stepped with ``val_loss``, else ``loss``), its state in every
+  checkpoint, so a resume or relaunch continues the schedule; ``precision``: ``"32"``,
+  ``"bf16-mixed"`` (``torch.autocast`` to bfloat16, on the CPU or the GPU) or
+  ``"16-mixed"`` (float16 autocast with a ``GradScaler``: GPU only, ``use_gpu=True``; on
+  the CPU use ``"bf16-mixed"``); ``gradient_clip_value`` / ``gradient_clip_norm``:
+  applied to the gradients as allreduced, before the step (``optimizer.synchronize()``,
+  unscaled by the GradScaler, clipped by value then by norm, then
+  ``with optimizer.skip_synchronize(): optimizer.step()``, as Horovod prescribes);
+  ``class_weight`` (a classifier's, ``{class: weight}`` or one weight per class): each
+  row's loss weighted by its label's class weight (times its ``sample_weight_col``
+  weight), the weighted mean as ``CrossEntropyLoss(weight=...)`` computes it;
+* ``strategy``: ``"hora"`` (hora's DistributedOptimizer), ``"zero1"`` / ``"zero2"`` (the same,
+  sharded), ``"ddp"`` or ``"fsdp"`` (torch's, on the group :func:`hora.torch.init_process_group`
+  builds): see :mod:`hora.estimators.torch_strategies`;
 * ``train_minibatch_fn`` (Horovod's): ``fn(model, optimizer, transform_outputs, loss_fn,
   inputs, labels, sample_weights, backward_passes_per_step, batch_idx) -> (outputs,
   loss)`` replaces the default step; it calls ``zero_grad``/``backward``/``step`` itself
@@ -30,7 +47,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -39,6 +56,8 @@ from hora.estimators.data import hint_grouping
 from hora.estimators.framework import CheckResult, Framework, ModelCodec, Resume, TrainingSession, register
 from hora.estimators.params import EstimatorConfig, param
 from hora.estimators.spec import freeze, thaw
+from hora.estimators import torch_strategies
+from hora.estimators.torch_strategies import COLLECTIVE_CHECKPOINT, STRATEGIES, TORCH_DISTRIBUTED
 from hora.estimators.torch_tensors import (
     LabelConverter, ParamDtype, _stack, _tensor, align_label, as_outputs, first_state_mismatch, is_torchmetric,
     loss_value, normalize_metrics, per_row_loss_fn, state_bytes, to_inputs, weighted,
@@ -56,6 +75,26 @@ class TorchConfig(EstimatorConfig):
                                                 "backward_passes_per_step, batch_idx) -> (outputs, loss)", "pickle")
     loss_constructors: Sequence[Callable] | None = param(None, "functions returning the losses (Horovod's; instead "
                                                          "of loss)", "pickle")
+    lr_scheduler: Callable | None = param(None, "a factory optimizer -> torch.optim.lr_scheduler object; its state is "
+                                          "checkpointed and a resume or relaunch continues it", "pickle")
+    lr_scheduler_interval: Literal["epoch", "step"] = param(
+        "epoch", "step lr_scheduler after each epoch ('epoch'; ReduceLROnPlateau with val_loss, else loss) or after "
+        "each optimizer step ('step')")
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = param(
+        "32", "'32', 'bf16-mixed' (autocast to bfloat16, CPU or GPU) or '16-mixed' (float16 autocast with a "
+        "GradScaler, GPU only)")
+    gradient_clip_norm: float | None = param(None, "clip the allreduced gradients to this total norm before each "
+                                             "optimizer step")
+    gradient_clip_value: float | None = param(None, "clip each allreduced gradient value to [-v, v] before each "
+                                              "optimizer step")
+    class_weight: dict[int, float] | Sequence[float] | None = param(
+        None, "a classifier's class weights ({class: weight}, missing classes 1.0, or one weight per class): each "
+        "row's loss is weighted by its class (times sample_weight_col)", "pickle")
+    strategy: Literal["hora", "zero1", "zero2", "ddp", "fsdp"] = param(
+        "hora", "how ranks share the work: 'hora' (hora's DistributedOptimizer; every rank holds everything), "
+        "'zero1' / 'zero2' (each rank keeps the optimizer state / and the gradients of its shard of the "
+        "parameters), 'ddp' (torch's DistributedDataParallel) or 'fsdp' (FSDP2's fully_shard: parameters too); "
+        "checkpoints hold the whole state, so a resume at another size reshards")
 
     def __post_init__(self) -> None:
         if self.loss_constructors is not None:
@@ -69,6 +108,100 @@ class TorchConfig(EstimatorConfig):
         super().__post_init__()
         if self.train_minibatch_fn is not None and not callable(self.train_minibatch_fn):
             raise ConfigError(f"train_minibatch_fn must be callable, got {self.train_minibatch_fn!r}")
+        self._check_loop_options()
+
+    def _check_loop_options(self) -> None:
+        """lr_scheduler, precision, gradient clipping and class_weight (what can be checked without the data)."""
+        if self.lr_scheduler is not None and not callable(self.lr_scheduler):
+            raise ConfigError(f"lr_scheduler must be a factory optimizer -> scheduler (e.g. lambda opt: "
+                              f"torch.optim.lr_scheduler.StepLR(opt, 10)), got {self.lr_scheduler!r}")
+        if self.lr_scheduler_interval not in SCHEDULER_INTERVALS:
+            raise ConfigError(f"lr_scheduler_interval must be 'epoch' or 'step', got {self.lr_scheduler_interval!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {self.precision!r}")
+        if self.precision == "16-mixed" and not self.use_gpu:
+            raise ConfigError("precision='16-mixed' (float16 autocast with a GradScaler) needs use_gpu=True; on the "
+                              "CPU use precision='bf16-mixed'")
+        self._check_strategy()
+        for name in ("gradient_clip_norm", "gradient_clip_value"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+        if self.train_minibatch_fn is not None:
+            custom = [n for n, v in (("precision", self.precision != "32"), ("gradient_clip_norm",
+                      self.gradient_clip_norm), ("gradient_clip_value", self.gradient_clip_value),
+                      ("class_weight", self.class_weight is not None)) if v]
+            if custom:
+                raise ConfigError(f"{', '.join(custom)} apply to hora's training step, but train_minibatch_fn "
+                                  "replaces it: do them in the function")
+        cw = self.class_weight
+        if cw is not None:
+            items = cw.items() if isinstance(cw, dict) else enumerate(cw) if isinstance(cw, (list, tuple)) else None
+            if items is None:
+                raise ConfigError(f"class_weight must be a dict {{class: weight}} or a list of weights, got {cw!r}")
+            for k, w in items:
+                if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+                    raise ConfigError(f"class_weight keys must be class indices (ints >= 0), got {k!r}")
+                if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 or not math.isfinite(w):
+                    raise ConfigError(f"class_weight[{k}] must be a number >= 0, got {w!r}")
+            if self.task == "regression":
+                raise ConfigError("class_weight applies to a classifier, but task='regression'")
+
+    def _check_strategy(self) -> None:
+        strategy = self.strategy
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}")
+        if strategy == "hora":
+            return
+        if strategy in ("zero2", "fsdp") and self.precision == "16-mixed":
+            raise ConfigError(f"strategy={strategy!r} with precision='16-mixed': each rank holds only its shard of "
+                              "the gradients, so the GradScaler's overflow check would differ between ranks; use "
+                              "strategy='zero1' or precision='bf16-mixed'")
+        if strategy in TORCH_DISTRIBUTED and self.gradient_compression is not None:
+            raise ConfigError(f"gradient_compression applies to hora's allreduce; strategy={strategy!r} reduces "
+                              "through torch.distributed: use strategy='hora', 'zero1' or 'zero2'")
+        from hora.torch.sharded_optimizer import NOT_PER_PARAMETER
+
+        if isinstance(self.optimizer, NOT_PER_PARAMETER):  # (a factory's optimizer: DistributedOptimizer says so)
+            raise ConfigError(f"strategy={self.strategy!r} shards the optimizer state per parameter; "
+                              f"{type(self.optimizer).__name__} keeps state across parameters: use strategy='hora'")
+
+    def class_weights(self, classes: int) -> list[float] | None:
+        """``class_weight`` as one weight per class (None without one).
+
+        Raises:
+            ConfigError: a class index beyond ``classes``, or a list of another length.
+        """
+        return class_weight_list(self.class_weight, classes)
+
+
+def class_weight_list(cw: Any, classes: int) -> list[float] | None:
+    """``class_weight`` (a dict or a list) as one weight per class (None for None).
+
+    Raises:
+        ConfigError: a class index beyond ``classes``, or a list of another length.
+    """
+    if cw is None:
+        return None
+    if isinstance(cw, dict):
+        beyond = [k for k in cw if k >= classes]
+        if beyond:
+            raise ConfigError(f"class_weight names class(es) {beyond}, but the model has {classes} classes")
+        return [float(cw.get(i, 1.0)) for i in range(classes)]
+    if len(cw) != classes:
+        raise ConfigError(f"class_weight has {len(cw)} weights, but the model has {classes} classes")
+    return [float(w) for w in cw]
+
+
+#: ``precision=`` values, and ``lr_scheduler_interval=`` values
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+SCHEDULER_INTERVALS = ("epoch", "step")
+
+
+def classes_of(output_shape: Sequence[int]) -> int:
+    """The number of classes of a classifier's per-row output shape (one score: 2)."""
+    shape = tuple(output_shape)
+    return 2 if shape in ((), (1,)) else int(shape[-1])
 
 
 class TorchCodec(ModelCodec):
@@ -127,13 +260,23 @@ class TorchCodec(ModelCodec):
                             raise ConfigError(f"metric {mname!r} failed on label {name!r}: {type(exc).__name__}: {exc}") from exc
         finally:
             model.train(was_training)
-        return CheckResult(output_shapes=[tuple(int(d) for d in o.shape[1:]) for o in outs])
+        shapes = [tuple(int(d) for d in o.shape[1:]) for o in outs]
+        if getattr(config, "class_weight", None) is not None:
+            from hora.estimators.tasks import CLASSIFICATION, loss_task
+
+            task = config.task or (loss_task("torch", config.loss)[0] if len(config.label_cols) == 1 else None)
+            if task != CLASSIFICATION:
+                raise ConfigError("class_weight applies to a classifier: pass task='classification' or a "
+                                  "classification loss (CrossEntropyLoss, NLLLoss, BCEWithLogitsLoss, BCELoss)")
+            config.class_weights(classes_of(shapes[0]))
+        return CheckResult(output_shapes=shapes)
 
     def freeze(self, config: Any) -> bytes:
         # model and optimizer in one pickle: the optimizer stays bound to the model's parameters
         return freeze({"model": config.model, "optimizer": config.optimizer, "loss": config.loss,
                        "metrics": config.metrics, "compression": config.gradient_compression,
-                       "minibatch_fn": config.train_minibatch_fn})
+                       "minibatch_fn": config.train_minibatch_fn, "lr_scheduler": config.lr_scheduler,
+                       "class_weight": config.class_weight})
 
     #: the entry of the run's checkpoint dict that holds the model's state_dict
     checkpoint_state_key = "model"
@@ -234,6 +377,24 @@ class TorchSession(TrainingSession):
     device: Any = None
     backward_passes_per_step: int = 1
     minibatch_fn: Callable | None = None
+    #: the options of the loop: the scheduler and when it steps, autocast's dtype (None: fp32), the
+    #: GradScaler (float16), the clipping bounds, one weight per class (a tensor) or None
+    scheduler: Any = None
+    scheduler_interval: str = "epoch"
+    autocast_dtype: Any = None
+    scaler: Any = None
+    clip_norm: float | None = None
+    clip_value: float | None = None
+    class_weights: Any = None
+    #: ``strategy=`` (see :mod:`hora.estimators.torch_strategies`); the module the training forward
+    #: pass runs (DDP's wrapper; else the model); sharded strategies: every rank takes part in a
+    #: checkpoint; fsdp: the fit's payload (a plain copy of the model for the result) and that copy
+    strategy: str = "hora"
+    forward_module: Any = None
+    checkpoint_collective: bool = False
+    template: bytes | None = None
+    _final: Any = None
+    _evaluating: bool = False
     metric_rows: int = 0
     pending: bool = False  # gradients computed since the last optimizer step (train_minibatch_fn)
     #: seconds of the default step's parts, summed over the run (the worker's epoch profile)
@@ -245,6 +406,8 @@ class TorchSession(TrainingSession):
     _label_converters: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.forward_module is None:
+            self.forward_module = self.model
         self._dtype = ParamDtype(self.model)
         self._label_converters = [LabelConverter(name, self.device) for name in self.label_cols]
 
@@ -280,11 +443,12 @@ class TorchSession(TrainingSession):
         kwargs: dict[str, Any] = {"backward_passes_per_step": config.backward_passes_per_step}
         if payload["compression"] is not None:
             kwargs["compression"] = payload["compression"]
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kwargs)
+        strategy = getattr(config, "strategy", "hora")
+        forward_module, opt = torch_strategies.prepare(strategy, hvd, model, opt, kwargs)
         labels = tuple(config.label_cols)
         loss = payload["loss"]
         losses = list(loss) if isinstance(loss, (list, tuple)) else [loss] * len(labels)
-        if config.sample_weight_col is not None:
+        if config.sample_weight_col is not None or payload.get("class_weight") is not None:
             losses = [per_row_loss_fn(fn) for fn in losses]
         metrics = []
         for mname, m in normalize_metrics(payload["metrics"]):
@@ -294,12 +458,27 @@ class TorchSession(TrainingSession):
                 if device is not None and is_torchmetric(mi) and hasattr(mi, "to"):
                     mi = mi.to(device)
                 metrics.append((key, mi, i))
+        class_weights = None
+        if payload.get("class_weight") is not None:
+            weights = class_weight_list(payload["class_weight"], classes_of(spec.output_shapes[0]))
+            class_weights = torch.tensor(weights, dtype=torch.float32, device=device)
+        precision = getattr(config, "precision", "32")
+        autocast_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+        scaler = torch.amp.GradScaler("cuda") if precision == "16-mixed" else None
         session = cls(hvd=hvd, model=model, optimizer=opt, losses=losses, metrics=metrics,
                       feature_keys=tuple(config.features.keys), label_cols=labels,
                       sample_weight_col=config.sample_weight_col, input_shapes=config.input_shapes,
                       loss_weights=list(config.loss_weights) if config.loss_weights else [1.0] * len(labels),
                       device=device, backward_passes_per_step=config.backward_passes_per_step,
-                      minibatch_fn=payload.get("minibatch_fn"))
+                      minibatch_fn=payload.get("minibatch_fn"),
+                      scheduler=payload["lr_scheduler"](opt) if payload.get("lr_scheduler") is not None else None,
+                      scheduler_interval=getattr(config, "lr_scheduler_interval", "epoch"),
+                      autocast_dtype=autocast_dtype, scaler=scaler,
+                      clip_norm=getattr(config, "gradient_clip_norm", None),
+                      clip_value=getattr(config, "gradient_clip_value", None), class_weights=class_weights,
+                      strategy=strategy, forward_module=forward_module,
+                      checkpoint_collective=strategy in COLLECTIVE_CHECKPOINT,
+                      template=spec.payload if strategy == "fsdp" else None)
         if session.minibatch_fn is not None:
             session._track_pending()
         return session
@@ -331,6 +510,9 @@ class TorchSession(TrainingSession):
         return outs, [align_label(o, t, name) for o, t, name in zip(outs, labels, self.label_cols)]
 
     def _loss(self, outs: list, labels: list, weights: Any) -> Any:
+        if self.class_weights is not None:  # a classifier (one label): each row weighted by its class
+            by_class = self.class_weights[labels[0].reshape(-1).long()]
+            weights = by_class if weights is None else weights.to(by_class.dtype).reshape(-1) * by_class
         total = None
         for i, (out, label) in enumerate(zip(outs, labels)):
             value = self.losses[i](out, label)
@@ -352,7 +534,20 @@ class TorchSession(TrainingSession):
         :class:`~hora.estimators.torch_tensors.LabelConverter` s (the same tensors, without
         deciding again per batch what aligning them takes)."""
         inputs, converted, weights = self._tensors(batch)
-        return self._aligned_loss(self.model(*inputs), converted, weights)
+        module = self.model if self._evaluating else self.forward_module  # (DDP syncs in training only)
+        with self._autocast():
+            return self._aligned_loss(module(*inputs), converted, weights)
+
+    def _autocast(self) -> Any:
+        """``torch.autocast`` to the ``precision``'s dtype on the session's device (a no-op context for '32')."""
+        import contextlib
+
+        import torch
+
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        kind = self.device.type if self.device is not None else "cpu"
+        return torch.autocast(device_type=kind, dtype=self.autocast_dtype)
 
     def _tensors(self, batch: dict[str, np.ndarray]) -> tuple[list, list, Any]:
         """What the forward pass and the loss need of a batch, before the forward pass: inputs,
@@ -373,8 +568,8 @@ class TorchSession(TrainingSession):
         k = self.backward_passes_per_step
         if self.minibatch_fn is not None:
             inputs, labels, weights = self._prepare(batch)
-            _, loss = self.minibatch_fn(self.model, self.optimizer, self._align, self._loss, inputs, labels, weights,
-                                        k, step)
+            _, loss = self.minibatch_fn(self.forward_module, self.optimizer, self._align, self._loss, inputs, labels,
+                                        weights, k, step)
         else:
             clock = time.perf_counter
             t0 = clock()
@@ -382,25 +577,90 @@ class TorchSession(TrainingSession):
                 self.optimizer.zero_grad()
             loss, _, _ = self._forward_loss(batch)
             t1 = clock()
-            (loss / k if k > 1 else loss).backward()
+            scaled = loss / k if k > 1 else loss
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             t2 = clock()
             if (step + 1) % k == 0:
-                self.optimizer.step()
+                self._optimizer_step()
             seconds = self.step_seconds
             seconds["forward+loss"] += t1 - t0
             seconds["backward"] += t2 - t1
             seconds["optimizer"] += clock() - t2
+        if self.scheduler is not None and self.scheduler_interval == "step" and (
+                self.minibatch_fn is not None or (step + 1) % k == 0):
+            self.scheduler.step()
         value = loss_value(loss)
         if not math.isfinite(value):
             raise DataError(f"training loss became {value} at step {step} on rank {self.rank}")
         return value
+
+    def _optimizer_step(self) -> None:
+        """One optimizer step on the allreduced gradients; with clipping or a GradScaler, Horovod's
+        pattern: ``synchronize()``, unscale, clip, then ``step()`` inside ``skip_synchronize()``."""
+        import torch
+
+        if self.scaler is None and self.clip_norm is None and self.clip_value is None:
+            self.optimizer.step()
+            return
+        if self.strategy in TORCH_DISTRIBUTED:  # torch's optimizer: the gradients are reduced by backward
+            self._clip_and_step()
+            return
+        self.optimizer.synchronize()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if self.clip_value is not None:
+            torch.nn.utils.clip_grad_value_(params, self.clip_value)
+        if self.clip_norm is not None:
+            if self.checkpoint_collective:  # sharded: the norm of every rank's shard of the gradients
+                self.optimizer.clip_grad_norm_(self.clip_norm)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
+        with self.optimizer.skip_synchronize():
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+
+    def _clip_and_step(self) -> None:
+        """:meth:`_optimizer_step` for DDP and FSDP: unscale, clip (FSDP's DTensor gradients: the
+        norm of the whole model), step."""
+        import torch
+
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if self.clip_value is not None:
+            torch.nn.utils.clip_grad_value_(params, self.clip_value)
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
 
     def finish_epoch(self, steps: int) -> None:
         if self.minibatch_fn is not None:
             if self.pending:
                 self.optimizer.step()  # the last window of a Horovod-style minibatch function
         elif steps % self.backward_passes_per_step:
-            self.optimizer.step()  # the partial accumulation window (step() reduces what is pending)
+            self._optimizer_step()  # the partial accumulation window (step() reduces what is pending)
+            if self.scheduler is not None and self.scheduler_interval == "step":
+                self.scheduler.step()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> bool:
+        """Steps an epoch-interval ``lr_scheduler`` (``ReduceLROnPlateau`` with ``val_loss``, else ``loss``),
+        before the epoch's checkpoint holds its state."""
+        if self.scheduler is not None and self.scheduler_interval == "epoch":
+            import torch
+
+            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                self.scheduler.step(logs.get("val_loss", logs.get("loss")))
+            else:
+                self.scheduler.step()
+        return False
 
     def eval_keys(self) -> list[str]:
         return ["loss", "_n"] + [key for key, _, _ in self.metrics]
@@ -408,7 +668,7 @@ class TorchSession(TrainingSession):
     def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         import torch
 
-        with torch.no_grad():
+        with torch.no_grad():  # (the forward pass under the precision's autocast, as in training)
             loss, outs, labels = self._forward_loss(batch)
             n = int(outs[0].shape[0])
             result = {"loss": float(loss) * n, "_n": float(n)}
@@ -423,17 +683,26 @@ class TorchSession(TrainingSession):
     def eval_finish(self) -> dict[str, float]:
         out: dict[str, float] = {}
         rows, self.metric_rows = self.metric_rows, 0
+        # on torch.distributed's group (ddp, fsdp) torchmetrics' compute() syncs across the ranks (it
+        # gives every rank the whole value): every rank calls it, one without validation rows too
+        synced = self.strategy in TORCH_DISTRIBUTED
         for key, m, _ in self.metrics:
             if is_torchmetric(m):
-                if rows:
-                    out[key] = float(m.compute().float().mean()) * rows
+                if rows or synced:
+                    value = m.compute() if rows else _quiet_compute(m)
+                    out[key] = float(value.float().mean()) * rows
                 m.reset()
         return out
 
     def set_train(self, training: bool) -> None:
         self.model.train(training)
+        if self._evaluating == training:  # a change (the loop sets training at every epoch's start)
+            self._evaluating = not training
+            torch_strategies.evaluating(self.strategy, self.model, self._evaluating)
 
     def broadcast_initial(self) -> None:
+        if self.strategy == "fsdp":  # every rank sharded the same model and loaded the same checkpoint
+            return
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
 
@@ -441,14 +710,25 @@ class TorchSession(TrainingSession):
         import torch
 
         buf = io.BytesIO()
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "extra": resume.to_meta()}, buf)
+        # the whole state in torch's format, on every rank taking part (the sharded strategies
+        # gather it): any strategy and any number of ranks loads it (each rank keeping its part)
+        model_state, optimizer = torch_strategies.full_state(self.strategy, self.model, self.optimizer)
+        state = {"model": model_state, "optimizer": optimizer, "extra": resume.to_meta()}
+        if self.scheduler is not None:
+            state["lr_scheduler"] = self.scheduler.state_dict()
+        if self.scaler is not None:
+            state["grad_scaler"] = self.scaler.state_dict()
+        torch.save(state, buf)
         return buf.getvalue()
 
     def rescale_learning_rate(self, factor: float) -> None:
         for group in self.optimizer.param_groups:
             if "lr" in group:
                 group["lr"] = group["lr"] * factor
+            if "initial_lr" in group:
+                group["initial_lr"] = group["initial_lr"] * factor
+        if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):  # the schedule follows the size
+            self.scheduler.base_lrs = [lr * factor for lr in self.scheduler.base_lrs]
 
     def restore(self, data: bytes, ckpt_epoch: int) -> Resume:
         import torch
@@ -458,16 +738,34 @@ class TorchSession(TrainingSession):
             mismatch = first_state_mismatch(self.model.state_dict(), ckpt["model"])
             if mismatch is not None:
                 raise ConfigError(f"the checkpoint of epoch {ckpt_epoch} belongs to another model: {mismatch}")
-            self.model.load_state_dict(ckpt["model"])
-        if "optimizer" in ckpt:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+        torch_strategies.load_state(self.strategy, self.model, self.optimizer, ckpt.get("model"),
+                                    ckpt.get("optimizer"))
+        if self.scheduler is not None and "lr_scheduler" in ckpt:
+            self.scheduler.load_state_dict(ckpt["lr_scheduler"])
+        if self.scaler is not None and "grad_scaler" in ckpt:
+            self.scaler.load_state_dict(ckpt["grad_scaler"])
         return Resume.from_meta(dict(ckpt.get("extra", {})), ckpt_epoch)
 
+    def finalize(self) -> None:
+        """FSDP: the trained model gathered whole into a plain copy (every rank; a collective),
+        which :meth:`weights` and :meth:`model_files` give."""
+        if self.strategy == "fsdp":
+            model_state, _ = torch_strategies.full_state("fsdp", self.model, self.optimizer)
+            self._final = torch_strategies.plain_copy(thaw(self.template)["model"], model_state)
+
+    def _plain_model(self) -> Any:
+        if self.strategy != "fsdp":
+            return self.model
+        if self._final is None:
+            raise RuntimeError("an FSDP fit's model is gathered at the end of training (finalize, on every rank); "
+                               "it is not available before")
+        return self._final
+
     def weights(self) -> bytes:
-        return state_bytes(self.model)
+        return state_bytes(self._plain_model())
 
     def model_files(self) -> dict[str, bytes]:
-        return TorchCodec().serialize(self.model)
+        return TorchCodec().serialize(self._plain_model())
 
     def close(self) -> None:
         for hook in self._hooks:
@@ -475,6 +773,16 @@ class TorchSession(TrainingSession):
         remove = getattr(self.optimizer, "remove_hooks", None)
         if callable(remove):
             remove()
+
+
+def _quiet_compute(metric: Any) -> Any:
+    """``metric.compute()`` on a rank that saw no rows (its part of the cross-rank sync), without
+    torchmetrics' warning that compute came before any update."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return metric.compute()
 
 
 TORCH = register(Framework(name="torch", codec=TorchCodec(), session=TorchSession, config=TorchConfig,

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from hora.errors import ConfigError, DataError
+from hora.store.columns import CsrBatch
 
 
 def _param_dtype(model: Any):
@@ -85,6 +86,11 @@ def to_inputs(model: Any, arrays: Sequence[np.ndarray], input_shapes: Any, devic
         dtype = _param_dtype(model)
     out = []
     for i, arr in enumerate(arrays):
+        if isinstance(arr, CsrBatch) and arr.densify:
+            arr = arr.toarray()  # (a transform's small vectors, densified per forward chunk)
+        if isinstance(arr, CsrBatch) or isinstance(arr, torch.Tensor):
+            out.append(_sparse_or_tensor(arr, dtype, device))
+            continue
         arr = np.asarray(arr)
         if arr.dtype == object:
             arr = np.stack([np.asarray(v) for v in arr])
@@ -103,6 +109,22 @@ def to_inputs(model: Any, arrays: Sequence[np.ndarray], input_shapes: Any, devic
             t = t.to(device, non_blocking=True)
         out.append(t)
     return out
+
+
+def _sparse_or_tensor(arr: Any, dtype: Any, device: Any) -> Any:
+    """A :class:`~hora.store.CsrBatch` as a ``torch.sparse_csr_tensor`` (values in the model's float
+    dtype), or a tensor a ``collate_fn`` made, moved to ``device``; never reshaped."""
+    import torch
+
+    if isinstance(arr, CsrBatch):
+        values = torch.from_numpy(_contiguous(arr.values))
+        if values.is_floating_point() and values.dtype != dtype:
+            values = values.to(dtype)
+        t = torch.sparse_csr_tensor(torch.from_numpy(_contiguous(arr.indptr)),
+                                    torch.from_numpy(_contiguous(arr.indices)), values, size=tuple(arr.shape))
+    else:
+        t = arr
+    return t.to(device) if device is not None else t
 
 
 def as_outputs(output: Any, n_labels: int) -> list:

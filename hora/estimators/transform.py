@@ -16,8 +16,9 @@ the executors through ``SparkFiles``) on Connect, which has no broadcast. Each t
 deserializes it once (cached per Python worker process, so reused Python workers load
 it once) and predicts Arrow batch by Arrow batch (``mapInArrow``: feature columns go
 from Arrow to numpy without pandas, other columns pass through untouched) in chunks of
-``batch_size`` rows. Spark ML vector feature columns are converted with
-``vector_to_array`` into hidden columns first, read by the model, not returned.
+``batch_size`` rows. Spark ML vector feature columns arrive as Spark's vector struct and are
+converted in the task (:func:`hora.store.columns.vector_batch`): dense vectors to arrays, sparse
+ones to CSR batches (densified per forward chunk up to 2^16 dimensions).
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ DEFAULT_PREDICT_BATCH = 1024
 #: Model files up to this many bytes travel inside the transform's function; larger ones once per session.
 ENV_INLINE_BYTES = "HORA_TRANSFORM_INLINE_BYTES"
 
-_HIDDEN = "__hora_in_{}"
 
 _cache_lock = threading.Lock()
 _model_cache: dict[Any, Any] = {}
@@ -62,16 +62,19 @@ def predict_frame(
     output_shapes: Sequence[Sequence[int]],
     batch_size: int = DEFAULT_PREDICT_BATCH,
     use_gpu: bool = False,
+    columns: dict[str, Any] | None = None,
 ) -> Any:
     """``pdf`` with one prediction column per model output appended (its rows and index as they are);
-    with ``use_gpu``, the model runs on this process's GPU (see :func:`_predict`).
+    with ``use_gpu``, the model runs on this process's GPU (see :func:`_predict`); ``columns``: the
+    fit's column settings (:func:`hora.estimators.batches.inference_columns`).
 
     Raises:
         DataError: a feature column is missing, holds strings, or the model returns another
             number of outputs.
         ConfigError: ``use_gpu`` but no CUDA device is visible, or the model's framework has no GPU path.
     """
-    from hora.estimators.data import Features, series_to_numpy
+    from hora.estimators.batches import inference_arrays
+    from hora.estimators.data import Features, column_sample
 
     features = Features.parse(feature_cols)
     missing = [c for c in features.columns if c not in pdf.columns]
@@ -82,10 +85,10 @@ def predict_frame(
         for name, shape in zip(output_cols, output_shapes):
             out[name] = np.zeros((0,), dtype=np.float64) if is_scalar_shape(shape) else []
         return out
-    arrays = {c: series_to_numpy(pdf[c]) for c in features.columns}
-    for c, arr in arrays.items():
-        if arr.dtype.kind in "USO":
-            raise DataError(f"feature column {c!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays")
+    arrays, specs = {}, {}
+    for c in features.columns:  # bytes, text and variable-length arrays too (decoded / padded below)
+        arrays[c], specs[c] = column_sample(pdf[c], c)
+    arrays = inference_arrays(features, arrays, specs, columns)
     preds = _predict_on(codec, model, features.inputs(arrays), input_shapes, batch_size, use_gpu)
     _check_outputs(preds, output_cols)
     for name, shape, pred in zip(output_cols, output_shapes, preds):
@@ -100,14 +103,38 @@ def _predict_on(codec: Any, model: Any, inputs: Any, input_shapes: Any, batch_si
     Raises:
         ConfigError: ``use_gpu`` but no CUDA device is visible, or ``codec`` (not PyTorch) has no GPU path.
     """
+    name = getattr(codec, "name", type(codec).__name__)
+    if name not in _TAKES_CSR:
+        inputs = [_densified(a, name) for a in inputs]
     if not use_gpu:
         return codec.predict(model, inputs, input_shapes, batch_size)
     from hora.estimators.devices import inference_device
-    from hora.estimators.torch import TorchCodec
 
-    if not isinstance(codec, TorchCodec):
-        raise ConfigError(f"use_gpu=True for transform is supported for PyTorch models, not {type(codec).__name__}")
+    if name not in _TAKES_CSR:
+        raise ConfigError(f"use_gpu=True for transform is supported for PyTorch models, not {name}")
     return codec.predict(model, inputs, input_shapes, batch_size, device=inference_device())
+
+
+#: The codecs whose ``predict`` takes a :class:`~hora.store.CsrBatch` input (PyTorch's: as
+#: ``torch.sparse_csr`` or densified per forward chunk); the others get dense arrays.
+_TAKES_CSR = ("torch", "lightning")
+
+
+def _densified(arr: Any, codec: str) -> Any:
+    """A sparse vector batch as the dense array a non-PyTorch model takes.
+
+    Raises:
+        ConfigError: vectors too large to densify a whole batch of (names the size and the limit).
+    """
+    from hora.store.columns import DENSE_VECTOR_LIMIT, CsrBatch
+
+    if not isinstance(arr, CsrBatch):
+        return arr
+    if arr.shape[1] > DENSE_VECTOR_LIMIT:
+        raise ConfigError(f"a {codec} model takes its inputs dense, and these sparse vectors have {arr.shape[1]} "
+                          f"dimensions (more than {DENSE_VECTOR_LIMIT}); transform them with a PyTorch model, or "
+                          "reduce their size")
+    return arr.toarray()
 
 
 def check_transform_columns(have: Sequence[Any], features: Sequence[str], output_cols: Sequence[str],
@@ -222,9 +249,11 @@ def spark_transform(
     output_shapes: Sequence[Sequence[int]],
     batch_size: int = DEFAULT_PREDICT_BATCH,
     use_gpu: bool = False,
+    columns: dict[str, Any] | None = None,
 ) -> Any:
     """``df`` with prediction columns, computed on the executors over Arrow batches (``mapInArrow``);
-    with ``use_gpu``, on each task's GPU (its Spark GPU address, else cuda:0).
+    with ``use_gpu``, on each task's GPU (its Spark GPU address, else cuda:0); ``columns``: the
+    fit's column settings (:func:`hora.estimators.batches.inference_columns`).
 
     Feature columns are read from the Arrow batches straight into numpy (no pandas
     conversion; feature groups stacked); every other column, vectors included, passes
@@ -236,7 +265,6 @@ def spark_transform(
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
-    from hora import _spark
     from hora.estimators.data import Features
 
     features = Features.parse(feature_cols)
@@ -248,16 +276,11 @@ def spark_transform(
     if clash:
         raise DataError(f"output column(s) {clash} already exist in the DataFrame; set output_cols to other names")
 
-    # vector features -> hidden array columns (read by the model, not returned)
+    # vector features reach the tasks as Spark's vector struct: dense vectors become arrays, sparse ones
+    # CSR batches (densified per forward chunk when small), never dense rows of a 2^18-dimension vector
     work = df
-    sources: dict[str, str] = {}
-    for i, c in enumerate(features.columns):
-        if isinstance(df.schema[c].dataType, VectorUDT):
-            h = _HIDDEN.format(i)
-            work = work.withColumn(h, _spark.vector_to_array(df, _spark.functions(df).col(f"`{c}`"), "float32"))
-            sources[c] = h
-        else:
-            sources[c] = c
+    sources: dict[str, str] = {c: c for c in features.columns}
+    vectors = {c for c in features.columns if isinstance(df.schema[c].dataType, VectorUDT)}
     out_fields = [
         StructField(name, DoubleType() if is_scalar_shape(shape) else ArrayType(DoubleType(), containsNull=False), False)
         for name, shape in zip(output_cols, output_shapes)
@@ -272,19 +295,30 @@ def spark_transform(
     def _predict(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        from hora.estimators.batches import inference_arrays
+        from hora.store.columns import arrow_objects, vector_batch
+
         model = _load_cached(key, lambda: codec.deserialize(load_files()))
         for batch in batches:
             n = batch.num_rows
-            columns = [batch.column(name) for name in keep]
+            out = [batch.column(name) for name in keep]
             if n:
-                arrays = {c: arrow_to_numpy(batch.column(src), c) for c, src in sources.items()}
+                arrays, specs = {}, {}
+                for c, src in sources.items():  # bytes, text, variable-length arrays: decoded / padded below
+                    if c in vectors:
+                        arrays[c], specs[c] = vector_batch(batch.column(src), c), None
+                        continue
+                    got = arrow_objects(batch.column(src), c)
+                    arrays[c], specs[c] = got if got is not None else (arrow_to_numpy(batch.column(src), c), None)
+                arrays = inference_arrays(features, arrays, {c: s for c, s in specs.items() if s is not None},
+                                          columns)
                 preds = _predict_on(codec, model, features.inputs(arrays), input_shapes, batch_size, use_gpu)
                 _check_outputs(preds, output_cols)
             else:
                 preds = [np.zeros((0,) + tuple(shape)) for shape in output_shapes]
             for shape, pred in zip(output_shapes, preds):
-                columns.append(_arrow_output(np.asarray(pred, dtype=np.float64), n, shape, pa))
-            yield pa.RecordBatch.from_arrays(columns, names=keep + output_cols)
+                out.append(_arrow_output(np.asarray(pred, dtype=np.float64), n, shape, pa))
+            yield pa.RecordBatch.from_arrays(out, names=keep + output_cols)
 
     return work.mapInArrow(_predict, schema)
 
@@ -342,6 +376,7 @@ def dask_transform(
     output_shapes: Sequence[Sequence[int]],
     batch_size: int = DEFAULT_PREDICT_BATCH,
     use_gpu: bool = False,
+    columns: dict[str, Any] | None = None,
 ) -> Any:
     """``ddf`` with prediction columns, computed per partition with ``map_partitions``
     (each partition keeps its rows, their order and its index); with ``use_gpu``, on the worker's GPU.
@@ -353,9 +388,9 @@ def dask_transform(
 
     from hora.estimators.data import Features, dask_frame
 
-    columns = Features.parse(feature_cols).columns
-    ddf = dask_frame(ddf, columns)
-    check_transform_columns(list(ddf.columns), columns, output_cols)
+    names = Features.parse(feature_cols).columns
+    ddf = dask_frame(ddf, names)
+    check_transform_columns(list(ddf.columns), names, output_cols)
     meta = ddf._meta.copy()
     for name, shape in zip(output_cols, output_shapes):
         meta[name] = pd.Series([], dtype="float64" if is_scalar_shape(shape) else "object")
@@ -367,7 +402,7 @@ def dask_transform(
     def _predict(pdf: Any) -> Any:
         model = _load_cached(key, lambda: codec.deserialize(model_files))
         return predict_frame(codec, model, pdf, feature_cols, input_shapes, output_cols, output_shapes, batch_size,
-                             use_gpu=use_gpu)
+                             use_gpu=use_gpu, columns=columns)
 
     return ddf.map_partitions(_predict, meta=meta)
 

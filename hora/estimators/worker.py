@@ -176,6 +176,16 @@ def _startup_phases() -> dict[str, float]:
     return {**out, **PHASES}
 
 
+def session_objects(session: TrainingSession) -> tuple[Any, Any]:
+    """``(model, optimizer)`` a session trains, for the callbacks' context (None where it has none yet:
+    a Lightning module's optimizer exists once its Trainer has configured it)."""
+    model = getattr(session, "model", None)
+    if model is None:
+        model = getattr(session, "module", None)
+    optimizer = getattr(session, "optimizer", None)
+    return model, optimizer
+
+
 def train_worker(spec: TrainSpec) -> dict[str, Any] | None:
     """Train one rank; rank 0 returns ``{"history", "weights", "run_id", "start_epoch", ...}``, others None.
 
@@ -225,6 +235,9 @@ class WorkerRun:
                                    params=self.config.json_values())
         self.ctx.state_bytes = lambda: session.checkpoint(self.where(session.epoch, 0))
         self.ctx.model_files = session.model_files
+        self.ctx.model, self.ctx.optimizer = session_objects(session)
+        if getattr(session, "scheduler", None) is not None:
+            self.ctx.extra["lr_scheduler"] = session.scheduler
         self.tb = _TensorBoard(spec) if self.rank == 0 else None
         self.report_every = int(os.environ.get(REPORT_EVERY_ENV, spec.report_every))
         self.cache: dict[str, CachedReader] | None = {} if self.config.inmemory_cache_all else None
@@ -267,11 +280,17 @@ class WorkerRun:
         return (self.every_unit == "steps" and self.session.global_step % self.every == 0
                 and step + 1 < (self.total or 0))
 
+    def makes_checkpoints(self) -> bool:
+        """Whether this rank calls the session's :meth:`checkpoint` when one is due: rank 0, which
+        writes it, and every rank when it is a collective (a sharded optimizer's state)."""
+        return self.rank == 0 or self.session.checkpoint_collective
+
     def save_step_checkpoint(self, epoch: int, step: int) -> None:
-        """Rank 0: a mid-epoch checkpoint after ``step`` (``checkpoint_every="N steps"``)."""
-        if self.rank == 0 and self.checkpoint_due(epoch, step):
-            self.spec.store.save_checkpoint(self.spec.run_id, epoch,
-                                            self.session.checkpoint(self.where(epoch, step + 1)))
+        """A mid-epoch checkpoint after ``step`` (``checkpoint_every="N steps"``), written by rank 0."""
+        if self.makes_checkpoints() and self.checkpoint_due(epoch, step):
+            data = self.session.checkpoint(self.where(epoch, step + 1))
+            if self.rank == 0:
+                self.spec.store.save_checkpoint(self.spec.run_id, epoch, data)
 
     # data ---------------------------------------------------------------------------------
     def latest_checkpoint(self) -> tuple[int, bytes] | None:
@@ -341,9 +360,9 @@ class WorkerRun:
             cb.on_epoch_end(self.ctx, epoch, logs)
         self.history.append({"epoch": epoch, **logs, "attempt": self.attempt, "num_proc": self.size})
         self.session.step = 0
+        data = checkpoint() if self.makes_checkpoints() and self.checkpoint_due(epoch) else None
         if self.rank == 0:
             store = self.spec.store
-            data = checkpoint() if self.checkpoint_due(epoch) else None
             if data is not None:
                 store.save_checkpoint(self.spec.run_id, epoch, data)
             store.write_json(store.layout.history_path(self.spec.run_id), self.history)
@@ -371,6 +390,7 @@ class WorkerRun:
         restore = self.ctx.extra.get("restore_state")
         if restore is not None:
             self.session.restore(restore, int(self.ctx.extra.get("restored_epoch") or 0))
+        self.session.finalize()
         for cb in self.callbacks:
             cb.on_train_result(self.ctx, self.history)
 
@@ -418,11 +438,11 @@ def _train(run: WorkerRun) -> dict | None:
         inner = getattr(session, "step_seconds", None)
         inner_before = dict(inner) if inner else {}
         # decided once per epoch: a session without its own on_batch_end is not called per step,
-        # nor is save_step_checkpoint where no step checkpoint is due (not rank 0, or by epochs)
+        # nor is save_step_checkpoint where no step checkpoint is due (not rank 0 unless collective, or by epochs)
         on_batch_end = session.on_batch_end
         if getattr(on_batch_end, "__func__", None) is TrainingSession.on_batch_end:
             on_batch_end = None
-        step_checkpoints = run.rank == 0 and run.every_unit == "steps"
+        step_checkpoints = run.makes_checkpoints() and run.every_unit == "steps"
         t_prev = clock()
         for step, batch in enumerate(run.batches("train", epoch, skip), start=skip):
             t_got = clock()

@@ -19,13 +19,14 @@ called with an :class:`EpochEnd`. Passing that checkpoint back as ``ckpt_bytes``
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +119,27 @@ class FitResult:
 Batches = Iterable[Any] | Callable[[int], Iterable[Any]]
 
 
+#: Lightning's loggers: they log INFO through a handler of their own (and on to the root's).
+_LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+
+
+@contextlib.contextmanager
+def _lightning_quiet(quiet: bool) -> Iterator[None]:
+    """Lightning's loggers at WARNING inside the block (when ``quiet``), as they were after it."""
+    if not quiet:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _LIGHTNING_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def fit_module(
     module: Any,
     train_batches: Batches | None = None,
@@ -138,6 +160,7 @@ def fit_module(
     scale_lr: bool = True,
     terminate_on_nan: bool = False,
     distributed_optimizer_kwargs: Mapping[str, Any] | None = None,
+    quiet: bool = False,
 ) -> FitResult:
     """Train ``module`` data-parallel on this rank's batches; call it on every rank.
 
@@ -170,6 +193,9 @@ def fit_module(
         terminate_on_nan: raise when a training loss is NaN or infinite (Horovod's
             ``terminate_on_nan``).
         distributed_optimizer_kwargs: see :class:`hora.lightning.Strategy`.
+        quiet: Lightning's own INFO messages (devices, tips, "fit stopped") and its model
+            summary off for this fit; its warnings stay (the estimators at ``verbose<=1``,
+            whose driver prints one line per epoch). ``trainer_args`` still win.
 
     Returns:
         A :class:`FitResult`.
@@ -183,9 +209,9 @@ def fit_module(
         CollectiveError: a collective failed (another rank died).
     """
     flavor = flavor_of_module(module)
-    quiet = hn.is_initialized() and hn.rank() != 0  # the driver (or rank 0) reports legacy hooks once
+    other_rank = hn.is_initialized() and hn.rank() != 0  # the driver (or rank 0) reports legacy hooks once
     config = validate_trainer_args(module, trainer_args, callbacks=callbacks, loggers=loggers,
-                                   data_module=data_module, log_legacy_hooks=not quiet)
+                                   data_module=data_module, log_legacy_hooks=not other_rank)
     args = dict(config.trainer_args)
     if epochs is not None:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
@@ -214,9 +240,11 @@ def fit_module(
             with open(ckpt_path, "wb") as fh:
                 fh.write(ckpt_bytes)
         recorder = recorder_class(flavor)(root, on_epoch_end, on_batch_end, terminate_on_nan)
-        with LegacyHooks(module, config.callbacks, flavor) as legacy:
+        with LegacyHooks(module, config.callbacks, flavor) as legacy, _lightning_quiet(quiet):
             kwargs: dict[str, Any] = {"num_sanity_val_steps": 0, "enable_progress_bar": False,
                                       "logger": config.loggers or False, "default_root_dir": root}
+            if quiet:
+                kwargs["enable_model_summary"] = False
             kwargs.update(args)
             kwargs["callbacks"] = [*config.callbacks, *legacy.callbacks, recorder]
             kwargs["enable_checkpointing"] = True  # the recorder is a Checkpoint; no default one is added

@@ -69,7 +69,9 @@ def test_metrics_lr_override_and_sample_weights(store):
     # lr 123 would diverge (NaN loss fails the fit); the override 0.05 x 2 ranks trains
     assert np.isfinite(hist[-1]["loss"]) and hist[-1]["loss"] < hist[0]["loss"]
     out = model.transform(df.head(10))
-    assert out["prediction"].map(len).eq(3).all()  # a vector output -> arrays of 3 doubles
+    # CrossEntropyLoss makes a classifier: its logits (arrays of 3 doubles), probabilities and class index
+    assert out["rawPrediction"].map(len).eq(3).all() and out["probability"].map(len).eq(3).all()
+    assert out["prediction"].isin([0.0, 1.0, 2.0]).all()
 
 
 def _double_first(batch):

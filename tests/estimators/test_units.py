@@ -151,7 +151,7 @@ def test_the_training_loss_is_the_weighted_sum_of_the_label_losses(weights):
     outs = [torch.randn(5, 1, requires_grad=True), torch.randn(5, 3, requires_grad=True)]
     labels = [torch.randn(5, 1), torch.randn(5, 3)]
     fns = [torch.nn.MSELoss(), torch.nn.L1Loss()]
-    session = SimpleNamespace(losses=fns, loss_weights=weights)
+    session = SimpleNamespace(losses=fns, loss_weights=weights, class_weights=None)
     total = TorchSession._loss(session, outs, labels, None)
     want = weights[0] * fns[0](outs[0], labels[0]) + weights[1] * fns[1](outs[1], labels[1])
     assert torch.allclose(total, want)

@@ -61,7 +61,7 @@ def _estimator(store, run_id, **kw):
     return TorchEstimator(store=store, model=net, optimizer=torch.optim.Adam(net.parameters(), 0.02),
                           loss=torch.nn.BCEWithLogitsLoss(), feature_cols=["features"], label_cols=["label"],
                           batch_size=16, epochs=4, validation=0.2, random_seed=0, verbose=0, run_id=run_id,
-                          callbacks=[RankWeights()], **kw)
+                          callbacks=[RankWeights()], task="regression", **kw)  # (the logit as prediction)
 
 
 def _accuracy(logits, labels):

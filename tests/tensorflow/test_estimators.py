@@ -52,10 +52,12 @@ def test_spark_fit_trains_on_two_ranks(spark_fit):
 
 def test_spark_transform_on_executors(spark_fit):
     est, model, df, x, y, *_ = spark_fit
-    scored = model.transform(df).select("label", "prediction").toPandas()
+    # sparse_categorical_crossentropy makes a classifier: MLlib's probability vectors and class index
+    scored = model.transform(df).select("label", "probability", "prediction").toPandas()
     assert len(scored) == len(x)
-    probs = np.stack(scored["prediction"].to_numpy())
+    probs = np.stack([v.toArray() for v in scored["probability"]])
     assert probs.shape == (len(x), 10)
+    np.testing.assert_array_equal(scored["prediction"].to_numpy(), probs.argmax(axis=1))
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-4)
     assert (probs.argmax(axis=1) == scored["label"].to_numpy()).mean() > 0.85
     local = model.getModel().predict(x[:20], verbose=0)
@@ -71,8 +73,9 @@ def test_spark_save_load_model_and_estimator(spark_fit, tmp_path):
     loaded = KerasModel.load(path)
     assert loaded.getHistory() == model.getHistory()
     small = df.limit(30)
-    a = np.stack(loaded.transform(small).toPandas()["prediction"].to_numpy())
-    b = np.stack(model.transform(small).toPandas()["prediction"].to_numpy())
+    assert loaded.getTask() == "classification"
+    a = np.stack([v.toArray() for v in loaded.transform(small).toPandas()["probability"]])
+    b = np.stack([v.toArray() for v in model.transform(small).toPandas()["probability"]])
     np.testing.assert_allclose(a, b, rtol=1e-6)
     copied = model.copy()
     assert copied.getModel() is not model.getModel()
@@ -136,12 +139,13 @@ def test_dask_fit_transform_predict(dask_fit):
     assert len(model.history_) == 3 and model.history_[-1]["loss"] < model.history_[0]["loss"]
     assert any(type(layer).__name__ == "ScaledDense" for layer in model.model_.layers)
     out = model.transform(ddf).compute()
-    probs = np.stack(out["prediction"].to_numpy())
+    probs = np.stack(out["probability"].to_numpy())  # a classifier (sparse_categorical_crossentropy)
     assert probs.shape == (len(pdf), 10)
     assert (probs.argmax(axis=1) == out["label"].to_numpy()).mean() > 0.8
     np.testing.assert_allclose(probs[:20], model.model_.predict(x[:20], verbose=0), rtol=1e-4, atol=1e-5)
     pred = model.predict(pdf.head(20))
-    np.testing.assert_allclose(np.stack(pred.to_numpy()), probs[:20], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict_proba(pdf.head(20)), probs[:20], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(pred.to_numpy(), model.classes_[probs[:20].argmax(axis=1)])
 
 
 def test_dask_save_load_and_params(dask_fit, tmp_path):
@@ -152,8 +156,9 @@ def test_dask_save_load_and_params(dask_fit, tmp_path):
         model.save(url)
         loaded = KerasModel.load(url)  # the custom layer comes back through the saved custom_objects
         assert loaded.history_ == model.history_
-        a = np.stack(loaded.transform(pdf.head(25))["prediction"].to_numpy())
-        b = np.stack(model.transform(pdf.head(25))["prediction"].to_numpy())
+        assert loaded.task_ == "classification"
+        a = np.stack(loaded.transform(pdf.head(25))["probability"].to_numpy())
+        b = np.stack(model.transform(pdf.head(25))["probability"].to_numpy())
         np.testing.assert_allclose(a, b, rtol=1e-6)
     params = est.get_params()
     assert "custom_objects" in params and params["epochs"] == 3
@@ -321,8 +326,12 @@ def test_worker_refuses_a_batches_hook_that_drops_a_batch(tmp_path):
         def batches(self, reader, transform):
             return list(reader)[:-1]
 
-    config = types.SimpleNamespace(batch_size=16, val_batch=16, seed=0, shuffle=False, shuffle_buffer_size=None)
-    spec = types.SimpleNamespace(store=reader.store, dataset=reader.info, config=config)
+    from hora.estimators.data import Features
+
+    config = types.SimpleNamespace(batch_size=16, val_batch=16, seed=0, shuffle=False, shuffle_buffer_size=None,
+                                   features=Features.parse(["features"]), max_length=None, on_decode_error="raise",
+                                   truncation=True, sparse_format="csr")
+    spec = types.SimpleNamespace(store=reader.store, dataset=reader.info, config=config, common=None)
     assert len(list(_batches(spec, TrainingSession(), None, "train", 0, 1, 0, None))) == 4
     with pytest.raises(DataError, match="DropsLast.batches gave 3 batches .* holds 4"):
         list(_batches(spec, DropsLast(), None, "train", 0, 1, 0, None))

@@ -1,0 +1,169 @@
+"""How the ranks of a ``TorchEstimator`` fit share the work (``strategy=``), on the worker.
+
+* ``"hora"``: hora's ``DistributedOptimizer`` allreduces the gradients (Horovod's way);
+  every rank holds the whole model, gradients and optimizer state.
+* ``"zero1"`` / ``"zero2"``: the same optimizer with ``sharding="optimizer"`` /
+  ``"gradients"`` (ZeRO stages 1 and 2, over hora's own collectives).
+* ``"ddp"``: torch's ``DistributedDataParallel`` on the ``torch.distributed`` group
+  :func:`hora.torch.init_process_group` builds over hora's rendezvous; the optimizer is the
+  plain torch one.
+* ``"fsdp"``: FSDP2's ``fully_shard`` on that group (parameters, gradients and optimizer
+  state sharded: ZeRO stage 3): each direct child of the model that holds parameters (each
+  element of a child ``ModuleList`` / ``Sequential``) is one unit, then the model itself.
+
+Whatever the strategy, a checkpoint holds the whole model's ``state_dict`` and the whole
+optimizer state in torch's own format (parameters numbered in the param groups' order), so
+a resume with another number of ranks or another strategy loads it. The sharded strategies
+gather it on every rank for that (``checkpoint_collective``): it needs the whole state's
+memory for a moment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: the strategies, and the ``DistributedOptimizer(sharding=)`` of the ZeRO ones
+STRATEGIES = ("hora", "zero1", "zero2", "ddp", "fsdp")
+SHARDING_OF = {"zero1": "optimizer", "zero2": "gradients"}
+#: the strategies whose checkpoint is a collective (the state is gathered from the shards)
+COLLECTIVE_CHECKPOINT = ("zero1", "zero2", "fsdp")
+#: the strategies that run on torch.distributed's default group (not hora's DistributedOptimizer)
+TORCH_DISTRIBUTED = ("ddp", "fsdp")
+
+
+def rebind(opt: Any, model: Any, names: dict[int, str]) -> Any:
+    """A copy of ``opt`` (its class, hyperparameters and settings, no state) over ``model``'s
+    parameters now, matched by name (``names``: id of each old parameter -> its name).
+
+    A copy rather than a new construction: not every optimizer's settings are arguments of
+    its ``__init__`` (AdamW's ``decoupled_weight_decay``)."""
+    params = dict(model.named_parameters())
+    new = object.__new__(type(opt))
+    new.__dict__.update({k: v for k, v in opt.__dict__.items() if k != "step"})  # (an LR scheduler's wrapper)
+    new.state = defaultdict(dict)
+    new.param_groups = []
+    for group in opt.param_groups:
+        new.add_param_group({**{k: v for k, v in group.items() if k != "params"},
+                             "params": [params[names[id(p)]] for p in group["params"]]})
+    return new
+
+
+def shard_units(model: Any) -> list[Any]:
+    """The modules ``fully_shard`` wraps before the model itself (see the module docstring)."""
+    import torch
+
+    units = []
+    for child in model.children():
+        members = list(child) if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)) else [child]
+        units += [m for m in members if any(True for _ in m.parameters())]
+    return units
+
+
+def prepare(strategy: str, hvd: Any, model: Any, opt: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(module the forward pass runs, optimizer)`` for ``strategy``; ``model`` is on its device
+    and ``opt`` bound to it. ``fsdp`` shards ``model`` in place (its parameters become DTensors)."""
+    import torch
+
+    if strategy not in TORCH_DISTRIBUTED:
+        sharding = SHARDING_OF.get(strategy)
+        extra = {"sharding": sharding} if sharding is not None else {}
+        return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kwargs, **extra)
+    hvd.init_process_group()
+    if strategy == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model), opt
+    from torch.distributed.fsdp import fully_shard
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    for unit in shard_units(model):
+        fully_shard(unit)
+    fully_shard(model)
+    return model, rebind(opt, model, names)
+
+
+def _to_torch_format(osd: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name (torch.distributed.checkpoint's) in torch's
+    own format: parameters numbered in the param groups' order."""
+    ids: dict[str, int] = {}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [ids.setdefault(n, len(ids))
+                                                                          for n in g["params"]]}
+              for g in osd["param_groups"]]
+    return {"state": {ids[n]: st for n, st in osd["state"].items()}, "param_groups": groups}
+
+
+def _from_torch_format(sd: dict[str, Any], model: Any, opt: Any) -> dict[str, Any]:
+    """torch's format keyed by this optimizer's parameter names (the inverse of :func:`_to_torch_format`)."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    ours = [[name_of[id(p)] for p in g["params"]] for g in opt.param_groups]
+    theirs = sd["param_groups"]
+    if [len(g) for g in ours] != [len(g["params"]) for g in theirs]:
+        from hora.errors import ConfigError
+
+        raise ConfigError(f"the checkpoint's optimizer has param groups of {[len(g['params']) for g in theirs]} "
+                          f"parameters, this model's {[len(g) for g in ours]}")
+    by_id = {i: n for g, names in zip(theirs, ours) for i, n in zip(g["params"], names)}
+    return {"state": {by_id[i]: st for i, st in sd["state"].items()},
+            "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": names}
+                             for g, names in zip(theirs, ours)]}
+
+
+def full_state(strategy: str, model: Any, opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(model state_dict, optimizer state in torch's format)``, whole, on every rank taking part
+    (the sharded strategies: every rank must call it)."""
+    if strategy == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+        return msd, _to_torch_format(osd)
+    if strategy in SHARDING_OF:
+        return model.state_dict(), opt.consolidated_state_dict(None)
+    return model.state_dict(), opt.state_dict()
+
+
+def load_state(strategy: str, model: Any, opt: Any, msd: dict[str, Any] | None, osd: dict[str, Any] | None) -> None:
+    """Load what :func:`full_state` gave (either may be None: that part is left as it is)."""
+    if strategy == "fsdp":
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, set_model_state_dict, set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        if msd is not None:
+            set_model_state_dict(model, msd, options=options)
+        if osd is not None:
+            set_optimizer_state_dict(model, opt, _from_torch_format(osd, model, opt), options=options)
+        return
+    if msd is not None:
+        model.load_state_dict(msd)
+    if osd is not None:
+        opt.load_state_dict(osd)
+
+
+def plain_copy(template: Any, state: dict[str, Any]) -> Any:
+    """``template`` (a plain, unsharded module: a fresh copy of the model the fit was given)
+    with ``state`` loaded, on the CPU."""
+    template.load_state_dict({k: v.detach().cpu() for k, v in state.items()})
+    return template.cpu()
+
+
+def evaluating(strategy: str, model: Any, on: bool) -> None:
+    """FSDP evaluation: every unit gathered whole before the validation pass (every rank, once)
+    and kept so through it, so ranks with different numbers of validation batches need no
+    collective per forward; resharded after it."""
+    if strategy != "fsdp":
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    model.set_reshard_after_forward(not on)  # (recursively: every unit)
+    for unit in [m for m in model.modules() if isinstance(m, FSDPModule)]:
+        if on:
+            unit.unshard()
+        else:
+            unit.reshard()
+
+
+__all__ = ["STRATEGIES", "SHARDING_OF", "COLLECTIVE_CHECKPOINT", "TORCH_DISTRIBUTED", "prepare", "full_state",
+           "load_state", "plain_copy", "evaluating", "rebind", "shard_units"]
