@@ -173,6 +173,10 @@ class TrainingSession:
     #: True when :meth:`checkpoint` is a collective (a sharded optimizer gathers its state):
     #: the loop then calls it on every rank whenever a checkpoint is due, and rank 0 writes it
     checkpoint_collective: bool = False
+    #: ``(store, run_id, attempt)`` of the run, set by the worker before training: a session whose state
+    #: is sharded writes its shards there itself (its :meth:`checkpoint` then returns what
+    #: locates them; rank 0 commits that as the checkpoint)
+    checkpoint_location: Any = None
     #: True for a framework whose own loop trains (Lightning): the worker calls :meth:`fit_run`
     drives_loop: ClassVar[bool] = False
 

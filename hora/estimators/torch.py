@@ -288,10 +288,18 @@ class TorchCodec(ModelCodec):
             ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
         except Exception as exc:
             raise ConfigError(f"{where} cannot be read as a Torch checkpoint: {type(exc).__name__}: {exc}") from exc
-        saved = ckpt.get(self.checkpoint_state_key) if isinstance(ckpt, dict) else None
-        if saved is None:
-            raise ConfigError(f"{where} holds no model state (no {self.checkpoint_state_key!r} entry)")
-        mismatch = first_state_mismatch(config.model.state_dict(), saved)
+        if isinstance(ckpt, dict) and "dcp" in ckpt:  # an FSDP run's: its shards' metadata tells the shapes
+            path = f"{config.store.layout.checkpoint_dir(config.run_id)}/{ckpt['dcp']}"
+            try:
+                mismatch = torch_strategies.dcp_mismatch(config.model, config.store, path)
+            except Exception as exc:
+                raise ConfigError(f"{where} names the distributed checkpoint {config.store.url_for(path)}, which "
+                                  f"cannot be read: {type(exc).__name__}: {exc}") from exc
+        else:
+            saved = ckpt.get(self.checkpoint_state_key) if isinstance(ckpt, dict) else None
+            if saved is None:
+                raise ConfigError(f"{where} holds no model state (no {self.checkpoint_state_key!r} entry)")
+            mismatch = first_state_mismatch(config.model.state_dict(), saved)
         if mismatch is not None:
             raise ConfigError(f"{where} belongs to another model: {mismatch}; fit with another run_id, or the "
                               "model that wrote it")
@@ -710,10 +718,19 @@ class TorchSession(TrainingSession):
         import torch
 
         buf = io.BytesIO()
-        # the whole state in torch's format, on every rank taking part (the sharded strategies
-        # gather it): any strategy and any number of ranks loads it (each rank keeping its part)
-        model_state, optimizer = torch_strategies.full_state(self.strategy, self.model, self.optimizer)
-        state = {"model": model_state, "optimizer": optimizer, "extra": resume.to_meta()}
+        if self.strategy == "fsdp" and self.checkpoint_location is not None:
+            # every rank writes its shards (torch's distributed checkpoint) beside the run's
+            # checkpoints; what rank 0 commits names the folder
+            store, run_id, attempt = self.checkpoint_location
+            folder = torch_strategies.dcp_folder(resume.epoch, resume.step, resume.global_step, attempt)
+            torch_strategies.save_dcp(self.model, self.optimizer, store,
+                                      f"{store.layout.checkpoint_dir(run_id)}/{folder}")
+            state: dict[str, Any] = {"dcp": folder, "extra": resume.to_meta()}
+        else:
+            # the whole state in torch's format, on every rank taking part (the ZeRO strategies
+            # gather it): any strategy and any number of ranks loads it (each rank keeping its part)
+            model_state, optimizer = torch_strategies.full_state(self.strategy, self.model, self.optimizer)
+            state = {"model": model_state, "optimizer": optimizer, "extra": resume.to_meta()}
         if self.scheduler is not None:
             state["lr_scheduler"] = self.scheduler.state_dict()
         if self.scaler is not None:
@@ -734,6 +751,17 @@ class TorchSession(TrainingSession):
         import torch
 
         ckpt = torch.load(io.BytesIO(data), map_location=self.device or "cpu", weights_only=False)
+        if "dcp" in ckpt:  # an FSDP run's distributed checkpoint (see torch_strategies)
+            if self.checkpoint_location is None:
+                raise ConfigError(f"the checkpoint of epoch {ckpt_epoch} is a distributed checkpoint; "
+                                  "it is read through the run's store")
+            store, run_id, _ = self.checkpoint_location
+            path = f"{store.layout.checkpoint_dir(run_id)}/{ckpt['dcp']}"
+            if self.strategy == "fsdp":
+                torch_strategies.load_dcp(self.model, self.optimizer, store, path,
+                                          f"the checkpoint of epoch {ckpt_epoch}")
+            else:
+                ckpt["model"], ckpt["optimizer"] = torch_strategies.load_dcp_whole(store, path)
         if "model" in ckpt:
             mismatch = first_state_mismatch(self.model.state_dict(), ckpt["model"])
             if mismatch is not None:

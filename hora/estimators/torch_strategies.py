@@ -11,15 +11,22 @@
   state sharded: ZeRO stage 3): each direct child of the model that holds parameters (each
   element of a child ``ModuleList`` / ``Sequential``) is one unit, then the model itself.
 
-Whatever the strategy, a checkpoint holds the whole model's ``state_dict`` and the whole
-optimizer state in torch's own format (parameters numbered in the param groups' order), so
-a resume with another number of ranks or another strategy loads it. The sharded strategies
-gather it on every rank for that (``checkpoint_collective``): it needs the whole state's
-memory for a moment.
+Checkpoints. ``"fsdp"`` writes torch's distributed checkpoint (DCP): every rank its own
+shards of the model and optimizer state, to the run's checkpoint folder in the Store
+(``dcp-e<epoch>-s<step>-g<global step>-a<attempt>/``, ``.metadata`` last, by rank 0), and the
+checkpoint rank 0 commits (the Store's atomic per-epoch file) holds the folder's name and the
+small rest (position, scheduler, scaler): no rank ever holds the whole state, and a folder no
+committed checkpoint names (a crash mid-write) is never read. A resume loads it at any number
+of ranks (DCP reshards); another strategy loads it whole (:func:`load_dcp_whole`). The other
+strategies' checkpoints hold the whole model's ``state_dict`` and the whole optimizer state in
+torch's own format (parameters numbered in the param groups' order); ``"zero1"`` /
+``"zero2"`` gather it on every rank for that (``checkpoint_collective``), which needs the
+whole state's memory for a moment.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import defaultdict
 from typing import Any
@@ -81,7 +88,14 @@ def prepare(strategy: str, hvd: Any, model: Any, opt: Any, kwargs: dict[str, Any
     for unit in shard_units(model):
         fully_shard(unit)
     fully_shard(model)
-    return model, rebind(opt, model, names)
+    sharded = rebind(opt, model, names)
+    # the unsharded parameters live on while anything holds them: the old optimizer (this rank's
+    # own copy) lets them go, and a collection frees them now rather than at some later gc pass
+    # (an optimizer's hooks can keep it in a reference cycle): a whole model's worth of memory
+    opt.state.clear()
+    opt.param_groups.clear()
+    gc.collect()
+    return model, sharded
 
 
 def _to_torch_format(osd: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +156,109 @@ def load_state(strategy: str, model: Any, opt: Any, msd: dict[str, Any] | None, 
         opt.load_state_dict(osd)
 
 
+def dcp_folder(epoch: int, step: int, global_step: int, attempt: int) -> str:
+    """The name of one distributed checkpoint's folder (the same on every rank of the attempt)."""
+    return f"dcp-e{epoch:06d}-s{step:06d}-g{global_step:09d}-a{attempt}"
+
+
+def _fsspec_io(store: Any, path: str, write: bool) -> Any:
+    """DCP's storage writer / reader for ``path`` in ``store`` (its fsspec filesystem and options)."""
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    url = store.url_for(path)
+    if write:
+        return FsspecWriter(url, single_file_per_rank=True, sync_files=False, **store.storage_options)
+    return FsspecReader(url, **store.storage_options)
+
+
+def save_dcp(model: Any, opt: Any, store: Any, path: str) -> None:
+    """This rank's shards of the FSDP ``model``'s and ``opt``'s state to ``path`` in ``store``
+    (a collective: every rank calls it; rank 0 writes ``.metadata`` after all have written).
+
+    Raises:
+        StoreError: the write failed (names the path).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from hora.errors import StoreError
+
+    msd, osd = get_state_dict(model, opt)
+    try:
+        dcp.save({"model": msd, "optim": osd}, storage_writer=_fsspec_io(store, path, write=True))
+    except Exception as exc:
+        raise StoreError(f"writing the distributed checkpoint {store.url_for(path)} failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+
+
+def dcp_mismatch(model: Any, store: Any, path: str) -> str | None:
+    """How the checkpoint at ``path`` does not fit ``model`` (a missing or extra parameter or
+    buffer, another shape), from its ``.metadata``; None when it fits."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = _fsspec_io(store, path, write=False).read_metadata().state_dict_metadata
+    saved = {k[len("model."):]: v for k, v in meta.items() if k.startswith("model.")}
+    ours = {}
+    for name, value in model.state_dict().items():
+        ours[name] = tuple(getattr(value, "shape", ()))
+    missing, extra = sorted(set(ours) - set(saved)), sorted(set(saved) - set(ours))
+    if missing or extra:
+        return f"missing {missing[:5]}, unexpected {extra[:5]}"
+    for name, shape in ours.items():
+        entry = saved[name]
+        if isinstance(entry, TensorStorageMetadata) and tuple(entry.size) != shape:
+            return f"{name!r} has shape {tuple(entry.size)} in the checkpoint, {shape} in the model"
+    return None
+
+
+def load_dcp(model: Any, opt: Any, store: Any, path: str, what: str) -> None:
+    """Load the distributed checkpoint at ``path`` into the FSDP ``model`` and ``opt``, each rank
+    its shards (at any number of ranks: DCP reshards). A collective.
+
+    Raises:
+        ConfigError: the checkpoint belongs to another model (``what`` names it).
+        StoreError: it cannot be read.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from hora.errors import ConfigError, StoreError
+
+    mismatch = dcp_mismatch(model, store, path)
+    if mismatch is not None:
+        raise ConfigError(f"{what} belongs to another model: {mismatch}")
+    msd, osd = get_state_dict(model, opt)  # (initializes an optimizer without state, lr 0, so DCP fills it)
+    state = {"model": msd, "optim": osd}
+    try:
+        dcp.load(state, storage_reader=_fsspec_io(store, path, write=False))
+    except Exception as exc:
+        raise StoreError(f"reading the distributed checkpoint {store.url_for(path)} failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def load_dcp_whole(store: Any, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The distributed checkpoint at ``path`` whole, in this process alone: ``(model state_dict,
+    optimizer state in torch's format)`` (what a strategy other than ``"fsdp"`` resumes from).
+
+    Raises:
+        StoreError: it cannot be read.
+    """
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from hora.errors import StoreError
+
+    state: dict[str, Any] = {}
+    try:  # what torch.distributed.checkpoint.format_utils.dcp_to_torch_save does, from any fsspec URL
+        _load_state_dict(state, storage_reader=_fsspec_io(store, path, write=False),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    except Exception as exc:
+        raise StoreError(f"reading the distributed checkpoint {store.url_for(path)} failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    return state["model"], _to_torch_format(state["optim"])
+
+
 def plain_copy(template: Any, state: dict[str, Any]) -> Any:
     """``template`` (a plain, unsharded module: a fresh copy of the model the fit was given)
     with ``state`` loaded, on the CPU."""
@@ -166,4 +283,4 @@ def evaluating(strategy: str, model: Any, on: bool) -> None:
 
 
 __all__ = ["STRATEGIES", "SHARDING_OF", "COLLECTIVE_CHECKPOINT", "TORCH_DISTRIBUTED", "prepare", "full_state",
-           "load_state", "plain_copy", "evaluating", "rebind", "shard_units"]
+           "load_state", "dcp_folder", "save_dcp", "load_dcp", "load_dcp_whole", "dcp_mismatch", "plain_copy", "evaluating", "rebind", "shard_units"]

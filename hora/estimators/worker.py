@@ -233,6 +233,7 @@ class WorkerRun:
         self.resumed_at: int | None = None  # the epoch (0-based) this attempt resumed at, if it resumed
         self.ctx = CallbackContext(rank=self.rank, size=self.size, run_id=spec.run_id, store=spec.store,
                                    params=self.config.json_values())
+        session.checkpoint_location = (spec.store, spec.run_id, self.attempt)
         self.ctx.state_bytes = lambda: session.checkpoint(self.where(session.epoch, 0))
         self.ctx.model_files = session.model_files
         self.ctx.model, self.ctx.optimizer = session_objects(session)

@@ -1,9 +1,13 @@
 """TorchEstimator(strategy=...) (issue 28, item 3): 'zero1' and 'zero2' shard the optimizer state (and
-the gradients) across the ranks and train as 'hora' does; their checkpoints hold the whole state, so a
-relaunch continues where it stopped and a resume at another number of ranks reshards. Real ranks on
+the gradients) across the ranks and train as 'hora' does; their checkpoints hold the whole state ('fsdp':
+torch's distributed checkpoint, each rank its shards), so a relaunch continues where it stopped and a resume
+at another number of ranks reshards. Real ranks on
 local processes (a pandas frame)."""
 
 from __future__ import annotations
+
+import io
+import re
 
 import numpy as np
 import pandas as pd
@@ -107,8 +111,23 @@ def test_ddp_and_fsdp_train_as_hora_does_with_validation_and_fsdp_resumes_at_ano
     _assert_same(_est(store, gradient_clip_norm=0.01).fit(df),
                  _est(store, strategy="fsdp", gradient_clip_norm=0.01).fit(df))
 
-    # an FSDP run of 2 ranks resumed by one rank, then by 'hora': the checkpoints are whole, in torch's format
+    # an FSDP run of 2 ranks checkpoints with torch's distributed checkpoint: each rank its shards, in a
+    # folder beside the committed checkpoint, which names the folder and holds no weights
     _est(store, strategy="fsdp", epochs=1, run_id="fsdp-resize").fit(df)
+    folder = store.layout.checkpoint_dir("fsdp-resize")
+    shards = [e.rstrip("/").rsplit("/", 1)[-1] for e in store.listdir(folder) if "dcp-" in e]
+    assert len(shards) == 1 and re.fullmatch(r"dcp-e\d{6}-s000000-g000000004-a1", shards[0]), shards  # 4 steps
+    files = sorted(e.rsplit("/", 1)[-1] for e in store.listdir(f"{folder}/{shards[0]}"))
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"], files
+    committed = torch.load(io.BytesIO(store.latest_checkpoint("fsdp-resize")[1]), weights_only=False)
+    assert committed["dcp"] == shards[0] and "model" not in committed and "optimizer" not in committed
+    # another model's fit does not load it: the driver reads the shards' metadata, and names the difference
+    wider = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    with pytest.raises(ConfigError, match=r"checkpoint of epoch 0 of run fsdp-resize .* belongs to another model: "
+                                          r"'0.weight' has shape \(16, 4\) in the checkpoint, \(8, 4\) in the model"):
+        _est(store, strategy="fsdp", epochs=2, run_id="fsdp-resize", model=wider,
+             optimizer=torch.optim.AdamW(wider.parameters(), lr=0.01)).fit(df)
+    # resumed by one rank (DCP reshards), then by 'hora' (which loads it whole)
     resized = _est(store, strategy="fsdp", epochs=2, num_proc=1, run_id="fsdp-resize",
                    callbacks=[StateProbe()]).fit(df)
     assert [(h["epoch"], h["num_proc"]) for h in resized.history_] == [(0, 2), (1, 1)]

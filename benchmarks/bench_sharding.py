@@ -1,0 +1,195 @@
+"""Sharded training strategies against replicated training, same run (issue #28, "Speed and memory").
+
+    python benchmarks/bench_sharding.py [--np 2] [--memory-np 4] [--steps 20] [--dim 768] [--layers 12]
+                                        [--vocab 40000] [--seq 64] [--batch 2] [--device cpu|cuda]
+
+The model is a GPT-like causal transformer built from a config (``--layers`` pre-norm blocks of
+``--dim`` with ``--heads`` heads, token and position embeddings, an untied head over ``--vocab``;
+146M parameters at the defaults), AdamW, fp32, ``--batch`` sequences of ``--seq`` tokens per
+rank, so activations do not dominate. Each strategy runs through the code ``TorchEstimator``
+uses (:func:`hora.estimators.torch_strategies.prepare`), in fresh processes:
+
+* ``hora``: replicated, hora's DistributedOptimizer (the baseline);
+* ``zero1`` / ``zero2``: the same with ``sharding="optimizer"`` / ``"gradients"``;
+* ``ddp``: torch's DistributedDataParallel on the group ``hora.torch.init_process_group()`` makes;
+* ``fsdp``: FSDP2's ``fully_shard`` on it (each block one unit).
+
+Per configuration it reports, per rank (the largest over the ranks):
+
+* peak memory: the process's peak RSS (``VmHWM``) minus its RSS just before the model was built
+  (glibc gives large blocks back at once, ``MALLOC_MMAP_THRESHOLD_``, so a freed buffer does not
+  count twice), against ``hora``'s, next to the floor for fp32 AdamW (16 bytes a parameter
+  replicated): zero1 ``(4 + 4 + 8/N) / 16``, zero2 ``(4 + 12/N) / 16``, fsdp ``1/N``; on CUDA
+  also ``torch.cuda.max_memory_allocated``;
+* the loss of the last step (the mean over the ranks' batches) against ``hora``'s: the same
+  seeds and batches give the same training, to fp32 rounding;
+* step time (median of the steps after the first two, rank 0, between barriers) against
+  ``hora``'s of the same run.
+
+With ``--memory-np`` (default 4; 0 skips it), ``hora`` and ``fsdp`` run again at that many
+ranks (oversubscribed on a small machine: memory only, a few steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _native_common import load_now, machine_note, run_local, table  # noqa: E402
+
+STRATEGIES = ("hora", "zero1", "zero2", "ddp", "fsdp")
+WARMUP = 2
+
+
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def build_model(dim: int, layers: int, heads: int, vocab: int, seq: int) -> Any:
+    import torch
+    import torch.nn.functional as F
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+            self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * dim, dim))
+
+        def forward(self, x: Any) -> Any:
+            n, t, d = x.shape
+            q, k, v = self.qkv(self.norm1(x)).split(d, dim=2)
+            q, k, v = (z.view(n, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(att.transpose(1, 2).reshape(n, t, d))
+            return x + self.mlp(self.norm2(x))
+
+    class GPT(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens, self.positions = torch.nn.Embedding(vocab, dim), torch.nn.Embedding(seq, dim)
+            self.blocks = torch.nn.ModuleList([Block() for _ in range(layers)])
+            self.norm, self.head = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, vocab)
+
+        def forward(self, ids: Any) -> Any:
+            x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    return GPT()
+
+
+def rank_main(strategy: str, cfg: dict[str, int], steps: int, device: str) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    import hora.torch as hvd
+    from hora.estimators import torch_strategies
+
+    hvd.init()
+    try:
+        dev = torch.device("cuda", hvd.local_rank()) if device == "cuda" else torch.device("cpu")
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        before = _rss("VmRSS")
+        cuda_before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
+        torch.manual_seed(0)
+        model = build_model(cfg["dim"], cfg["layers"], cfg["heads"], cfg["vocab"], cfg["seq"]).to(dev)
+        params = sum(p.numel() for p in model.parameters())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        module, opt = torch_strategies.prepare(strategy, hvd, model, opt, {})
+        if strategy not in ("ddp", "fsdp"):
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        gen = torch.Generator().manual_seed(1 + hvd.rank())
+        times, loss = [], None
+        for _ in range(steps):
+            ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=gen).to(dev)
+            hvd.barrier()
+            t = time.perf_counter()
+            opt.zero_grad()
+            logits = module(ids[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            times.append(time.perf_counter() - t)
+        hvd.barrier()
+        peak = _rss("VmHWM") - before
+        cuda_peak = (torch.cuda.max_memory_allocated(dev) - cuda_before) if dev.type == "cuda" else 0
+        mean_loss = float(hvd.allreduce(loss.detach().cpu().reshape(1), name="bench.loss"))
+        return {"peak": peak, "cuda_peak": cuda_peak, "params": params, "loss": mean_loss,
+                "step": statistics.median(times[WARMUP:]) if len(times) > WARMUP else statistics.median(times)}
+    finally:
+        hvd.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--memory-np", type=int, default=4)
+    ap.add_argument("--memory-steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--vocab", type=int, default=40000)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    a = ap.parse_args()
+    cfg = {k: getattr(a, k) for k in ("dim", "layers", "heads", "vocab", "seq", "batch")}
+    names = [s for s in a.strategies.split(",") if s]
+    if names[0] != "hora":
+        raise SystemExit("--strategies must start with hora (the baseline)")
+    env = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    print(f"# {machine_note()}; {a.np} ranks, transformer {cfg}, AdamW, fp32, {a.device}, {a.steps} steps",
+          flush=True)
+    runs: dict[tuple[str, int], list[dict]] = {}
+    plan = [(s, a.np, a.steps) for s in names]
+    if a.memory_np:
+        plan += [(s, a.memory_np, a.memory_steps) for s in ("hora", "fsdp") if s in names]
+    for name, n, steps in plan:
+        t0 = time.monotonic()
+        runs[(name, n)] = run_local(rank_main, n, args=(name, cfg, steps, a.device), env=env, timeout=3000)
+        r = runs[(name, n)]
+        print(f"{name} x{n}: peak {max(x['peak'] for x in r) / 2**20:.0f} MiB, step {r[0]['step'] * 1e3:.0f} ms, "
+              f"loss {r[0]['loss']:.6f} ({time.monotonic() - t0:.0f} s)", flush=True)
+    params = runs[("hora", a.np)][0]["params"]
+    rows = []
+    for (name, n), r in runs.items():
+        base = runs[("hora", n)]
+        peak, base_peak = max(x["peak"] for x in r), max(x["peak"] for x in base)
+        floor = {"hora": 1.0, "ddp": 1.0, "zero1": (8 + 8 / n) / 16, "zero2": (4 + 12 / n) / 16, "fsdp": 1 / n}[name]
+        same_steps = n == a.np
+        row = [name, str(n), f"{peak / 2**20:.0f}", f"{peak / base_peak:.3f}", f"{floor:.3f}",
+               f"{r[0]['step'] * 1e3:.0f}" if same_steps else "-",
+               f"{r[0]['step'] / base[0]['step']:.2f}" if same_steps else "-",
+               f"{r[0]['loss']:.6f}", f"{abs(r[0]['loss'] / base[0]['loss'] - 1):.1e}"]
+        if a.device == "cuda":
+            cuda, cuda_base = max(x["cuda_peak"] for x in r), max(x["cuda_peak"] for x in base)
+            row += [f"{cuda / 2**20:.0f}", f"{cuda / cuda_base:.3f}"]
+        rows.append(tuple(row))
+    header = ("strategy", "ranks", "peak MiB/rank", "x hora", "floor", "step ms", "step x hora", "last loss",
+              "rel. diff from hora")
+    if a.device == "cuda":
+        header += ("cuda peak MiB", "x hora")
+    print(f"\n{params / 1e6:.1f}M parameters ({params * 4 / 2**20:.0f} MiB fp32); load {load_now()}")
+    print(table(rows, header))
+
+
+if __name__ == "__main__":
+    main()
