@@ -90,6 +90,8 @@ class ProcessLauncher:
             proc = warm_mod.spawn(argv, env, cwd, import_env=warm, stdin=stdin_data is not None)
         if proc is None:
             proc = self._popen(rank, argv, env, stdin_data, cwd, die_with_parent)
+            if die_with_parent:
+                _guard().add(proc.pid)
         self._watch(rank, proc, stdin_data)
         return proc
 
@@ -226,6 +228,8 @@ class ProcessLauncher:
             time.sleep(0.05)
         for e in entries:
             _killpg(e.pgid, signal.SIGKILL)
+        if _GUARD is not None:
+            _GUARD.remove([e.pgid for e in entries])
         for e in entries:
             try:
                 e.proc.wait(timeout=5)
@@ -234,6 +238,90 @@ class ProcessLauncher:
         for e in entries:
             for t in e.threads:
                 t.join(timeout=2)
+
+
+# The group guard: a process that outlives this one. ``die_with_parent`` makes Linux kill a
+# rank when this process dies, but not what the rank started (its process group: a user's
+# subprocess, a data loader's workers), and a SIGKILLed launcher runs no cleanup. The guard
+# reads "+<pgid>" / "-<pgid>" lines on a pipe whose only writer is this process; at EOF (this
+# process ended, however) it stops the groups still registered as terminate() would: SIGTERM,
+# then SIGKILL after the grace. Stdlib only, started without site (-S): it costs ~20 ms once.
+_GUARD_CODE = r"""
+import os, signal, sys, time
+groups = set()
+for line in sys.stdin:
+    line = line.strip()
+    if line[:1] == "+":
+        groups.add(int(line[1:]))
+    elif line[:1] == "-":
+        groups.discard(int(line[1:]))
+def alive(g):
+    try:
+        os.killpg(g, 0)
+        return True
+    except OSError:
+        return False
+live = [g for g in groups if alive(g)]
+for g in live:
+    try:
+        os.killpg(g, signal.SIGTERM)
+    except OSError:
+        pass
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline and any(alive(g) for g in live):
+    time.sleep(0.05)
+for g in live:
+    try:
+        os.killpg(g, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+#: seconds between the guard's SIGTERM and SIGKILL to the groups of a launcher that died
+GUARD_GRACE = 3.0
+
+
+class _GroupGuard:
+    """This process's group guard (see ``_GUARD_CODE``); registering never raises: without a
+    guard (it could not start, or died) a rank still dies with this process, its group may not."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-S", "-c", _GUARD_CODE, str(GUARD_GRACE)],
+                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            log.warning("could not start the group guard (a rank's children may outlive a killed launcher): %s", exc)
+
+    def _send(self, lines: list[str]) -> None:
+        if self._proc is None or self._proc.stdin is None or not lines:
+            return
+        with self._lock:
+            try:
+                self._proc.stdin.write("".join(f"{line}\n" for line in lines).encode())
+                self._proc.stdin.flush()
+            except (OSError, ValueError) as exc:
+                log.warning("the group guard is gone (a rank's children may outlive a killed launcher): %s", exc)
+                self._proc = None
+
+    def add(self, pgid: int) -> None:
+        self._send([f"+{pgid}"])
+
+    def remove(self, pgids: Sequence[int]) -> None:
+        self._send([f"-{g}" for g in pgids])
+
+
+_GUARD: _GroupGuard | None = None
+_GUARD_LOCK = threading.Lock()
+
+
+def _guard() -> _GroupGuard:
+    global _GUARD
+    with _GUARD_LOCK:
+        if _GUARD is None or (_GUARD._proc is not None and _GUARD._proc.poll() is not None):
+            _GUARD = _GroupGuard()
+        return _GUARD
 
 
 _PR_SET_PDEATHSIG = 1

@@ -190,7 +190,7 @@ def test_a_remote_host_without_hora_names_the_host_and_the_interpreter(sshd, tmp
     assert "/no/such/python: No such file or directory" in res.stderr
 
 
-def _start(sshd, tmp_path, n: int = 4):
+def _start(sshd, tmp_path, n: int = 4, env: dict | None = None):
     body = script(tmp_path, "sleeper.py", """
         import os, subprocess, sys, time
         child = subprocess.Popen(["sleep", "300"])
@@ -198,7 +198,7 @@ def _start(sshd, tmp_path, n: int = 4):
         time.sleep(300)
     """)
     proc = subprocess.Popen([sys.executable, "-m", "hora", "run", "-np", str(n), "-H", TWO_HOSTS, *sshd.args(),
-                             sys.executable, body, str(tmp_path)], cwd=str(tmp_path), env=_env(sshd),
+                             sys.executable, body, str(tmp_path)], cwd=str(tmp_path), env=_env(sshd, env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
     while not all((tmp_path / f"pids.{r}").exists() for r in range(n)):
@@ -207,6 +207,20 @@ def _start(sshd, tmp_path, n: int = 4):
         time.sleep(0.1)
     time.sleep(0.3)  # the pid files are written: let their content land
     return proc
+
+
+@pytest.mark.timeout(180)
+def test_every_rank_and_supervisor_on_every_host_exits_when_hora_run_is_killed(sshd, tmp_path):
+    # the launcher SIGKILLed (nothing of it runs its cleanup): the ranks here and on 127.0.0.2, their
+    # children, the remote supervisors and the ssh clients end within HORA_HEARTBEAT_TIMEOUT + a few s
+    heartbeat = 6
+    proc = _start(sshd, tmp_path, env={"HORA_HEARTBEAT_TIMEOUT": str(heartbeat)})
+    ssh_clients = [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "ssh"]
+    assert ssh_clients and supervisors(str(tmp_path))
+    proc.kill()
+    proc.wait()
+    assert_gone(pid_files(tmp_path, 4) + ssh_clients, within=heartbeat + 15)
+    assert not supervisors(str(tmp_path))
 
 
 @pytest.mark.timeout(180)
