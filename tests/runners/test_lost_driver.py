@@ -1,6 +1,7 @@
 """A lost driver: the process that called ``fit`` is SIGKILLed mid-training, after its first
 checkpoint, on a Dask cluster started from the command line (``dask scheduler`` and two
-``dask worker`` processes) and on a Spark standalone cluster. Every rank exits within
+``dask worker`` processes), on a Spark standalone cluster and on a Ray cluster started with
+``ray start`` (``hora run`` on ssh hosts: tests/ssh/test_ssh_launch.py). Every rank exits within
 HORA_HEARTBEAT_TIMEOUT plus a few seconds, the workers stay up, and a fit with the same
 ``run_id`` resumes from the last checkpoint (every epoch in its history once)."""
 
@@ -210,3 +211,104 @@ def _spark_lost_driver(standalone_cluster, tmp_path) -> None:
     assert "fit resumes from the last one" in refit.stderr, refit.stderr[-3000:]
     history = json.loads(refit.stdout.split("HISTORY=", 1)[1].splitlines()[0])
     assert history == list(range(total)), history  # every epoch once: the checkpointed ones and the rest
+
+
+RAY_FIT = COMMON + r'''
+import os
+import ray
+from hora.dask import TorchEstimator
+from hora.estimators.callbacks import Callback
+
+class RankPid(Callback):  # every rank's process id, for the test to watch (defined here: pickled by value)
+    def __init__(self, folder):
+        self.folder = folder
+    def on_epoch_begin(self, ctx, epoch):
+        with open(os.path.join(self.folder, f"rank.{ctx.rank}"), "w") as fh:
+            fh.write(str(os.getpid()))
+
+address, store, epochs, folder = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
+x = np.random.default_rng(0).normal(size=(2000, 4)).astype("float32")
+pdf = pd.DataFrame({"features": list(x), "y": x.sum(axis=1)})
+net = Slow()
+est = TorchEstimator(num_proc=2, store=Store.create(store), model=net, run_id="lost-driver-ray", backend="ray",
+                     optimizer=torch.optim.SGD(net.parameters(), 0.01), loss=torch.nn.MSELoss(),
+                     feature_cols=["features"], label_cols=["y"], batch_size=16, epochs=epochs, verbose=0,
+                     callbacks=[RankPid(folder)])
+model = est.fit(pdf)
+print("HISTORY=" + json.dumps([h["epoch"] for h in model.history_]), flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_ray_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path):
+    # a Ray cluster started from the command line (its own processes, as a user's would be); the
+    # driver connects to it, is SIGKILLed mid-fit; the ranks (Ray actors) end, the cluster stays up
+    # with its CPUs free again, and a refit with the same run_id resumes
+    pytest.importorskip("ray", reason="needs the hora[ray] extra")
+    import tempfile
+
+    from hora.store import Store
+
+    bindir = os.path.dirname(sys.executable)
+    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
+               HORA_HEARTBEAT_TIMEOUT=str(HEARTBEAT_TIMEOUT), RAY_USAGE_STATS_ENABLED="0",
+               RAY_AUTH_MODE="disabled")  # `ray start` turns token auth on and writes ~/.ray/auth_token
+    port = _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="hora-rayl-")  # short: Ray's socket paths live below it
+    head = subprocess.Popen([os.path.join(bindir, "ray"), "start", "--head", "--block", "--port", str(port),
+                             "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--include-dashboard", "false",
+                             "--disable-usage-stats", "--temp-dir", temp_dir], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "fit.py"
+    script.write_text(RAY_FIT)
+    store_url = f"file://{tmp_path / 'store'}"
+    store = Store.create(store_url)
+    cluster: list[psutil.Process] = []
+    try:
+        fit = subprocess.Popen([sys.executable, str(script), address, store_url, "40", str(pids)], env=env,
+                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 240
+            while len(list(pids.iterdir())) < 2 or not store.list_checkpoints("lost-driver-ray"):
+                assert fit.poll() is None, fit.stderr.read().decode()[-3000:]  # training, one checkpoint written
+                assert time.monotonic() < deadline, "the ranks never started or never wrote a checkpoint"
+                time.sleep(0.5)
+            cluster = [head, *psutil.Process(head.pid).children(recursive=True)]
+            time.sleep(0.3)
+            ranks = [psutil.Process(int(p.read_text())) for p in pids.iterdir()]
+            fit.send_signal(signal.SIGKILL)
+            fit.wait()
+            killed_at = time.monotonic()
+            gone, alive = psutil.wait_procs(ranks, timeout=HEARTBEAT_TIMEOUT + 20)
+            assert not alive, f"rank processes still running {time.monotonic() - killed_at:.0f} s after the " \
+                              f"driver died: {[p.pid for p in alive]}"
+            assert head.poll() is None, "the Ray cluster went down with the driver"
+        finally:
+            if fit.poll() is None:
+                fit.kill()
+                fit.wait()
+        total = store.latest_checkpoint("lost-driver-ray")[0] + 3  # the CPUs are free: a refit runs and resumes
+        refit = subprocess.run([sys.executable, str(script), address, store_url, str(total), str(pids)], env=env,
+                               cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        assert refit.returncode == 0, refit.stderr[-3000:]
+        assert "fit resumes from the last one" in refit.stderr, refit.stderr[-3000:]
+        history = json.loads(refit.stdout.split("HISTORY=", 1)[1].splitlines()[0])
+        assert history == list(range(total)), history  # every epoch once
+    finally:
+        if not cluster:
+            try:
+                cluster = [head, *psutil.Process(head.pid).children(recursive=True)]
+            except psutil.Error:
+                cluster = []
+        head.terminate()  # --block: the CLI stops the processes it started
+        gone, alive = psutil.wait_procs(cluster, timeout=30)
+        for p in alive:
+            p.kill()
+        import shutil
+
+        shutil.rmtree(temp_dir, ignore_errors=True)
