@@ -18,8 +18,9 @@ Retriable (infrastructure: the same code would have run on a healthy cluster):
                         the OOM killer or an operator, SIGTERM of a preempting scheduler,
                         SIGSEGV/SIGBUS of a faulty node)
 ``LOST``                a host, Spark executor or Dask worker was lost: its ssh session
-                        ended, its heartbeats stopped, Spark reports the executor lost, the
-                        Dask worker died or left, or its task was lost
+                        ended, its heartbeats stopped, Spark reports the executor lost (or
+                        the task's Python worker crashed), the Dask worker died or left, or
+                        its task was lost
 ``START``               ranks never started, or never met at the engine's start barrier,
                         within ``start_timeout`` (a lost or overloaded node)
 ``INFRASTRUCTURE``      a rank raised ``RendezvousError``, ``ConnectionError`` (reset,
@@ -126,9 +127,12 @@ def kind_of_exit(code: int, traceback: str | None = None) -> FaultKind:
     return FaultKind.EXIT
 
 
+# "Python worker exited unexpectedly (crashed)": the task's Python process died (killed by the OOM
+# killer or an operator); hora's own code runs there only to supervise the rank, which is a process
+# of its own, so a crash of the user's code shows as the rank's exit, not as this
 _SPARK_LOST = re.compile(r"ExecutorLostFailure|executor \S+ (?:lost|exited)|Executor heartbeat timed out|"
                          r"Slave lost|worker lost|Container killed|Container from a bad node|"
-                         r"decommission", re.IGNORECASE)
+                         r"decommission|Python worker exited unexpectedly", re.IGNORECASE)
 
 
 def kind_of_engine_error(text: str) -> FaultKind:

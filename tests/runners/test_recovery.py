@@ -72,6 +72,10 @@ def test_fault_kinds_tell_lost_ranks_from_user_errors():
     assert kind_of_engine_error("Job aborted: ExecutorLostFailure (executor 1 exited caused by one of the "
                                 "running tasks)") is FaultKind.LOST
     assert kind_of_engine_error("Job aborted: PythonException: ZeroDivisionError") is FaultKind.TASK
+    # the task's Python worker (the rank's supervisor) SIGKILLed: infrastructure, not the user's code
+    assert engine_failure("Stage failed because barrier task ResultTask(10, 0) finished unsuccessfully. "
+                          "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). Consider "
+                          "setting 'spark.python.worker.faulthandler.enabled'")[:2] == (FaultKind.LOST, 0)
     spark_text = ("the Spark barrier stage of run r failed: Job aborted due to stage failure: Could not recover from a "
                   "failed barrier ResultStage. Most recent failure reason: Stage failed because barrier task "
                   "ResultTask(1, 1) finished unsuccessfully. / ExecutorLostFailure (executor 1 exited caused by one "

@@ -1,0 +1,280 @@
+"""Faults in series (issue 29, items 2 and 5): one long fit per scenario while a seeded chaos
+thread SIGKILLs the job's processes from outside, one after another.
+
+Run: ``.venv/bin/python benchmarks/chaos_soak.py [--scenarios dask,spark] [--faults 10] [--epochs 30]``.
+
+Scenarios (each on clusters it starts and stops itself):
+
+* ``dask``: a ``LocalCluster`` of two worker processes under nannies; the chaos thread kills
+  ranks (``hora.runners.worker`` processes) and their supervisors (the Dask worker process
+  that runs the rank's task: its nanny starts a new one).
+* ``spark``: a Spark standalone cluster (a master and two 2-core workers on 127.0.0.1 and
+  127.0.0.2) driven by a classic SparkSession; the chaos thread kills ranks, their
+  supervisors (the Spark task's Python worker) and executor JVMs (the master starts new
+  executors).
+
+Each scenario runs the same fit three times: all ``--epochs`` without faults (the baseline;
+it materializes the data the others reuse), one epoch without faults (the job's cold start:
+launch, data reuse, an epoch, the model back), and all ``--epochs`` with ``--faults`` kills (``checkpoint_every="2 steps"``,
+``max_failures`` one more than the faults). The chaos thread waits for rank processes it
+has not seen before (a relaunch's), lets them run a seeded 0.2-4 s, and kills one target of a
+seeded kind; short waits land in a relaunch's start or restore, and with a checkpoint every
+two steps many land during a checkpoint write (random, not aimed). Rank 0 logs the time and
+its ``(epoch, step)`` after every batch: the time a fault cost is from the kill until the fit
+is past the step it had reached when killed.
+
+Prints, per scenario: faults injected | survived | epochs lost | duplicated epochs | orphan
+processes | time lost per fault (median / max) | cold start | median lost / cold start, and
+the three fits' seconds. Needs ``make install`` (the dask and spark extras) and Java for Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import psutil  # noqa: E402
+import torch  # noqa: E402
+
+from hora.estimators.callbacks import Callback  # noqa: E402
+from tests.runners.helpers import hora_worker_processes  # noqa: E402
+
+TARGETS = {"dask": ("rank", "supervisor"), "spark": ("rank", "supervisor", "executor")}
+
+
+class Progress(Callback):
+    """After every batch: sleep ``seconds`` (paces the fit so faults land mid-training); rank 0
+    appends ``time attempt epoch step`` to ``path``. At each epoch's start every rank writes
+    ``<path>.ranks/<attempt>.<rank>`` = its pid and its supervisor's (a rank forked by a warm
+    server shows neither in ``/proc``: its environ there is the server's)."""
+
+    def __init__(self, path: str, seconds: float) -> None:
+        self.path, self.seconds = path, seconds
+
+    def on_epoch_begin(self, ctx, epoch):
+        folder = self.path + ".ranks"
+        os.makedirs(folder, exist_ok=True)
+        name = os.path.join(folder, f"{os.environ.get('HORA_ATTEMPT', '1')}.{ctx.rank}")
+        with open(name + ".tmp", "w") as fh:
+            fh.write(f"{os.getpid()} {os.environ.get('HORA_SUPERVISOR_PID', '')}")
+        os.replace(name + ".tmp", name)
+
+    def on_batch_end(self, ctx, step, logs):
+        time.sleep(self.seconds)
+        if ctx.rank == 0:
+            with open(self.path, "a") as fh:
+                fh.write(f"{time.time()} {os.environ.get('HORA_ATTEMPT', '1')} {ctx.epoch} {step}\n")
+
+
+def _ranks(log_path: str) -> dict[int, dict[int, tuple[int, int | None]]]:
+    """``{attempt: {rank: (pid, supervisor pid)}}`` as the ranks wrote them (see :class:`Progress`)."""
+    out: dict[int, dict[int, tuple[int, int | None]]] = {}
+    folder = log_path + ".ranks"
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.endswith(".tmp"):
+            continue
+        attempt, rank = (int(v) for v in name.split("."))
+        pid, _, sup = Path(folder, name).read_text().partition(" ")
+        out.setdefault(attempt, {})[rank] = (int(pid), int(sup) if sup.strip() else None)
+    return out
+
+
+def _executor(pid: int | None) -> psutil.Process | None:
+    proc = psutil.Process(pid) if pid else None
+    while proc is not None and "CoarseGrainedExecutorBackend" not in " ".join(proc.cmdline()):
+        proc = proc.parent()
+    return proc
+
+
+def chaos(log_path: str, kinds: tuple[str, ...], faults: int, num_proc: int, rng: random.Random,
+          stop: threading.Event, injected: list[tuple[str, int, float, int]]) -> None:
+    """Kill ``faults`` targets of the run, one per attempt (see the module doc)."""
+    done: set[int] = set()
+    while len(injected) < faults and not stop.is_set():
+        ranks = _ranks(log_path)
+        attempt = max(ranks, default=0)
+        if attempt in done or len(ranks.get(attempt, {})) < num_proc:
+            time.sleep(0.05)
+            continue
+        if stop.wait(rng.uniform(0.2, 4.0)):
+            return
+        kind = rng.choice(kinds)
+        pid, sup = ranks[attempt][rng.randrange(num_proc)]
+        try:
+            victim = psutil.Process(pid) if kind == "rank" else psutil.Process(sup) if kind == "supervisor" \
+                else _executor(sup)
+            if victim is None or not victim.is_running():
+                continue
+            at = time.time()
+            os.kill(victim.pid, signal.SIGKILL)
+            injected.append((kind, victim.pid, at, attempt))
+            done.add(attempt)
+        except (psutil.Error, ProcessLookupError, ValueError, TypeError):
+            continue
+
+
+def _lost_per_fault(log_path: str, injected: list[tuple[str, int, float, int]]) -> list[float]:
+    """Per fault: seconds from the kill until the relaunched attempt's rank 0 logged a step past
+    the one the fit had reached at the kill."""
+    rows = []
+    if os.path.exists(log_path):
+        for line in Path(log_path).read_text().splitlines():
+            t, attempt, epoch, step = line.split()
+            rows.append((float(t), int(attempt), (int(epoch), int(step))))
+    out = []
+    for _, _, at, attempt in injected:
+        before = [pos for t, _, pos in rows if t <= at]
+        reached = max(before) if before else (-1, -1)
+        after = [t for t, a, pos in rows if t > at and a > attempt and pos > reached]
+        if after:
+            out.append(min(after) - at)
+    return out
+
+
+def _frame(rows: int) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 8)).astype("float32")
+    return pd.DataFrame({"features": list(x), "y": (x @ np.linspace(-1, 1, 8)).astype("float32")})
+
+
+def _fit(face: Any, backend: Any, df: Any, store: Any, run_id: str, epochs: int, log_path: str,
+         max_failures: int, pace: float) -> tuple[Any, float]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    est = face.TorchEstimator(
+        num_proc=2, **({"backend": backend} if backend is not None else {}), store=store, model=net, optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+        loss=torch.nn.MSELoss(), feature_cols=["features"], label_cols=["y"], batch_size=16, epochs=epochs,
+        random_seed=0, verbose=0, max_failures=max_failures, checkpoint_every="2 steps", run_id=run_id,
+        start_timeout=240, callbacks=[Progress(log_path, pace)])
+    start = time.monotonic()
+    model = est.fit(df)
+    return model, time.monotonic() - start
+
+
+def _history(model: Any) -> list[dict]:
+    return model.getHistory() if hasattr(model, "getHistory") else model.history_
+
+
+def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argparse.Namespace) -> dict:
+    from hora.store import Store
+
+    store = Store.create(str(work / f"store-{name}"))
+    # the baseline first: it materializes the data, which the other two fits then reuse
+    _, base = _fit(face, backend, df, store, f"{name}-base", args.epochs, str(work / f"{name}-base.log"), 0,
+                   args.pace)
+    _, cold = _fit(face, backend, df, store, f"{name}-cold", 1, str(work / f"{name}-cold.log"), 0, args.pace)
+    run_id, log_path = f"{name}-chaos", str(work / f"{name}-chaos.log")
+    injected: list[tuple[str, int, float, int]] = []
+    stop = threading.Event()
+    thread = threading.Thread(target=chaos, args=(log_path, TARGETS[name], args.faults, 2,
+                                                  random.Random(args.seed), stop, injected), daemon=True)
+    thread.start()
+    survived, error, took, epochs_seen = True, "", 0.0, []
+    try:
+        model, took = _fit(face, backend, df, store, run_id, args.epochs, log_path, args.faults + 1, args.pace)
+        epochs_seen = [h["epoch"] for h in _history(model)]
+    except Exception as exc:  # the figure says it did not survive, and why
+        survived, error = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    deadline = time.monotonic() + 30
+    while hora_worker_processes(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    lost = _lost_per_fault(log_path, injected)
+    return {
+        "scenario": name, "injected": len(injected), "kinds": [k for k, *_ in injected],
+        "survived": len(injected) if survived else 0, "error": error,
+        "epochs_lost": len(set(range(args.epochs)) - set(epochs_seen)) if survived else None,
+        "duplicated": len(epochs_seen) - len(set(epochs_seen)) if survived else None,
+        "orphans": len(hora_worker_processes(run_id)), "lost": lost, "cold": cold, "base": base, "chaos": took,
+    }
+
+
+def _dask(work: Path, args: argparse.Namespace) -> dict:
+    import dask
+    import dask.dataframe as dd
+    from distributed import Client, LocalCluster
+
+    import hora.dask as face
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      local_directory=str(work / "dask")) as cluster, Client(cluster):
+        with dask.config.set({"dataframe.convert-string": False}):
+            df = dd.from_pandas(_frame(args.rows), npartitions=2)
+        return scenario("dask", face, None, df, work, args)  # the default client: this cluster's
+
+
+def _spark(work: Path, args: argparse.Namespace) -> dict:
+    from pyspark.sql import SparkSession
+
+    import hora.runners as hr
+    import hora.spark as face
+    from tests.spark_clusters import StandaloneCluster
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    cluster = StandaloneCluster(work / "spark").start()
+    try:
+        spark = (SparkSession.builder.master(cluster.url).appName("hora-chaos-soak")
+                 .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+                 .config("spark.ui.enabled", "false").config("spark.executor.memory", "768m").getOrCreate())
+        try:
+            pdf = _frame(args.rows)
+            df = spark.createDataFrame(pdf.assign(features=[r.tolist() for r in pdf["features"]]))
+            return scenario("spark", face, hr.SparkLauncher(spark, task_cpus=2), df, work, args)
+        finally:
+            spark.stop()
+    finally:
+        cluster.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", default="dask,spark")
+    ap.add_argument("--faults", type=int, default=10)
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--pace", type=float, default=0.1, help="seconds each rank sleeps after a batch")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="hora-soak-") as tmp:
+        for name in args.scenarios.split(","):
+            work = Path(tmp) / name
+            work.mkdir()
+            results.append({"dask": _dask, "spark": _spark}[name](work, args))
+            print(f"# {results[-1]}", flush=True)
+    print(f"\n# {os.cpu_count()} CPUs, load {' / '.join(f'{v:.1f}' for v in os.getloadavg())}; "
+          f"{args.epochs} epochs, {args.faults} faults, seed {args.seed}")
+    print("| scenario | faults injected | survived | epochs lost | duplicated epochs | orphan processes | "
+          "time lost per fault, median / max (s) | cold start (s) | median / cold start | fits: cold / base / chaos (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        lost = r["lost"]
+        med = statistics.median(lost) if lost else float("nan")
+        kinds = ", ".join(f"{k} {r['kinds'].count(k)}" for k in dict.fromkeys(r["kinds"]))
+        print(f"| {r['scenario']} | {r['injected']} ({kinds}) | {r['survived']} | {r['epochs_lost']} | "
+              f"{r['duplicated']} | {r['orphans']} | {med:.1f} / {max(lost, default=float('nan')):.1f} | "
+              f"{r['cold']:.1f} | {med / r['cold']:.2f} | {r['cold']:.1f} / {r['base']:.1f} / {r['chaos']:.1f} |")
+        if r["error"]:
+            print(f"\n{r['scenario']} failed: {r['error']}")
+
+
+if __name__ == "__main__":
+    main()
