@@ -147,6 +147,6 @@ def write(base: str | None = None) -> list[str]:
     return written
 
 
-if __name__ == "__main__":
-    for p in write():
-        print(p)  # noqa: T201 (a command-line tool)
+if __name__ == "__main__":  # python -m hora.estimators._stubgen: write() logs each path it writes
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    write()

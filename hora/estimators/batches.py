@@ -19,6 +19,20 @@ from hora.store.dataset import ColumnSpec
 from hora.store.reader import ROW_ID, Reader, row_position
 
 
+def _decoders(specs: dict[str, ColumnSpec], decode_fn: dict | None) -> dict[str, Any]:
+    """The decoder of every binary column of ``specs``: ``decode_fn[col]``, else
+    :func:`hora.store.decode_image` (a None in ``decode_fn`` keeps the bytes)."""
+    user = dict(decode_fn or {})
+    return {c: user.get(c, decode_image) for c, spec in specs.items() if spec.kind == "binary"}
+
+
+def _length_limits(specs: dict[str, ColumnSpec], max_length: int | dict | None) -> dict[str, int]:
+    """``max_length`` per ragged column: a dict as given, an int for every ragged column of ``specs``."""
+    if isinstance(max_length, dict):
+        return dict(max_length)
+    return {c: int(max_length) for c, spec in specs.items() if spec.kind == "ragged"} if max_length else {}
+
+
 def column_ops(config: Any, specs: dict[str, ColumnSpec], decode_fn: dict | None, collate_fn: Callable | None,
                where: Callable[[int], str] | None = None) -> ColumnOps | None:
     """The :class:`~hora.store.ColumnOps` of a fit for columns of ``specs`` (None when no batch needs
@@ -27,14 +41,9 @@ def column_ops(config: Any, specs: dict[str, ColumnSpec], decode_fn: dict | None
     ``truncation``), sparse ones batched per ``sparse_format``, the ``<col>_mask`` inputs of
     ``feature_cols`` made, ``collate_fn`` applied."""
     features = config.features
-    user = dict(decode_fn or {})
-    decode = {c: user.get(c, decode_image) for c in features.columns
-              if c in specs and specs[c].kind == "binary"}
-    limit = config.max_length
-    ragged = [c for c, spec in specs.items() if spec.kind == "ragged"]
-    limits = dict(limit) if isinstance(limit, dict) else ({c: int(limit) for c in ragged} if limit else {})
+    decode = _decoders({c: specs[c] for c in features.columns if c in specs}, decode_fn)
     ops = ColumnOps(specs=dict(specs), decode=decode, on_decode_error=config.on_decode_error or "raise",
-                    max_length=limits, truncation=config.truncation is not False,
+                    max_length=_length_limits(specs, config.max_length), truncation=config.truncation is not False,
                     sparse_format=config.sparse_format or "csr", masks=features.masks, collate_fn=collate_fn,
                     where=where)
     return ops if ops.needed else None
@@ -90,13 +99,9 @@ def inference_arrays(features: Any, arrays: dict[str, np.ndarray], specs: dict[s
     for c in columns.get("ragged") or ():
         if c in arrays:
             arrays[c], specs[c] = _as_ragged(arrays[c], specs.get(c))
-    user = dict(columns.get("decode_fn") or {})
-    decode = {c: user.get(c, decode_image) for c, s in specs.items() if s.kind == "binary"}
-    limit = columns.get("max_length")
-    ragged = [c for c, spec in specs.items() if spec.kind == "ragged"]
-    limits = dict(limit) if isinstance(limit, dict) else ({c: int(limit) for c in ragged} if limit else {})
-    ops = ColumnOps(specs=specs, decode=decode, sparse_format="dense", masks=features.masks,
-                    max_length=limits, truncation=columns.get("truncation", True) is not False,
+    ops = ColumnOps(specs=specs, decode=_decoders(specs, columns.get("decode_fn")), sparse_format="dense",
+                    masks=features.masks, max_length=_length_limits(specs, columns.get("max_length")),
+                    truncation=columns.get("truncation", True) is not False,
                     collate_fn=columns.get("collate_fn"))
     return ops(arrays) if ops.needed else arrays
 
