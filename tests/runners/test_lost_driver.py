@@ -82,6 +82,26 @@ def _ranks_under(pids: list[int]) -> list[psutil.Process]:
     return found
 
 
+def _kill_driver_and_wait_for(fit: subprocess.Popen, ranks: list[psutil.Process]) -> None:
+    """SIGKILL the process that called fit; every rank process must end within HORA_HEARTBEAT_TIMEOUT + 20 s."""
+    fit.send_signal(signal.SIGKILL)
+    fit.wait()
+    killed_at = time.monotonic()
+    gone, alive = psutil.wait_procs(ranks, timeout=HEARTBEAT_TIMEOUT + 20)
+    assert not alive, f"rank processes still running {time.monotonic() - killed_at:.0f} s after the driver died: " \
+                      f"{[p.pid for p in alive]}"
+
+
+def _assert_refit_resumes(argv: list[str], env: dict, cwd, total: int, timeout: float) -> None:
+    """The fit script run again with the same run_id for ``total`` epochs resumes from the last
+    checkpoint and its history has every epoch once (the checkpointed ones and the rest)."""
+    refit = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert refit.returncode == 0, refit.stderr[-3000:]
+    assert "fit resumes from the last one" in refit.stderr, refit.stderr[-3000:]
+    history = json.loads(refit.stdout.split("HISTORY=", 1)[1].splitlines()[0])
+    assert history == list(range(total)), history
+
+
 @pytest.mark.dask
 def test_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path):
     from hora.store import Store
@@ -113,21 +133,12 @@ def test_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path)
             assert time.monotonic() < deadline, "the ranks never started or never wrote a checkpoint"
             time.sleep(0.5)
         ranks = _ranks_under(workers)
-        fit.send_signal(signal.SIGKILL)
-        fit.wait()
-        killed_at = time.monotonic()
-        gone, alive = psutil.wait_procs(ranks, timeout=HEARTBEAT_TIMEOUT + 20)
-        assert not alive, f"rank processes still running {time.monotonic() - killed_at:.0f} s after the driver died: " \
-                          f"{[p.pid for p in alive]}"
+        _kill_driver_and_wait_for(fit, ranks)
         assert all(p.poll() is None for p in procs), "a Dask worker or the scheduler went down with the driver"
 
         total = store.latest_checkpoint("lost-driver-dask")[0] + 3  # a fit with the same run_id resumes
-        refit = subprocess.run([sys.executable, str(script), address, store_url, str(total)], env=env, cwd=tmp_path,
-                               capture_output=True, text=True, timeout=150)
-        assert refit.returncode == 0, refit.stderr[-3000:]
-        assert "fit resumes from the last one" in refit.stderr, refit.stderr[-3000:]
-        history = json.loads(refit.stdout.split("HISTORY=", 1)[1].splitlines()[0])
-        assert history == list(range(total)), history  # every epoch once
+        _assert_refit_resumes([sys.executable, str(script), address, store_url, str(total)], env, tmp_path, total,
+                              timeout=150)
     finally:
         for p in procs:
             p.terminate()
@@ -192,12 +203,7 @@ def _spark_lost_driver(standalone_cluster, tmp_path) -> None:
             assert time.monotonic() < deadline, "the ranks never started or never wrote a checkpoint"
             time.sleep(0.5)
         ranks = _ranks_under(workers)
-        fit.send_signal(signal.SIGKILL)
-        fit.wait()
-        killed_at = time.monotonic()
-        gone, alive = psutil.wait_procs(ranks, timeout=HEARTBEAT_TIMEOUT + 20)
-        assert not alive, f"rank processes still running {time.monotonic() - killed_at:.0f} s after the driver died: " \
-                          f"{[p.pid for p in alive]}"
+        _kill_driver_and_wait_for(fit, ranks)
         assert all(w.proc.poll() is None for w in standalone_cluster.workers), "a Spark worker went down with the driver"
     finally:
         if fit.poll() is None:
@@ -205,12 +211,8 @@ def _spark_lost_driver(standalone_cluster, tmp_path) -> None:
             fit.wait()
     done = store.latest_checkpoint("lost-driver-spark")[0]  # the last epoch checkpointed before the kill
     total = done + 3
-    refit = subprocess.run([sys.executable, str(script), standalone_cluster.url, store_url, str(total)], env=env,
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert refit.returncode == 0, refit.stderr[-3000:]
-    assert "fit resumes from the last one" in refit.stderr, refit.stderr[-3000:]
-    history = json.loads(refit.stdout.split("HISTORY=", 1)[1].splitlines()[0])
-    assert history == list(range(total)), history  # every epoch once: the checkpointed ones and the rest
+    _assert_refit_resumes([sys.executable, str(script), standalone_cluster.url, store_url, str(total)], env, tmp_path,
+                          total, timeout=300)
 
 
 RAY_FIT = COMMON + r'''
@@ -281,24 +283,15 @@ def test_ray_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_p
             cluster = [head, *psutil.Process(head.pid).children(recursive=True)]
             time.sleep(0.3)
             ranks = [psutil.Process(int(p.read_text())) for p in pids.iterdir()]
-            fit.send_signal(signal.SIGKILL)
-            fit.wait()
-            killed_at = time.monotonic()
-            gone, alive = psutil.wait_procs(ranks, timeout=HEARTBEAT_TIMEOUT + 20)
-            assert not alive, f"rank processes still running {time.monotonic() - killed_at:.0f} s after the " \
-                              f"driver died: {[p.pid for p in alive]}"
+            _kill_driver_and_wait_for(fit, ranks)
             assert head.poll() is None, "the Ray cluster went down with the driver"
         finally:
             if fit.poll() is None:
                 fit.kill()
                 fit.wait()
         total = store.latest_checkpoint("lost-driver-ray")[0] + 3  # the CPUs are free: a refit runs and resumes
-        refit = subprocess.run([sys.executable, str(script), address, store_url, str(total), str(pids)], env=env,
-                               cwd=tmp_path, capture_output=True, text=True, timeout=240)
-        assert refit.returncode == 0, refit.stderr[-3000:]
-        assert "fit resumes from the last one" in refit.stderr, refit.stderr[-3000:]
-        history = json.loads(refit.stdout.split("HISTORY=", 1)[1].splitlines()[0])
-        assert history == list(range(total)), history  # every epoch once
+        _assert_refit_resumes([sys.executable, str(script), address, store_url, str(total), str(pids)], env, tmp_path,
+                              total, timeout=240)
     finally:
         if not cluster:
             try:
