@@ -10,7 +10,11 @@ CSVLogger, MLFlowLogger, one or a list), an optional ``data_module``, ``profiler
 ``terminate_on_nan``, ``log_every_n_steps``.
 
 Lightning's own loop trains, through :class:`hora.lightning.Strategy` (gradients averaged
-by hora's DistributedOptimizer). Each batch ``training_step`` gets is a dict of tensors by
+by hora's DistributedOptimizer), or through one of Lightning's sharded strategies given as
+``trainer_args={"strategy": ModelParallelStrategy()}`` (or ``"model_parallel"``; ``"fsdp"``
+/ ``FSDPStrategy`` on GPUs) for a model larger than one rank: see
+:mod:`hora.lightning.sharded`. Its checkpoints are written whole by rank 0, and the fitted
+model is returned whole. Each batch ``training_step`` gets is a dict of tensors by
 column (a feature group under its key ``"[a,b,...]"``), features reshaped to
 ``input_shapes`` and cast to the module's dtype, as Horovod's Lightning estimator gave
 them. Without ``data_module`` the batches come from the materialized DataFrame (each rank
@@ -58,7 +62,8 @@ class LightningConfig(EstimatorConfig):
     """The Lightning estimator's parameters: the shared ones and Lightning's."""
 
     trainer_args: dict | None = param(None, "further Lightning Trainer arguments (accumulate_grad_batches, "
-                                      "gradient_clip_val, precision, ...); hora owns strategy", "pickle")
+                                      "gradient_clip_val, precision, ...; strategy: Lightning's sharded "
+                                      "ModelParallelStrategy or FSDPStrategy)", "pickle")
     data_module: Any = param(None, "a LightningDataModule to train on instead of the DataFrame", "pickle")
     logger: Any = param(None, "Lightning logger(s): TensorBoardLogger, CSVLogger, MLFlowLogger, ...", "pickle")
     profiler: Any = param(None, "Lightning profiler (e.g. 'simple')", "pickle")
@@ -136,6 +141,7 @@ class LightningCodec(TorchCodec):
         module = config.model
         validate_trainer_args(module, config.trainer_kwargs(), callbacks=config.lightning_callbacks(),
                               loggers=config.logger, data_module=config.data_module)
+        _check_sharded(config)
         features = config.features
         inputs = to_inputs(module, [sample[k] for k in features.keys], config.input_shapes)
         was_training = module.training
@@ -241,6 +247,9 @@ class LightningSession(TrainingSession):
             run.history, run.start_epoch = list(result.history), result.start_epoch
             self.global_step = result.global_step
             if run.rank == 0:
+                if self.trainer_args.get("strategy") is not None:  # sharded: the model whole again, on rank 0
+                    self.module = thaw(spec.payload)["model"]
+                    self.module.load_state_dict(result.state_dict)
                 self._load_best()
         finally:
             shutil.rmtree(work_dir, ignore_errors=True)
@@ -275,6 +284,28 @@ class LightningSession(TrainingSession):
 
     def model_files(self) -> dict[str, bytes]:
         return LightningCodec().serialize(self.module)
+
+
+def _check_sharded(config: Any) -> None:
+    """Driver-side checks of one of Lightning's sharded strategies in ``trainer_args``.
+
+    Raises:
+        ConfigError: ``FSDPStrategy`` on CPU ranks, ``ModelParallelStrategy`` without
+            ``configure_model``, or ``gradient_compression`` (hora's allreduce is not used).
+    """
+    from hora.lightning._compat import flavor_of_module
+    from hora.lightning.sharded import check_sharded_strategy
+
+    strategy = (config.trainer_args or {}).get("strategy")
+    if strategy is None:
+        return
+    name = check_sharded_strategy(strategy, flavor_of_module(config.model), config.model, use_gpu=bool(config.use_gpu))
+    if config.gradient_compression is not None:
+        raise ConfigError(f"gradient_compression applies to hora's allreduce; with Lightning's {name} the gradients "
+                          "are reduced by torch.distributed: remove gradient_compression")
+    if config.lr_scaling == "linear" and config.num_proc not in (None, 1):
+        logger.warning("lr_scaling='linear' does not apply under Lightning's %s: the learning rate is used as "
+                       "configure_optimizers sets it", name)
 
 
 def _epoch_starts(flavor: Any, run: Any) -> Any:

@@ -9,7 +9,8 @@ The worker-side entry of a Lightning estimator, run on every rank of a hora job:
                         on_epoch_end=report)
     result.state_dict, result.history, result.checkpoint   # rank 0: checkpoint bytes
 
-The Trainer runs with :class:`hora.lightning.Strategy`. After every training epoch
+The Trainer runs with :class:`hora.lightning.Strategy`, or with one of Lightning's sharded
+strategies given as ``trainer_args["strategy"]`` (:mod:`hora.lightning.sharded`). After every training epoch
 (validation included) every rank averages the epoch's metrics across ranks into one row of
 the history, Lightning writes its full checkpoint (weights, optimizers, LR schedulers,
 loops: epoch and global step, callbacks, the history) on rank 0, and ``on_epoch_end`` is
@@ -36,6 +37,7 @@ import hora.native as hn
 from hora.errors import ConfigError, DataError
 from hora.lightning._compat import Flavor, flavor_of_module
 from hora.lightning.legacy import LegacyHooks
+from hora.lightning.sharded import full_state_dict, on_hora_ranks
 from hora.lightning.strategy import strategy_class
 from hora.lightning.validate import validate_trainer_args
 
@@ -94,7 +96,9 @@ class FitResult:
     """What :func:`fit_module` returns on every rank.
 
     Attributes:
-        state_dict: the trained module's ``state_dict()``, on the CPU (equal on every rank).
+        state_dict: the trained module's ``state_dict()``, on the CPU (equal on every rank;
+            under one of Lightning's sharded strategies, the whole state on rank 0 and
+            empty on the others).
         history: one row per epoch since the first (rows restored from a checkpoint
             included), each ``{"epoch": e, **metrics}`` as in :class:`EpochEnd`.
         checkpoint: Lightning's last checkpoint, on rank 0 (None elsewhere, or when no
@@ -173,6 +177,9 @@ def fit_module(
             number of batches. Not with ``data_module``.
         epochs: ``max_epochs`` (``trainer_args["max_epochs"]`` wins when both are given).
         trainer_args: further Trainer arguments (checked by :func:`validate_trainer_args`).
+            ``strategy`` may name one of Lightning's sharded strategies
+            (``ModelParallelStrategy``, ``FSDPStrategy``: see :mod:`hora.lightning.sharded`);
+            ``scale_lr`` and ``distributed_optimizer_kwargs`` then do not apply.
         callbacks, loggers: Lightning callbacks and loggers (TensorBoardLogger,
             CSVLogger, MLFlowLogger...). Loggers write on rank 0.
         data_module: a LightningDataModule giving the data instead (Lightning shards its
@@ -248,8 +255,12 @@ def fit_module(
             kwargs.update(args)
             kwargs["callbacks"] = [*config.callbacks, *legacy.callbacks, recorder]
             kwargs["enable_checkpointing"] = True  # the recorder is a Checkpoint; no default one is added
-            kwargs["strategy"] = strategy_class(flavor.name)(
-                scale_lr=scale_lr, distributed_optimizer_kwargs=distributed_optimizer_kwargs)
+            sharded = args.get("strategy") is not None
+            if sharded:  # one of Lightning's sharded strategies, on hora's ranks
+                kwargs["strategy"] = on_hora_ranks(args["strategy"], flavor)
+            else:
+                kwargs["strategy"] = strategy_class(flavor.name)(
+                    scale_lr=scale_lr, distributed_optimizer_kwargs=distributed_optimizer_kwargs)
             trainer = flavor.pl.Trainer(**kwargs)
             legacy.trainer_built(trainer)
             for source in (train, val):
@@ -261,8 +272,12 @@ def fit_module(
         if checkpoint is None and ckpt_bytes is not None and hn.rank() == 0:
             checkpoint = ckpt_bytes  # nothing left to train: the resumed checkpoint is the last
         max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
+        if sharded:
+            state = full_state_dict(trainer, module)
+        else:
+            state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
         return FitResult(
-            state_dict={k: v.detach().cpu().clone() for k, v in module.state_dict().items()},
+            state_dict=state,
             history=list(recorder.history),
             checkpoint=checkpoint,
             start_epoch=recorder.start_epoch if recorder.start_epoch is not None else trainer.current_epoch,

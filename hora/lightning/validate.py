@@ -21,10 +21,6 @@ from hora.lightning._compat import Flavor, flavor_name_of, flavor_of_module
 
 log = logging.getLogger(__name__)
 
-#: Trainer arguments hora decides: what it says instead.
-_OWNED = {
-    "strategy": "hora owns the strategy (hora.lightning.Strategy); remove strategy= from trainer_args",
-}
 _BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
 _NON_NEGATIVE_INTS = ("log_every_n_steps", "num_sanity_val_steps", "reload_dataloaders_every_n_epochs")
 
@@ -62,7 +58,8 @@ def validate_trainer_args(
 
     Checks: ``module`` is a LightningModule defining ``training_step`` and
     ``configure_optimizers``; every ``trainer_args`` key is a parameter of that
-    Lightning's ``Trainer`` and none is one hora owns (``strategy``; ``devices`` other
+    Lightning's ``Trainer`` and none is one hora owns (``strategy``, unless it is one of
+    Lightning's sharded strategies, see :mod:`hora.lightning.sharded`; ``devices`` other
     than 1 or "auto" and ``num_nodes`` other than 1, since hora's launcher decides the
     ranks; a cluster environment among the plugins); ``accumulate_grad_batches``, ``gradient_clip_val``,
     ``gradient_clip_algorithm``, ``precision``, ``max_epochs``, ``max_steps``,
@@ -92,7 +89,7 @@ def validate_trainer_args(
     if not isinstance(trainer_args, Mapping):
         raise ConfigError(f"trainer_args must be a dict of Trainer arguments, got {type(trainer_args).__name__}")
     args = dict(trainer_args)
-    _check_keys(args, flavor)
+    _check_keys(args, flavor, module)
     _check_values(args)
     cbs = _as_list(callbacks, "callbacks")
     if "callbacks" in args:
@@ -137,13 +134,16 @@ def _trainer_parameters(flavor: Flavor) -> list[str]:
     return [p for p in params if p != "self"]
 
 
-def _check_keys(args: dict[str, Any], flavor: Flavor) -> None:
+def _check_keys(args: dict[str, Any], flavor: Flavor, module: Any) -> None:
     known = _trainer_parameters(flavor)
     for key in args:
         if not isinstance(key, str):
             raise ConfigError(f"trainer_args keys must be strings, got {key!r}")
-        if key in _OWNED:
-            raise ConfigError(f"trainer_args['{key}']: {_OWNED[key]}")
+        if key == "strategy":  # hora's data parallelism, or one of Lightning's sharded strategies on hora's ranks
+            from hora.lightning.sharded import check_sharded_strategy
+
+            check_sharded_strategy(args[key], flavor, module)
+            continue
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,124 @@
+"""LightningEstimator with Lightning's own sharded strategies on hora's ranks (issue 28 item 3).
+
+``ModelParallelStrategy`` (FSDP2's ``fully_shard`` in the module's ``configure_model``) runs on
+CPU ranks over Gloo; ``FSDPStrategy`` (torch's FSDP1) needs a GPU, and says so on the driver.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hora.errors import ConfigError
+from tests.estimators.conftest import regression_data
+
+pl = pytest.importorskip("lightning.pytorch")
+pytestmark = pytest.mark.timeout(420)
+
+
+def _module(shard: bool):
+    from torch.distributed.fsdp import fully_shard
+
+    class Regressor(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+        def configure_model(self):
+            if shard:
+                mesh = self.device_mesh["data_parallel"]
+                for layer in self.net:
+                    if isinstance(layer, torch.nn.Linear):
+                        fully_shard(layer, mesh=mesh)
+                fully_shard(self.net, mesh=mesh)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.mse_loss(self(batch["features"]).squeeze(-1), batch["y"])
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    return Regressor()
+
+
+def _frame() -> pd.DataFrame:
+    x, y = regression_data(n=256)
+    return pd.DataFrame({"features": list(x), "y": y})
+
+
+def _fit(store, *, strategy, epochs=3, run_id=None, num_proc=2):
+    from hora.dask import LightningEstimator
+
+    args = {} if strategy is None else {"strategy": strategy}
+    est = LightningEstimator(num_proc=num_proc, store=store, model=_module(shard=strategy is not None),
+                             feature_cols=["features"], label_cols=["y"], batch_size=32, epochs=epochs,
+                             lr_scaling="none", random_seed=1, verbose=0, trainer_args=args, run_id=run_id)
+    return est.fit(_frame())  # pandas: local ranks
+
+
+def _weights(model) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in model.model_.state_dict().items()}
+
+
+def test_model_parallel_strategy_trains_as_hora_does_and_returns_the_model_whole(store):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    hora_model = _fit(store, strategy=None)
+    sharded = _fit(store, strategy=ModelParallelStrategy())
+    got, want = _weights(sharded), _weights(hora_model)
+    assert set(got) == set(want)
+    for name in want:  # plain tensors of the whole shapes (no DTensor shards), equal to the data-parallel run's
+        assert got[name].shape == want[name].shape, name
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    assert [h["epoch"] for h in sharded.history_] == [0, 1, 2]
+    np.testing.assert_allclose([h["loss"] for h in sharded.history_], [h["loss"] for h in hora_model.history_],
+                               rtol=1e-4)
+    out = sharded.transform(_frame().head(8))  # the returned model transforms like any other
+    assert len(out) == 8 and np.isfinite(np.stack(out["prediction"].to_numpy()).astype(float)).all()
+
+
+def test_model_parallel_fit_resumed_by_run_id_continues_as_the_data_parallel_resume_does(store):
+    def fit_then_resume(strategy, run_id, num_proc=2):
+        first = _fit(store, strategy=strategy, epochs=2, run_id=run_id)
+        return first, _fit(store, strategy=strategy, epochs=3, run_id=run_id, num_proc=num_proc)
+
+    first, resumed = fit_then_resume("model_parallel", "sharded")
+    assert [h["epoch"] for h in resumed.history_] == [0, 1, 2]
+    assert resumed.history_[:2] == first.history_
+    _, plain = fit_then_resume(None, "plain")  # hora's data-parallel strategy over the same checkpoints
+    got, want = _weights(resumed), _weights(plain)
+    for name in want:  # the whole checkpoint (weights, Adam's moments, loops) came back as hora's does
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    # the same 2-epoch checkpoint resumed by one rank: Lightning reshards the whole checkpoint as it loads
+    first, one = fit_then_resume("model_parallel", "one", num_proc=1)
+    assert [h["epoch"] for h in one.history_] == [0, 1, 2] and one.history_[:2] == first.history_
+    assert np.isfinite(one.history_[2]["loss"]) and one.history_[2]["loss"] < first.history_[0]["loss"]
+
+
+@pytest.mark.parametrize("strategy,match", [
+    ("ddp", r"trainer_args\['strategy'\]='ddp': hora owns the strategy.*'model_parallel', 'fsdp'"),
+    ("fsdp", r"FSDPStrategy but the ranks train on the CPU.*FSDP1.*use_gpu=True"),
+])
+def test_strategies_hora_cannot_run_here_are_refused_on_the_driver(store, strategy, match):
+    with pytest.raises(ConfigError, match=match):
+        _fit(store, strategy=strategy)
+
+
+def test_model_parallel_without_configure_model_is_refused_on_the_driver(store):
+    from hora.dask import LightningEstimator
+
+    module = _module(shard=False)
+    type(module).configure_model = pl.LightningModule.configure_model  # as if the module never defined it
+    est = LightningEstimator(num_proc=2, store=store, model=module, feature_cols=["features"], label_cols=["y"],
+                             epochs=1, trainer_args={"strategy": "model_parallel"})
+    with pytest.raises(ConfigError, match=r"ModelParallelStrategy but the LightningModule Regressor does not define "
+                                          r"configure_model\(\)"):
+        est.fit(_frame())
