@@ -208,7 +208,7 @@ class DaskModel:
                                  self.batch_size, columns=self.inference_columns_)
         if engine == "ray":
             return ray_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_, cols, shapes,
-                                 self.batch_size)
+                                 self.batch_size, columns=self.inference_columns_)
         return dask_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_, cols, shapes,
                               self.batch_size, columns=self.inference_columns_)
 
@@ -236,7 +236,8 @@ class DaskModel:
 
     def predict_proba(self, df: Any) -> Any:
         """A classifier's class probabilities: a numpy array ``(rows, classes)`` of a pandas frame, a Dask
-        Array (chunks per partition) of a Dask frame.
+        Array (chunks per partition) of a Dask frame, a lazy Ray Dataset of the probability column of a
+        Ray Dataset.
 
         Raises:
             ConfigError: the model is not a classifier.
@@ -245,6 +246,8 @@ class DaskModel:
             raise ConfigError(f"{type(self).__name__}.predict_proba needs a classifier (task='classification'); "
                               "this model was fitted as a regressor")
         out = self.transform(df)
+        if engine_of(df) == "ray":
+            return out.select_columns([self.probability_col_])
         probs = out[self.probability_col_]
         if engine_of(df) == "pandas":
             return np.stack(probs.to_numpy()) if len(probs) else np.zeros((0, self._head.classes))

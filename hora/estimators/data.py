@@ -250,6 +250,10 @@ def column_sample(values: Any, name: str, compress_sparse: bool = False) -> tupl
     """
     import pandas as pd
 
+    if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":  # numbers, fixed-size arrays (a Ray batch)
+        return values, ColumnSpec(values.dtype.name, values.shape[1:])
+    if isinstance(values, np.ndarray):  # objects or numpy strings: read as a pandas column is
+        values = pd.Series(list(values), dtype=object)
     items = values.tolist() if isinstance(values, pd.Series) and values.dtype == object else None
     if items is None and isinstance(values, pd.Series) and pd.api.types.is_string_dtype(values.dtype):
         items = values.astype(object).tolist()

@@ -11,7 +11,8 @@
 * Predictions on a Ray Dataset are lazy Ray Datasets (``map_batches`` over numpy
   batches, the model loaded once per Ray worker process): :func:`ray_transform` keeps
   every input column and adds one prediction column per label (a float64 column, or a
-  float64 tensor column for outputs of several values per row).
+  float64 tensor column for outputs of several values per row), a classifier's three
+  columns, with the fit's column operations applied as on Spark and Dask.
 """
 
 from __future__ import annotations
@@ -98,15 +99,6 @@ def sample_columns(ds: Any, columns: Sequence[str], rows: int) -> dict[str, Any]
     return batch
 
 
-def _numpy_column(values: Any, name: str) -> np.ndarray:
-    from hora.estimators.data import series_to_numpy
-
-    arr = values if isinstance(values, np.ndarray) and values.dtype != object else series_to_numpy(list(values))
-    if arr.dtype.kind in "USO":
-        raise DataError(f"feature column {name!r} holds {arr.dtype} values; hora needs numbers or fixed-size numeric arrays")
-    return arr
-
-
 def ray_transform(
     ds: Any,
     codec: Any,
@@ -116,20 +108,27 @@ def ray_transform(
     output_cols: Sequence[str],
     output_shapes: Sequence[Sequence[int]],
     batch_size: int,
+    columns: dict[str, Any] | None = None,
 ) -> Any:
     """``ds`` with one prediction column per model output, as a lazy Ray Dataset.
 
     The serialized model is put once in Ray's object store; each Ray worker process
-    deserializes it once. Outputs of per-row shape ``()`` or ``(1,)`` are float64
-    columns, others float64 tensor columns of the flattened per-row values.
+    deserializes it once. Each numpy batch goes through the Spark and Dask transforms' code
+    (:func:`hora.estimators.transform.predict_columns`): binary, string and variable-length
+    columns as there, and the fit's column operations ``columns``
+    (:func:`hora.estimators.batches.inference_columns`: ``decode_fn``, ``max_length`` /
+    ``truncation`` with the masks, ``collate_fn``). A classifier's ``codec``
+    (:class:`~hora.estimators.framework.ClassifierCodec`) gives its rawPrediction, probability and
+    prediction columns. Outputs of per-row shape ``()`` or ``(1,)`` are float64 columns, others
+    float64 tensor columns of the flattened per-row values.
 
     Raises:
         DataError: a feature column is missing or an output column already exists
             (checked on the driver, before anything runs).
     """
     from hora.estimators.data import Features
-    from hora.estimators.transform import (_check_outputs, _files_key, _load_cached, check_transform_columns,
-                                           is_scalar_shape)
+    from hora.estimators.transform import (_files_key, _load_cached, check_transform_columns, is_scalar_shape,
+                                           predict_columns)
 
     ray = require_ray("predicting on a Ray Dataset")
     features = Features.parse(feature_cols)
@@ -146,9 +145,8 @@ def ray_transform(
         out = dict(batch)
         if n:
             model = _load_cached(key, lambda: codec.deserialize(worker_ray.get(files_ref)))
-            arrays = {c: _numpy_column(batch[c], c) for c in features.columns}
-            preds = codec.predict(model, features.inputs(arrays), input_shapes, batch_size)
-            _check_outputs(preds, output_cols)
+            preds = predict_columns(codec, model, {c: batch[c] for c in features.columns}, features, input_shapes,
+                                    output_cols, batch_size, columns=columns)
         else:
             preds = [np.zeros((0,) + shape) for shape in output_shapes]
         for name, shape, pred in zip(output_cols, output_shapes, preds):

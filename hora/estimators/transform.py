@@ -73,8 +73,7 @@ def predict_frame(
             number of outputs.
         ConfigError: ``use_gpu`` but no CUDA device is visible, or the model's framework has no GPU path.
     """
-    from hora.estimators.batches import inference_arrays
-    from hora.estimators.data import Features, column_sample
+    from hora.estimators.data import Features
 
     features = Features.parse(feature_cols)
     missing = [c for c in features.columns if c not in pdf.columns]
@@ -85,16 +84,36 @@ def predict_frame(
         for name, shape in zip(output_cols, output_shapes):
             out[name] = np.zeros((0,), dtype=np.float64) if is_scalar_shape(shape) else []
         return out
+    preds = predict_columns(codec, model, {c: pdf[c] for c in features.columns}, features, input_shapes, output_cols,
+                            batch_size, use_gpu, columns)
+    for name, shape, pred in zip(output_cols, output_shapes, preds):
+        out[name] = pred.reshape(len(pdf)) if is_scalar_shape(shape) else list(pred.reshape(len(pdf), -1))
+    return out
+
+
+def predict_columns(codec: Any, model: Any, values: dict[str, Any], features: Any, input_shapes: Any,
+                    output_cols: Sequence[str], batch_size: int = DEFAULT_PREDICT_BATCH, use_gpu: bool = False,
+                    columns: dict[str, Any] | None = None) -> list[np.ndarray]:
+    """The model's outputs (float64 arrays, one per output column) for one non-empty batch of feature
+    ``values`` (a pandas Series or a sequence per column of ``features``): each column read as the
+    reader gives it (:func:`hora.estimators.data.column_sample`: bytes, text and variable-length arrays
+    too), then the fit's column operations ``columns`` applied
+    (:func:`hora.estimators.batches.inference_arrays`: decoded, padded with masks, collated).
+
+    Raises:
+        DataError: a column holds values hora cannot feed, or the model returns another number of outputs.
+        ConfigError: ``use_gpu`` without a GPU path (see :func:`_predict_on`).
+    """
+    from hora.estimators.batches import inference_arrays
+    from hora.estimators.data import column_sample
+
     arrays, specs = {}, {}
-    for c in features.columns:  # bytes, text and variable-length arrays too (decoded / padded below)
-        arrays[c], specs[c] = column_sample(pdf[c], c)
+    for c in features.columns:
+        arrays[c], specs[c] = column_sample(values[c], c)
     arrays = inference_arrays(features, arrays, specs, columns)
     preds = _predict_on(codec, model, features.inputs(arrays), input_shapes, batch_size, use_gpu)
     _check_outputs(preds, output_cols)
-    for name, shape, pred in zip(output_cols, output_shapes, preds):
-        pred = np.asarray(pred, dtype=np.float64)
-        out[name] = pred.reshape(len(pdf)) if is_scalar_shape(shape) else list(pred.reshape(len(pdf), -1))
-    return out
+    return [np.asarray(p, dtype=np.float64) for p in preds]
 
 
 def _predict_on(codec: Any, model: Any, inputs: Any, input_shapes: Any, batch_size: int, use_gpu: bool) -> Any:
@@ -407,5 +426,5 @@ def dask_transform(
     return ddf.map_partitions(_predict, meta=meta)
 
 
-__all__ = ["predict_frame", "spark_transform", "dask_transform", "check_transform_columns", "is_scalar_shape",
+__all__ = ["predict_frame", "predict_columns", "spark_transform", "dask_transform", "check_transform_columns", "is_scalar_shape",
            "DEFAULT_PREDICT_BATCH"]

@@ -168,3 +168,58 @@ def lightning_data_module(n: int = 64):
             return torch.utils.data.DataLoader(Rows(1), batch_size=8)
 
     return Images()
+
+
+# the column types of issue 26 (tests/estimators/test_column_types.py, tests/ray): image bytes, token ids, words
+def column_png(value: int, rng) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    pixels = np.clip(np.full((6, 6), value) + rng.integers(0, 10, (6, 6)), 0, 255).astype("uint8")
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def column_frame(n: int = 160, seed: int = 0):
+    """Images whose brightness, token ids whose range and words that tell the class (0/1)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    return pd.DataFrame({
+        "img": [column_png(200 if t else 20, rng) for t in y],
+        "tok": [(rng.integers(1, 5, size=rng.integers(2, 9)) + 5 * t).astype("int64") for t in y],
+        "word": ["good" if t else "bad" for t in y],
+        "y": y.astype("float64"),
+    })
+
+
+def multi_net():
+    """Image (HWC uint8), padded token ids with their mask, and a word id: two logits (a new module, seeded)."""
+    import torch
+
+    class MultiNet(torch.nn.Module):
+        """Image (HWC uint8), padded token ids with their mask, and a word id: two logits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(12, 4)
+            self.word = torch.nn.Embedding(2, 2)
+            self.lin = torch.nn.Linear(36 + 4 + 2, 2)
+
+        def forward(self, img, tok, mask, word):
+            mask = mask.to(self.emb.weight.dtype)
+            e = (self.emb(tok) * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+            return self.lin(torch.cat([img.flatten(1).float() / 255.0, e, self.word(word.long()).flatten(1)], 1))
+
+    return MultiNet()
+
+
+def column_words(batch):
+    """A tokenizer on the rank: the string column as numpy objects -> ids."""
+    out = dict(batch)
+    out["word"] = np.array([1 if w == "good" else 0 for w in batch["word"]], dtype=np.int64)
+    return out

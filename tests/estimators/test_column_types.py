@@ -13,52 +13,12 @@ import pytest
 import torch
 
 from hora.errors import ConfigError, DataError, HoraError
+from tests.estimators import frames
 
 pytestmark = [pytest.mark.timeout(600)]
 
 
-def _png(value: int, rng) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    pixels = np.clip(np.full((6, 6), value) + rng.integers(0, 10, (6, 6)), 0, 255).astype("uint8")
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _frame(n: int = 160, seed: int = 0) -> pd.DataFrame:
-    """Images whose brightness, token ids whose range and words that tell the class (0/1)."""
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 2, n)
-    return pd.DataFrame({
-        "img": [_png(200 if t else 20, rng) for t in y],
-        "tok": [(rng.integers(1, 5, size=rng.integers(2, 9)) + 5 * t).astype("int64") for t in y],
-        "word": ["good" if t else "bad" for t in y],
-        "y": y.astype("float64"),
-    })
-
-
-class MultiNet(torch.nn.Module):
-    """Image (HWC uint8), padded token ids with their mask, and a word id: two logits."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(12, 4)
-        self.word = torch.nn.Embedding(2, 2)
-        self.lin = torch.nn.Linear(36 + 4 + 2, 2)
-
-    def forward(self, img, tok, mask, word):
-        mask = mask.to(self.emb.weight.dtype)
-        e = (self.emb(tok) * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
-        return self.lin(torch.cat([img.flatten(1).float() / 255.0, e, self.word(word.long()).flatten(1)], 1))
-
-
-def _words(batch):
-    """A tokenizer on the rank: the string column as numpy objects -> ids."""
-    out = dict(batch)
-    out["word"] = np.array([1 if w == "good" else 0 for w in batch["word"]], dtype=np.int64)
-    return out
+_png, _frame, MultiNet, _words = frames.column_png, frames.column_frame, frames.multi_net, frames.column_words
 
 
 def _args(store, **kw):

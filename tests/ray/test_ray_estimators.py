@@ -207,3 +207,72 @@ def test_bad_input_is_refused_on_the_driver(free_cluster, tmp_path, monkeypatch)
         with pytest.raises(ConfigError, match=r"backend='ray' needs Ray: pip install 'hora\[ray\]'"):
             _estimator(store, "no-ray", backend="ray", num_proc=2).fit(pdf)
     _nothing_launched(ray, store)
+
+
+def _three_classes(n=120, seed=0):
+    """``features`` (4,) float32 arrays and a class 0/1/2 ``y``."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    return pd.DataFrame({"id": np.arange(n), "features": list(x), "y": (x[:, 0] > 0).astype(int) + (x[:, 1] > 0.5)})
+
+
+@pytest.mark.timeout(300)
+def test_classifier_transform_on_ray_equals_the_local_transform(free_cluster):
+    from hora.dask import TorchModel
+    from hora.estimators.tasks import ClassifierHead
+
+    ray = free_cluster
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    model = TorchModel(model=net, feature_cols=["features"], label_cols=["y"], output_shapes=[[3]],
+                       classifier=ClassifierHead(3, seen=(0, 1, 2)).to_meta(), probability_col="p")
+    pdf = _three_classes()
+    ds = ray.data.from_pandas(pdf, override_num_blocks=3)
+    out = model.transform(ds)
+    assert out.columns() == ["id", "features", "y", "rawPrediction", "p", "prediction"]
+    rows = out.to_pandas().sort_values("id")
+    probs = np.stack(rows["p"].to_numpy())
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-6)
+    assert set(rows["prediction"].unique()) <= {0.0, 1.0, 2.0} and len(set(rows["prediction"])) > 1
+    np.testing.assert_array_equal(rows["prediction"].to_numpy(), probs.argmax(axis=1))
+    local = model.transform(pdf)
+    np.testing.assert_array_equal(rows["prediction"].to_numpy(), local["prediction"].to_numpy())
+    np.testing.assert_allclose(probs, np.stack(local["p"].to_numpy()), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.stack(rows["rawPrediction"].to_numpy()), np.stack(local["rawPrediction"].to_numpy()),
+                               rtol=1e-5, atol=1e-6)
+    assert model.predict(ds).columns() == ["prediction"]
+    proba = model.predict_proba(ds)
+    assert proba.columns() == ["p"] and proba.count() == len(pdf)
+
+
+@pytest.mark.timeout(300)
+def test_image_and_token_columns_transform_on_ray_with_the_fits_column_operations(free_cluster):
+    from hora.dask import TorchModel
+    from hora.estimators.tasks import ClassifierHead
+    from tests.estimators import frames
+
+    ray = free_cluster
+    pdf = frames.column_frame(48, seed=3).assign(id=np.arange(48))
+    pdf["word"] = [1 if w == "good" else 0 for w in pdf["word"]]  # as the Dask test gives its tokenizer's ids
+    # as a fit with max_length=6 and a variable-length 'tok' keeps them (images: the default PNG decoder)
+    columns = {"decode_fn": None, "max_length": 6, "truncation": True, "collate_fn": None, "ragged": ["tok"]}
+    model = TorchModel(model=frames.multi_net(), feature_cols=["img", "tok", "tok_mask", "word"], label_cols=["y"],
+                       output_shapes=[[2]], classifier=ClassifierHead(2, seen=(0.0, 1.0)).to_meta(),
+                       inference_columns=columns)
+    ds = ray.data.from_pandas(pdf, override_num_blocks=2)
+    rows = model.transform(ds).to_pandas().sort_values("id")
+    local = model.transform(pdf)  # pandas: the Dask transform's per-partition code
+    assert len(rows) == len(pdf)
+    np.testing.assert_allclose(np.stack(rows["probability"].to_numpy()), np.stack(local["probability"].to_numpy()),
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(rows["prediction"].to_numpy(), local["prediction"].to_numpy())
+    # the fit's max_length applied on Ray: tokens past the 6th change nothing
+    longer = pdf.assign(tok=[np.concatenate([t[:6], np.full(4, 11)]) if len(t) >= 6 else t for t in pdf["tok"]])
+    cut = model.transform(ray.data.from_pandas(longer, override_num_blocks=2)).to_pandas().sort_values("id")
+    np.testing.assert_allclose(np.stack(cut["probability"].to_numpy()), np.stack(rows["probability"].to_numpy()),
+                               rtol=1e-6)
+    # and its truncation=False: a longer row is an error naming the column and the length, from the Ray worker
+    strict = TorchModel(model=model.model_, feature_cols=model.feature_cols_, label_cols=["y"], output_shapes=[[2]],
+                        inference_columns={**columns, "truncation": False})
+    with pytest.raises(Exception, match="column 'tok'.*10"):
+        strict.transform(ray.data.from_pandas(longer, override_num_blocks=1)).materialize()
