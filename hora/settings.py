@@ -272,8 +272,6 @@ _DECLARED: tuple[Setting, ...] = (
        "estimator's)", "data", minimum=1),
     # -- fault injection (tests) -------------------------------------------------------------
     _s("HORA_TEST_HANG_AT_START", "str", "", "comma list of ranks that never start (tests)", "testing"),
-    _s("HORA_FAULT_MATERIALIZE_SLEEP_BEFORE_COMMIT", "float", None, "seconds a materialization sleeps before "
-       "it commits (tests)", "testing", minimum=0.0, unit="seconds"),
 )
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARED}

@@ -547,10 +547,6 @@ class EstimatorConfig:
         """``val_batch_size`` or ``batch_size``."""
         return self.val_batch_size or self.batch_size
 
-    def resolved_output_cols(self) -> list[str]:
-        """The prediction column names: ``output_cols`` or the default naming."""
-        return default_output_cols(self.label_cols, self.output_cols)
-
     def json_values(self) -> dict[str, Any]:
         """``{name: value}`` of the JSON parameters (what MLflow logs as params)."""
         return {name: getattr(self, name) for name in sorted(json_params(type(self)))}

@@ -14,7 +14,6 @@ A saved estimator has ``hora_estimator.json`` and ``objects.pkl``.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from typing import Any
@@ -41,22 +40,6 @@ def class_path(obj: Any) -> str:
     """``module:QualName`` of an object's class."""
     cls = obj if isinstance(obj, type) else type(obj)
     return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def import_class(path: str) -> Any:
-    """Inverse of :func:`class_path`.
-
-    Raises:
-        StoreError: the class cannot be imported.
-    """
-    module, _, qual = path.partition(":")
-    try:
-        obj = importlib.import_module(module)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise StoreError(f"saved object needs class {path!r}, which cannot be imported: {exc}") from exc
-    return obj
 
 
 def _json_safe(meta: dict[str, Any]) -> dict[str, Any]:
@@ -135,4 +118,4 @@ def load_objects(url: str, meta_name: str = ESTIMATOR_META) -> tuple[dict[str, A
     return meta, objects
 
 
-__all__ = ["save_fitted", "load_fitted", "save_objects", "load_objects", "open_store", "class_path", "import_class"]
+__all__ = ["save_fitted", "load_fitted", "save_objects", "load_objects", "open_store", "class_path"]

@@ -39,19 +39,15 @@ import uuid
 from dataclasses import replace
 from typing import Any, Sequence
 
-from hora import settings
-from hora.errors import ConfigError
+from hora.errors import ConfigError, DataError
 from hora.store.commit import assemble, commit, ensure_min_files, load_dataset_info
 from hora.store.dataset import FORMAT_VERSION, DatasetInfo
 from hora.store.lease import Lease
-from hora.store.sources import check_label_kinds, make_source
+from hora.store.sources import DaskSource, PandasSource, Source, check_label_kinds
 from hora.store.store import Store
 from hora.store.writer import WritePlan
 
 logger = logging.getLogger(__name__)
-
-#: Fault injection for tests: seconds to sleep after the data is written, before the commit.
-FAULT_SLEEP_BEFORE_COMMIT_ENV = "HORA_FAULT_MATERIALIZE_SLEEP_BEFORE_COMMIT"
 
 LABEL_NAN_MODES = ("error", "drop", "keep")
 _VECTOR_DTYPES = ("float32", "float64")
@@ -60,6 +56,43 @@ _VECTOR_DTYPES = ("float32", "float64")
 # --------------------------------------------------------------------------------------
 # public
 # --------------------------------------------------------------------------------------
+
+def make_source(df: Any, vector_dtype: str, compress_sparse: bool = False) -> Source:
+    """The :class:`~hora.store.sources.Source` of ``df``'s engine (the engine's module imported only for its frames).
+
+    Raises:
+        DataError: ``df`` is not a Spark, Dask or pandas DataFrame or a Ray Dataset.
+    """
+    mod = type(df).__module__
+    if mod.startswith("pyspark.sql"):
+        from pyspark.sql import DataFrame as SparkDF
+
+        if isinstance(df, SparkDF):  # classic and Spark Connect frames alike
+            from hora.store.spark_source import SparkSource
+
+            return SparkSource(df, vector_dtype, compress_sparse)
+    if mod.startswith("dask") or mod.startswith("dask_expr"):
+        import dask.dataframe as dd
+
+        if isinstance(df, dd.DataFrame):
+            return DaskSource(df)
+    if mod.startswith("ray.data"):
+        from hora.store.ray_source import RaySource, is_ray_dataset
+
+        if is_ray_dataset(df):
+            return RaySource(df)
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover
+        pd = None
+    if pd is not None and isinstance(df, pd.DataFrame):
+        return PandasSource(df)
+    raise DataError(
+        f"cannot materialize a {type(df).__module__}.{type(df).__name__}: pass a Spark, Dask or pandas DataFrame "
+        "or a Ray Dataset"
+    )
+
+
 def materialize(
     df: Any,
     store: Store,
@@ -194,10 +227,6 @@ def materialize(
             stats = source.write(plan, num_proc, describe=f"hora: materialize {fp} ({len(stored)} columns) to {store.url}")
             info = assemble(fp, store, plan, stats, source.kind, options, val_col is not None or val_frac > 0)
             info = ensure_min_files(store, plan, info, num_proc)
-            sleep = settings.get(FAULT_SLEEP_BEFORE_COMMIT_ENV)
-            if sleep:
-                logger.warning("fault injection: sleeping %s s before committing %s", sleep, fp)
-                time.sleep(float(sleep))
             info = commit(store, plan, info, overwrite, lease)
         except BaseException:
             try:
@@ -260,4 +289,4 @@ def _fingerprint(kind: str, data_token: str, options: dict[str, Any]) -> str:
     return f"{kind}-{hashlib.sha256(payload.encode()).hexdigest()[:24]}"
 
 
-__all__ = ["materialize", "load_dataset_info", "FAULT_SLEEP_BEFORE_COMMIT_ENV"]
+__all__ = ["materialize", "load_dataset_info", "make_source"]

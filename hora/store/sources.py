@@ -1,5 +1,6 @@
 """Where the rows of a materialization come from: pandas, Dask, (in spark_source) Spark frames and (in
-ray_source) Ray Datasets.
+ray_source) Ray Datasets; the engine's source of a frame is chosen in materialize (:func:`make_source`), above
+the three modules.
 
 A :class:`Source` checks the schema on the driver (before anything is written),
 gives a data token for the fingerprint, and writes a :class:`~hora.store.writer.WritePlan`
@@ -100,7 +101,7 @@ def check_label_kinds(kinds: dict[str, str], label_cols: Sequence[str]) -> None:
                             "(index it first, e.g. with StringIndexer)")
 
 
-class _PandasSource(Source):
+class PandasSource(Source):
     kind = "pandas"
 
     def __init__(self, df: Any) -> None:
@@ -145,7 +146,7 @@ class _PandasSource(Source):
         return out
 
 
-class _DaskSource(Source):
+class DaskSource(Source):
     kind = "dask"
 
     def __init__(self, ddf: Any) -> None:
@@ -190,36 +191,5 @@ class _DaskSource(Source):
         return list(dask.compute(*tasks))
 
 
-def make_source(df: Any, vector_dtype: str, compress_sparse: bool = False) -> Source:
-    mod = type(df).__module__
-    if mod.startswith("pyspark.sql"):
-        from pyspark.sql import DataFrame as SparkDF
-
-        if isinstance(df, SparkDF):  # classic and Spark Connect frames alike
-            from hora.store.spark_source import SparkSource
-
-            return SparkSource(df, vector_dtype, compress_sparse)
-    if mod.startswith("dask") or mod.startswith("dask_expr"):
-        import dask.dataframe as dd
-
-        if isinstance(df, dd.DataFrame):
-            return _DaskSource(df)
-    if mod.startswith("ray.data"):
-        from hora.store.ray_source import RaySource, is_ray_dataset
-
-        if is_ray_dataset(df):
-            return RaySource(df)
-    try:
-        import pandas as pd
-    except ImportError:  # pragma: no cover
-        pd = None
-    if pd is not None and isinstance(df, pd.DataFrame):
-        return _PandasSource(df)
-    raise DataError(
-        f"cannot materialize a {type(df).__module__}.{type(df).__name__}: pass a Spark, Dask or pandas DataFrame "
-        "or a Ray Dataset"
-    )
-
-
-__all__ = ["Source", "make_source", "missing_columns", "probe_answer_error", "remove_probe", "check_scalar_role", "stored_kinds",
+__all__ = ["Source", "PandasSource", "DaskSource", "missing_columns", "probe_answer_error", "remove_probe", "check_scalar_role", "stored_kinds",
            "check_label_kinds"]

@@ -466,14 +466,6 @@ class Store:
             return retry.ResumableReader(lambda: self.fs.open(full, "rb"), size, "read", self.url_for(full))
         return self._call("open", full, self.fs.open, full, mode, **kwargs)
 
-    def arrow_filesystem(self):
-        """A ``pyarrow.fs.FileSystem`` for this store (native for local disks, wrapped fsspec otherwise)."""
-        import pyarrow.fs as pafs
-
-        if self.protocol == "file":
-            return pafs.LocalFileSystem()
-        return pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
-
     # checks -----------------------------------------------------------------------------
     def check_writable(self, timeout: float | None = None) -> None:
         """Write, read back and delete a probe file below the root, within ``timeout`` seconds.

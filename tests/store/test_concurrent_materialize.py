@@ -19,9 +19,8 @@ import pytest
 from hora.store import load_dataset_info, make_reader, materialize
 from hora.store.layout import LEASE_PREFIX, TMP_PREFIX
 from hora.store.lease import LEASE_TTL_ENV, WAIT_TIMEOUT_ENV
-from hora.store.materialize import FAULT_SLEEP_BEFORE_COMMIT_ENV
-
 from .conftest import _make_store
+from .faults import delay_commit, delayed_commit_code
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -76,7 +75,7 @@ def _in_thread(fn, results: dict, key: str) -> threading.Thread:
 @pytest.mark.spark
 def test_a_second_fit_of_one_spark_frame_waits_for_the_first_commit_and_reuses_it(spark, store, monkeypatch):
     sdf = spark.createDataFrame(_frame()).repartition(2)
-    monkeypatch.setenv(FAULT_SLEEP_BEFORE_COMMIT_ENV, "2")  # the first attempt holds its staged files a while
+    delay_commit(monkeypatch, 2)  # the first attempt holds its staged files a while
     results: dict = {}
     first = _in_thread(lambda: materialize(sdf, store, ["x"], ["y"], num_proc=1), results, "first")
     _wait_for_lease(store)
@@ -95,7 +94,7 @@ def test_attempts_that_do_not_wait_commit_their_own_without_harm(store, monkeypa
     # three attempts write their own copies at once (no waiting); the commits are exclusive, the first
     # one wins, the others adopt it and remove only their own staging folders
     monkeypatch.setenv(WAIT_TIMEOUT_ENV, "0")
-    monkeypatch.setenv(FAULT_SLEEP_BEFORE_COMMIT_ENV, "1")
+    delay_commit(monkeypatch, 1)
     df = _frame()
     results: dict = {}
     threads = [_in_thread(lambda: materialize(df, store, ["x"], ["y"], num_proc=2), results, str(i)) for i in range(3)]
@@ -123,10 +122,10 @@ print(json.dumps({"reused": info.reused, "train_files": list(info.train_files)})
 """ % (ROWS, ROWS)
 
 
-def _start_writer(store, request, **env):
-    """A materialization of :func:`_frame` in another process, stopped (by the fault hook) before its commit."""
+def _start_writer(store, request, delay: float, **env):
+    """A materialization of :func:`_frame` in another process, stopped ``delay`` seconds before its commit."""
     options = request.getfixturevalue("s3_options") if store.protocol == "s3" else {}
-    return subprocess.Popen([sys.executable, "-c", _WRITER, store.url, json.dumps(options)],
+    return subprocess.Popen([sys.executable, "-c", delayed_commit_code(delay) + _WRITER, store.url, json.dumps(options)],
                             env=dict(os.environ, **env), stdout=subprocess.PIPE, text=True)
 
 
@@ -145,7 +144,7 @@ def _wait_for_staged_files(store, timeout: float = 120.0) -> tuple[str, list[str
 
 def test_a_commit_never_deletes_a_live_attempt_s_files(store, request, monkeypatch):
     # another process has staged its files and is about to commit; this one does not wait for it
-    writer = _start_writer(store, request, **{FAULT_SLEEP_BEFORE_COMMIT_ENV: "5"})
+    writer = _start_writer(store, request, 5)
     try:
         _, staged = _wait_for_staged_files(store)
         monkeypatch.setenv(WAIT_TIMEOUT_ENV, "0")
@@ -164,7 +163,7 @@ def test_a_commit_never_deletes_a_live_attempt_s_files(store, request, monkeypat
 
 
 def test_a_writer_killed_mid_way_is_swept(store, request):
-    writer = _start_writer(store, request, **{FAULT_SLEEP_BEFORE_COMMIT_ENV: "300", LEASE_TTL_ENV: "2"})
+    writer = _start_writer(store, request, 300, **{LEASE_TTL_ENV: "2"})
     try:
         dataset_dir, _ = _wait_for_staged_files(store)
         writer.send_signal(signal.SIGKILL)

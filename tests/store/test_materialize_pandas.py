@@ -18,6 +18,8 @@ import pytest
 from hora.errors import ConfigError, DataError
 from hora.store import ColumnSpec, DatasetInfo, Store, load_dataset_info, make_reader, materialize
 
+from .faults import delayed_commit_code
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -151,7 +153,7 @@ def test_a_dataset_without_a_valid_marker_is_not_reused(file_store):
     assert not again.reused and load_dataset_info(file_store, info.fingerprint) is not None
 
 
-KILLED_SCRIPT = textwrap.dedent(
+KILLED_SCRIPT = delayed_commit_code(60) + textwrap.dedent(
     """
     import sys
     import numpy as np, pandas as pd
@@ -166,8 +168,7 @@ KILLED_SCRIPT = textwrap.dedent(
 @pytest.mark.timeout(120)
 def test_materialization_killed_mid_write_is_not_reused(tmp_path):
     url = str(tmp_path / "store")
-    env = dict(os.environ, HORA_FAULT_MATERIALIZE_SLEEP_BEFORE_COMMIT="60")
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, url], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, url])
     store = Store.create(url)
     try:
         deadline = time.monotonic() + 60
