@@ -28,15 +28,14 @@ import numpy as np
 from hora.errors import ConfigError
 from hora.estimators import core, persistence
 from hora.estimators.base import plot_history
-from hora.estimators.batches import inference_columns
+from hora.estimators.columns import inference_columns
 from hora.estimators.data import check_face, engine_of
 from hora.estimators.framework import Framework
 from hora.estimators.params import (
     ParamError, check_param_names, default_output_cols, mllib_aliases, param_defaults, param_docs, param_signature,
 )
-from hora.estimators.ray_data import ray_transform
 from hora.estimators.tasks import ClassifierCodec, ClassifierHead
-from hora.estimators.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame
+from hora.estimators.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame, ray_transform
 
 logger = logging.getLogger(__name__)
 

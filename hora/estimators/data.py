@@ -321,13 +321,13 @@ def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS,
 
 def sample_batch(sample: dict[str, np.ndarray], specs: dict[str, ColumnSpec], config: Any) -> dict[str, Any]:
     """``sample`` (columns as the reader gives them) as the model gets it on a rank: through the
-    estimator's column operations (:func:`hora.estimators.batches.column_ops`), then, where a
+    estimator's column operations (:func:`hora.estimators.columns.column_ops`), then, where a
     feature is still bytes or text, through ``transformation_fn`` (a tokenizer).
 
     Raises:
         DataError: a decode_fn / collate_fn fails, or a feature stays bytes or text (names it).
     """
-    from hora.estimators.batches import column_ops
+    from hora.estimators.columns import column_ops
 
     ops = column_ops(config, specs, getattr(config, "decode_fn", None), getattr(config, "collate_fn", None))
     batch = ops(sample) if ops is not None else dict(sample)

@@ -9,7 +9,8 @@
 * A Ray Dataset as input is checked on the driver (its columns and a sample of rows),
   then materialized to the Store once (:mod:`hora.store.ray_source`).
 * Predictions on a Ray Dataset are lazy Ray Datasets (``map_batches`` over numpy
-  batches, the model loaded once per Ray worker process): :func:`ray_transform` keeps
+  batches, the model loaded once per Ray worker process):
+  :func:`hora.estimators.transform.ray_transform` keeps
   every input column and adds one prediction column per label (a float64 column, or a
   float64 tensor column for outputs of several values per row), a classifier's three
   columns, with the fit's column operations applied as on Spark and Dask.
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Sequence
-
-import numpy as np
 
 from hora.errors import ConfigError, DataError
 
@@ -99,62 +98,4 @@ def sample_columns(ds: Any, columns: Sequence[str], rows: int) -> dict[str, Any]
     return batch
 
 
-def ray_transform(
-    ds: Any,
-    codec: Any,
-    model_files: dict[str, bytes],
-    feature_cols: Sequence[Any],
-    input_shapes: Any,
-    output_cols: Sequence[str],
-    output_shapes: Sequence[Sequence[int]],
-    batch_size: int,
-    columns: dict[str, Any] | None = None,
-) -> Any:
-    """``ds`` with one prediction column per model output, as a lazy Ray Dataset.
-
-    The serialized model is put once in Ray's object store; each Ray worker process
-    deserializes it once. Each numpy batch goes through the Spark and Dask transforms' code
-    (:func:`hora.estimators.transform.predict_columns`): binary, string and variable-length
-    columns as there, and the fit's column operations ``columns``
-    (:func:`hora.estimators.batches.inference_columns`: ``decode_fn``, ``max_length`` /
-    ``truncation`` with the masks, ``collate_fn``). A classifier's ``codec``
-    (:class:`~hora.estimators.framework.ClassifierCodec`) gives its rawPrediction, probability and
-    prediction columns. Outputs of per-row shape ``()`` or ``(1,)`` are float64 columns, others
-    float64 tensor columns of the flattened per-row values.
-
-    Raises:
-        DataError: a feature column is missing or an output column already exists
-            (checked on the driver, before anything runs).
-    """
-    from hora.estimators.data import Features
-    from hora.estimators.transform import (_files_key, _load_cached, check_transform_columns, is_scalar_shape,
-                                           predict_columns)
-
-    ray = require_ray("predicting on a Ray Dataset")
-    features = Features.parse(feature_cols)
-    check_transform_columns(column_names(ds), features.columns, output_cols, "Ray Dataset")
-    files_ref = ray.put(model_files)
-    key = ("ray", _files_key(model_files))
-    output_cols = list(output_cols)
-    output_shapes = [tuple(s) for s in output_shapes]
-
-    def _predict(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import ray as worker_ray
-
-        n = len(next(iter(batch.values()))) if batch else 0
-        out = dict(batch)
-        if n:
-            model = _load_cached(key, lambda: codec.deserialize(worker_ray.get(files_ref)))
-            preds = predict_columns(codec, model, {c: batch[c] for c in features.columns}, features, input_shapes,
-                                    output_cols, batch_size, columns=columns)
-        else:
-            preds = [np.zeros((0,) + shape) for shape in output_shapes]
-        for name, shape, pred in zip(output_cols, output_shapes, preds):
-            pred = np.asarray(pred, dtype=np.float64)
-            out[name] = pred.reshape(n) if is_scalar_shape(shape) else pred.reshape(n, -1)
-        return out
-
-    return ds.map_batches(_predict, batch_format="numpy", batch_size=None)
-
-
-__all__ = ["require_ray", "launcher_for", "is_ray_dataset", "column_names", "sample_columns", "ray_transform"]
+__all__ = ["require_ray", "launcher_for", "is_ray_dataset", "column_names", "sample_columns"]

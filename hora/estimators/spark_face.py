@@ -31,7 +31,7 @@ from hora import _spark
 from hora.errors import ConfigError, DataError, StoreError
 from hora.estimators import core, persistence
 from hora.estimators.base import plot_history
-from hora.estimators.batches import inference_columns
+from hora.estimators.columns import inference_columns
 from hora.estimators.data import check_face
 from hora.estimators.framework import Framework
 from hora.estimators.params import (

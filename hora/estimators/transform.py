@@ -1,4 +1,5 @@
-"""Batched inference of a fitted model over Spark (``mapInArrow``), Dask (``map_partitions``) and pandas.
+"""Batched inference of a fitted model over Spark (``mapInArrow``), Dask (``map_partitions``), Ray Datasets
+(``map_batches``) and pandas.
 
 One output column per model output (label). A model output whose per-row shape
 is ``()`` or ``(1,)`` becomes a float64 column (Spark ``double``); any other shape
@@ -66,7 +67,7 @@ def predict_frame(
 ) -> Any:
     """``pdf`` with one prediction column per model output appended (its rows and index as they are);
     with ``use_gpu``, the model runs on this process's GPU (see :func:`_predict`); ``columns``: the
-    fit's column settings (:func:`hora.estimators.batches.inference_columns`).
+    fit's column settings (:func:`hora.estimators.columns.inference_columns`).
 
     Raises:
         DataError: a feature column is missing, holds strings, or the model returns another
@@ -98,13 +99,13 @@ def predict_columns(codec: Any, model: Any, values: dict[str, Any], features: An
     ``values`` (a pandas Series or a sequence per column of ``features``): each column read as the
     reader gives it (:func:`hora.estimators.data.column_sample`: bytes, text and variable-length arrays
     too), then the fit's column operations ``columns`` applied
-    (:func:`hora.estimators.batches.inference_arrays`: decoded, padded with masks, collated).
+    (:func:`hora.estimators.columns.inference_arrays`: decoded, padded with masks, collated).
 
     Raises:
         DataError: a column holds values hora cannot feed, or the model returns another number of outputs.
         ConfigError: ``use_gpu`` without a GPU path (see :func:`_predict_on`).
     """
-    from hora.estimators.batches import inference_arrays
+    from hora.estimators.columns import inference_arrays
     from hora.estimators.data import column_sample
 
     arrays, specs = {}, {}
@@ -272,7 +273,7 @@ def spark_transform(
 ) -> Any:
     """``df`` with prediction columns, computed on the executors over Arrow batches (``mapInArrow``);
     with ``use_gpu``, on each task's GPU (its Spark GPU address, else cuda:0); ``columns``: the
-    fit's column settings (:func:`hora.estimators.batches.inference_columns`).
+    fit's column settings (:func:`hora.estimators.columns.inference_columns`).
 
     Feature columns are read from the Arrow batches straight into numpy (no pandas
     conversion; feature groups stacked); every other column, vectors included, passes
@@ -314,7 +315,7 @@ def spark_transform(
     def _predict(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from hora.estimators.batches import inference_arrays
+        from hora.estimators.columns import inference_arrays
         from hora.store.columns import arrow_objects, vector_batch
 
         model = _load_cached(key, lambda: codec.deserialize(load_files()))
@@ -426,5 +427,65 @@ def dask_transform(
     return ddf.map_partitions(_predict, meta=meta)
 
 
-__all__ = ["predict_frame", "predict_columns", "spark_transform", "dask_transform", "check_transform_columns", "is_scalar_shape",
-           "DEFAULT_PREDICT_BATCH"]
+# ---------------------------------------------------------------------------------------
+# Ray
+# ---------------------------------------------------------------------------------------
+def ray_transform(
+    ds: Any,
+    codec: Any,
+    model_files: dict[str, bytes],
+    feature_cols: Sequence[Any],
+    input_shapes: Any,
+    output_cols: Sequence[str],
+    output_shapes: Sequence[Sequence[int]],
+    batch_size: int,
+    columns: dict[str, Any] | None = None,
+) -> Any:
+    """``ds`` with one prediction column per model output, as a lazy Ray Dataset.
+
+    The serialized model is put once in Ray's object store; each Ray worker process
+    deserializes it once. Each numpy batch goes through the Spark and Dask transforms' code
+    (:func:`hora.estimators.transform.predict_columns`): binary, string and variable-length
+    columns as there, and the fit's column operations ``columns``
+    (:func:`hora.estimators.columns.inference_columns`: ``decode_fn``, ``max_length`` /
+    ``truncation`` with the masks, ``collate_fn``). A classifier's ``codec``
+    (:class:`~hora.estimators.framework.ClassifierCodec`) gives its rawPrediction, probability and
+    prediction columns. Outputs of per-row shape ``()`` or ``(1,)`` are float64 columns, others
+    float64 tensor columns of the flattened per-row values.
+
+    Raises:
+        DataError: a feature column is missing or an output column already exists
+            (checked on the driver, before anything runs).
+    """
+    from hora.estimators.data import Features
+    from hora.estimators.ray_data import column_names, require_ray
+
+    ray = require_ray("predicting on a Ray Dataset")
+    features = Features.parse(feature_cols)
+    check_transform_columns(column_names(ds), features.columns, output_cols, "Ray Dataset")
+    files_ref = ray.put(model_files)
+    key = ("ray", _files_key(model_files))
+    output_cols = list(output_cols)
+    output_shapes = [tuple(s) for s in output_shapes]
+
+    def _predict(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import ray as worker_ray
+
+        n = len(next(iter(batch.values()))) if batch else 0
+        out = dict(batch)
+        if n:
+            model = _load_cached(key, lambda: codec.deserialize(worker_ray.get(files_ref)))
+            preds = predict_columns(codec, model, {c: batch[c] for c in features.columns}, features, input_shapes,
+                                    output_cols, batch_size, columns=columns)
+        else:
+            preds = [np.zeros((0,) + shape) for shape in output_shapes]
+        for name, shape, pred in zip(output_cols, output_shapes, preds):
+            pred = np.asarray(pred, dtype=np.float64)
+            out[name] = pred.reshape(n) if is_scalar_shape(shape) else pred.reshape(n, -1)
+        return out
+
+    return ds.map_batches(_predict, batch_format="numpy", batch_size=None)
+
+
+__all__ = ["predict_frame", "predict_columns", "spark_transform", "dask_transform", "ray_transform",
+           "check_transform_columns", "is_scalar_shape", "DEFAULT_PREDICT_BATCH"]
