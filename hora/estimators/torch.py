@@ -726,6 +726,13 @@ class TorchSession(TrainingSession):
             torch_strategies.save_dcp(self.model, self.optimizer, store,
                                       f"{store.layout.checkpoint_dir(run_id)}/{folder}")
             state: dict[str, Any] = {"dcp": folder, "extra": resume.to_meta()}
+        elif self.strategy in torch_strategies.SHARDING_OF and self.checkpoint_location is not None:
+            # every rank writes its optimizer shard beside the run's checkpoints (nothing gathered);
+            # what rank 0 commits names the folder and holds the weights (the same on every rank)
+            store, run_id, attempt = self.checkpoint_location
+            folder = torch_strategies.dcp_folder(resume.epoch, resume.step, resume.global_step, attempt, "zero")
+            torch_strategies.save_zero(self.optimizer, store, f"{store.layout.checkpoint_dir(run_id)}/{folder}")
+            state = {"zero": folder, "model": self.model.state_dict(), "extra": resume.to_meta()}
         else:
             # the whole state in torch's format, on every rank taking part (the ZeRO strategies
             # gather it): any strategy and any number of ranks loads it (each rank keeping its part)
@@ -762,6 +769,16 @@ class TorchSession(TrainingSession):
                                           f"the checkpoint of epoch {ckpt_epoch}")
             else:
                 ckpt["model"], ckpt["optimizer"] = torch_strategies.load_dcp_whole(store, path)
+        if "zero" in ckpt:  # a ZeRO run's optimizer shards (see torch_strategies)
+            if self.checkpoint_location is None:
+                raise ConfigError(f"the checkpoint of epoch {ckpt_epoch} holds sharded optimizer state; "
+                                  "it is read through the run's store")
+            store, run_id, _ = self.checkpoint_location
+            path = f"{store.layout.checkpoint_dir(run_id)}/{ckpt['zero']}"
+            mismatch = first_state_mismatch(self.model.state_dict(), ckpt["model"])
+            if mismatch is not None:  # before reading the shards: name the parameter, not the shard file
+                raise ConfigError(f"the checkpoint of epoch {ckpt_epoch} belongs to another model: {mismatch}")
+            ckpt["optimizer"] = torch_strategies.load_zero(self.optimizer, self.strategy, store, path)
         if "model" in ckpt:
             mismatch = first_state_mismatch(self.model.state_dict(), ckpt["model"])
             if mismatch is not None:

@@ -17,11 +17,14 @@ shards of the model and optimizer state, to the run's checkpoint folder in the S
 checkpoint rank 0 commits (the Store's atomic per-epoch file) holds the folder's name and the
 small rest (position, scheduler, scaler): no rank ever holds the whole state, and a folder no
 committed checkpoint names (a crash mid-write) is never read. A resume loads it at any number
-of ranks (DCP reshards); another strategy loads it whole (:func:`load_dcp_whole`). The other
-strategies' checkpoints hold the whole model's ``state_dict`` and the whole optimizer state in
-torch's own format (parameters numbered in the param groups' order); ``"zero1"`` /
-``"zero2"`` gather it on every rank for that (``checkpoint_collective``), which needs the
-whole state's memory for a moment.
+of ranks (DCP reshards); another strategy loads it whole (:func:`load_dcp_whole`).
+``"zero1"`` / ``"zero2"`` write the optimizer's shards the same way (``zero-e...-a<attempt>/``,
+each rank its ``shard-<rank>-of-<size>.pt``, a barrier before rank 0 commits), and the committed
+checkpoint holds the folder's name and the model's weights (replicated on every rank): no rank
+gathers the optimizer state to save it; a resume at any number of ranks reshards it, and another
+strategy loads it whole in torch's format. The other strategies' checkpoints hold the whole
+model's ``state_dict`` and the whole optimizer state in torch's own format (parameters
+numbered in the param groups' order).
 """
 
 from __future__ import annotations
@@ -156,9 +159,37 @@ def load_state(strategy: str, model: Any, opt: Any, msd: dict[str, Any] | None, 
         opt.load_state_dict(osd)
 
 
-def dcp_folder(epoch: int, step: int, global_step: int, attempt: int) -> str:
-    """The name of one distributed checkpoint's folder (the same on every rank of the attempt)."""
-    return f"dcp-e{epoch:06d}-s{step:06d}-g{global_step:09d}-a{attempt}"
+def dcp_folder(epoch: int, step: int, global_step: int, attempt: int, kind: str = "dcp") -> str:
+    """The name of one sharded checkpoint's folder (the same on every rank of the attempt):
+    ``kind`` ``"dcp"`` (fsdp's distributed checkpoint) or ``"zero"`` (the ZeRO optimizer's shards)."""
+    return f"{kind}-e{epoch:06d}-s{step:06d}-g{global_step:09d}-a{attempt}"
+
+
+def save_zero(opt: Any, store: Any, path: str) -> None:
+    """This rank's shard of the ZeRO optimizer's state to ``path`` in ``store`` (atomically),
+    then a barrier: when it returns every rank's shard is there (a collective)."""
+    import hora.torch as hvd
+
+    opt.save_sharded_state_dict(path, store)
+    hvd.barrier()
+
+
+def load_zero(opt: Any, strategy: str, store: Any, path: str) -> dict[str, Any] | None:
+    """The ZeRO shards at ``path``: loaded into ``opt`` (a ZeRO strategy: each rank keeps the
+    entries it owns now, at any number of ranks), or returned whole in torch's format for
+    another strategy to load.
+
+    Raises:
+        StoreError: shards missing or of two sizes (naming the folder).
+        ConfigError: the shards are of another model (naming the parameter).
+    """
+    from hora.torch.sharded_state import read_shards, torch_format
+
+    shards = read_shards(path, store)
+    if strategy in SHARDING_OF:
+        opt.load_state_dict(shards)
+        return None
+    return torch_format(shards)
 
 
 def _fsspec_io(store: Any, path: str, write: bool) -> Any:
@@ -283,4 +314,4 @@ def evaluating(strategy: str, model: Any, on: bool) -> None:
 
 
 __all__ = ["STRATEGIES", "SHARDING_OF", "COLLECTIVE_CHECKPOINT", "TORCH_DISTRIBUTED", "prepare", "full_state",
-           "load_state", "dcp_folder", "save_dcp", "load_dcp", "load_dcp_whole", "dcp_mismatch", "plain_copy", "evaluating", "rebind", "shard_units"]
+           "load_state", "dcp_folder", "save_zero", "load_zero", "save_dcp", "load_dcp", "load_dcp_whole", "dcp_mismatch", "plain_copy", "evaluating", "rebind", "shard_units"]

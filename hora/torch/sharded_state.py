@@ -64,12 +64,19 @@ def consolidated_state_dict(opt: Any, to_rank: int | None) -> dict[str, Any] | N
 
     if to_rank is not None and _hn.rank() != to_rank:
         return None
+    return torch_format(shards)
+
+
+def torch_format(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's shards (as :func:`read_shards` gives them) in torch's own format: the
+    state of every parameter, numbered in the param groups' order, loadable into the plain
+    optimizer or an unsharded DistributedOptimizer of the same model."""
     merged: dict[str, Any] = {}
     for s in shards:
         merged.update(s["state"])
     ids: dict[str, int] = {}
     groups = []
-    for g in mine["param_groups"]:
+    for g in shards[0]["param_groups"]:
         groups.append({**_hyper(g), "params": [ids.setdefault(n, len(ids)) for n in g["params"]]})
     return {"state": {ids[n]: st for n, st in merged.items()}, "param_groups": groups}
 

@@ -1,7 +1,7 @@
 """TorchEstimator(strategy=...) (issue 28, item 3): 'zero1' and 'zero2' shard the optimizer state (and
-the gradients) across the ranks and train as 'hora' does; their checkpoints hold the whole state ('fsdp':
-torch's distributed checkpoint, each rank its shards), so a relaunch continues where it stopped and a resume
-at another number of ranks reshards. Real ranks on
+the gradients) across the ranks and train as 'hora' does; in their checkpoints each rank writes its own
+shards (the ZeRO optimizer's shard files; 'fsdp': torch's distributed checkpoint), so a relaunch continues
+where it stopped and a resume at another number of ranks, or with another strategy, reshards. Real ranks on
 local processes (a pandas frame)."""
 
 from __future__ import annotations
@@ -150,6 +150,12 @@ def test_a_fit_of_each_strategy_relaunched_after_a_kill_continues_and_a_resume_a
 
     # 2 ranks write the checkpoint of epoch 1; one rank resumes from it and holds every parameter's state
     _est(store, strategy="zero1", epochs=1, run_id="zero-resize").fit(df)
+    epoch, data = store.latest_checkpoint("zero-resize")  # each rank wrote its shard; nothing was gathered
+    committed = torch.load(io.BytesIO(data), weights_only=False)
+    assert "optimizer" not in committed and committed["zero"].startswith("zero-e000000-"), sorted(committed)
+    folder = f"{store.layout.checkpoint_dir('zero-resize')}/{committed['zero']}"
+    assert sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in store.listdir(folder)) == [
+        "shard-00000-of-00002.pt", "shard-00001-of-00002.pt"]
     resized = _est(store, strategy="zero1", epochs=2, num_proc=1, run_id="zero-resize",
                    callbacks=[StateProbe()]).fit(df)
     assert [(h["epoch"], h["num_proc"]) for h in resized.history_] == [(0, 2), (1, 1)]
