@@ -14,8 +14,10 @@ One background thread per process owns the backend; callers enqueue named reques
 ``execute``         one executor per op kind; allreduce through fused groups and plans
 ``speculation``     predicted rounds: one collective carrying data and negotiation
 ``autotune``        proposes fusion threshold and cycle time (the engine applies them)
-``loop``            the background thread: idle waits, rounds, what follows a round
-``engine``          :class:`Engine`: submission, blocking callers, shutdown, release
+``state``           :class:`EngineState`: what the parts share (tables, hand-over, completion)
+``loop``            :class:`RoundLoop`, the background thread: idle waits, rounds, what follows
+``engine``          :class:`Engine`: owns the state and the parts; submission, blocking
+                    callers, shutdown, release
 ==================  ==================================================================
 
 Semantics worth knowing: names are matched per process set; a name may be in flight only
@@ -35,11 +37,13 @@ from hora.native.engine.request import (
     OpKind, Request, auto_name, fast_allreduce_request, is_one_off,
 )
 from hora.native.engine.speculation import Spec
+from hora.native.engine.state import EngineState
 
 _Spec = Spec  # (the name the tests of predicted rounds use)
 
 __all__ = [
     "ALLGATHER", "ALLREDUCE", "ALLTOALL", "BARRIER", "BROADCAST", "JOIN", "PS_ADD", "PS_REMOVE", "QUIT",
-    "REDUCESCATTER", "CacheEntry", "ControlVector", "Engine", "EngineConfig", "Handle", "OpKey", "OpKind", "Request",
-    "Response", "ResponseCache", "Spec", "Tuning", "auto_name", "fast_allreduce_request", "is_one_off",
+    "REDUCESCATTER", "CacheEntry", "ControlVector", "Engine", "EngineConfig", "EngineState", "Handle", "OpKey",
+    "OpKind", "Request", "Response", "ResponseCache", "Spec", "Tuning", "auto_name", "fast_allreduce_request",
+    "is_one_off",
 ]

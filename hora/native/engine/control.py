@@ -113,11 +113,6 @@ class ControlVector:
         """Elements of the longest tail (every slot in use), without the holders section."""
         return 2 * self.capacity + 8
 
-    @staticmethod
-    def tail_layout(used: int) -> int:
-        """Where the counts start in a tail that carries ``used`` slots."""
-        return 2 * used
-
     def encode_tail(self, ctrl: np.ndarray, used: int, dtype: type, *, rank: int, size: int, have: bool,
                     alone: bool, inplace: bool) -> np.ndarray:
         """The tail form of this rank's MIN-form ``ctrl``, carrying the first ``used``

@@ -31,8 +31,8 @@ from hora.native.engine.request import (
 )
 
 if TYPE_CHECKING:
-    from hora.native.engine.engine import Engine
     from hora.native.engine.negotiation import ProcessSetInfo
+    from hora.native.engine.state import EngineState
 
 
 def scale_(buf: torch.Tensor, factor: float) -> None:
@@ -170,8 +170,8 @@ _NEEDS_NO_REQUEST = frozenset({BARRIER, JOIN})
 class Executor:
     """Runs a round's responses on this rank (the engine thread only)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
         self.buffers = fusion.FusionBuffers()
         self._plans: dict[bytes, tuple[tuple, list[Any]]] = {}
 
@@ -180,17 +180,17 @@ class Executor:
         self._plans.clear()
 
     def buffer(self, dtype: torch.dtype, numel: int, device: torch.device) -> torch.Tensor:
-        return self.buffers.get(dtype, numel, device, self.engine.tuning.fusion_threshold)
+        return self.buffers.get(dtype, numel, device, self.state.tuning.fusion_threshold)
 
     def plan(self, responses: Sequence[Response]) -> list[Any]:
-        eng = self.engine
+        eng = self.state
         return fusion.plan(responses, eng.process_sets, eng.tuning.fusion_threshold)
 
     # -- a round's responses ---------------------------------------------------------------
     def execute(self, responses: list[Response]) -> None:
         """Run ``responses`` (a normal round): group, then run unit by unit."""
-        eng = self.engine
-        pop = eng._waiting.pop
+        eng = self.state
+        pop = eng.waiting.pop
         tl = eng.timeline
         for unit in self.plan(responses):
             if type(unit) is FusedGroup:
@@ -212,14 +212,14 @@ class Executor:
     def run_planned(self, bits: bytes, responses: list[Response]) -> None:
         """The steady state: only cached responses; reuse the plan of the last round
         with exactly these ``bits``."""
-        eng = self.engine
+        eng = self.state
         version = (eng.cache.version, eng.ps_version, eng.tuning.fusion_threshold)
         cached = self._plans.get(bits)
         if cached is None or cached[0] != version:
             if len(self._plans) > 64:
                 self._plans.clear()
             cached = self._plans[bits] = (version, self.plan(responses))
-        pop = eng._waiting.pop
+        pop = eng.waiting.pop
         for unit in cached[1]:
             if type(unit) is not FusedGroup:
                 self.run_single(unit.resp, pop(unit.resp.name, None), unit.ps)
@@ -248,7 +248,7 @@ class Executor:
 
     def run_allreduce(self, resps: list[Response], reqs: list[Request | None], ps: ProcessSetInfo) -> None:
         """One fused group (or one tensor): copy in, reduce, copy out, complete."""
-        eng = self.engine
+        eng = self.state
         tl = eng.timeline
         key = resps[0].key
         dtype = getattr(torch, key.dtype)
@@ -324,7 +324,7 @@ class Executor:
                 t1 = tl.now()
                 for resp in resps:
                     tl.span(resp.name, "FUSE_COPY_OUT", t_start, t1)
-        completed = eng._completed
+        completed = eng.completed
         for q in reqs:
             if q is not None:
                 q._result = q.output
@@ -333,7 +333,7 @@ class Executor:
     def run_single(self, resp: Response, req: Request | None, ps: ProcessSetInfo) -> None:
         """Run one unfused response and complete its request (a backend failure fails
         only that request)."""
-        eng = self.engine
+        eng = self.state
         tl = eng.timeline
         kind = resp.kind
         t0 = tl.now() if tl.enabled else 0.0

@@ -9,67 +9,76 @@ follows or the job goes idle (:meth:`RoundLoop._after_round`). An idle thread bl
 a job-wide wake-up signal that the next submission anywhere sets. A predicted round
 (:mod:`.speculation`) is waited for locally instead, and may run in the thread of a
 caller that blocks on a handle (:meth:`RoundLoop._gather_predicted`), which then offers
-the next predicted round itself (:meth:`RoundLoop._arm`): in a training loop's steady
+the next predicted round itself (:meth:`RoundLoop.arm`): in a training loop's steady
 state the thread sleeps while the callers run the rounds, with no hand-over per round.
 
-This is a mixin of :class:`~.engine.Engine`: it shares the engine's state, and is kept
-apart so the thread's logic can be read in one place.
+:class:`RoundLoop` works on the engine's :class:`~.state.EngineState` with the engine's
+executor and speculator, which the :class:`~.engine.Engine` hands it; what only the
+thread needs (the round count, the quiet rounds, the quit handshake) is its own.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import torch
 
 from hora.errors import CollectiveError
 from hora.native.backends.base import ReduceOp
 from hora.native.engine import negotiation
+from hora.native.engine.autotune import Autotuner
 from hora.native.engine.cache import Response
 from hora.native.engine.config import IDLE_POLL
 from hora.native.engine.control import I32_MAX, Vote
 from hora.native.engine.request import ALLREDUCE, JOIN, QUIT, QUIT_KEY, UNCACHEABLE, is_one_off
-from hora.native.engine.speculation import HIT, ONE_OFF, PURE_HIT, Spec
-
-if TYPE_CHECKING:
-    from hora.native.engine.engine import Engine
+from hora.native.engine.execute import Executor
+from hora.native.engine.speculation import HIT, ONE_OFF, PURE_HIT, Spec, Speculator
+from hora.native.engine.state import CLAIMED, NO_CLAIM, OFFERED, RAN, EngineState
 
 log = logging.getLogger(__name__)
 
-NO_CLAIM, OFFERED, CLAIMED, RAN = range(4)  # a predicted round offered to a blocking caller
 DEFER_AFTER = 2  # a round blocking callers ran this many times in a row is offered without waking the thread
-DEFER_POLL = 0.02  # seconds: how long the thread then sleeps at most before it looks (see RoundLoop._arm)
-
-
-class Offer:
-    """(Under the engine's lock.) The hand-over of a round between the thread and callers:
-    what a predicted round still misses, and whether a blocking caller runs it."""
-
-    __slots__ = ("missing", "foreign", "stage", "spec", "claim", "args", "result", "burst_end", "gathering", "gen",
-                 "armed_at", "defer")
-
-    def __init__(self) -> None:
-        self.missing: set[str] | None = None  # predicted names this rank has not submitted yet
-        self.foreign = False  # something unpredicted was submitted meanwhile
-        self.stage: torch.Tensor | None = None  # where big predicted tensors are copied at submit
-        self.spec: Spec | None = None  # the prediction being gathered
-        self.claim = NO_CLAIM
-        self.args: tuple | None = None  # the round a claiming caller runs
-        self.result: Any = None  # what it returned (or raised)
-        self.burst_end = False  # a caller ended a burst of submissions (ops.end_burst)
-        self.gathering = False  # the thread is waiting for submissions to settle
-        self.gen = 0  # rounds offered so far (a caller that ran one offers the next: see RoundLoop._arm)
-        self.armed_at = 0.0  # when the current round was offered (time.monotonic)
-        self.defer = False  # completing the round does not wake the thread (a blocking caller will run it)
+DEFER_POLL = 0.02  # seconds: how long the thread then sleeps at most before it looks (see RoundLoop.arm)
 
 
 class RoundLoop:
-    """The engine thread's rounds (mixed into :class:`~.engine.Engine`)."""
+    """The engine thread's rounds over ``state`` (:meth:`run` is the thread's body); a
+    blocking caller runs a predicted round through :meth:`round_body` and offers the
+    next one with :meth:`arm` (see ``Engine.request_flush``)."""
 
-    def _main(self: Engine) -> None:
+    def __init__(self, state: EngineState, executor: Executor, speculator: Speculator,
+                 autotuner: Autotuner | None) -> None:
+        self.state = state
+        self.executor = executor
+        self.speculator = speculator
+        self.autotuner = autotuner
+        self._round_no = 0
+        self._quiet_rounds = 0
+        self._to_forget: list[int] = []
+        self._nm_key: tuple = ()
+        self._nm_slots: list[int] = []
+        self._t_start = time.monotonic()
+        self._quit_announced = False  # this rank, done, asked for the round that may end the job
+        self._quit_sent = False  # this rank told the others it shut down (QUIT metadata)
+        self._all_quit = False
+        self._exit_lock = threading.Lock()
+        self._exited = False  # the thread has ended
+        self._on_exit: list[Callable[[], None]] = []
+
+    def on_exit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the thread has ended (now, if it has)."""
+        with self._exit_lock:
+            if not self._exited:
+                self._on_exit.append(fn)
+                return
+        fn()
+
+    def run(self) -> None:
+        st = self.state
         torch.set_grad_enabled(False)  # (thread-local) buffers are moved and summed, never differentiated
         try:
             while True:
@@ -81,8 +90,8 @@ class RoundLoop:
                     break
         except BaseException as exc:  # noqa: BLE001 - reported to every waiting handle
             if not isinstance(exc, CollectiveError):
-                log.exception("rank %d: the hora engine failed", self.rank)
-                exc = CollectiveError(f"rank {self.rank}: the hora engine failed: {exc!r}")
+                log.exception("rank %d: the hora engine failed", st.rank)
+                exc = CollectiveError(f"rank {st.rank}: the hora engine failed: {exc!r}")
             self._fail_all(exc)
         finally:
             with self._exit_lock:
@@ -92,97 +101,96 @@ class RoundLoop:
                 try:
                     fn()
                 except Exception:  # noqa: BLE001 - the thread is ending; say so and go on
-                    log.exception("rank %d: releasing the hora engine failed", self.rank)
+                    log.exception("rank %d: releasing the hora engine failed", st.rank)
 
-    def _fail_all(self: Engine, exc: BaseException) -> None:
-        with self._lock:
-            if self._broken is None:
-                self._broken = exc
-            reqs = list(self._names.values())
-            self._names.clear()
-            self._incoming.clear()
-            self._waiting.clear()
-        for r in reqs:
-            h = r.handle
-            if h is not None and not h._done:
-                h._error = exc
-                h._done = True
-        with self._done_cond:
-            self._done_cond.notify_all()
+    def _fail_all(self, exc: BaseException) -> None:
+        st = self.state
+        with st.lock:
+            if st.broken is None:
+                st.broken = exc
+            reqs = list(st.names.values())
+            st.names.clear()
+            st.incoming.clear()
+            st.waiting.clear()
+        st.fail_handles(reqs, exc)
 
-    def _active_wait(self: Engine) -> bool:
+    def _active_wait(self) -> bool:
         """Block while the whole job is idle. False: shut down."""
-        with self._lock:
-            self._idle = True
-            self._woken = False
-            if self._aborted:
+        st = self.state
+        with st.lock:
+            st.idle = True
+            st.woken = False
+            if st.aborted:
                 return False
-            if self._shutdown:
-                if self.size == 1:
-                    if not self._names:
+            if st.shutting_down:
+                if st.size == 1:
+                    if not st.names:
                         return False
-                elif not self._quit_sent or (not self._names and not self._quit_announced):
+                elif not self._quit_sent or (not st.names and not self._quit_announced):
                     # a round tells every rank that this one has shut down; once it has
                     # nothing in flight, one more may be the round in which every rank
                     # is done (the engine keeps answering rounds until then)
-                    self._quit_announced = not self._names
-                    self._woken = True
-                    self._waker.signal(self._epoch)
-            if self._incoming and not self._woken:
-                self._woken = True
-                self._waker.signal(self._epoch)
-        if self._to_forget and (not self._woken or len(self._to_forget) > 64):
+                    self._quit_announced = not st.names
+                    st.woken = True
+                    st.waker.signal(st.epoch)
+            if st.incoming and not st.woken:
+                st.woken = True
+                st.waker.signal(st.epoch)
+        if self._to_forget and (not st.woken or len(self._to_forget) > 64):
             # this rank's wake-up keys of epochs it has left (one store call each): done
             # while nothing waits, so a burst of ops does not pay for them
             forget, self._to_forget = self._to_forget, []
             for e in forget:
-                self._waker.forget(e)
+                st.waker.forget(e)
         while True:
             try:
-                woken = self._waker.wait(self._epoch, IDLE_POLL)
+                woken = st.waker.wait(st.epoch, IDLE_POLL)
             except Exception as exc:
-                with self._lock:
-                    if self._shutdown:
+                with st.lock:
+                    if st.shutting_down:
                         return False
                 raise CollectiveError(
-                    f"rank {self.rank}: lost the job's coordination store while idle ({exc}); "
+                    f"rank {st.rank}: lost the job's coordination store while idle ({exc}); "
                     "did another rank exit or crash?"
                 ) from None
-            with self._lock:
-                if self._aborted:
+            with st.lock:
+                if st.aborted:
                     return False
                 if woken:
-                    self._idle = False
+                    st.idle = False
                     return True
 
-    def _nonmember_slots(self: Engine) -> list[int]:
+    def _nonmember_slots(self) -> list[int]:
         """Cache slots of ops whose process set this rank is not a member of."""
-        key = (self.cache.version, self.ps_version)
+        st = self.state
+        key = (st.cache.version, st.ps_version)
         if key != self._nm_key:
             self._nm_key = key
-            pss = self.process_sets
-            self._nm_slots = [e.slot for e in self.cache.by_name.values()
+            pss = st.process_sets
+            self._nm_slots = [e.slot for e in st.cache.by_name.values()
                               if e.ps_id and (e.ps_id not in pss or not pss[e.ps_id].group.is_member)]
         return self._nm_slots
 
-    def _now_ms(self: Engine) -> int:
+    def _now_ms(self) -> int:
         return int((time.monotonic() - self._t_start) * 1000)
 
-    def _begin_round(self: Engine) -> tuple[float, float]:
+    def begin_round(self) -> tuple[float, float]:
         """Count a round and stamp its start (the round's ``t0`` and timeline ``tl0``)."""
+        st = self.state
         self._round_no += 1
-        self.stats["rounds"] += 1
-        return time.perf_counter(), (self.timeline.now() if self.timeline.enabled else 0.0)
+        st.stats["rounds"] += 1
+        return time.perf_counter(), (st.timeline.now() if st.timeline.enabled else 0.0)
 
-    def _round(self: Engine) -> bool:
+    def _round(self) -> bool:
         """One negotiation round (+ execution). Returns False when the job went idle."""
-        if self._aborted:
-            raise CollectiveError(f"rank {self.rank}: hora was shut down without the other ranks")
-        t0, tl0 = self._begin_round()
-        cycle = self.tuning.cycle_time
+        st = self.state
+        if st.aborted:
+            raise CollectiveError(f"rank {st.rank}: hora was shut down without the other ranks")
+        t0, tl0 = self.begin_round()
+        cycle = st.tuning.cycle_time
         spec = self.speculator.spec
-        offer = self._offer
-        with self._lock:
+        offer = st.offer
+        with st.lock:
             if spec is not None:
                 args = self._gather_predicted(spec, t0, tl0)
                 if args is None:
@@ -193,35 +201,36 @@ class RoundLoop:
                         raise result
                     return bool(result)
                 t0, tl0, spec = args
-            elif self._incoming and not self._flush and not offer.burst_end and cycle > 0:
+            elif st.incoming and not st.flush and not offer.burst_end and cycle > 0:
                 # let a burst of submissions (a backward pass, a loop of allreduce_async)
                 # land before negotiating, instead of competing with it for the GIL
                 offer.gathering = True
                 deadline = time.monotonic() + 10 * cycle
-                seen = len(self._incoming)
-                while not self._flush and not self._shutdown and not offer.burst_end:
-                    self._gather_cond.wait(cycle)
-                    n = len(self._incoming)
+                seen = len(st.incoming)
+                while not st.flush and not st.shutting_down and not offer.burst_end:
+                    st.gather_cond.wait(cycle)
+                    n = len(st.incoming)
                     if n == seen or time.monotonic() >= deadline:
                         break
                     seen = n
                 offer.gathering = False
-        return self._round_body(t0, tl0, spec)
+        return self.round_body(t0, tl0, spec)
 
-    def _round_body(self: Engine, t0: float, tl0: float, spec: Spec | None) -> bool:
+    def round_body(self, t0: float, tl0: float, spec: Spec | None) -> bool:
         """The round after its gather: negotiate, execute, decide what comes next."""
-        if self._aborted:
-            raise CollectiveError(f"rank {self.rank}: hora was shut down without the other ranks")
-        cache = self.cache
-        cv = self.control
+        st = self.state
+        if st.aborted:
+            raise CollectiveError(f"rank {st.rank}: hora was shut down without the other ranks")
+        cache = st.cache
+        cv = st.control
         C = cache.capacity
-        neg = self.negotiator
-        with self._lock:
-            self._offer.burst_end = False
-            fresh, self._incoming = self._incoming, []
-        waiting = self._waiting
+        neg = st.negotiator
+        with st.lock:
+            st.offer.burst_end = False
+            fresh, st.incoming = st.incoming, []
+        waiting = st.waiting
         by_name = cache.by_name
-        me = self.rank
+        me = st.rank
         bits: list[int] = []
         uncached: list[negotiation.Metadata] = []
         slots = cache.slots
@@ -234,7 +243,7 @@ class RoundLoop:
             waiting.update(zip(spec.names, fresh))
             bits = list(spec.slots)
             exact_reqs, fresh = fresh, []
-            self.stats["rounds_matched_whole"] += 1
+            st.stats["rounds_matched_whole"] += 1
         # still pending from earlier rounds: re-check their slots
         rest = [] if exact else list(waiting.values())
         for req in fresh:
@@ -262,21 +271,21 @@ class RoundLoop:
                 uncached.append((req.name, req.key, req.local))
                 if req.kind == JOIN:
                     neg.my_join_round = self._round_no
-        if self._shutdown and not self._quit_sent:
+        if st.shutting_down and not self._quit_sent:
             self._quit_sent = True  # from now on nothing new comes from this rank: say so
             uncached.append((f"{QUIT}.{me}", QUIT_KEY, None))
         if neg.my_join_round is not None and neg.my_join_round < self._round_no and C:
             # a joined rank stands in (with zeros) for every cached allreduce of its sets
             for e in cache.by_name.values():
-                ps = self.process_sets.get(e.ps_id)
-                if e.kind == ALLREDUCE and ps is not None and self.rank in ps.ranks:
+                ps = st.process_sets.get(e.ps_id)
+                if e.kind == ALLREDUCE and ps is not None and st.rank in ps.ranks:
                     bits.append(e.slot)
         payload = pickle.dumps(uncached, protocol=pickle.HIGHEST_PROTOCOL) if uncached else b""
         tuner = self.autotuner
         vote = Vote(bits, self._nonmember_slots() if C else [], bool(uncached), len(payload),
-                    bool(self._waiting or uncached), self._now_ms(),
-                    tuner.index if (tuner is not None and self.rank == 0) else I32_MAX,
-                    self._shutdown and not self._names, self.config.speculate and tuner is None)
+                    bool(st.waiting or uncached), self._now_ms(),
+                    tuner.index if (tuner is not None and st.rank == 0) else I32_MAX,
+                    st.shutting_down and not st.names, st.config.speculate and tuner is None)
         spec_ok = False
         spx = self.speculator
         if spec is not None and spec.piggyback:
@@ -290,13 +299,13 @@ class RoundLoop:
                     req.entry = e
         else:
             ctrl = cv.encode(*vote)
-            self.backend.allreduce(torch.from_numpy(ctrl), ReduceOp.Min, self.backend.world)
+            st.backend.allreduce(torch.from_numpy(ctrl), ReduceOp.Min, st.backend.world)
         flags = cv.flags(ctrl)
         spx.allowed = flags.speculate
         if tuner is not None:
             change = tuner.proposal(flags.tune)  # rank 0's choice, so grouping agrees everywhere
             if change is not None:
-                self.tuning.fusion_threshold, self.tuning.cycle_time = change
+                st.tuning.fusion_threshold, st.tuning.cycle_time = change
         if flags.all_done:
             self._all_quit = True  # every rank has shut down with nothing in flight
             return False
@@ -311,16 +320,16 @@ class RoundLoop:
         errors: dict[str, str] = {}
         new_ready: list[Response] = []
         if flags.any_uncached:
-            metas = negotiation.exchange(self.backend, payload, flags.max_payload)
-            self.stats["negotiation_bytes"] += (flags.max_payload + 4) * self.size
+            metas = negotiation.exchange(st.backend, payload, flags.max_payload)
+            st.stats["negotiation_bytes"] += (flags.max_payload + 4) * st.size
             if neg.process_metas(metas, now, self._round_no, new_ready, errors):
                 spx.learn(None)  # a rank shut down: what was predicted cannot come
-        self.stalls.check(now, partial, errors)
+        st.stalls.check(now, partial, errors)
 
         responses: list[Response] = [e for e in ready_entries if e is not None]
         if responses:
             cache.touch_all([e.slot for e in responses])
-        self.stats["cache_hits"] += len(responses)
+        st.stats["cache_hits"] += len(responses)
         plan_key = cv.ready(ctrl).tobytes()
         round_bits = plan_key
         if spec_ok:
@@ -333,16 +342,16 @@ class RoundLoop:
                 plan_key = rest_bits.tobytes()
         new_ready.sort(key=lambda r: r.seq)
         responses.extend(new_ready)
-        self.stats["cache_misses"] += sum(1 for r in new_ready if r.error is None and r.kind not in UNCACHEABLE)
-        if self.timeline.enabled:
-            self.timeline.cycle(tl0, self.timeline.now(), round=self._round_no, responses=len(responses))
+        st.stats["cache_misses"] += sum(1 for r in new_ready if r.error is None and r.kind not in UNCACHEABLE)
+        if st.timeline.enabled:
+            st.timeline.cycle(tl0, st.timeline.now(), round=self._round_no, responses=len(responses))
 
         for name, msg in errors.items():
-            req = self._waiting.pop(name, None)
+            req = st.waiting.pop(name, None)
             if req is not None:
-                self.finish(req, error=CollectiveError(msg))
+                st.finish(req, error=CollectiveError(msg))
         try:
-            if responses and not new_ready and not self.timeline.enabled and not neg.joined:
+            if responses and not new_ready and not st.timeline.enabled and not neg.joined:
                 # steady state: only cached responses; reuse the execution plan of the
                 # last round with exactly these bits
                 self.executor.run_planned(plan_key, responses)
@@ -353,8 +362,8 @@ class RoundLoop:
                         if r.error is None and r.kind not in UNCACHEABLE and not is_one_off(r.name):
                             cache.put(r.name, r.key, r.locals)
         finally:
-            self.notify_done()
-        if tuner is not None and self.rank == 0:
+            st.notify_done()
+        if tuner is not None and st.rank == 0:
             tuner.observe(responses)
         # the chain of predicted rounds: a round that negotiated by name starts it over,
         # unless all it negotiated were unnamed ops (a metric's allreduce or a barrier
@@ -370,7 +379,7 @@ class RoundLoop:
             spx.spec = None  # predicted, and nothing came: wait through the store again
         return self._after_round(t0, bool(responses or errors), cache.evictions != evictions)
 
-    def _arm(self: Engine, spec: Spec, t0: float, tl0: float) -> None:
+    def arm(self, spec: Spec, t0: float, tl0: float) -> None:
         """(Under the lock.) Offer the predicted round ``spec`` (started at ``t0``/``tl0``):
         what this rank still misses of it, and, when nothing, that it can run now.
 
@@ -379,8 +388,9 @@ class RoundLoop:
         submission that completes it does not wake the thread: the caller that blocks on
         it runs it, and the thread looks on its own every :data:`DEFER_POLL` seconds (or
         when a caller polls a handle), so a program that stops blocking still progresses."""
-        offer = self._offer
-        names = self._names
+        st = self.state
+        offer = st.offer
+        names = st.names
         missing = set(spec.name_set)
         if names:
             missing.difference_update(names)
@@ -390,13 +400,13 @@ class RoundLoop:
         offer.spec = spec
         offer.stage = (self.speculator.stage_buffer(spec) if missing and spec.stages and spec.piggyback
                        and not spec.inplace else None)
-        offer.foreign = bool(self._incoming) and any(r.name not in spec.name_set for r in self._incoming)
+        offer.foreign = bool(st.incoming) and any(r.name not in spec.name_set for r in st.incoming)
         offer.gen += 1
         offer.armed_at = time.monotonic()
         offer.defer = spec.claimed >= DEFER_AFTER
         offer.gathering = True
 
-    def _gather_predicted(self: Engine, spec: Spec, t0: float, tl0: float) -> tuple | None:
+    def _gather_predicted(self, spec: Spec, t0: float, tl0: float) -> tuple | None:
         """(Under the lock.) Wait until this rank has submitted every tensor of the
         predicted round, a caller blocks on a handle, or shutdown; returns the round this
         thread runs now (``(t0, tl0, spec)``), or None: callers ran the predicted rounds
@@ -411,21 +421,22 @@ class RoundLoop:
         of a training loop this thread sleeps through the rounds; it takes over when the
         prediction ends, a round fails, or no caller takes an offer.
         """
-        offer = self._offer
-        if self._flush or self._shutdown:
+        st = self.state
+        offer = st.offer
+        if st.flush or st.shutting_down:
             return t0, tl0, spec
-        self._arm(spec, t0, tl0)
+        self.arm(spec, t0, tl0)
         # a rank may never submit the predicted tensors (its program went elsewhere): the
         # round then starts after the stall poll interval, so stall checks still run
-        poll = self.config.stall_poll or IDLE_POLL
-        settle = 10 * self.tuning.cycle_time
-        cond = self._gather_cond
+        poll = st.config.stall_poll or IDLE_POLL
+        settle = 10 * st.tuning.cycle_time
+        cond = st.gather_cond
         try:
             while True:
                 gen = offer.gen
                 spec = offer.spec
                 deadline = offer.armed_at + poll
-                while (offer.missing and not self._flush and not self._shutdown and offer.claim == NO_CLAIM
+                while (offer.missing and not st.flush and not st.shutting_down and offer.claim == NO_CLAIM
                        and offer.gen == gen):
                     now = time.monotonic()
                     if offer.foreign:  # something unpredicted is pending: gather it briefly, go
@@ -437,9 +448,9 @@ class RoundLoop:
                     cond.wait(min(left, DEFER_POLL) if offer.defer else left)
                 if offer.gen != gen:
                     continue
-                if offer.claim == OFFERED and not self._shutdown and spec.should_offer():
-                    grace = time.monotonic() + self.tuning.cycle_time
-                    while offer.claim == OFFERED and not self._shutdown and offer.gen == gen:
+                if offer.claim == OFFERED and not st.shutting_down and spec.should_offer():
+                    grace = time.monotonic() + st.tuning.cycle_time
+                    while offer.claim == OFFERED and not st.shutting_down and offer.gen == gen:
                         left = grace - time.monotonic()
                         if left <= 0:
                             # nobody blocked on it in time (say, the first bucket of a backward pass)
@@ -464,22 +475,23 @@ class RoundLoop:
             offer.gathering = False
             offer.defer = False
 
-    def _end_pure_round(self: Engine, t0: float, tl0: float, spec: Spec) -> bool:
+    def _end_pure_round(self, t0: float, tl0: float, spec: Spec) -> bool:
         """The rest of a round whose prediction held with nothing else anywhere: exactly
         what the general path does for it (the cache's LRU order, stats, waking callers,
         learning), without decoding the control vector."""
+        st = self.state
         self.speculator.allowed = True
-        self.cache.touch_all(spec.slots, spec)
-        st = self.stats
-        st["cache_hits"] += len(spec.slots)
-        st["speculation_alone"] += 1
-        if self.timeline.enabled:
-            self.timeline.cycle(tl0, self.timeline.now(), round=self._round_no, responses=len(spec.slots))
-        self.notify_done()
+        st.cache.touch_all(spec.slots, spec)
+        stats = st.stats
+        stats["cache_hits"] += len(spec.slots)
+        stats["speculation_alone"] += 1
+        if st.timeline.enabled:
+            st.timeline.cycle(tl0, st.timeline.now(), round=self._round_no, responses=len(spec.slots))
+        st.notify_done()
         self.speculator.learn(spec.bits)
         return self._after_round(t0, True, False)
 
-    def _after_round(self: Engine, t0: float, progressed: bool, evicted: bool) -> bool:
+    def _after_round(self, t0: float, progressed: bool, evicted: bool) -> bool:
         """Decide, identically on every rank, whether another round follows (True) or the
         job goes idle until the next submission anywhere (False).
 
@@ -490,9 +502,10 @@ class RoundLoop:
         polling: a rank that submits wakes the job, and a caller blocked on a handle wakes
         it every :attr:`EngineConfig.stall_poll` seconds for the stall checks.
         """
+        st = self.state
         self._quiet_rounds = 0 if progressed else self._quiet_rounds + 1
-        joined = self.negotiator.joined
-        if not evicted and not joined and self._quiet_rounds >= self.config.linger_rounds:
+        joined = st.negotiator.joined
+        if not evicted and not joined and self._quiet_rounds >= st.config.linger_rounds:
             self._quiet_rounds = 0
             if self.speculator.spec is not None:
                 # every rank knows what comes next: each waits for its own part of it in
@@ -500,15 +513,16 @@ class RoundLoop:
                 return True
             self._go_idle()
             return False
-        left = self.tuning.cycle_time - (time.perf_counter() - t0)
+        left = st.tuning.cycle_time - (time.perf_counter() - t0)
         if left > 0:
-            with self._lock:
-                if not self._incoming and not self._flush:
-                    self._offer.gathering = True
-                    self._gather_cond.wait(left)  # a caller blocking on a handle ends it early
-                    self._offer.gathering = False
+            with st.lock:
+                if not st.incoming and not st.flush:
+                    st.offer.gathering = True
+                    st.gather_cond.wait(left)  # a caller blocking on a handle ends it early
+                    st.offer.gathering = False
         return True
 
-    def _go_idle(self: Engine) -> None:
-        self._to_forget.append(self._epoch)  # this rank's key, deleted while idle
-        self._epoch += 1
+    def _go_idle(self) -> None:
+        st = self.state
+        self._to_forget.append(st.epoch)  # this rank's key, deleted while idle
+        st.epoch += 1

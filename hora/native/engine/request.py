@@ -9,20 +9,17 @@ is also the :class:`Handle` the caller waits on.
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from hora.errors import CollectiveError
 from hora.native.backends.base import ReduceOp
 from hora.native.compression import NoneCompressor
-from hora.native.engine.config import ENV_OP_TIMEOUT
-
-if TYPE_CHECKING:
-    from hora.native.engine.cache import CacheEntry
-    from hora.native.engine.engine import Engine
+from hora.native.engine.config import ENV_OP_TIMEOUT, EngineConfig
 
 
 class OpKind(enum.StrEnum):
@@ -98,6 +95,25 @@ DTYPE_NAMES = {getattr(torch, n): n for n in (
     "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")}
 
 
+class HandleOwner(Protocol):
+    """What a handle needs of the engine it was submitted to (:class:`~.engine.Engine`)."""
+
+    config: EngineConfig
+
+    @property
+    def done_cond(self) -> threading.Condition: ...
+
+    def kick(self) -> None: ...
+
+    def poke(self) -> None: ...
+
+    def request_flush(self, handle: Handle) -> None: ...
+
+    def end_flush(self, handle: Handle) -> None: ...
+
+    def describe_waiting(self, name: str) -> str: ...
+
+
 class Handle:
     """The future of one submitted op. ``poll()`` never blocks; ``synchronize()`` waits.
 
@@ -112,12 +128,12 @@ class Handle:
     _done = False
     _result: Any = None
     _error: BaseException | None = None
-    _engine: Engine | None = None
+    _engine: HandleOwner | None = None
     _post: Callable[[Any], Any] | None = None
     _finished = False
     _done_value: Any = None
 
-    def __init__(self, name: str, kind: str, engine: Engine | None) -> None:
+    def __init__(self, name: str, kind: str, engine: HandleOwner | None) -> None:
         self.name = name
         self.kind = kind
         self._engine = engine
@@ -147,7 +163,7 @@ class Handle:
         try:
             deadline = time.monotonic() + limit
             poll = engine.config.stall_poll
-            cond = engine._done_cond
+            cond = engine.done_cond
             with cond:
                 while not self._done:
                     left = deadline - time.monotonic()
@@ -209,7 +225,7 @@ class Request(Handle):
     comp_name = "none"
     splits: tuple[int, ...] | None = None
     extra: Any = None
-    entry: CacheEntry | None = None
+    entry: Any = None  # its cache.CacheEntry once matched (the cache module builds on this one)
     reported = False
     t_submit = 0.0
     t_ready = 0.0

@@ -16,7 +16,7 @@ DistributedOptimizer bucket) is reduced in place instead (ranks without it send 
 after a miss the ranks that held it keep the partial sum on the lowest of them and
 zeros on the others, so nothing is lost. Any other predicted round is only waited for
 locally, then negotiated as a normal round. When every rank had nothing but the
-prediction, a hit ends the round at once (``Engine._end_pure_round``).
+prediction, a hit ends the round at once (``RoundLoop._end_pure_round``).
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import torch
 
 from hora.native.backends.base import ReduceOp
 from hora.native.engine.control import Vote
+from hora.native.engine.execute import Executor, scale_
 from hora.native.engine.fusion import FusedGroup, FusionBuffers, flat, unpack
 from hora.native.engine.request import ALLREDUCE, ROOM, Request
 
 if TYPE_CHECKING:
-    from hora.native.engine.engine import Engine
+    from hora.native.engine.state import EngineState
 
 SPEC_MIN_HITS = 2  # a successor seen this many times in a row is predicted
 SPEC_SINGLE_MAX_BYTES = 1 << 20  # a predicted round of one tensor above this runs as a normal round
@@ -66,8 +67,8 @@ class Spec:
         self.numel = sum(sizes)
         self._parts: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
         self.unclaimed = 0  # offers to a blocking caller in a row that nobody took
-        self.claimed = 0  # rounds in a row a blocking caller ran (see RoundLoop._arm: deferred offers)
-        self.skipped = 0  # rounds not offered since (see Engine._gather_predicted)
+        self.claimed = 0  # rounds in a row a blocking caller ran (see RoundLoop.arm: deferred offers)
+        self.skipped = 0  # rounds not offered since (see RoundLoop._gather_predicted)
         self.offsets: dict[str, tuple[int, int]] = {}
         off = 0
         for name, n in zip(names, sizes):
@@ -170,8 +171,9 @@ class Speculator:
     """The successor table and the current prediction (the same on every rank: only
     changed from rounds' job-wide results)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, state: EngineState, executor: Executor) -> None:
+        self.state = state
+        self.executor = executor
         self.spec: Spec | None = None  # the next round's prediction
         self.allowed = False  # every rank allowed speculation in the last round
         self._prev_bits: bytes | None = None
@@ -201,7 +203,7 @@ class Speculator:
                 self._succ[prev] = [bits, 1]
         self._prev_bits = bits
         nxt = self._succ.get(bits)
-        eng = self.engine
+        eng = self.state
         if nxt is None or nxt[1] < SPEC_MIN_HITS or not self.allowed or eng.negotiator.joined or nxt[0] == ONE_OFF:
             return
         version = (nxt[0], eng.cache.version, eng.ps_version, eng.tuning.fusion_threshold)
@@ -218,7 +220,7 @@ class Speculator:
         float32/float64 Sum/Average allreduce of the global set on the CPU, it runs as one
         collective (``piggyback``); any other predicted round is only waited for locally
         (no wake-up through the store) and then negotiated and run as a normal round."""
-        eng = self.engine
+        eng = self.state
         C = eng.cache.capacity
         slots = np.flatnonzero(np.frombuffer(bits, dtype=np.int32)[:C]).tolist()
         entries = [eng.cache.slots[s] for s in slots]
@@ -226,7 +228,7 @@ class Speculator:
             return None
         names = [e.name for e in entries]
         local = Spec(slots, names, [0] * len(names), None, 1.0, 1.0, False, piggyback=False, bits=bits)
-        units = eng.executor.plan(entries)
+        units = self.executor.plan(entries)
         if len(units) != 1 or type(units[0]) is not FusedGroup or len(units[0].resps) != len(entries):
             return local
         key = entries[0].key
@@ -259,8 +261,8 @@ class Speculator:
 
     def stage_buffer(self, spec: Spec) -> torch.Tensor:
         """Where a predicted tensor is copied when it is submitted (the fusion buffer's data part)."""
-        eng = self.engine
-        return eng.executor.buffer(spec.dtype, spec.numel + eng.control.max_tail(), torch.device("cpu"))[: spec.numel]
+        eng = self.state
+        return self.executor.buffer(spec.dtype, spec.numel + eng.control.max_tail(), torch.device("cpu"))[: spec.numel]
 
     def collective(self, spec: Spec, vote: Vote, exact: list[Request] | None = None) -> tuple[int, np.ndarray | None]:
         """Run the predicted round's data and this rank's ``vote`` (in tail form) as one
@@ -271,7 +273,7 @@ class Speculator:
         round at once). ``exact``: the round's requests, in its order, when they are all
         this rank has and its vote's bits are the round's slots, no more (see
         ``Spec.matches``)."""
-        eng = self.engine
+        eng = self.state
         cv = eng.control
         size = eng.size
         n = spec.numel
@@ -295,7 +297,7 @@ class Speculator:
         if exact is not None:
             reqs = exact
         elif have:
-            waiting = eng._waiting
+            waiting = eng.waiting
             reqs = [waiting[name] for name in spec.names]
         parts: list[torch.Tensor] = []
         out = None
@@ -304,10 +306,10 @@ class Speculator:
             if have:
                 buf, out = spec.room_views(reqs[0].room, n + T)
             else:
-                buf = eng.executor.buffer(spec.dtype, n + T, CPU)
+                buf = self.executor.buffer(spec.dtype, n + T, CPU)
                 buf[:n].zero_()
         else:
-            buf, out = spec.fused_views(eng.executor.buffers, T, eng.tuning.fusion_threshold)
+            buf, out = spec.fused_views(self.executor.buffers, T, eng.tuning.fusion_threshold)
             data = buf[:n]
             token = self.stage_token
             self.stage_token += 1  # what was staged is consumed (or overwritten) by this collective
@@ -322,8 +324,6 @@ class Speculator:
                 elif todo:
                     torch._foreach_copy_([parts[i] for i in todo], [flat(reqs[i].tensor) for i in todo])
                 if spec.prescale != 1.0:
-                    from hora.native.engine.execute import scale_
-
                     scale_(data, spec.prescale)
         if out is None:
             out = buf[n:].numpy()  # (the tail, written in place: the less runs around the collective, the better)
