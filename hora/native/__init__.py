@@ -49,8 +49,8 @@ for _name in (
 del _name
 
 # submodules reachable as attributes (``hn.engine``) even before anything imported them
-_SUBMODULES = ("adasum", "backends", "build_info", "compression", "elastic", "engine", "keys", "ops", "process_sets",
-               "rendezvous", "timeline")
+_SUBMODULES = ("adasum", "backends", "build_info", "collectives", "compression", "elastic", "engine", "keys",
+               "objects", "ops", "process_sets", "rendezvous", "state", "timeline")
 
 __all__ = [
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression", "Compressor", "Handle", "GroupHandle",

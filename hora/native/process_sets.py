@@ -4,14 +4,32 @@
 like Horovod, every rank of the job must call it, with the same ranks, in the same order
 (the engine checks this and raises CollectiveError otherwise). Ops accept
 ``process_set=`` and run only among its members; calling an op on a set this rank is not
-part of raises ConfigError.
+part of raises ConfigError. Registering and removing sets is part of the process's
+engine state (:func:`hora.native.state.add_process_set`); this module is only the type,
+below the state, which tells it the job's rank and size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, NotInitializedError
+
+# (rank, size) of this process while hora is initialized: set by :mod:`hora.native.state`
+# (which builds on this module) at init and cleared at shutdown
+_world: tuple[int, int] | None = None
+
+
+def _bind_world(world: tuple[int, int] | None) -> None:
+    global _world
+    _world = world
+
+
+def _world_or_raise() -> tuple[int, int]:
+    world = _world
+    if world is None:
+        raise NotInitializedError("hora has not been initialized; call hora.init()")
+    return world
 
 
 class ProcessSet:
@@ -38,26 +56,20 @@ class ProcessSet:
 
     def included(self) -> bool:
         """Whether this process is a member (requires init)."""
-        from hora.native import ops
-
-        return ops._state_or_raise().rank in self._ranks_or_raise()
+        return _world_or_raise()[0] in self._ranks_or_raise()
 
     def size(self) -> int:
         return len(self._ranks_or_raise())
 
     def rank(self) -> int:
         """This process's rank inside the set, or -1 when it is not a member."""
-        from hora.native import ops
-
-        me = ops._state_or_raise().rank
+        me = _world_or_raise()[0]
         rs = self._ranks_or_raise()
         return rs.index(me) if me in rs else -1
 
     def _ranks_or_raise(self) -> list[int]:
         if self.ranks is None:
-            from hora.native import ops
-
-            return list(range(ops._state_or_raise().size))
+            return list(range(_world_or_raise()[1]))
         return self.ranks
 
     def __repr__(self) -> str:
