@@ -51,11 +51,6 @@ def barrier_key(name: str, rank: int) -> str:
     return f"{BARRIER}{name}/{rank}"
 
 
-def barrier_prefix(name: str) -> str:
-    """The prefix of every arrival at the barrier ``name``."""
-    return f"{BARRIER}{name}/"
-
-
 def parse_barrier_key(key: str) -> BarrierArrival | None:
     """``barrier/<name>/<rank>`` as ``(name, rank)``; None for any other key."""
     if not key.startswith(BARRIER):
@@ -171,7 +166,7 @@ def result_chunk_key(rank: int, index: int) -> str:
 
 
 __all__ = [
-    "BarrierArrival", "NativeInit", "barrier_key", "barrier_prefix", "parse_barrier_key", "native_generation",
+    "BarrierArrival", "NativeInit", "barrier_key", "parse_barrier_key", "native_generation",
     "native_generation_open", "native_init_barrier",
     "native_collective_store", "parse_native_init", "rank_key", "rank_of", "log_key", "parse_log_key",
     "result_chunk_key", "STARTED", "HEARTBEAT", "LOG", "METRICS", "FAILED", "FAILSEQ", "DONE", "EXITED", "RESULT",

@@ -149,10 +149,6 @@ class Backend(abc.ABC):
         engine upcasts to float32/float64 around the call)."""
         return True
 
-    def supports_tensor(self, tensor: torch.Tensor) -> bool:
-        """Whether this backend can move ``tensor`` (device check)."""
-        return tensor.device.type == "cpu"
-
     # -- groups ---------------------------------------------------------------------------
     @abc.abstractmethod
     def new_group(self, ranks: Sequence[int], group_id: int) -> Group:

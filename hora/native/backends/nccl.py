@@ -60,9 +60,6 @@ class NcclBackend(Backend):
             raise CollectiveError(f"rank {self.rank}: cannot create NCCL group {tag} of ranks {list(ranks)}: {exc}") from exc
         return group
 
-    def supports_tensor(self, tensor: torch.Tensor) -> bool:
-        return tensor.device.type == "cuda"
-
     def new_group(self, ranks: Sequence[int], group_id: int) -> Group:
         return self._make_group(ranks, f"ps{group_id}")
 
