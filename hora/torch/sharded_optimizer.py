@@ -45,7 +45,7 @@ from hora.errors import ConfigError
 from hora.native import ops as _ops
 from hora.torch import sharded_state as _state
 from hora.torch._wrap import wrap_instance
-from hora.torch.optimizer import _DistributedMixin
+from hora.torch.reducer import DistributedMixin
 
 SHARDINGS = ("optimizer", "gradients")
 MAX_IN_FLIGHT = 2  # buckets whose reduce-scatter / parameter allgather may be pending at once
@@ -101,7 +101,7 @@ def assign_owners(bucket_numels: list[list[int]], size: int) -> list[BucketShard
     return out
 
 
-class _ShardedMixin(_DistributedMixin):
+class _ShardedMixin(DistributedMixin):
     """ZeRO-1: the unsharded reduction, a step over this rank's parameters, an allgather."""
 
     _hora_sharding = "optimizer"
