@@ -32,7 +32,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from hora.store import Store, make_reader, materialize
-from hora.store.reader import Reader, _stack
+from hora.store.arrow_arrays import stack_members as _stack
+from hora.store.reader import Reader
 
 
 def best_of(fn, repeat):

@@ -164,11 +164,11 @@ def arrow_objects(column: Any, name: str) -> tuple[np.ndarray, ColumnSpec] | Non
         return None
     if column.null_count:
         raise DataError(f"feature column {name!r} has {column.null_count} null values")
-    from hora.store.reader import _objects  # the reader's conversion, for the same arrays
+    from hora.store.arrow_arrays import object_rows  # the reader's conversion, for the same arrays
 
     dtype = "object" if kind != "ragged" else np.dtype(t.value_type.to_pandas_dtype()).name
     spec = ColumnSpec(dtype, kind=kind)
-    return _objects(column, spec), spec
+    return object_rows(column, spec), spec
 
 
 def decode_image(data: bytes) -> np.ndarray:

@@ -31,20 +31,19 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hora import settings
 from hora.errors import ConfigError, DataError, StoreError
-from hora.store.dataset import ColumnSpec, DatasetInfo, group_dtype
+from hora.store.arrow_arrays import column_to_numpy, group_spec, put_column, row_bytes_of, stack_members
+from hora.store.dataset import ColumnSpec, DatasetInfo
 from hora.store.layout import SPLITS
+from hora.store.segments import plan_segments
 from hora.store.store import Store
 
 logger = logging.getLogger(__name__)
@@ -91,186 +90,6 @@ def _stop_all_readers() -> None:
 def reader_timeout() -> float:
     """Seconds to wait for one batch (``HORA_READER_TIMEOUT`` or the default)."""
     return settings.get(READER_TIMEOUT_ENV)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Rows ``[start, stop)`` of row group ``row_group`` of file ``file`` (an index into the split's files)."""
-
-    file: int
-    row_group: int
-    start: int
-    stop: int
-
-    @property
-    def rows(self) -> int:
-        return self.stop - self.start
-
-
-def plan_segments(
-    group_rows: Sequence[tuple[int, int, int]],
-    rank: int,
-    size: int,
-    epoch: int,
-    seed: int,
-    shuffle: bool,
-    remainder: str = "pad",
-) -> tuple[list[Segment], int]:
-    """The row-group slices rank ``rank`` reads in ``epoch``, and its row count (equal on all ranks).
-
-    Args:
-        group_rows: ``(file, row_group, rows)`` of every row group of the split, in file order.
-
-    Raises:
-        DataError: the split has no rows, or (``truncate``) fewer rows than ranks.
-    """
-    groups = [g for g in group_rows if g[2] > 0]
-    total = sum(g[2] for g in groups)
-    if total == 0:
-        raise DataError("the split has no rows to read")
-    if shuffle:
-        order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(len(groups))
-        groups = [groups[i] for i in order]
-    if remainder == "truncate":
-        per = total // size
-        if per == 0:
-            raise DataError(f"the split has {total} rows, fewer than the {size} ranks (remainder='truncate')")
-    else:
-        per = -(-total // size)
-    begin = (rank * per) % total
-    segments: list[Segment] = []
-    need = per
-    # walk the (cyclic) row sequence from `begin`
-    starts = np.cumsum([0] + [g[2] for g in groups])
-    idx = int(np.searchsorted(starts, begin, side="right") - 1)
-    offset = begin - int(starts[idx])
-    while need > 0:
-        f, rg, rows = groups[idx]
-        take = min(rows - offset, need)
-        segments.append(Segment(f, rg, offset, offset + take))
-        need -= take
-        offset = 0
-        idx = (idx + 1) % len(groups)
-    return segments, per
-
-
-#: Arrow's fixed-width numeric types and their numpy dtypes (read without Arrow's numpy conversion)
-_PRIMITIVE = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
-              pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64,
-              pa.float16(): np.float16, pa.float32(): np.float32, pa.float64(): np.float64}
-
-
-def _values(arr: pa.Array) -> np.ndarray:
-    """The values of a flat Arrow array as numpy: a view of its buffer for numeric arrays
-    without nulls; otherwise Arrow's conversion (whose first use imports pandas, about a
-    second of a rank's first batch, which is why the common case avoids it)."""
-    dtype = _PRIMITIVE.get(arr.type)
-    if dtype is not None and arr.null_count == 0:
-        buf = arr.buffers()[1]
-        if buf is not None:
-            return np.frombuffer(buf, dtype=dtype, count=len(arr), offset=arr.offset * np.dtype(dtype).itemsize)
-    return arr.to_numpy(zero_copy_only=False)
-
-
-def _objects(col: pa.Array, spec: ColumnSpec) -> np.ndarray:
-    """A non-dense column as a 1-d object array, one value per row: ``bytes`` (binary), ``str``
-    (string), a 1-d array of ``spec.dtype`` (ragged; views of one buffer) or an
-    ``(indices int32, values)`` pair (sparse)."""
-    n = len(col)
-    if spec.kind in ("binary", "string"):
-        return col.to_numpy(zero_copy_only=False).astype(object, copy=False)
-    out = np.empty(n, dtype=object)
-    if spec.kind == "ragged":
-        offsets = _values(col.offsets) if col.offset == 0 else col.offsets.to_numpy()
-        flat = _values(col.values)
-        if flat.dtype != np.dtype(spec.dtype):
-            flat = flat.astype(spec.dtype)
-        for i in range(n):
-            out[i] = flat[offsets[i]:offsets[i + 1]]
-        return out
-    # sparse: struct<indices: list<int32>, values: list<dtype>>
-    if col.offset:
-        col = pa.concat_arrays([col])
-    idx, val = col.field("indices"), col.field("values")
-    offsets = _values(idx.offsets)
-    flat_i = _values(idx.values)
-    flat_v = _values(val.values)
-    if flat_v.dtype != np.dtype(spec.dtype):
-        flat_v = flat_v.astype(spec.dtype)
-    for i in range(n):
-        out[i] = (flat_i[offsets[i]:offsets[i + 1]], flat_v[offsets[i]:offsets[i + 1]])
-    return out
-
-
-def row_bytes_of(spec: ColumnSpec) -> int:
-    """About how many bytes one row of a column takes in memory (sizes the shuffle buffer and hand-overs):
-    exact for dense columns; a guess for the others (a ragged row at its longest, 1 KiB of bytes or text)."""
-    if spec.is_dense:
-        return np.dtype(spec.dtype).itemsize * max(1, math.prod(spec.shape))
-    if spec.kind == "ragged":
-        return 100 + np.dtype(spec.dtype).itemsize * max(1, spec.shape[0] if spec.shape else 1)
-    if spec.kind == "sparse":
-        return 200
-    return 1024
-
-
-def _to_numpy(col: pa.ChunkedArray | pa.Array, spec: ColumnSpec, name: str) -> np.ndarray:
-    """Arrow column -> numpy ``(rows, *spec.shape)`` of ``spec.dtype``, vectorised (no per-row Python);
-    a non-dense column as a 1-d object array (:func:`_objects`)."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    if not spec.is_dense:
-        return _objects(col, spec)
-    n = len(col)
-    arr = col
-    for _ in spec.shape:
-        arr = arr.flatten()
-    out = _values(arr)
-    if spec.shape:
-        expected = n * math.prod(spec.shape)
-        if out.size != expected:
-            raise StoreError(
-                f"column {name!r}: stored values do not match shape {spec.shape} ({out.size} values for {n} rows)"
-            )
-        out = out.reshape((n, *spec.shape))
-    if out.dtype != np.dtype(spec.dtype):
-        out = out.astype(spec.dtype)
-    return out
-
-
-def group_spec(info: DatasetInfo, key: str, members: Sequence[str]) -> ColumnSpec:
-    """The spec of feature group ``key``: ``(len(members),)`` of its members' common dtype.
-
-    Raises:
-        ConfigError: a member is not stored, not a scalar column, or the dtypes differ.
-    """
-    if not members:
-        raise ConfigError(f"feature group {key} has no columns")
-    unknown = [m for m in members if m not in info.columns]
-    if unknown:
-        raise ConfigError(f"feature group {key}: columns {unknown} are not in the dataset; it has {list(info.columns)}")
-    return ColumnSpec(dtype=group_dtype(key, {m: info.columns[m] for m in members}), shape=(len(members),))
-
-
-def _stack(members: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-    """The 1-d ``members`` side by side as the columns of ``out`` ``(rows, k)`` (a new array if None).
-
-    One contiguous copy into a ``(k, rows)`` array, then one transposing copy into ``out``:
-    about 8 x less CPU than writing each member into its strided column of ``out`` (which
-    passes over all of ``out`` once per member), measured on 63,550 x 32 float32.
-    """
-    if out is None:
-        out = np.empty((len(members[0]), len(members)), dtype=members[0].dtype)
-    out[...] = np.vstack(members).T
-    return out
-
-
-def _put(out: np.ndarray, col: np.ndarray | tuple[np.ndarray, ...]) -> None:
-    """Writes one chunk column into ``out``: an array as it is, a group's members stacked."""
-    if isinstance(col, tuple):
-        _stack(col, out)
-    else:
-        out[...] = col
 
 
 class _Chunk(NamedTuple):
@@ -405,9 +224,9 @@ class Reader:
                         first = self._group_start[(seg.file, seg.row_group)] + seg.start
                         columns[c] = (np.int64(seg.file) << 40) + np.arange(first, first + seg.rows, dtype=np.int64)
                     elif c in self.groups:
-                        columns[c] = tuple(_to_numpy(table.column(m), member[c], m)[cut] for m in self.groups[c])
+                        columns[c] = tuple(column_to_numpy(table.column(m), member[c], m)[cut] for m in self.groups[c])
                     else:
-                        columns[c] = _to_numpy(table.column(c), self.specs[c], c)[cut]
+                        columns[c] = column_to_numpy(table.column(c), self.specs[c], c)[cut]
                 yield _Chunk(seg.rows, columns)
         finally:
             for fh, _ in handles.values():
@@ -477,7 +296,7 @@ class Reader:
                 except StopIteration:  # pragma: no cover - would be a planning bug
                     raise StoreError(f"reader rank {self.rank}: row groups ended before the planned rows") from None
                 for c in self.columns:
-                    _put(window[c][pos : pos + chunk.rows], chunk.columns[c])
+                    put_column(window[c][pos : pos + chunk.rows], chunk.columns[c])
                 pos += chunk.rows
                 del chunk
             upto = total if wi == len(windows) - 1 else (total // bs) * bs
@@ -495,7 +314,7 @@ class Reader:
         pending_rows = 0
         for read in chunks:
             n = read.rows
-            chunk = {c: _stack(a) if isinstance(a, tuple) else a for c, a in read.columns.items()}
+            chunk = {c: stack_members(a) if isinstance(a, tuple) else a for c, a in read.columns.items()}
             start = 0
             while start < n:
                 if pending_rows == 0 and n - start >= bs:
@@ -554,7 +373,7 @@ class Reader:
         stop = threading.Event()
         done = object()
 
-        def _put(item: Any) -> bool:
+        def put_column(item: Any) -> bool:
             while not stop.is_set():
                 try:
                     q.put(item, timeout=_POLL_S)
@@ -567,11 +386,11 @@ class Reader:
             source = make_iter()
             try:
                 for item in source:
-                    if not _put(item):
+                    if not put_column(item):
                         return
-                _put(done)
+                put_column(done)
             except BaseException as exc:  # forwarded to the consumer
-                _put(exc)
+                put_column(exc)
             finally:
                 close = getattr(source, "close", None)
                 if close is not None:

@@ -12,7 +12,7 @@ import pytest
 
 from hora.errors import ConfigError, DataError, StoreError
 from hora.store import Store, make_reader, materialize
-from hora.store.reader import plan_segments
+from hora.store.segments import plan_segments
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -161,7 +161,7 @@ def test_numeric_columns_are_read_without_arrow_numpy_conversion(shared, tmp_pat
     to_numpy does on first use."""
     import pyarrow as pa
 
-    from hora.store.reader import _values
+    from hora.store.arrow_arrays import arrow_values as _values
 
     arr = pa.array(np.arange(10, dtype=np.float32)).slice(3, 4)
     np.testing.assert_array_equal(_values(arr), [3, 4, 5, 6])

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from hora.store import Store, make_reader, materialize
-from hora.store.reader import _stack, plan_segments
+from hora.store.arrow_arrays import stack_members as _stack
+from hora.store.segments import plan_segments
 
 pytestmark = pytest.mark.timeout(120)
 
