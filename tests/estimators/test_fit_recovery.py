@@ -224,9 +224,11 @@ def _dask_worker_of(client, pid: int) -> str:
 
 @pytest.mark.dask
 @pytest.mark.timeout(900)
-def test_dask_fit_shrinks_to_the_workers_left_and_grows_back(dask_client, store, tmp_path, caplog):
+@pytest.mark.parametrize("strategy", ["hora", "zero2"])
+def test_dask_fit_shrinks_to_the_workers_left_and_grows_back(dask_client, store, tmp_path, caplog, strategy):
     """num_proc=(1, 2): a retired worker's rank is relaunched on the one worker left; with a
-    worker added back, the next relaunch (after a second fault) trains on two again."""
+    worker added back, the next relaunch (after a second fault) trains on two again. Under
+    strategy='zero2' the optimizer's shards written at 2 ranks are resharded to 1, and back."""
     import os
     import signal
     import threading
@@ -261,7 +263,7 @@ def test_dask_fit_shrinks_to_the_workers_left_and_grows_back(dask_client, store,
     try:
         fit = _est(TorchEstimator, store, tmp_path, [KillRank(rank=1, epoch=0, step=2, mark_dir=str(marks)),
                                                      KillRank(rank=0, epoch=2, step=1, attempt=2, mark_dir=str(marks))],
-                   num_proc=(1, 2), max_failures=2, run_id="dask-elastic").fit(_dask_frame())
+                   num_proc=(1, 2), max_failures=2, run_id="dask-elastic", strategy=strategy).fit(_dask_frame())
     finally:
         done.set()
         thread.join(timeout=30)
