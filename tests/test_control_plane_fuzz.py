@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from hora.errors import StoreError
 from hora.native import rendezvous as rdv
+from hora.native.rendezvous import protocol as wire
 from hora.runners import store_channel, warm, warm_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,7 +60,7 @@ def _feed(data: bytes, frame_timeout: float | None = None) -> object:
         writer = threading.Thread(target=lambda: (a.sendall(data), a.shutdown(socket.SHUT_WR)), daemon=True)
         writer.start()
         try:
-            return rdv._recv_frame(b, SECRET, frame_timeout)
+            return wire.recv_frame(b, SECRET, frame_timeout)
         finally:
             writer.join(5)
     finally:
@@ -71,7 +72,7 @@ def _feed(data: bytes, frame_timeout: float | None = None) -> object:
 @given(data=st.binary(max_size=600))
 def test_any_bytes_are_a_typed_rejection_and_never_unpickled(data, monkeypatch):
     spy = _Loads()
-    monkeypatch.setattr(rdv, "pickle", spy)
+    monkeypatch.setattr(wire, "pickle", spy)
     with pytest.raises(rdv.RendezvousError) as info:
         _feed(data)
     assert isinstance(info.value, (rdv.FrameError, rdv.PeerClosedError))
@@ -82,8 +83,8 @@ def test_any_bytes_are_a_typed_rejection_and_never_unpickled(data, monkeypatch):
 @given(body=st.binary(max_size=400), mac=st.binary(min_size=32, max_size=32), extra=st.binary(max_size=40))
 def test_a_well_formed_frame_with_a_wrong_mac_is_never_unpickled(body, mac, extra, monkeypatch):
     spy = _Loads()
-    monkeypatch.setattr(rdv, "pickle", spy)
-    frame = rdv._HEADER.pack(rdv._MAGIC, len(body), mac) + body + extra
+    monkeypatch.setattr(wire, "pickle", spy)
+    frame = wire.HEADER.pack(wire.MAGIC, len(body), mac) + body + extra
     with pytest.raises(rdv.AuthenticationError):
         _feed(frame)
     assert spy.calls == 0
@@ -95,8 +96,8 @@ def test_a_well_formed_frame_with_a_wrong_mac_is_never_unpickled(body, mac, extr
 def test_a_signed_frame_round_trips(obj):
     a, b = socket.socketpair()
     try:
-        rdv._send_frame(a, SECRET, obj)
-        assert rdv._recv_frame(b, SECRET, 5.0) == obj
+        wire.send_frame(a, SECRET, obj)
+        assert wire.recv_frame(b, SECRET, 5.0) == obj
     finally:
         a.close()
         b.close()
@@ -105,10 +106,10 @@ def test_a_signed_frame_round_trips(obj):
 def test_a_stalled_frame_is_dropped_after_the_frame_timeout():
     a, b = socket.socketpair()
     try:
-        a.sendall(rdv._MAGIC + b"\x00")  # a header begun and never finished; the peer stays connected
+        a.sendall(wire.MAGIC + b"\x00")  # a header begun and never finished; the peer stays connected
         start = time.monotonic()
         with pytest.raises(rdv.FrameError, match="incomplete frame header"):
-            rdv._recv_frame(b, SECRET, 0.5)
+            wire.recv_frame(b, SECRET, 0.5)
         assert time.monotonic() - start < 5
     finally:
         a.close()
@@ -332,7 +333,7 @@ def test_a_sealed_store_channel_file_round_trips():
 
 
 def test_header_layout_is_what_the_fuzz_assumes():
-    assert rdv._HEADER.size == struct.calcsize("!4sI32s")
+    assert wire.HEADER.size == struct.calcsize("!4sI32s")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

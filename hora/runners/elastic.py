@@ -178,8 +178,9 @@ class ElasticRun:
         workers: dict[str, _Worker] = {}
         for s in slots:
             name = f"{s.host.name}[{s.local_rank}]"
-            a = Assignment(self.round, len(slots), Placement(s.rank, s.host.name, s.local_rank, s.local_size,
-                                                             s.cross_rank, s.cross_size), job_id)
+            a = Assignment(self.round, len(slots), Placement(
+                rank=s.rank, size=len(slots), local_rank=s.local_rank, local_size=s.local_size,
+                cross_rank=s.cross_rank, cross_size=s.cross_size, host=s.host.name), job_id)
             w = survivors.pop(name, None)
             if w is not None:
                 w.assignment, w.state = a, None

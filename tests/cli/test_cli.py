@@ -162,7 +162,7 @@ def test_a_rank_that_never_arrives_is_named(tmp_path):
         env = WorkerEnv.from_environ()
         if env.rank == 2:
             time.sleep(300)                      # never arrives
-        barrier(KVClient.from_env(env), "hora/native/job/0/init", env.rank, env.size, timeout=300)
+        barrier(KVClient(env.rendezvous_addr, env.secret), "hora/native/job/0/init", env.rank, env.size, timeout=300)
     """)
     res = hora("run", "-np", "3", "--start-timeout", "4", sys.executable, script)
     assert res.returncode != 0

@@ -1,0 +1,131 @@
+"""The rendezvous client: :class:`KVClient` (a rank's connection to the server) and
+:func:`barrier` (every rank meets at a named key set)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from hora import settings
+from hora.errors import ConfigError, RendezvousError
+from hora.native.rendezvous.contract import ENV_RENDEZVOUS_TIMEOUT
+from hora.native.rendezvous.protocol import recv_frame, send_frame
+
+log = logging.getLogger("hora.native.rendezvous")
+
+
+class KVClient:
+    """A worker's connection to the :class:`RendezvousServer` (thread-safe).
+
+    Values are bytes. Every wait has a timeout (default ``HORA_RENDEZVOUS_TIMEOUT`` or
+    60 s) and raises :class:`~hora.errors.RendezvousError` naming the missing keys.
+    """
+
+    def __init__(self, addr: str, secret: bytes, timeout: float | None = None) -> None:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"rendezvous address {addr!r} is not host:port")
+        self._addr = (host.strip("[]"), int(port))
+        self._secret = secret
+        self.timeout = timeout if timeout is not None else settings.get(ENV_RENDEZVOUS_TIMEOUT)
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def with_timeout(self, timeout: float) -> KVClient:
+        """A new client of the same server whose connects and calls give up after ``timeout``
+        seconds (its own connection, so a slow call of this one never blocks the other)."""
+        return KVClient(f"{self._addr[0]}:{self._addr[1]}", self._secret, timeout=timeout)
+
+    def _connect(self, deadline: float) -> socket.socket:
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection(self._addr, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+            except OSError as exc:
+                last = exc
+                time.sleep(0.1)
+        raise RendezvousError(f"cannot reach the rendezvous server at {self._addr[0]}:{self._addr[1]}: {last}")
+
+    def _call(self, request: tuple, wait_timeout: float = 0.0) -> Any:
+        with self._lock:
+            for attempt in (0, 1):
+                if self._sock is None:
+                    self._sock = self._connect(time.monotonic() + self.timeout)
+                sock = self._sock
+                try:
+                    sock.settimeout(wait_timeout + 30.0)
+                    send_frame(sock, self._secret, request)
+                    status, value = recv_frame(sock, self._secret)
+                    break
+                except (ConnectionError, socket.timeout, OSError) as exc:
+                    self.close_locked()
+                    if attempt == 1 or request[0] == "add":  # add is not idempotent
+                        raise RendezvousError(f"lost the rendezvous server at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
+        if status == "error":
+            raise RendezvousError(value)
+        return value
+
+    def close_locked(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self.close_locked()
+
+    def set(self, key: str, value: bytes) -> None:
+        """Store ``value`` (bytes) under ``key``."""
+        self._call(("set", key, bytes(value)))
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        """Wait for ``key`` and return its value. Raises RendezvousError on timeout."""
+        return self.wait([key], timeout)[0]
+
+    def wait(self, keys: Iterable[str], timeout: float | None = None) -> list[bytes]:
+        """Wait for all ``keys``; return their values in order. Raises RendezvousError naming the missing ones."""
+        t = self.timeout if timeout is None else timeout
+        return self._call(("wait", list(keys), t), wait_timeout=t)
+
+    def add(self, key: str, amount: int = 1) -> int:
+        """Atomically add ``amount`` to the integer at ``key`` (0 if absent); return the new value."""
+        return self._call(("add", key, amount))
+
+    def delete(self, key: str) -> bool:
+        return self._call(("delete", key))
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return self._call(("keys", prefix))
+
+    def ping(self) -> bool:
+        return self._call(("ping",)) == "pong"
+
+
+def barrier(client: KVClient, name: str, rank: int, size: int, timeout: float, *, what: str = "rank") -> None:
+    """Meet every rank at the barrier ``name``.
+
+    Raises:
+        RendezvousError: naming the ranks that did not arrive within ``timeout`` seconds.
+    """
+    client.set(f"barrier/{name}/{rank}", b"1")
+    keys = [f"barrier/{name}/{r}" for r in range(size)]
+    try:
+        client.wait(keys, timeout)
+    except RendezvousError:
+        present = set(client.keys(f"barrier/{name}/"))
+        missing = [r for r, k in enumerate(keys) if k not in present]
+        raise RendezvousError(
+            f"{what}(s) {missing} never arrived at rendezvous '{name}' within {timeout:g}s "
+            f"({size - len(missing)} of {size} arrived)"
+        ) from None
+
+
+__all__ = ["KVClient", "barrier"]
