@@ -93,7 +93,7 @@ class _DistributedOptimizerMixin:
     def register_local_var(self, var: Any) -> None:
         """Keep ``var``'s gradient local (not reduced; divided by the set's size with
         ``scale_local_gradients``), as Horovod's ``register_local_var``."""
-        from hora.tensorflow.gradients import source_key
+        from hora.tensorflow._reduce import source_key
 
         self._hora_local[source_key(var)] = var
 
@@ -107,7 +107,7 @@ class _DistributedOptimizerMixin:
         return super()._clip_gradients(grads)
 
     def _hora_reduce(self, grads: list) -> list:
-        from hora.tensorflow.gradients import included, reduce_except_local
+        from hora.tensorflow._reduce import included, reduce_except_local
 
         steps = self.gradient_accumulation_steps or 1
         if steps > 1 and not self._hora_average_aggregated:
@@ -196,7 +196,7 @@ def DistributedOptimizer(
             other than Average; an op other than Average/Sum, as Horovod's Keras).
         ValueError: bad ``groups`` (Horovod's message).
     """
-    from hora.tensorflow.gradients import check_groups
+    from hora.tensorflow._reduce import check_groups
 
     check_keras3_optimizer(optimizer)
     groups = check_groups(groups, num_groups)
