@@ -32,7 +32,7 @@ Measured in the same run:
 
 With ``--warm both`` (the default) every fit on the reused dataset runs twice, with fresh
 rank processes (``HORA_WARM_WORKERS=0``) and then with ranks forked from the Dask workers'
-warm servers (:mod:`hora.runners.warm`), so the before/after of the fixed costs is one run.
+warm servers (:mod:`hora.runners.rank.warm.client`), so the before/after of the fixed costs is one run.
 
 A third table splits rank 0's step into its parts (the worker's epoch profiles: batch
 wait, forward + loss, backward, optimizer step, the rest), in ms per step.

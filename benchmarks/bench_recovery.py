@@ -104,8 +104,8 @@ def main() -> int:
     import hora.runners as hr
 
     clock = _RelaunchClock()
-    logging.getLogger("hora.runners.recovery").addHandler(clock)
-    logging.getLogger("hora.runners.recovery").setLevel(logging.WARNING)
+    logging.getLogger("hora.runners.driver.recovery").addHandler(clock)
+    logging.getLogger("hora.runners.driver.recovery").setLevel(logging.WARNING)
     closers = []
     launchers = {}
     try:

@@ -6,7 +6,7 @@ Run: ``.venv/bin/python benchmarks/chaos_soak.py [--scenarios dask,spark] [--fau
 Scenarios (each on clusters it starts and stops itself):
 
 * ``dask``: a ``LocalCluster`` of two worker processes under nannies; the chaos thread kills
-  ranks (``hora.runners.worker`` processes) and their supervisors (the Dask worker process
+  ranks (``hora.runners.rank.main`` processes) and their supervisors (the Dask worker process
   that runs the rank's task: its nanny starts a new one).
 * ``spark``: a Spark standalone cluster (a master and two 2-core workers on 127.0.0.1 and
   127.0.0.2) driven by a classic SparkSession; the chaos thread kills ranks, their

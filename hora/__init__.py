@@ -63,7 +63,7 @@ _level_from_environment()
 
 def __getattr__(name: str) -> Any:
     if name == "run":  # imported on first use: `import hora` stays light
-        from hora.runners.horovod import run
+        from hora.runners.api import horovod_run as run
 
         return run
     raise AttributeError(f"module 'hora' has no attribute {name!r}")

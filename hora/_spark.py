@@ -2,7 +2,7 @@
 
 A Spark Connect client (``SparkSession.builder.remote("sc://...")``) has no SparkContext
 and no JVM: everything must go through the DataFrame and session APIs. The launcher
-(:mod:`hora.runners.spark`) and the store's Spark writer (:mod:`hora.store.spark_source`)
+(:mod:`hora.runners.launchers.spark`) and the store's Spark writer (:mod:`hora.store.spark_source`)
 share these helpers so that their code has one path for both kinds of session:
 
 * :func:`is_connect` tells the two apart by the object's class, never by pyspark's

@@ -7,7 +7,7 @@ environment of a job; every output line is prefixed with its rank
 failure's rank, host, exit code and traceback are printed, and ``hora run`` exits with
 its exit code. ``--mpi`` runs the same through ``mpiexec``; ``--max-failures N`` relaunches
 every rank after a lost one; ``--host-discovery-script`` (with ``--min-np``/``--max-np``)
-makes the run elastic (:mod:`hora.runners.elastic`). The flags are horovodrun's
+makes the run elastic (:mod:`hora.runners.elastic.driver`). The flags are horovodrun's
 (see ``hora run --help``); the launching itself is :mod:`hora.runners.command`, this
 module only parses arguments and prints.
 
@@ -206,9 +206,9 @@ def command_config(args: argparse.Namespace):
     """
     from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float
     from hora.runners.command import CommandConfig
-    from hora.runners.hosts import resolve_hosts
+    from hora.runners.slots import resolve_hosts
     from hora import settings as registry
-    from hora.runners.ssh import SshOptions
+    from hora.runners.rank.ssh import SshOptions
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -232,7 +232,7 @@ def command_config(args: argparse.Namespace):
         forward, values = _exports(args.export)
         output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
         if elastic:
-            from hora.runners.elastic import discover_at_start
+            from hora.runners.elastic.driver import discover_at_start
 
             hosts = tuple(discover_at_start(args.host_discovery_script, args.slots_per_host, num_proc))
         else:
@@ -261,15 +261,15 @@ def command_config(args: argparse.Namespace):
 
 
 def elastic_config(args: argparse.Namespace, command: object):
-    """The :class:`~hora.runners.elastic.ElasticConfig` of ``hora run --host-discovery-script``
+    """The :class:`~hora.runners.elastic.driver.ElasticConfig` of ``hora run --host-discovery-script``
     (``command``: its :class:`~hora.runners.command.CommandConfig`).
 
     Raises:
         UsageError: a bad flag or combination (``--min-np`` above ``--max-np``, ...).
     """
     from hora.native.rendezvous import env_float
-    from hora.runners.elastic import ElasticConfig
-    from hora.runners.membership import DEFAULT_TIMEOUT, ENV_TIMEOUT
+    from hora.runners.elastic.driver import ElasticConfig
+    from hora.runners.elastic.membership import DEFAULT_TIMEOUT, ENV_TIMEOUT
 
     try:
         return ElasticConfig(
@@ -305,7 +305,7 @@ def _install_signal_handlers() -> dict[int, object]:
 
 
 def _print_failure(exc: WorkerFailedError, started: bool) -> int:
-    from hora.runners.procs import shell_exit_code
+    from hora.runners.rank.procs import shell_exit_code
 
     sys.stderr.write(f"hora run: {exc.message}" + ("; stopping every rank\n" if started else "\n"))
     if exc.remote_traceback:
@@ -329,7 +329,7 @@ def run_command(args: argparse.Namespace) -> int:
     cfg = command_config(args)
     elastic = elastic_config(args, cfg) if args.host_discovery_script is not None else None
     if any(h.is_local for h in cfg.hosts):  # the check runs here: hosts over ssh are not probed
-        from hora.runners.local import check_command_python
+        from hora.runners.launchers.local import check_command_python
 
         try:
             checked = check_command_python(cfg.command, {**os.environ, **cfg.values},
@@ -345,7 +345,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         try:
             if elastic is not None:
-                from hora.runners.elastic import ElasticRun
+                from hora.runners.elastic.driver import ElasticRun
 
                 runner = ElasticRun(elastic)
             else:

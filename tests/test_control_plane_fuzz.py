@@ -31,7 +31,9 @@ from hypothesis import strategies as st
 from hora.errors import StoreError
 from hora.native import rendezvous as rdv
 from hora.native.rendezvous import protocol as wire
-from hora.runners import store_channel, warm, warm_server
+from hora.runners.driver import store_channel
+from hora.runners.rank.warm import client as warm
+from hora.runners.rank.warm import server as warm_server
 
 pytestmark = pytest.mark.timeout(120)
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

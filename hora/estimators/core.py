@@ -95,8 +95,8 @@ def prepare_task(df: Any, config: EstimatorConfig, framework: Framework) -> tupl
 def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: Any) -> dict[str, Any]:
     """How the ranks start: ``hora.runners.run`` keywords from ``backend`` / ``num_proc`` and the engine."""
     from hora import runners
-    from hora.runners.recovery import start_size
-    from hora.runners.spark import SparkLauncher
+    from hora.runners.driver.recovery import start_size
+    from hora.runners.launchers.spark import SparkLauncher
 
     backend = config.backend
     env = dict(config.backend_env or {})
@@ -168,7 +168,7 @@ def _check_store_reach(backend: Any, store: Any) -> None:
     Raises:
         StoreError: the executors cannot use ``store`` (e.g. ``memory://``, this client's memory only).
     """
-    from hora.runners.spark import SparkLauncher
+    from hora.runners.launchers.spark import SparkLauncher
 
     if isinstance(backend, SparkLauncher):
         from hora.store.spark_source import check_executors_reach
@@ -227,7 +227,7 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     t0 = time.monotonic()
     _check_store_reach(opts["backend"], store)
     if engine == "dask" and client is not None:  # a worker whose `import hora` finds a folder fails every task
-        from hora.runners.dask import check_workers_import_hora
+        from hora.runners.launchers.dask import check_workers_import_hora
 
         check_workers_import_hora(client)
     info = None
@@ -256,7 +256,7 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         output_shapes=tuple(tuple(s) for s in checked.output_shapes),
     )
     if config.verbose >= 1:
-        from hora.runners.progress import console, header_line
+        from hora.runners.driver.progress import console, header_line
 
         console(header_line(run_id, num_proc, opts["backend"]))
     t1 = time.monotonic()
@@ -271,7 +271,7 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     timings["collect_s"] = time.monotonic() - t2
     timings["epochs_s"] = float(sum(h.get("epoch_time_s", 0.0) for h in first["history"][first.get("start_epoch", 0):]))
     if config.verbose >= 1:
-        from hora.runners.progress import console, summary_line
+        from hora.runners.driver.progress import console, summary_line
 
         console(summary_line(run_id, list(first["history"]), store.url_for(store.layout.checkpoint_dir(run_id)),
                              store.url_for(store.layout.logs_dir(run_id))))

@@ -52,7 +52,7 @@ def launcher_for(backend: Any, use_gpu: bool) -> Any:
             that asks no GPU per rank.
     """
     require_ray()
-    from hora.runners.ray import RayLauncher
+    from hora.runners.launchers.ray.launcher import RayLauncher
 
     if isinstance(backend, str):
         return RayLauncher(gpus_per_rank=1 if use_gpu else 0)

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from hora.errors import ConfigError
-from hora.runners.faults import with_spark_error
+from hora.runners.driver.faults import with_spark_error
 
 logger = logging.getLogger(__name__)
 

@@ -161,7 +161,7 @@ def _transform(spec: TrainSpec, transformation_fn: Callable | None) -> Callable 
 
 
 def _startup_phases() -> dict[str, float]:
-    """This process's start and the runner's start-up stamps (``hora.runners.worker.PHASES``), wall clock."""
+    """This process's start and the runner's start-up stamps (``hora.runners.rank.main.PHASES``), wall clock."""
     out: dict[str, float] = {}
     try:
         import psutil
@@ -170,7 +170,7 @@ def _startup_phases() -> dict[str, float]:
     except Exception:  # psutil missing or /proc unreadable: the start is unknown
         pass
     try:
-        from hora.runners.worker import PHASES
+        from hora.runners.rank.main import PHASES
     except ImportError:
         return out
     return {**out, **PHASES}

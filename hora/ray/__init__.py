@@ -4,8 +4,8 @@
 functions on all of them together; see :mod:`hora.ray.executor`. To run one function
 on N Ray actors without keeping them, use ``hora.runners.run(fn, num_proc=N,
 backend="ray")`` (or ``backend=hora.runners.RayLauncher(cpus_per_rank=..., ...)``).
-:mod:`hora.ray.placement` and :mod:`hora.ray.workers` hold the Ray side of that
-launcher (placement groups, rank actors). Needs the ``hora[ray]`` extra.
+:mod:`hora.runners.launchers.ray` holds the Ray side of that launcher (placement
+groups, rank actors). Needs the ``hora[ray]`` extra.
 """
 
 from typing import Any
@@ -14,7 +14,7 @@ _EXECUTOR = ("RayExecutor", "RaySettings", "ElasticRayExecutor")
 
 
 def __getattr__(name: str) -> Any:
-    # lazy: hora.runners.ray imports hora.ray.workers, and the executor imports hora.runners.ray
+    # lazy: `import hora.ray` must not import ray itself (the executor does)
     if name in _EXECUTOR:
         from hora.ray import executor
 

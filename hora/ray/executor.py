@@ -8,7 +8,7 @@
 >>> executor.shutdown()
 
 The workers are long-lived Ray actors in one placement group
-(:class:`hora.runners.ray.RayWorkerGroup`). Every call on all workers (``start`` with
+(:class:`hora.runners.launchers.ray.launcher.RayWorkerGroup`). Every call on all workers (``start`` with
 an ``executable_cls``, ``run``, ``run_remote``, ``execute``) is one hora run on them:
 a fresh rendezvous, ``hora.native`` initialised before the function and shut down
 after it (so ``hvd.init()`` inside the function is a no-op and ``hvd.rank()`` works),
@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hora.errors import ConfigError, WorkerFailedError
-from hora.ray.placement import DEFAULT_PLACEMENT_TIMEOUT, RayResources, require_ray
-from hora.ray.workers import RayWorkerGroup
-from hora.runners.ray import RayLauncher
+from hora.runners.launchers.ray.placement import DEFAULT_PLACEMENT_TIMEOUT, RayResources, require_ray
+from hora.runners.launchers.ray.workers import RayWorkerGroup
+from hora.runners.launchers.ray.launcher import RayLauncher
 from hora.runners.spec import ENV_NETWORK_INTERFACE
 
 log = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ class RayExecutor:
 
     def _run_all(self, fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | None = None,
                  launcher: RayLauncher | None = None) -> list[Any]:
-        from hora.runners.base import run
+        from hora.runners.api import run
 
         group = self._ready_group() if launcher is None else launcher.workers
         assert group is not None

@@ -10,25 +10,22 @@ Spark, Dask) is where ranks run; the collective *backend* (Gloo, NCCL, MPI) is h
 talk, chosen in :mod:`hora.native.backends`.
 """
 
-from hora.runners.base import Job, Launcher, RunTimeoutError, resolve_launcher, run
+from hora.runners.api import RunTimeoutError, run
+from hora.runners.launcher import BUILTIN, Job, Launcher, resolve_launcher
 from hora.runners.spec import LaunchSpec, RankContext
 
 _LAZY = {
-    "LocalLauncher": "hora.runners.local",
-    "HostsLauncher": "hora.runners.local",
-    "SparkLauncher": "hora.runners.spark",
-    "DaskLauncher": "hora.runners.dask",
-    "RayLauncher": "hora.runners.ray",
-    "SshOptions": "hora.runners.ssh",
-    "HostSlots": "hora.runners.hosts",
+    **{cls: module for module, _, cls in (path.partition(":") for path in BUILTIN.values())},
+    "SshOptions": "hora.runners.rank.ssh",
+    "HostSlots": "hora.runners.slots",
 }
 
 
 def __getattr__(name: str):
-    # imported lazily: `python -m hora.runners.worker` must not find the worker module
+    # imported lazily: `python -m hora.runners.rank.main` must not find the worker module
     # already imported, and the engine launchers import pyspark / distributed only when asked
     if name == "report":
-        from hora.runners.worker import report
+        from hora.runners.rank.main import report
 
         return report
     if name in _LAZY:
@@ -52,6 +49,7 @@ __all__ = [
     "SparkLauncher",
     "DaskLauncher",
     "RayLauncher",
+    "MpiLauncher",
     "SshOptions",
     "HostSlots",
 ]

@@ -2,9 +2,9 @@
 
 :class:`CommandRun` starts the ranks of a :class:`CommandConfig` (one validated
 dataclass built by the CLI from its flags), watches them with the one monitor
-(:func:`hora.runners.monitor.watch`) and stops them; the CLI only parses and prints.
+(:func:`hora.runners.driver.monitor.watch`) and stops them; the CLI only parses and prints.
 Each rank gets the environment of a job: the launcher's own on this machine, the
-forwarded variables on other hosts (:func:`hora.runners.hostjob.forward_environment`),
+forwarded variables on other hosts (:func:`hora.runners.launchers.hosts.forward_environment`),
 the engine settings of the flags, ``-x`` variables, and the ``HORA_*`` contract with
 the launcher's rendezvous service (``HORA_DRIVER_ADDR`` for ``hora.runners.report``).
 """
@@ -21,15 +21,15 @@ from typing import IO
 from hora.errors import ConfigError, RendezvousError, WorkerFailedError
 from hora import settings
 from hora.native.rendezvous import ENV_BACKEND, WorkerEnv, make_secret
-from hora.runners.driver import DriverService
-from hora.runners.hostjob import HostPlan, HostsJob, RankOutput, RankProcess, forward_environment
-from hora.runners.hosts import HostSlots, RankSlot
-from hora.runners.local import hosts_config
-from hora.runners.monitor import Policy, watch
-from hora.runners.mpi import MpiJob
-from hora.runners.recovery import Attempts, check_max_failures
+from hora.runners.driver.service import DriverService
+from hora.runners.launchers.hosts import HostPlan, HostsJob, RankOutput, RankProcess, forward_environment
+from hora.runners.slots import HostSlots, RankSlot
+from hora.runners.launchers.hosts import hosts_config
+from hora.runners.driver.monitor import Policy, watch
+from hora.runners.launchers.mpi import MpiJob
+from hora.runners.driver.recovery import Attempts, check_max_failures
 from hora.runners.spec import ENV_ATTEMPT, ENV_DRIVER_ADDR, ENV_RUN_ID, ENV_SUPERVISOR_PID, new_run_id
-from hora.runners.ssh import SshOptions
+from hora.runners.rank.ssh import SshOptions
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class CommandConfig:
         remote_python: the interpreter of hora's supervisor on remote hosts.
         verbose: print the hosts and commands.
         max_failures: relaunch every rank up to this many times after a retriable
-            failure (``--max-failures``; see :mod:`hora.runners.recovery`).
+            failure (``--max-failures``; see :mod:`hora.runners.driver.recovery`).
     """
 
     command: tuple[str, ...]
@@ -199,7 +199,7 @@ class CommandRun:
 
     def wait(self) -> None:
         """Return once every rank exited 0. With ``max_failures``, a retriable failure (a
-        rank killed by a signal, a lost host: :mod:`hora.runners.faults`) stops every rank
+        rank killed by a signal, a lost host: :mod:`hora.runners.driver.faults`) stops every rank
         and starts them all again, up to ``max_failures`` times.
 
         Raises:

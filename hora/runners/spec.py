@@ -2,7 +2,7 @@
 
 The driver builds one ``LaunchSpec`` per run; each backend adds a small per-rank
 :class:`RankContext` (the rank's place in the job and where the rendezvous is) and
-hands both to the one worker entry point, :mod:`hora.runners.worker`.
+hands both to the one worker entry point, :mod:`hora.runners.rank.main`.
 
 The per-job secret travels *inside* the pickled spec, never as a visible string:
 ``repr()`` of a spec shows neither the secret nor the pickled function, so it cannot

@@ -8,7 +8,7 @@
 >>> hora.spark.run(train, num_proc=2)        # on the active SparkSession: [0, 1]
 
 Runs ``num_proc`` ranks as the tasks of one Spark barrier stage
-(:class:`hora.runners.spark.SparkLauncher`) and returns ``fn``'s values in rank order.
+(:class:`hora.runners.launchers.spark.SparkLauncher`) and returns ``fn``'s values in rank order.
 As in Horovod, ``fn`` calls ``hvd.init()`` itself. The ranks talk over Gloo (shared
 memory between ranks on one executor host); MPI inside Spark tasks is not supported.
 """
@@ -60,7 +60,7 @@ def run(
         ConfigError: no active SparkSession, MPI asked for, more ranks than task slots.
         WorkerFailedError: a rank failed (rank, host, remote traceback).
     """
-    from hora.runners import base
+    from hora.runners import api as base
     from hora.runners.spec import ENV_NETWORK_INTERFACE, ENV_WORKER_PYTHON
 
     if use_mpi or extra_mpi_args:

@@ -317,9 +317,9 @@ def test_timeline_filename_reaches_the_engine_and_summarize_reads_it(tmp_path):
 
 def test_mpi_chunks_are_joined_into_whole_lines_per_rank():
     """mpiexec marks chunks, not lines: pieces of one rank's line must be put back together."""
-    from hora.runners.mpi import CHUNK_RANK_END as E
-    from hora.runners.mpi import CHUNK_START as S
-    from hora.runners.mpi import ChunkJoiner as _ChunkJoiner
+    from hora.runners.launchers.mpi import CHUNK_RANK_END as E
+    from hora.runners.launchers.mpi import CHUNK_START as S
+    from hora.runners.launchers.mpi import ChunkJoiner as _ChunkJoiner
 
     got: list[tuple[int, str]] = []
     j = _ChunkJoiner(lambda rank, text: got.append((rank, text)))

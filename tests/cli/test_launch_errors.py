@@ -89,7 +89,7 @@ def test_run_starts_ranks_when_the_commands_python_has_hora(tmp_path):
 
 
 def test_commands_that_do_not_start_a_python_are_not_probed():
-    from hora.runners.local import check_command_python
+    from hora.runners.launchers.local import check_command_python
 
     assert check_command_python(["bash", "-c", "true"]) is None
     assert check_command_python([shutil.which("true") or "/bin/true"]) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hora.errors import ConfigError
-from hora.runners.discovery import (
+from hora.runners.elastic.discovery import (
     ADDED,
     REMOVED,
     DiscoveryError,

@@ -56,7 +56,7 @@ def _assert_same_training(got, baseline) -> None:
 
 
 def _recovery_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "hora.runners.recovery"]
+    return [r.getMessage() for r in caplog.records if r.name == "hora.runners.driver.recovery"]
 
 
 @pytest.mark.timeout(600)
@@ -66,7 +66,7 @@ def test_local_fit_survives_a_rank_killed_mid_epoch_and_resumes_mid_epoch(store,
     the fit without a fault trained."""
     from hora.dask import TorchEstimator
 
-    caplog.set_level(logging.WARNING, logger="hora.runners.recovery")
+    caplog.set_level(logging.WARNING, logger="hora.runners.driver.recovery")
     caplog.set_level(logging.DEBUG, logger="hora.runners.output")  # the ranks' output lines, as the driver gets them
     df = _frame()
     for sub in ("base", "steps"):
@@ -169,7 +169,7 @@ def _dask_frame():
 def test_spark_fit_survives_a_rank_killed_mid_epoch(spark, store, tmp_path, caplog):
     from hora.spark import TorchEstimator
 
-    caplog.set_level(logging.WARNING, logger="hora.runners.recovery")
+    caplog.set_level(logging.WARNING, logger="hora.runners.driver.recovery")
     df = _spark_frame(spark)
     (tmp_path / "base").mkdir()
     baseline = _est(TorchEstimator, store, tmp_path / "base", run_id="spark-base").fit(df)
@@ -188,7 +188,7 @@ def test_spark_fit_survives_a_rank_killed_mid_epoch(spark, store, tmp_path, capl
 def test_dask_fit_survives_a_rank_killed_mid_epoch(dask_client, store, tmp_path, caplog):
     from hora.dask import TorchEstimator
 
-    caplog.set_level(logging.WARNING, logger="hora.runners.recovery")
+    caplog.set_level(logging.WARNING, logger="hora.runners.driver.recovery")
     dask_client.wait_for_workers(2, timeout=120)
     ddf = _dask_frame()
     (tmp_path / "base").mkdir()
@@ -236,7 +236,7 @@ def test_dask_fit_shrinks_to_the_workers_left_and_grows_back(dask_client, store,
 
     from hora.dask import TorchEstimator
 
-    caplog.set_level(logging.WARNING, logger="hora.runners.recovery")
+    caplog.set_level(logging.WARNING, logger="hora.runners.driver.recovery")
     dask_client.wait_for_workers(2, timeout=120)
     marks = tmp_path / "marks"
     marks.mkdir()

@@ -26,7 +26,7 @@ def test_a_fit_survives_its_executor_jvm_killed(standalone_connect, tmp_path, ca
     from hora.store import Store
 
     _, spark = standalone_connect
-    caplog.set_level(logging.WARNING, logger="hora.runners.recovery")
+    caplog.set_level(logging.WARNING, logger="hora.runners.driver.recovery")
     x, y = regression_data(n=128)
     df = spark.createDataFrame(pd.DataFrame({"features": [row.tolist() for row in x], "y": y}))
     net = mlp()

@@ -154,7 +154,7 @@ def test_cached_reader_serves_the_same_rows_from_memory(tmp_path):
 
 
 def test_progress_has_one_bar_per_epoch_with_a_total(capsys):
-    from hora.runners.progress import Progress
+    from hora.runners.driver.progress import Progress
 
     progress = Progress("run-x", interactive=True)
     for epoch in (1, 2):

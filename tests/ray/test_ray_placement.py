@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hora.errors import ConfigError
-from hora.ray.placement import RayResources, capacity, check_capacity
+from hora.runners.launchers.ray.placement import RayResources, capacity, check_capacity
 
 
 class _Nodes:

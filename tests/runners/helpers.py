@@ -8,12 +8,12 @@ import psutil
 
 
 def hora_worker_processes(marker: str | None = None) -> list[psutil.Process]:
-    """Live ``hora.runners.worker`` processes (whose command line contains ``marker``, if given)."""
+    """Live ``hora.runners.rank.main`` processes (whose command line contains ``marker``, if given)."""
     out = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if "hora.runners.worker" in cmd and (marker is None or marker in cmd):
+            if "hora.runners.rank.main" in cmd and (marker is None or marker in cmd):
                 if proc.info["status"] != psutil.STATUS_ZOMBIE:
                     out.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -61,11 +61,11 @@ def touch_and_sleep(out_dir: str) -> None:
 
 
 def relaunch_lines(caplog) -> list[str]:
-    """One line per relaunch that ``hora.runners.recovery`` logged: the attempt's failure
+    """One line per relaunch that ``hora.runners.driver.recovery`` logged: the attempt's failure
     and the relaunch, joined by `` / ``."""
     out, failed = [], None
     for record in caplog.records:
-        if record.name != "hora.runners.recovery":
+        if record.name != "hora.runners.driver.recovery":
             continue
         message = record.getMessage()
         if "relaunching" in message:

@@ -10,7 +10,7 @@ import pytest
 
 import hora.runners as hr
 from hora.errors import ConfigError, WorkerFailedError
-from hora.runners import base
+from hora.runners import api as base
 
 from .helpers import assert_no_workers_left
 
@@ -115,7 +115,7 @@ class _FakeClient:
 
 
 def test_dask_gpu_resource_is_honoured_where_workers_declare_it():
-    from hora.runners.dask import DaskLauncher
+    from hora.runners.launchers.dask import DaskLauncher
 
     workers = {
         "tcp://10.0.0.2:1": {"host": "10.0.0.2", "resources": {}},

@@ -45,7 +45,7 @@ def test_hora_run_returns_each_rank_value_on_two_and_three_ranks_and_names_a_fai
         hora.run(_fail_on_rank_one, num_proc=3, verbose=0)
     assert info.value.rank == 1 and info.value.host == "127.0.0.1"
     assert "RuntimeError: rank one cannot go on" in info.value.remote_traceback
-    assert_no_workers_left(f"{sys.executable} -m hora.runners.worker", within=15)
+    assert_no_workers_left(f"{sys.executable} -m hora.runners.rank.main", within=15)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -10,8 +10,8 @@ import pytest
 
 from hora.errors import ConfigError
 from hora.native import keys
-from hora.runners.hosts import HostSlots, assign_ranks, is_local_host, parse_hostfile, parse_hosts, resolve_hosts
-from hora.runners.monitor import Failure, first_failure, start_stragglers
+from hora.runners.slots import HostSlots, assign_ranks, is_local_host, parse_hostfile, parse_hosts, resolve_hosts
+from hora.runners.driver.monitor import Failure, first_failure, start_stragglers
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -155,8 +155,8 @@ def test_network_choices_are_checked_on_this_machine():
 
 
 def test_mpiexec_gets_the_hosts_and_the_ssh_wrapper(tmp_path):
-    from hora.runners.mpi import mpiexec_argv, write_ssh_wrapper
-    from hora.runners.ssh import SshOptions
+    from hora.runners.launchers.mpi import mpiexec_argv, write_ssh_wrapper
+    from hora.runners.rank.ssh import SshOptions
 
     key = tmp_path / "key"
     key.write_text("k")

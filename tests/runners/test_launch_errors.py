@@ -83,7 +83,7 @@ def test_pyspark_python_without_hora_is_raised_without_the_java_stack(spark, tmp
 
 @pytest.mark.timeout(60)
 def test_healthy_dask_workers_pass_the_import_check(dask_client):
-    from hora.runners.dask import check_workers_import_hora
+    from hora.runners.launchers.dask import check_workers_import_hora
 
     check_workers_import_hora(dask_client, timeout=30)
 
@@ -92,7 +92,7 @@ def test_healthy_dask_workers_pass_the_import_check(dask_client):
 def test_dask_workers_whose_hora_is_a_namespace_folder_are_named(tmp_path, monkeypatch):
     """Workers started by a script next to a folder named hora (the README's file:///tmp/hora store)."""
     distributed = pytest.importorskip("distributed")
-    from hora.runners.dask import check_workers_import_hora
+    from hora.runners.launchers.dask import check_workers_import_hora
 
     (tmp_path / "hora").mkdir()
     # the script's directory first, as the spawned workers inherit it; hora itself only through its installed

@@ -11,8 +11,8 @@ import pytest
 
 import hora.runners as hr
 from hora.errors import ConfigError, RendezvousError, WorkerFailedError
-from hora.runners import base
-from hora.runners.base import RunTimeoutError
+from hora.runners import api as base
+from hora.runners.api import RunTimeoutError
 
 from .helpers import assert_no_workers_left
 

@@ -73,7 +73,7 @@ def _ranks_under(pids: list[int]) -> list[psutil.Process]:
         try:
             for child in psutil.Process(pid).children(recursive=True):
                 try:
-                    if "hora.runners.worker" in " ".join(child.cmdline()):
+                    if "hora.runners.rank.main" in " ".join(child.cmdline()):
                         found.append(child)
                 except psutil.Error:
                     pass

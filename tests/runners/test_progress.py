@@ -1,8 +1,8 @@
-"""The driver's console (hora.runners.progress): bars on a terminal, one line per epoch elsewhere."""
+"""The driver's console (hora.runners.driver.progress): bars on a terminal, one line per epoch elsewhere."""
 
 import io
 
-from hora.runners.progress import Progress
+from hora.runners.driver.progress import Progress
 
 
 def _epoch_reports(progress, epoch, epochs=3, total=4, final_loss=0.25):

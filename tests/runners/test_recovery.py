@@ -20,14 +20,14 @@ import pytest
 import hora
 import hora.runners as hr
 from hora.errors import CollectiveError, ConfigError, WorkerFailedError
-from hora.runners.faults import FaultKind, engine_failure, kind_of_engine_error, kind_of_exception, kind_of_exit
-from hora.runners.monitor import Failure, first_failure
+from hora.runners.driver.faults import FaultKind, engine_failure, kind_of_engine_error, kind_of_exception, kind_of_exit
+from hora.runners.driver.monitor import Failure, first_failure
 
 from .helpers import assert_no_workers_left, relaunch_lines
 from .test_hosts import _Counter
 from .test_hosts import _Job as _FakeJob
 
-RECOVERY_LOG = "hora.runners.recovery"
+RECOVERY_LOG = "hora.runners.driver.recovery"
 
 
 def _train(out_dir: str, kill_on: str, steps: int = 40, kill_worker: bool = False):

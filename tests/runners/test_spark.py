@@ -13,7 +13,7 @@ import pytest
 import hora.runners as hr
 from hora import _spark
 from hora.errors import ConfigError, WorkerFailedError
-from hora.runners import base
+from hora.runners import api as base
 
 from .helpers import assert_no_workers_left, interrupt_when_files_exist, touch_and_sleep
 
@@ -173,7 +173,7 @@ def test_launcher_finds_the_active_session_and_checks_its_arguments(spark):
 
 
 def test_slots_from_master():
-    from hora.runners.spark import SparkLauncher
+    from hora.runners.launchers.spark import SparkLauncher
 
     class _Conf:
         def __init__(self, values):
@@ -263,4 +263,4 @@ def test_hora_spark_run_is_horovods_spark_run(spark):
     assert any(line.endswith("[1]<stdout>:spark rank 1 says hello") and line[0].isalpha() for line in lines), lines
     with pytest.raises(ConfigError, match="use_mpi / extra_mpi_args are not supported"):
         hora.spark.run(_horovod_spark_fn, args=(0,), use_mpi=True)
-    assert_no_workers_left(f"{sys.executable} -m hora.runners.worker")  # this checkout's workers only
+    assert_no_workers_left(f"{sys.executable} -m hora.runners.rank.main")  # this checkout's workers only

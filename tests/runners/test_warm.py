@@ -1,4 +1,4 @@
-"""Warm rank processes (hora.runners.warm): a rank forked by the warm server is what a
+"""Warm rank processes (hora.runners.rank.warm.client): a rank forked by the warm server is what a
 fresh ``python -m MODULE`` would be, with torch and torch._dynamo imported already; the
 server ends with its owner and after its idle time; a server that cannot start means a
 plain subprocess; Dask ranks start warm unless HORA_WARM_WORKERS=0."""
@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 import hora.runners as hr
-from hora.runners import warm
-from hora.runners.procs import ProcessLauncher
-from hora.runners.warm import WarmProcess
+from hora.runners.rank.warm import client as warm
+from hora.runners.rank.procs import ProcessLauncher
+from hora.runners.rank.warm.client import WarmProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIGHT = {"HORA_WARM_PRELOAD": "json"}  # a server that starts in a blink (another key, too)
@@ -115,7 +115,7 @@ def test_a_warm_rank_is_a_fresh_process_with_its_imports_done(tmp_path, servers)
 
 _OWNER = textwrap.dedent("""
     import json, sys
-    from hora.runners import warm
+    from hora.runners.rank.warm import client as warm
     p = warm.spawn([sys.executable, "-m", "tests.runners.warm_child", "sleep"], dict(__import__("os").environ),
                    stdin=False)
     print(json.dumps({"server": [s.pid for s in warm._servers.values()], "child": p.pid}), flush=True)
@@ -151,10 +151,10 @@ def test_a_server_ends_with_its_owner_after_its_idle_time_and_when_its_code_chan
 @pytest.mark.timeout(60)
 def test_a_server_that_cannot_start_means_a_plain_subprocess(tmp_path, caplog, servers):
     fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\n[ "$2" = hora.runners.warm_server ] && exit 7\nexec {sys.executable} "$@"\n')
+    fake.write_text(f'#!/bin/sh\n[ "$2" = hora.runners.rank.warm.server ] && exit 7\nexec {sys.executable} "$@"\n')
     fake.chmod(0o755)
     launcher = ProcessLauncher(lambda *_: None)
-    with caplog.at_level("WARNING", logger="hora.runners.warm"):
+    with caplog.at_level("WARNING", logger="hora.runners.rank.warm.client"):
         proc = launcher.start(0, [str(fake), "-m", "tests.runners.warm_child", "exit", "4"], _env(**LIGHT),
                               stdin_data=b"", warm={})
     assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 4
@@ -180,7 +180,7 @@ def test_exit_process_ends_as_the_interpreter_would_without_its_finalization():
     the atexit handlers run, buffered output is flushed, and the code is the exit status."""
     code = textwrap.dedent("""
         import atexit, sys, threading, time
-        from hora.runners.warm_server import exit_process
+        from hora.runners.rank.warm.server import exit_process
         atexit.register(lambda: sys.stdout.write("atexit\\n"))
         threading.Thread(target=lambda: (time.sleep(0.3), sys.stdout.write("thread\\n"))).start()
         sys.stdout.write("main\\n")  # left in the buffer: exit_process must flush it
@@ -225,7 +225,7 @@ def test_ranks_do_not_inherit_the_dask_workers_malloc_trim_threshold(monkeypatch
     import dask
     import distributed  # noqa: F401  (a Dask worker has it imported)
 
-    from hora.runners.worker import worker_process_env
+    from hora.runners.rank.main import worker_process_env
 
     injected = str(dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"])
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", injected)
@@ -268,7 +268,7 @@ def _warm_servers() -> set[int]:
     found = set()
     for p in psutil.process_iter():
         try:
-            if "hora.runners.warm_server" in " ".join(p.cmdline()[:3]):
+            if "hora.runners.rank.warm.server" in " ".join(p.cmdline()[:3]):
                 found.add(p.pid)
         except psutil.Error:  # gone, or a zombie
             pass
@@ -278,7 +278,7 @@ def _warm_servers() -> set[int]:
 @pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_spark_prestart_starts_the_executors_server_that_the_training_stage_forks_from(spark):
-    from hora.runners.spark import SparkLauncher
+    from hora.runners.launchers.spark import SparkLauncher
 
     launcher = SparkLauncher(spark)
     env = {"PYTHONHASHSEED": "11"}  # a variable of the run's own: a new server key, so none runs yet
@@ -304,7 +304,7 @@ def test_spark_prestart_starts_the_executors_server_that_the_training_stage_fork
 
 @pytest.mark.timeout(240)
 def test_dask_prestart_starts_the_server_of_each_rank_worker(dask_client):
-    from hora.runners.dask import DaskLauncher
+    from hora.runners.launchers.dask import DaskLauncher
 
     launcher = DaskLauncher(dask_client)
     env = {"PYTHONHASHSEED": "7"}  # a variable of the run's own: a new server key, so none runs yet
@@ -314,7 +314,7 @@ def test_dask_prestart_starts_the_server_of_each_rank_worker(dask_client):
         found = []
         for child in psutil.Process().children():
             try:
-                if "hora.runners.warm_server" in " ".join(child.cmdline()[:3]):
+                if "hora.runners.rank.warm.server" in " ".join(child.cmdline()[:3]):
                     found.append(child.pid)
             except psutil.Error:  # gone, or a zombie
                 pass

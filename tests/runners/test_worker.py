@@ -1,4 +1,4 @@
-"""hora.runners.worker.run_rank in this process, as a long-lived Ray actor runs it: whether
+"""hora.runners.rank.main.run_rank in this process, as a long-lived Ray actor runs it: whether
 the rank returns or raises, its heartbeat thread is stopped when it ends (left running, it
 would end the process at the driver's abort or when the finished run's driver goes away)."""
 
@@ -16,7 +16,7 @@ import pytest
 from hora.native import keys
 from hora.native.rendezvous import RendezvousServer
 from hora.runners.spec import LaunchSpec, RankContext
-from hora.runners.worker import run_rank
+from hora.runners.rank.main import run_rank
 
 
 def _fails():

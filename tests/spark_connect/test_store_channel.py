@@ -12,8 +12,8 @@ import pytest
 
 import hora.runners as hr
 from hora.errors import ConfigError, StoreError, WorkerFailedError
-from hora.runners import spark as spark_launcher
-from hora.runners.store_channel import StoreChannel, _open, _seal
+from hora.runners.launchers import spark as spark_launcher
+from hora.runners.driver.store_channel import StoreChannel, _open, _seal
 from hora.store import Store
 from tests.runners.helpers import assert_no_workers_left
 
@@ -52,7 +52,7 @@ def unreachable_client(monkeypatch):
 def test_unreachable_client_gets_output_progress_and_failures_through_the_store(
         connect_spark, unreachable_client, tmp_path, capfd, caplog):
     store = Store.create(str(tmp_path / "store"))
-    caplog.set_level(logging.INFO, logger="hora.runners.spark")
+    caplog.set_level(logging.INFO, logger="hora.runners.launchers.spark")
     results = hr.run(_report_and_print, num_proc=2, backend="spark", spark=connect_spark, store=store,
                      run_id="channel-ok", verbose=1)
     assert results == [2.0, 2.0]

@@ -56,12 +56,12 @@ def assert_gone(pids: list[int], within: float = 15.0) -> None:
 
 
 def supervisors(marker: str) -> list[int]:
-    """Live hora.runners.remote processes started from the folder ``marker``."""
+    """Live hora.runners.rank.remote processes started from the folder ``marker``."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if "hora.runners.remote" in cmd and p.cwd().startswith(marker):
+            if "hora.runners.rank.remote" in cmd and p.cwd().startswith(marker):
                 out.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

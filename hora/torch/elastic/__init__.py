@@ -25,7 +25,7 @@ synchronized to every rank and ``train`` is called again. The loop itself is
 :func:`hora.native.elastic.run_fn`, shared by every framework.
 
 Under ``hora run --min-np M --max-np N --host-discovery-script S`` ranks also join and
-leave (:mod:`hora.runners.elastic`): at each reset a worker takes its place in the job's
+leave (:mod:`hora.runners.elastic.driver`): at each reset a worker takes its place in the job's
 next round (its rank and the new size; a worker whose slot is gone exits), new workers
 start on new slots and take the state from rank 0 (a survivor), and the reset callbacks
 run with the new ``size()``. When the discovery script's hosts change, the next
@@ -45,7 +45,7 @@ from hora.torch.elastic.state import TorchState
 
 def _reset() -> None:
     from hora.native import ops
-    from hora.runners import membership
+    from hora.runners.elastic import membership
 
     ops.shutdown()
     if membership.is_elastic():  # an elastic hora run: this worker's place in the next round
@@ -59,7 +59,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     Collectives must not be the wrapped call itself: ``func`` is where training runs.
     Under an elastic ``hora run`` the state also hears of host changes (its next commit
     raises ``HostsUpdatedInterrupt``)."""
-    from hora.runners import membership
+    from hora.runners.elastic import membership
 
     @functools.wraps(func)
     def listening(state: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Ranks on a list of hosts, as one :class:`~hora.runners.base.Job`: processes on this
+"""The hosts launcher (:class:`HostsLauncher`, ``-H a:2,b:2``) and its ranks on a list of hosts,
+as one :class:`~hora.runners.launcher.Job` (:class:`HostsJob`): processes on this
 machine, and on every other host a supervisor reached over ssh.
 
 :class:`HostsJob` starts in two steps, so a bad host stops the run before any rank
@@ -19,7 +20,9 @@ import dataclasses
 import functools
 import logging
 import os
+import pickle
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -27,17 +30,31 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from hora.errors import WorkerFailedError
-from hora.runners import network, remote
-from hora.runners.base import Job
-from hora.runners.hosts import HostSlots, RankSlot, assign_ranks
-from hora.runners.monitor import Failure
-from hora.runners.procs import ProcessLauncher, last_traceback
+from hora.runners import network
+from hora.runners.rank import remote
+from hora import settings
+from hora.errors import ConfigError
+from hora.runners.launcher import Job, Launcher, start_or_cancel
+from hora.runners.slots import HostSlots, RankSlot, assign_ranks, resolve_hosts
+from hora.runners.driver.monitor import Failure
+from hora.runners.rank.procs import ProcessLauncher, last_traceback
 from hora.native.rendezvous import ENV_SECRET
-from hora.runners.spec import ENV_ADVERTISE_ADDR, ENV_SUPERVISOR_PID
-from hora.runners.ssh import ENV_SSH_ARGS, HostUnreachable, SshHost, SshOptions
+from hora.runners.spec import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_TERMINATE_GRACE,
+    ENV_ADVERTISE_ADDR,
+    ENV_HEARTBEAT_TIMEOUT,
+    ENV_SUPERVISOR_PID,
+    ENV_TERMINATE_GRACE,
+    LaunchSpec,
+    RankContext,
+    env_seconds,
+)
+from hora.runners.rank.main import TO_DRIVER, worker_argv, worker_process_env
+from hora.runners.rank.ssh import ENV_SSH_ARGS, HostUnreachable, SshHost, SshOptions
 
 if TYPE_CHECKING:
-    from hora.runners.driver import DriverService
+    from hora.runners.driver.service import DriverService
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +162,7 @@ class HostPlan:
     """Where the ranks of a run go and which addresses everything uses.
 
     Attributes:
-        slots: each rank's host and place (:func:`hora.runners.hosts.assign_ranks`).
+        slots: each rank's host and place (:func:`hora.runners.slots.assign_ranks`).
         addresses: each remote host's address, as resolved here (through ``ssh -G``, so
             ``~/.ssh/config`` aliases work); its ranks advertise it.
         bind: where the launcher's services listen.
@@ -400,7 +417,7 @@ class HostsJob(Job):
                 return None
         if not self.functions:
             return [0] * self.num_proc
-        from hora.runners.worker import read_result
+        from hora.runners.rank.main import read_result
 
         out = []
         for rank in range(self.num_proc):
@@ -424,4 +441,100 @@ class HostsJob(Job):
         shutil.rmtree(self._tmpdir, ignore_errors=True)
 
 
-__all__ = ["HostsJob", "HostPlan", "HostsConfig", "RankProcess", "RankFactory", "RankOutput", "forward_environment"]
+ENV_REMOTE_PYTHON = "HORA_REMOTE_PYTHON"  # the interpreter on remote hosts (default: this one's path)
+
+
+def hosts_config(ssh: SshOptions, python: str | None, start_timeout: float) -> HostsConfig:
+    """A :class:`HostsConfig` from the arguments and ``HORA_REMOTE_PYTHON``,
+    ``HORA_TERMINATE_GRACE``, ``HORA_HEARTBEAT_TIMEOUT``."""
+    return HostsConfig(
+        ssh=ssh,
+        remote_python=python or settings.get(ENV_REMOTE_PYTHON) or sys.executable,
+        start_timeout=start_timeout,
+        grace=env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE),
+        heartbeat_timeout=env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT),
+    )
+
+
+class HostsLauncher(Launcher):
+    """Ranks as processes on hosts: this machine directly, every other host over ssh.
+
+    Args:
+        hosts: ``"a:2,b:2"`` or a list of :class:`~hora.runners.slots.HostSlots`
+            (default: this machine, one slot per rank).
+        hostfile: a host file instead of ``hosts``.
+        ssh: how to reach remote hosts (default: ``HORA_SSH_ARGS`` only).
+        python: the interpreter of the ranks (default ``HORA_REMOTE_PYTHON`` on remote
+            hosts, this interpreter here).
+        network_interface: every host advertises this interface's address.
+        network_address: the address of this machine the driver service binds.
+        output_dir: also write each rank's output to ``<dir>/rank.<r>/stdout|stderr``.
+
+    Raises:
+        ConfigError: malformed hosts or host file, a bad ssh option.
+    """
+
+    name = "hosts"
+
+    def __init__(self, hosts: str | Sequence[HostSlots] | None = None, *, hostfile: str | None = None,
+                 ssh: SshOptions | None = None, python: str | None = None, network_interface: str | None = None,
+                 network_address: str | None = None, output_dir: str | None = None) -> None:
+        self.output_dir = os.path.abspath(output_dir) if output_dir else None
+        self._hosts = resolve_hosts(hosts, hostfile, 1) if (hosts is not None or hostfile is not None) else None
+        self.ssh = ssh or SshOptions.from_environ()
+        self.python = python
+        self.network_interface = network_interface
+        self.network_address = network_address
+        self._plan: HostPlan | None = None
+
+    def hosts_for(self, num_proc: int) -> list[HostSlots]:
+        """The hosts of a run of ``num_proc`` ranks."""
+        return list(self._hosts) if self._hosts is not None else [HostSlots("localhost", num_proc)]
+
+    def default_num_proc(self) -> int:
+        return sum(h.slots for h in self._hosts) if self._hosts is not None else (os.cpu_count() or 1)
+
+    def plan(self, num_proc: int) -> HostPlan:
+        """Assign ranks and choose addresses (once per launcher and size).
+
+        Raises:
+            ConfigError: more ranks than slots, unresolvable hosts, bad network options.
+        """
+        if self._plan is None or len(self._plan.slots) != num_proc:
+            self._plan = HostPlan.make(self.hosts_for(num_proc), num_proc, self.ssh,
+                                       interface=self.network_interface, address=self.network_address)
+        return self._plan
+
+    def check_num_proc(self, num_proc: int) -> None:
+        self.plan(num_proc)
+
+    def driver_addresses(self) -> tuple[str, str]:
+        if self._plan is None:
+            self.plan(self.default_num_proc())
+        assert self._plan is not None
+        return self._plan.bind, self._plan.service_address
+
+    def start(self, spec: LaunchSpec, service: DriverService) -> Job:
+        plan = self.plan(spec.num_proc)
+        config = hosts_config(self.ssh, self.python, spec.start_timeout)
+        output = RankOutput(service.emit, self.output_dir, spec.num_proc)
+        job: HostsJob | None = None
+
+        def make_rank(slot: RankSlot, advertise: str, remote: bool) -> RankProcess:
+            ctx = RankContext(rank=slot.rank, size=spec.num_proc, local_rank=slot.local_rank,
+                              local_size=slot.local_size, cross_rank=slot.cross_rank, cross_size=slot.cross_size,
+                              hostname=advertise, rendezvous_addr=service.addr)
+            stdin = pickle.dumps((spec, ctx))
+            if remote:
+                env = forward_environment(os.environ)
+                env["PYTHONUNBUFFERED"] = "1"
+                return RankProcess(slot.rank, tuple(worker_argv(TO_DRIVER, config.remote_python)), env, stdin)
+            assert job is not None
+            path = os.path.join(job.tmpdir, f"rank.{slot.rank}.pkl")
+            return RankProcess(slot.rank, tuple(worker_argv(path, self.python)), worker_process_env(), stdin, path)
+
+        job = HostsJob(plan, make_rank, service, output=output, config=config, functions=True)
+        return start_or_cancel(job)
+
+
+__all__ = ["HostsLauncher", "hosts_config", "ENV_REMOTE_PYTHON", "HostsJob", "HostPlan", "HostsConfig", "RankProcess", "RankFactory", "RankOutput", "forward_environment"]

@@ -32,7 +32,7 @@ from typing import IO, Any
 from hora.errors import WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import KVClient, RendezvousServer
-from hora.runners.progress import Progress
+from hora.runners.driver.progress import Progress
 from hora.runners.spec import FailureReport
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class DriverService:
         return self._client.add(keys.FAILSEQ, 1)
 
     def result(self, rank: int, timeout: float = 30.0) -> Any:
-        """The value a rank on another host posted (:func:`hora.runners.worker.post_result`).
+        """The value a rank on another host posted (:func:`hora.runners.rank.main.post_result`).
 
         Raises:
             WorkerFailedError: it never arrived within ``timeout`` seconds.

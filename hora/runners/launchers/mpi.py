@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 from hora.errors import ConfigError
 from hora.native.build_info import find_mpiexec
 from hora.native.rendezvous import ENV_BACKEND, ENV_SECRET
-from hora.runners.base import Job, Launcher, start_or_cancel
-from hora.runners.hostjob import HostPlan
-from hora.runners.hosts import HostSlots
-from hora.runners.monitor import Failure
-from hora.runners.procs import ProcessLauncher, describe_exit
+from hora.runners.launcher import Job, Launcher, start_or_cancel
+from hora.runners.launchers.hosts import HostPlan
+from hora.runners.slots import HostSlots
+from hora.runners.driver.monitor import Failure
+from hora.runners.rank.procs import ProcessLauncher, describe_exit
 from hora.runners.spec import ENV_DRIVER_ADDR, ENV_RUN_ID, ENV_SUPERVISOR_PID
-from hora.runners.ssh import SshOptions
+from hora.runners.rank.ssh import SshOptions
 
 if TYPE_CHECKING:
-    from hora.runners.driver import DriverService
-    from hora.runners.hostjob import RankOutput
+    from hora.runners.driver.service import DriverService
+    from hora.runners.launchers.hosts import RankOutput
     from hora.runners.spec import LaunchSpec
 
 # ASCII separators that program output does not contain mark where each chunk starts
@@ -166,7 +166,7 @@ class MpiJob(Job):
         """
         if self._remote_first_rank:
             from hora.errors import WorkerFailedError
-            from hora.runners.ssh import HostUnreachable, check_reachable
+            from hora.runners.rank.ssh import HostUnreachable, check_reachable
 
             try:
                 check_reachable(list(self._remote_first_rank), self._ssh, self._ssh.connect_timeout + 5.0)
@@ -211,7 +211,7 @@ class MpiJob(Job):
 class MpiLauncher(Launcher):
     """Ranks of a function through mpiexec (``hora.run(..., use_mpi=True)``).
 
-    Each rank is ``python -m hora.runners.worker --from-driver``: it fetches the spec from
+    Each rank is ``python -m hora.runners.rank.main --from-driver``: it fetches the spec from
     the driver service (whose address and the job secret reach it in its environment,
     as Horovod's run function mode does), joins MPI, and posts its value back.
 
@@ -255,8 +255,8 @@ class MpiLauncher(Launcher):
 
     def start(self, spec: LaunchSpec, service: DriverService) -> Job:
         from hora.native import keys
-        from hora.runners.hostjob import RankOutput
-        from hora.runners.worker import FROM_DRIVER, worker_argv
+        from hora.runners.launchers.hosts import RankOutput
+        from hora.runners.rank.main import FROM_DRIVER, worker_argv
 
         service.server.set(keys.SPEC, pickle.dumps(spec))
         env = dict(os.environ)

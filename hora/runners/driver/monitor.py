@@ -1,14 +1,14 @@
 """The one monitor of every launcher: when a run succeeded, failed, or must be stopped.
 
 Every launcher (local processes, ssh hosts, mpiexec, a Spark barrier stage, Dask tasks)
-hands the monitor a :class:`~hora.runners.base.Job`; ``hora run`` and
+hands the monitor a :class:`~hora.runners.launcher.Job`; ``hora run`` and
 :func:`hora.runners.run` both call :func:`watch`. The policy:
 
 * **Root cause.** A failure is a rank that raised (its own report to the driver
   service), a rank process that exited non-zero or was killed, a host whose ssh session
   broke, or an engine task that failed. Each takes a number from one counter in the
   driver service the moment it is seen (``runner/failseq``) and has a
-  :class:`~hora.runners.faults.FaultKind`. The failure reported is the earliest one that
+  :class:`~hora.runners.driver.faults.FaultKind`. The failure reported is the earliest one that
   is not a *symptom* (a survivor's CollectiveError "rank 1 is unreachable", a reset
   connection, a Spark task that failed because its rank did): a SIGKILL of rank 1 is
   reported as rank 1's even when rank 0's CollectiveError reached the driver first. The
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from hora.errors import RendezvousError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_START_TIMEOUT
-from hora.runners.faults import FaultKind, engine_failure, kind_of_exception, kind_of_exit, with_kind
-from hora.runners.procs import describe_exit
+from hora.runners.driver.faults import FaultKind, engine_failure, kind_of_exception, kind_of_exit, with_kind
+from hora.runners.rank.procs import describe_exit
 from hora.runners.spec import (
     DEFAULT_FINISH_TIMEOUT,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -50,8 +50,8 @@ from hora.runners.spec import (
 )
 
 if TYPE_CHECKING:
-    from hora.runners.base import Job
-    from hora.runners.driver import DriverService
+    from hora.runners.launcher import Job
+    from hora.runners.driver.service import DriverService
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Failure:
         message: one line: ``"failed with exit code 3"``, ``"raised ValueError: ..."``, ssh's error.
         traceback: the rank's traceback (or its last stderr lines), if any.
         exitcode: the process exit code (Popen's: ``-N`` for signal N), if it was a process.
-        kind: what kind of fault it is (:class:`~hora.runners.faults.FaultKind`): a symptom
+        kind: what kind of fault it is (:class:`~hora.runners.driver.faults.FaultKind`): a symptom
             of another rank's loss or not, retriable or not.
         source: who saw it: ``"rank"`` (the rank's own report: the most exact account of
             that rank), ``"launcher"`` (an exit, a lost host) or ``"engine"`` (a Spark/Dask task).
@@ -204,7 +204,7 @@ def _pick(causes: list[Failure]) -> Failure:
 def first_failure(service: DriverService, job: Job, failures: list[Failure], extra: list[Failure] | None = None,
                   *, num_proc: int | None = None, collector: _Collector | None = None) -> Failure:
     """The root cause among ``failures``: the earliest failure that is not a symptom of
-    another rank's loss (:mod:`hora.runners.faults`), else the earliest one.
+    another rank's loss (:mod:`hora.runners.driver.faults`), else the earliest one.
 
     It waits up to :data:`FAILURE_GRACE` s for failures numbered before the chosen one,
     and, while the chosen one is a symptom and some of the ``num_proc`` ranks are not yet

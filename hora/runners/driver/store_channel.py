@@ -1,7 +1,7 @@
 """The driver service through the Store, for clients the executors cannot reach (Spark Connect).
 
 With a classic session, or a Connect client the executors can connect to, the ranks
-report to the client's :class:`~hora.runners.driver.DriverService` over TCP. A Spark
+report to the client's :class:`~hora.runners.driver.service.DriverService` over TCP. A Spark
 Connect client may sit outside the cluster (a laptop, a notebook behind NAT), where no
 executor can open a connection to it. Then the run's reports travel through the Store,
 which both sides reach:
@@ -214,7 +214,7 @@ class StoreMirror(_Poller):
     """The client's side: replay the relay's files into ``server`` (the DriverService's), forward its abort.
 
     Args:
-        server: the client's :class:`~hora.runners.driver.DriverService` server.
+        server: the client's :class:`~hora.runners.driver.service.DriverService` server.
         channel: the run's channel.
         secret: the job secret (checks each file's signature).
     """

@@ -1,7 +1,8 @@
-"""Launchers of rank processes: this machine (:class:`LocalLauncher`) and a list of hosts
-reached over ssh (:class:`HostsLauncher`), on the same code path as ``hora run``.
+"""The local launcher: ranks as processes on this machine (:class:`LocalLauncher`, a
+:class:`~hora.runners.launchers.hosts.HostsLauncher` of one host), on the same code path
+as ``hora run``; and the check of a command's Python before ``hora run`` starts it.
 
-Each rank is ``python -m hora.runners.worker`` in its own process group with the
+Each rank is ``python -m hora.runners.rank.main`` in its own process group with the
 (pickled) spec on its stdin; on this machine it writes its value to a private file, on
 another host it posts it to the driver service. Every rank on this machine advertises
 127.0.0.1 when the whole job is on loopback addresses (``HORA_ADVERTISE_ADDR`` overrides).
@@ -13,7 +14,6 @@ import importlib.util
 import json
 import logging
 import os
-import pickle
 import re
 import shutil
 import subprocess
@@ -21,121 +21,10 @@ import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from hora import settings
 from hora.errors import ConfigError
-from hora.runners.base import Job, Launcher, start_or_cancel
-from hora.runners.driver import DriverService
-from hora.runners.hostjob import HostPlan, HostsConfig, HostsJob, RankOutput, RankProcess, forward_environment
-from hora.runners.hosts import HostSlots, RankSlot, resolve_hosts
-from hora.runners.spec import (
-    DEFAULT_HEARTBEAT_TIMEOUT,
-    DEFAULT_TERMINATE_GRACE,
-    ENV_HEARTBEAT_TIMEOUT,
-    ENV_TERMINATE_GRACE,
-    LaunchSpec,
-    RankContext,
-    env_seconds,
-)
-from hora.runners.ssh import SshOptions
-from hora.runners.worker import TO_DRIVER, worker_argv, worker_process_env
+from hora.runners.launchers.hosts import HostPlan, HostsLauncher
 
 log = logging.getLogger(__name__)
-
-ENV_REMOTE_PYTHON = "HORA_REMOTE_PYTHON"  # the interpreter on remote hosts (default: this one's path)
-
-
-def hosts_config(ssh: SshOptions, python: str | None, start_timeout: float) -> HostsConfig:
-    """A :class:`HostsConfig` from the arguments and ``HORA_REMOTE_PYTHON``,
-    ``HORA_TERMINATE_GRACE``, ``HORA_HEARTBEAT_TIMEOUT``."""
-    return HostsConfig(
-        ssh=ssh,
-        remote_python=python or settings.get(ENV_REMOTE_PYTHON) or sys.executable,
-        start_timeout=start_timeout,
-        grace=env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE),
-        heartbeat_timeout=env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT),
-    )
-
-
-class HostsLauncher(Launcher):
-    """Ranks as processes on hosts: this machine directly, every other host over ssh.
-
-    Args:
-        hosts: ``"a:2,b:2"`` or a list of :class:`~hora.runners.hosts.HostSlots`
-            (default: this machine, one slot per rank).
-        hostfile: a host file instead of ``hosts``.
-        ssh: how to reach remote hosts (default: ``HORA_SSH_ARGS`` only).
-        python: the interpreter of the ranks (default ``HORA_REMOTE_PYTHON`` on remote
-            hosts, this interpreter here).
-        network_interface: every host advertises this interface's address.
-        network_address: the address of this machine the driver service binds.
-        output_dir: also write each rank's output to ``<dir>/rank.<r>/stdout|stderr``.
-
-    Raises:
-        ConfigError: malformed hosts or host file, a bad ssh option.
-    """
-
-    name = "hosts"
-
-    def __init__(self, hosts: str | Sequence[HostSlots] | None = None, *, hostfile: str | None = None,
-                 ssh: SshOptions | None = None, python: str | None = None, network_interface: str | None = None,
-                 network_address: str | None = None, output_dir: str | None = None) -> None:
-        self.output_dir = os.path.abspath(output_dir) if output_dir else None
-        self._hosts = resolve_hosts(hosts, hostfile, 1) if (hosts is not None or hostfile is not None) else None
-        self.ssh = ssh or SshOptions.from_environ()
-        self.python = python
-        self.network_interface = network_interface
-        self.network_address = network_address
-        self._plan: HostPlan | None = None
-
-    def hosts_for(self, num_proc: int) -> list[HostSlots]:
-        """The hosts of a run of ``num_proc`` ranks."""
-        return list(self._hosts) if self._hosts is not None else [HostSlots("localhost", num_proc)]
-
-    def default_num_proc(self) -> int:
-        return sum(h.slots for h in self._hosts) if self._hosts is not None else (os.cpu_count() or 1)
-
-    def plan(self, num_proc: int) -> HostPlan:
-        """Assign ranks and choose addresses (once per launcher and size).
-
-        Raises:
-            ConfigError: more ranks than slots, unresolvable hosts, bad network options.
-        """
-        if self._plan is None or len(self._plan.slots) != num_proc:
-            self._plan = HostPlan.make(self.hosts_for(num_proc), num_proc, self.ssh,
-                                       interface=self.network_interface, address=self.network_address)
-        return self._plan
-
-    def check_num_proc(self, num_proc: int) -> None:
-        self.plan(num_proc)
-
-    def driver_addresses(self) -> tuple[str, str]:
-        if self._plan is None:
-            self.plan(self.default_num_proc())
-        assert self._plan is not None
-        return self._plan.bind, self._plan.service_address
-
-    def start(self, spec: LaunchSpec, service: DriverService) -> Job:
-        plan = self.plan(spec.num_proc)
-        config = hosts_config(self.ssh, self.python, spec.start_timeout)
-        output = RankOutput(service.emit, self.output_dir, spec.num_proc)
-        job: HostsJob | None = None
-
-        def make_rank(slot: RankSlot, advertise: str, remote: bool) -> RankProcess:
-            ctx = RankContext(rank=slot.rank, size=spec.num_proc, local_rank=slot.local_rank,
-                              local_size=slot.local_size, cross_rank=slot.cross_rank, cross_size=slot.cross_size,
-                              hostname=advertise, rendezvous_addr=service.addr)
-            stdin = pickle.dumps((spec, ctx))
-            if remote:
-                env = forward_environment(os.environ)
-                env["PYTHONUNBUFFERED"] = "1"
-                return RankProcess(slot.rank, tuple(worker_argv(TO_DRIVER, config.remote_python)), env, stdin)
-            assert job is not None
-            path = os.path.join(job.tmpdir, f"rank.{slot.rank}.pkl")
-            return RankProcess(slot.rank, tuple(worker_argv(path, self.python)), worker_process_env(), stdin, path)
-
-        job = HostsJob(plan, make_rank, service, output=output, config=config, functions=True)
-        return start_or_cancel(job)
-
 
 class LocalLauncher(HostsLauncher):
     """Ranks as processes on this machine.
@@ -274,5 +163,5 @@ def check_command_python(command: Sequence[str], env: dict[str, str] | None = No
     return PythonCheck(python, tuple(found.get("missing") or ()))
 
 
-__all__ = ["HostsLauncher", "LocalLauncher", "hosts_config", "ENV_REMOTE_PYTHON", "check_command_python",
+__all__ = ["LocalLauncher", "check_command_python",
            "command_python", "PythonCheck", "FRAMEWORKS"]

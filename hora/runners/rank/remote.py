@@ -1,6 +1,6 @@
-"""The host supervisor: ``python -m hora.runners.remote``, one per remote host of a run.
+"""The host supervisor: ``python -m hora.runners.rank.remote``, one per remote host of a run.
 
-The launcher starts it over ssh (:mod:`hora.runners.ssh`) and talks to it through the
+The launcher starts it over ssh (:mod:`hora.runners.rank.ssh`) and talks to it through the
 ssh session's stdin and stdout, one JSON object per line:
 
 launcher -> supervisor (stdin)
@@ -98,7 +98,7 @@ class Supervisor:
     """Runs the ranks of one plan and reports them (see the module docstring)."""
 
     def __init__(self, out: _Out, inbox: queue.Queue) -> None:
-        from hora.runners.procs import ProcessLauncher
+        from hora.runners.rank.procs import ProcessLauncher
 
         self.out = out
         self.inbox = inbox

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from hora.errors import ConfigError
-from hora.runners.hosts import HostSlots, RankSlot, assign_ranks
+from hora.runners.slots import HostSlots, RankSlot, assign_ranks
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ A run is a sequence of *attempts*. Each attempt is a complete launch: a fresh dr
 service (new port, new secret: nothing of a dead attempt can write into the next one),
 new rank processes / a new Spark barrier stage / new pinned Dask tasks, watched by the
 one monitor. When an attempt fails, the monitor's root cause
-(:func:`hora.runners.monitor.first_failure`) decides:
+(:func:`hora.runners.driver.monitor.first_failure`) decides:
 
-* a **retriable** fault (:mod:`hora.runners.faults`: a rank killed by a signal, a lost
+* a **retriable** fault (:mod:`hora.runners.driver.faults`: a rank killed by a signal, a lost
   host, executor or Dask worker, ranks that never started, a rendezvous or connection
   error with no other cause) is logged, with the rank and host that were lost and how,
   and the run is launched again, up to ``max_failures`` times;
@@ -27,10 +27,10 @@ import time
 from typing import TYPE_CHECKING
 
 from hora.errors import ConfigError, RendezvousError, WorkerFailedError
-from hora.runners.faults import FaultKind, fault_kind, with_kind
+from hora.runners.driver.faults import FaultKind, fault_kind, with_kind
 
 if TYPE_CHECKING:
-    from hora.runners.base import Launcher
+    from hora.runners.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def start_size(launcher: Launcher, least: int, most: int) -> int:
 
 def wait_for_slots(launcher: Launcher, least: int, most: int, timeout: float, run_id: str) -> int:
     """The ranks of the next attempt: as many as the launcher has free slots for now
-    (:meth:`~hora.runners.base.Launcher.refresh_slots`, then its slots), at most ``most``;
+    (:meth:`~hora.runners.launcher.Launcher.refresh_slots`, then its slots), at most ``most``;
     waits (at most ``timeout`` s) while it has fewer than ``least`` (a lost executor or Dask
     worker coming back).
 

@@ -1,13 +1,13 @@
 """Warm rank processes: a fork server per owner process and environment.
 
-Every rank used to be a fresh ``python -m hora.runners.worker`` that imported torch
+Every rank used to be a fresh ``python -m hora.runners.rank.main`` that imported torch
 (1-1.5 s) and, at its first optimizer call, ``torch._dynamo`` (~1 s) anew. A *warm
-server* (``python -m hora.runners.warm_server``, :mod:`hora.runners.warm_server`) imports them once
+server* (``python -m hora.runners.rank.warm.server``, :mod:`hora.runners.rank.warm.server`) imports them once
 (``HORA_WARM_PRELOAD``) and forks one child per rank request, as ``multiprocessing``'s
 forkserver with ``set_forkserver_preload`` does. The second ``fit`` on the same Dask
 workers or Spark python workers starts its ranks with everything imported.
 
-The client side, :func:`spawn`, is what :class:`~hora.runners.procs.ProcessLauncher`
+The client side, :func:`spawn`, is what :class:`~hora.runners.rank.procs.ProcessLauncher`
 calls instead of :class:`subprocess.Popen`; it returns a :class:`WarmProcess` (``pid``,
 ``poll``, ``wait``, ``send_signal``, ``kill``, ``stdin``/``stdout``/``stderr`` pipes) or
 None, and the launcher then starts a plain subprocess (with a logged warning): a server
@@ -444,7 +444,7 @@ def _start_server(python: str, path: str, cwd: str, env: dict[str, str]) -> None
     try:
         with open(logfile, "wb") as err:
             proc = subprocess.Popen(
-                [python, "-m", "hora.runners.warm_server", path, str(owner_pid()), str(idle), str(write_fd),
+                [python, "-m", "hora.runners.rank.warm.server", path, str(owner_pid()), str(idle), str(write_fd),
                  "." * TITLE_ROOM],
                 env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 pass_fds=(write_fd,), close_fds=True, start_new_session=True,

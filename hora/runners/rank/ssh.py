@@ -8,8 +8,8 @@ The user's ``~/.ssh/config`` applies as always (aliases, ``User``, ``ProxyJump``
 options given on the command line win over it, and ``HORA_SSH_ARGS`` (extra ssh
 arguments, shell-quoted) comes first, so it can override hora's own ``-o`` choices.
 
-:class:`SshHost` runs ``python -m hora.runners.remote`` on one host through one ssh
-session and relays the protocol of :mod:`hora.runners.remote`.
+:class:`SshHost` runs ``python -m hora.runners.rank.remote`` on one host through one ssh
+session and relays the protocol of :mod:`hora.runners.rank.remote`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 from hora import settings
 from hora.errors import ConfigError
-from hora.runners import remote
+from hora.runners.rank import remote
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class SshOptions:
 def remote_command(python: str, pythonpath: str | None) -> str:
     """The shell command that starts the host supervisor on a remote host."""
     env = f"env PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
-    return f"exec {env}{shlex.quote(python)} -u -m hora.runners.remote"
+    return f"exec {env}{shlex.quote(python)} -u -m hora.runners.rank.remote"
 
 
 class SshHost:

@@ -3,16 +3,16 @@
 ``hora.runners.run(fn, num_proc=4, backend="ray")`` or, with resources per rank,
 ``backend=RayLauncher(cpus_per_rank=2, gpus_per_rank=1, strategy="SPREAD")``.
 
-The placement group (:mod:`hora.ray.placement`) has one bundle per rank (``PACK``,
+The placement group (:mod:`hora.runners.launchers.ray.placement`) has one bundle per rank (``PACK``,
 ``SPREAD``, ``STRICT_PACK`` or ``STRICT_SPREAD``); a request the cluster can never hold
 fails at once, one that other jobs keep from being scheduled after ``placement_timeout``,
-both naming what was asked and what the cluster has. One :class:`~hora.ray.workers.RankActor`
-per bundle (:mod:`hora.ray.workers`) runs its rank in its own process; ``local_rank``,
+both naming what was asked and what the cluster has. One :class:`~hora.runners.launchers.ray.workers.RankActor`
+per bundle (:mod:`hora.runners.launchers.ray.workers`) runs its rank in its own process; ``local_rank``,
 ``local_size`` and ``cross_rank`` follow the actors' nodes, and ranks on one node use
 shared memory. The rendezvous is the run's driver service, on loopback when every Ray
 node is this machine.
 
-Failures go through the one monitor (:mod:`hora.runners.monitor`): a rank that raised
+Failures go through the one monitor (:mod:`hora.runners.driver.monitor`): a rank that raised
 (its own report, with the traceback), and an actor that died (``ray.kill``, its process
 killed, its node lost), reported as lost the moment Ray tells.
 """
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hora.errors import ConfigError, WorkerFailedError
-from hora.ray.placement import (
+from hora.runners.launchers.ray.placement import (
     DEFAULT_PLACEMENT_TIMEOUT,
     ENV_PLACEMENT_TIMEOUT,
     STRATEGIES,
@@ -37,10 +37,10 @@ from hora.ray.placement import (
     check_capacity,
     require_ray,
 )
-from hora.ray.workers import RankActor, RayWorkerGroup, first_line
-from hora.runners.base import Job, Launcher, start_or_cancel
-from hora.runners.driver import DriverService
-from hora.runners.monitor import Failure
+from hora.runners.launchers.ray.workers import RankActor, RayWorkerGroup, first_line
+from hora.runners.launcher import Job, Launcher, start_or_cancel
+from hora.runners.driver.service import DriverService
+from hora.runners.driver.monitor import Failure
 from hora.runners.network import is_loopback
 from hora.runners.spec import (
     DEFAULT_TERMINATE_GRACE,

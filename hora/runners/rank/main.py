@@ -1,4 +1,4 @@
-"""The one worker entry point: ``python -m hora.runners.worker RESULT_PATH``.
+"""The one worker entry point: ``python -m hora.runners.rank.main RESULT_PATH``.
 
 Every backend ends here. The process reads ``pickle.dumps((LaunchSpec, RankContext))``
 from its stdin (so the job secret is never on a command line or in a visible string),
@@ -12,7 +12,7 @@ On Spark executors and Dask workers, :func:`supervise` runs inside the engine's 
 it starts this entry point as a subprocess (so a stuck rank can always be killed and
 nothing leaks into the engine's own process), streams its output to the driver and
 returns its result. The subprocess is forked from a warm server that has imported torch
-already (:mod:`hora.runners.warm`, ``HORA_WARM_WORKERS``), else started afresh.
+already (:mod:`hora.runners.rank.warm.client`, ``HORA_WARM_WORKERS``), else started afresh.
 
 Inside ``fn``, :func:`report` sends metrics to the driver's progress bar.
 """
@@ -145,7 +145,7 @@ def _configure_logging(verbose: int) -> None:
 
 def supervisor_alive(pid: int) -> bool:
     """Whether the supervisor ``pid`` of this rank still runs: its parent (a plain
-    subprocess), or a live process (a rank forked by a warm server, :mod:`hora.runners.warm`)."""
+    subprocess), or a live process (a rank forked by a warm server, :mod:`hora.runners.rank.warm.client`)."""
     return os.getppid() == pid or pid_alive(pid)
 
 
@@ -385,12 +385,12 @@ def _spec_from_driver() -> tuple[LaunchSpec, None]:
     return spec, None
 
 
-USAGE = (f"usage: python -m hora.runners.worker RESULT_PATH | {TO_DRIVER} | {FROM_DRIVER}\n"
+USAGE = (f"usage: python -m hora.runners.rank.main RESULT_PATH | {TO_DRIVER} | {FROM_DRIVER}\n"
          "  (the pickled (LaunchSpec, RankContext) on stdin, except with --from-driver)\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m hora.runners.worker RESULT_PATH | --to-driver | --from-driver``."""
+    """Entry point of ``python -m hora.runners.rank.main RESULT_PATH | --to-driver | --from-driver``."""
     argv = sys.argv[1:] if argv is None else argv
     PHASES["main"] = time.time()
     _set_parent_death_signal()
@@ -456,7 +456,7 @@ class _LogPusher:
 def worker_argv(result: str, python: str | None = None) -> list[str]:
     """The command line of the worker entry point (``result``: a file path, :data:`TO_DRIVER`
     or :data:`FROM_DRIVER`; ``python``: the interpreter, default this one)."""
-    return [python or sys.executable, "-m", "hora.runners.worker", result]
+    return [python or sys.executable, "-m", "hora.runners.rank.main", result]
 
 
 def _dask_malloc_trim() -> str | None:
@@ -508,7 +508,7 @@ def _warm_key_env(spec: LaunchSpec) -> dict[str, str] | None:
 
 
 def _warm_import_env(run_env: Mapping[str, str]) -> dict[str, str] | None:
-    from hora.runners import warm
+    from hora.runners.rank.warm import client as warm
 
     if not warm.enabled({**os.environ, **run_env}):
         return None
@@ -521,7 +521,7 @@ def prestart_rank_server(run_env: Mapping[str, str]) -> bool:
     run whose environment is ``run_env`` (``LaunchSpec.env``); False when warm ranks are off
     or it already runs. The estimators call it on the ranks' hosts while they materialize.
     """
-    from hora.runners import warm
+    from hora.runners.rank.warm import client as warm
 
     import_env = _warm_import_env(run_env)
     if import_env is None:
@@ -538,7 +538,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
     Raises:
         WorkerFailedError: the rank failed, died, or the run was aborted.
     """
-    from hora.runners.procs import ProcessLauncher, describe_exit
+    from hora.runners.rank.procs import ProcessLauncher, describe_exit
 
     client = KVClient(spec.driver_addr, spec.secret)
     lost_after = env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT)
@@ -617,7 +617,7 @@ __all__ = ["report", "main", "run_rank", "supervise", "rank_environ"]
 
 if __name__ == "__main__":
     # run the imported module, not this __main__ copy, so report() sees the same globals
-    from hora.runners.warm_server import exit_process
-    from hora.runners.worker import main as _main
+    from hora.runners.rank.warm.server import exit_process
+    from hora.runners.rank.main import main as _main
 
     exit_process(_main())

@@ -14,7 +14,7 @@ During a round the driver posts host changes (:class:`HostsUpdate`);
 (``State.on_hosts_updated``), so the next ``state.commit()`` raises
 ``HostsUpdatedInterrupt`` on every rank at the same step, as in Horovod.
 
-Environment of a worker (set by :mod:`hora.runners.elastic`): ``HORA_ELASTIC=1``,
+Environment of a worker (set by :mod:`hora.runners.elastic.driver`): ``HORA_ELASTIC=1``,
 ``HORA_ELASTIC_WORKER`` (its name), ``HORA_ELASTIC_ROUND``, ``HORA_ELASTIC_TIMEOUT``, and
 the usual ``HORA_*`` contract of its current assignment.
 """

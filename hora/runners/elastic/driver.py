@@ -1,6 +1,6 @@
 """Elastic ``hora run``: ``--min-np M --max-np N --host-discovery-script S`` (horovodrun's semantics).
 
-The job runs in *rounds* (:mod:`hora.runners.membership` is the workers' side). A round
+The job runs in *rounds* (:mod:`hora.runners.elastic.membership` is the workers' side). A round
 gives every slot of the usable hosts, up to ``--max-np``, a worker process (``host[slot]``)
 and a rank; ranks fill the hosts in order, the oldest hosts first, so rank 0 is always a
 worker that survived the previous round and the state is broadcast from it. A round
@@ -36,13 +36,13 @@ from hora.native import keys
 from hora.native.rendezvous import Placement, WorkerEnv, make_secret
 from hora.runners import network
 from hora.runners.command import CommandConfig, command_environment
-from hora.runners.discovery import DiscoveryError, HostDiscoveryScript, HostManager, assign, check_cooldown_range
-from hora.runners.driver import DriverService
-from hora.runners.hostjob import HostPlan, HostsJob, RankOutput, RankProcess
-from hora.runners.hosts import HostSlots, RankSlot
-from hora.runners.local import hosts_config
-from hora.runners.membership import ENV_ELASTIC, ENV_TIMEOUT, ENV_WORKER, EXIT, Assignment, HostsUpdate
-from hora.runners.monitor import Failure
+from hora.runners.elastic.discovery import DiscoveryError, HostDiscoveryScript, HostManager, assign, check_cooldown_range
+from hora.runners.driver.service import DriverService
+from hora.runners.launchers.hosts import HostPlan, HostsJob, RankOutput, RankProcess
+from hora.runners.slots import HostSlots, RankSlot
+from hora.runners.launchers.hosts import hosts_config
+from hora.runners.elastic.membership import ENV_ELASTIC, ENV_TIMEOUT, ENV_WORKER, EXIT, Assignment, HostsUpdate
+from hora.runners.driver.monitor import Failure
 from hora.runners.spec import new_run_id
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ SparkContext). Every task tells the others its host (``HORA_ADVERTISE_ADDR`` or
 rank 0 starts the collective :class:`~hora.native.rendezvous.RendezvousServer` and sends
 its address in the same exchange; local ranks come from the hosts; the task's GPU
 addresses (``resources()["gpu"]``) become ``CUDA_VISIBLE_DEVICES``. Each task runs its
-rank as a subprocess through :func:`hora.runners.worker.supervise` and returns the
+rank as a subprocess through :func:`hora.runners.rank.main.supervise` and returns the
 rank's pickled value as rows of the stage's result (in chunks, so large values cross
 Spark Connect's message limits).
 
@@ -20,12 +20,12 @@ barrier stage needs that anyway); local masters run the stage without a profile 
 count slots with ``task_cpus``.
 
 Reporting (the driver service): the ranks report to the client's
-:class:`~hora.runners.driver.DriverService` over TCP when they can reach it (a classic
+:class:`~hora.runners.driver.service.DriverService` over TCP when they can reach it (a classic
 session, whose driver runs next to the executors' driver, or a Connect client they can
 connect to). A Connect client may sit where no executor reaches it; before launching, a
 tiny probe job (one task per rank) tries an authenticated ping of the client's service,
 and when it fails the ranks report through the Store instead
-(:mod:`hora.runners.store_channel`: rank 0's task relays, the client polls; the same
+(:mod:`hora.runners.driver.store_channel`: rank 0's task relays, the client polls; the same
 progress bar, output and failures). ``channel=`` (or ``HORA_DRIVER_CHANNEL``) says
 ``"direct"`` or ``"store"`` instead of probing (``"auto"``).
 
@@ -52,10 +52,10 @@ from hora import _spark, settings
 from hora.errors import ConfigError, HoraError, StoreError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_START_TIMEOUT, KVClient, RendezvousServer, compute_placement
-from hora.runners.base import Job, Launcher
-from hora.runners.driver import DriverService
-from hora.runners.faults import with_spark_error
-from hora.runners.store_channel import StoreChannel, StoreMirror, StoreRelay, wait_mirrored
+from hora.runners.launcher import Job, Launcher
+from hora.runners.driver.service import DriverService
+from hora.runners.driver.faults import with_spark_error
+from hora.runners.driver.store_channel import StoreChannel, StoreMirror, StoreRelay, wait_mirrored
 from hora.runners.spec import (
     DEFAULT_TERMINATE_GRACE,
     ENV_ADVERTISE_ADDR,
@@ -100,7 +100,7 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, channel: StoreChannel
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
-    from hora.runners.worker import supervise
+    from hora.runners.rank.main import supervise
 
     for _ in batches:  # the input is one row of spark.range per task
         pass
@@ -190,7 +190,7 @@ def _prestart_task(run_env: dict[str, str], batches: Iterator[Any]) -> Iterator[
     background and return at once (the task slot is free again for the materialization)."""
     import pyarrow as pa
 
-    from hora.runners.worker import prestart_rank_server
+    from hora.runners.rank.main import prestart_rank_server
 
     for _ in batches:
         pass
@@ -457,7 +457,7 @@ class SparkLauncher(Launcher):
         return max(1, self.slots())
 
     def refresh_slots(self) -> None:
-        # (hora.runners.recovery, before a relaunch) a lost executor takes its cores along
+        # (hora.runners.driver.recovery, before a relaunch) a lost executor takes its cores along
         self._parallelism = None
 
     def check_num_proc(self, num_proc: int) -> None:
@@ -542,13 +542,13 @@ class SparkLauncher(Launcher):
         return StoreChannel(service.store, spec.run_id)
 
     def prestart(self, num_proc: int, env: Mapping[str, str]) -> None:
-        """Start the executors' warm rank servers (:func:`hora.runners.worker.prestart_rank_server`)
+        """Start the executors' warm rank servers (:func:`hora.runners.rank.main.prestart_rank_server`)
         from one short job of ``num_proc`` tasks, on a background thread of the driver: the
         servers import torch while the fit checks and materializes its data, and the training
         stage's tasks, in whichever Python worker of their executor they run, fork their ranks
         from them. On a cluster the job's tasks may land on other executors than the training
         stage's: a server that serves no rank ends after ``HORA_WARM_IDLE_TIMEOUT``."""
-        from hora.runners import warm
+        from hora.runners.rank.warm import client as warm
 
         if not warm.enabled({**os.environ, **env}):
             return

@@ -1,6 +1,6 @@
-"""The warm server: ``python -m hora.runners.warm_server SOCKET OWNER_PID IDLE READY_FD [ROOM]``.
+"""The warm server: ``python -m hora.runners.rank.warm.server SOCKET OWNER_PID IDLE READY_FD [ROOM]``.
 
-Started by :func:`hora.runners.warm.spawn` (see :mod:`hora.runners.warm` for the design).
+Started by :func:`hora.runners.rank.warm.client.spawn` (see :mod:`hora.runners.rank.warm.client` for the design).
 It stays a child of its starter (so a rank's ancestors are its supervisor's, as a plain
 subprocess's are: tests and tools walk up from a rank to its Spark executor), imports
 ``HORA_WARM_PRELOAD`` (torch, torch._dynamo, hora's op layer: no torch op runs, so no
@@ -39,7 +39,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger("hora.runners.warm_server")
+log = logging.getLogger("hora.runners.rank.warm.server")
 
 _LEN = struct.Struct("!I")
 _PEERCRED = struct.Struct("3i")
@@ -87,7 +87,7 @@ def _preload(names: str) -> list[str]:
         except Exception as exc:
             log.warning("warm server: cannot preload %s: %s", name, exc)
             failed.append(name)
-    importlib.import_module("hora.runners.worker")
+    importlib.import_module("hora.runners.rank.main")
     return failed
 
 
@@ -325,7 +325,7 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        logging.getLogger("hora.runners.warm_server").handlers.clear()
+        logging.getLogger("hora.runners.rank.warm.server").handlers.clear()
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -333,10 +333,10 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
         sys.argv = [request["module"], *request["args"]]
-        if request["module"] == "hora.runners.worker":
+        if request["module"] == "hora.runners.rank.main":
             # preloaded above: runpy would execute a second copy of it (and warn that it is
             # already in sys.modules); run the imported module's entry point instead
-            from hora.runners.worker import main as worker_main
+            from hora.runners.rank.main import main as worker_main
 
             code = _exit_code(worker_main(request["args"]))
         else:
@@ -369,7 +369,7 @@ def exit_process(code: int) -> None:
 def set_cmdline(argv: list[str]) -> bool:
     """Make ``ps`` and ``/proc/<pid>/cmdline`` show ``argv`` (as ``setproctitle`` does):
     write it over this process's own argument area, which
-    the starter made long enough (:data:`hora.runners.warm.TITLE_ROOM`). False (nothing written) when it does
+    the starter made long enough (:data:`hora.runners.rank.warm.client.TITLE_ROOM`). False (nothing written) when it does
     not fit or ``/proc`` cannot say where the area is."""
     try:
         with open("/proc/self/stat", "rb") as fh:
@@ -399,7 +399,7 @@ def _exit_code(value: Any) -> int:
 def main(argv: list[str]) -> int:
     """Preload, listen, say ``ready`` on the fd, serve."""
     path, owner, idle, ready_fd = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
-    title = [sys.executable, "-m", "hora.runners.warm_server", path, str(owner)]
+    title = [sys.executable, "-m", "hora.runners.rank.warm.server", path, str(owner)]
     set_cmdline(title)  # without the room for the children's
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -412,7 +412,7 @@ def main(argv: list[str]) -> int:
     try:
         try:
             from hora import settings
-            from hora.runners.warm import ENV_PRELOAD
+            from hora.runners.rank.warm.client import ENV_PRELOAD
 
             owner_fd = os.pidfd_open(owner)  # before the imports: the owner's pid is not reused meanwhile
             failed = _preload(settings.get(ENV_PRELOAD))

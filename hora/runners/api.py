@@ -1,142 +1,50 @@
-"""``hora.runners.run``: run a function on N ranks with any launcher, collect the results.
+"""Run a function on N ranks: :func:`run` (``hora.runners.run``, any launcher) and
+:func:`horovod_run` (``hora.run``, Horovod's ``horovod.run`` signature).
 
-A :class:`Launcher` knows how to start the ranks of one :class:`~hora.runners.spec.LaunchSpec`
-somewhere (processes on this machine and on ssh hosts, one Spark barrier stage, pinned
-Dask tasks) and returns a :class:`Job`. Everything else is shared: the driver service
-the ranks report to, the one monitor (:mod:`hora.runners.monitor`: first failure,
-ranks that never start, hang or die) and the teardown.
+:func:`run` builds the frozen :class:`~hora.runners.spec.LaunchSpec` and drives the
+attempts of a run: each attempt is a fresh driver service and secret, the launcher's
+ranks, the one monitor (:func:`hora.runners.driver.monitor.watch`) and the teardown; a
+lost rank or host relaunches them up to ``max_failures`` times.
 
-A launcher is not a collective *backend* (Gloo, NCCL, MPI: :mod:`hora.native.backends`);
-``backend=`` of :func:`run` keeps Horovod's spelling for the launcher's name.
+``hora.run``: Horovod's ``horovod.run`` (``horovod.runner.run``), same signature.
+
+
+>>> import hora
+>>> def train(lr):
+...     import hora.torch as hvd
+...     hvd.init()
+...     return hvd.rank()
+>>> hora.run(train, args=(0.1,), num_proc=2)                      # [0, 1]
+>>> hora.run(train, args=(0.1,), num_proc=4, hosts="a:2,b:2")      # over ssh
+
+As in Horovod, ``func`` calls ``hvd.init()`` itself; its return values come back in
+rank order. hora's own launcher (Gloo) is the default; ``use_mpi=True`` goes through
+mpiexec. Elastic mode (``min_num_proc``, ``host_discovery_script``, ...) is not in
+``hora.run``: those arguments raise :class:`~hora.errors.ConfigError` naming them.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import logging
 import os
+import shlex
 import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import IO, TYPE_CHECKING, Any
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, Any
 
 from hora import settings
 from hora.errors import ConfigError, RendezvousError, WorkerFailedError
 from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float, make_secret
-from hora.runners.driver import DriverService
-from hora.runners.monitor import Policy, RunTimeoutError, watch
-from hora.runners.recovery import Attempts, check_max_failures, start_size, wait_for_slots
-from hora.runners.spec import ENV_ADVERTISE_ADDR, LaunchSpec, check_run_id, dumps, new_run_id
-
-if TYPE_CHECKING:
-    from hora.runners.monitor import Failure
+from hora.runners.driver.monitor import Policy, RunTimeoutError, watch
+from hora.runners.driver.recovery import Attempts, check_max_failures, start_size, wait_for_slots
+from hora.runners.driver.service import DriverService
+from hora.runners.launcher import Job, Launcher, resolve_launcher
+from hora.runners.spec import LaunchSpec, check_run_id, dumps, new_run_id
 
 log = logging.getLogger(__name__)
-
-
-class Job(abc.ABC):
-    """The ranks of one run, started by a :class:`Launcher`; the monitor polls it."""
-
-    @abc.abstractmethod
-    def poll(self) -> list[Any] | None:
-        """The per-rank results in rank order once every rank returned, else None.
-
-        Raises:
-            WorkerFailedError: the engine reports a failed rank, task or worker.
-        """
-
-    def failures(self) -> list[Failure]:
-        """Failures the launcher itself observed (rank exits, lost hosts), numbered by
-        the driver service's failure counter."""
-        return []
-
-    def ended(self) -> set[int]:
-        """Ranks whose process is known to have ended successfully (the monitor stops
-        waiting for a root cause once every rank failed or ended)."""
-        return set()
-
-    @abc.abstractmethod
-    def cancel(self) -> None:
-        """Stop every rank and wait until their processes are gone (idempotent)."""
-
-    def host_of(self, rank: int) -> str | None:
-        """The host a rank runs on, if known."""
-        return None
-
-
-def start_or_cancel(job: Any) -> Any:
-    """``job.start()``; on any error (or Ctrl-C) ``job.cancel()`` first, then re-raise."""
-    try:
-        job.start()
-    except BaseException:
-        job.cancel()
-        raise
-    return job
-
-
-class Launcher(abc.ABC):
-    """Where ranks run. Subclasses: :class:`~hora.runners.local.LocalLauncher`,
-    :class:`~hora.runners.local.HostsLauncher`, :class:`~hora.runners.spark.SparkLauncher`,
-    :class:`~hora.runners.dask.DaskLauncher`."""
-
-    name = "launcher"
-
-    @abc.abstractmethod
-    def default_num_proc(self) -> int:
-        """The number of ranks when ``num_proc`` is not given."""
-
-    def check_num_proc(self, num_proc: int) -> None:
-        """Fail at once when the launcher cannot run ``num_proc`` ranks together.
-
-        Raises:
-            ConfigError: not enough free slots (the message says how many there are).
-        """
-
-    def refresh_slots(self) -> None:
-        """Forget what the launcher remembers about the cluster's free slots: a lost
-        executor or worker changes them (called before every relaunch check)."""
-
-    def driver_addresses(self) -> tuple[str, str]:
-        """``(bind, advertise)``: where the driver service listens and how ranks reach it."""
-        adv = os.environ.get(ENV_ADVERTISE_ADDR) or "127.0.0.1"
-        return ("127.0.0.1" if adv.startswith("127.") else "0.0.0.0", adv)
-
-    def prestart(self, num_proc: int, env: Mapping[str, str]) -> None:
-        """Prepare, without waiting, what the ranks of a coming run will need (the estimators
-        call it while they materialize the data): e.g. start the warm rank servers where the
-        ranks will run. Never raises; the default does nothing."""
-
-    @abc.abstractmethod
-    def start(self, spec: LaunchSpec, service: DriverService) -> Job:
-        """Start ``spec.num_proc`` ranks; return the running :class:`Job`."""
-
-
-def resolve_launcher(backend: str | Launcher, *, spark: Any = None, client: Any = None) -> Launcher:
-    """Turn ``"local"``, ``"spark"``, ``"dask"`` or a :class:`Launcher` into a Launcher.
-
-    Raises:
-        ConfigError: an unknown launcher name.
-    """
-    if isinstance(backend, Launcher):
-        return backend
-    if backend == "local":
-        from hora.runners.local import LocalLauncher
-
-        return LocalLauncher()
-    if backend == "spark":
-        from hora.runners.spark import SparkLauncher
-
-        return SparkLauncher(spark)
-    if backend == "dask":
-        from hora.runners.dask import DaskLauncher
-
-        return DaskLauncher(client)
-    if backend == "ray":
-        from hora.runners.ray import RayLauncher
-
-        return RayLauncher()
-    raise ConfigError(f"backend {backend!r} is unknown; use 'local', 'spark', 'dask', 'ray' or a hora.runners.Launcher")
 
 
 def _open_store(store: Any) -> Any:
@@ -186,7 +94,7 @@ def run(
         num_proc: ranks; default: the backend's slots (CPU count, Spark default
             parallelism, Dask workers).
         backend: the launcher: ``"local"``, ``"spark"``, ``"dask"`` or a :class:`Launcher`
-            (e.g. :class:`~hora.runners.local.HostsLauncher` for ssh hosts).
+            (e.g. :class:`~hora.runners.launchers.hosts.HostsLauncher` for ssh hosts).
         env: extra environment variables for every rank (``HORA_BACKEND`` picks the
             collective backend; ``HORA_TIMELINE``, ``HORA_CYCLE_TIME``, ... tune the engine).
         start_timeout: seconds every rank has to start (default ``HORA_START_TIMEOUT`` or 60).
@@ -199,7 +107,7 @@ def run(
         max_failures: relaunch every rank up to this many times when the run fails with a
             retriable fault: a rank killed by a signal, a lost host, executor or Dask worker,
             ranks that never start, a rendezvous/connection error (see
-            :mod:`hora.runners.faults`). An exception raised by ``fn`` is not retried. Each
+            :mod:`hora.runners.driver.faults`). An exception raised by ``fn`` is not retried. Each
             attempt is a new launch (ranks see ``HORA_ATTEMPT``: 1, 2, ...); before one,
             the launcher waits up to ``start_timeout`` for the slots to be free again.
         min_num_proc: with ``max_failures``, a relaunch may run fewer ranks than
@@ -312,4 +220,119 @@ def _attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, printing:
         service.close()
 
 
-__all__ = ["run", "Launcher", "Job", "RunTimeoutError", "resolve_launcher"]
+def horovod_run(
+    func: Callable[..., Any],
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    num_proc: int = 1,
+    min_num_proc: int | None = None,
+    max_num_proc: int | None = None,
+    slots: int | None = None,
+    reset_limit: int | None = None,
+    cooldown_range: tuple[int, int] | None = None,
+    hosts: str | None = None,
+    hostfile: str | None = None,
+    host_discovery_script: str | None = None,
+    start_timeout: float | None = None,
+    ssh_port: int | None = None,
+    ssh_identity_file: str | None = None,
+    disable_cache: bool | None = None,
+    output_filename: str | None = None,
+    verbose: int | None = None,
+    use_gloo: bool | None = None,
+    use_mpi: bool | None = None,
+    mpi_args: str | None = None,
+    network_interface: str | None = None,
+    network_interfaces: Iterable[str] | None = None,
+    executable: str | None = None,
+    np: int | None = None,
+    min_np: int | None = None,
+    max_np: int | None = None,
+    max_failures: int = 0,
+) -> list[Any]:
+    """Run ``func(*args, **kwargs)`` on ``num_proc`` ranks and return their values in rank order.
+
+    Args (Horovod's):
+        func: a picklable function; it calls ``hvd.init()`` itself.
+        args, kwargs: its arguments.
+        num_proc: the number of ranks (``np`` is its deprecated spelling).
+        hosts: ``"host1:2,host2:2"`` (default ``localhost:num_proc``); hosts other than
+            this machine are reached over ssh.
+        hostfile: a file of ``host slots=N`` lines instead of ``hosts``.
+        start_timeout: seconds for hosts to answer and ranks to start (default
+            ``HORA_START_TIMEOUT`` or 60).
+        ssh_port, ssh_identity_file: ssh's ``-p`` and ``-i``.
+        disable_cache: accepted; hora checks hosts on every run (it keeps no cache).
+        output_filename: also write each rank's output to ``<dir>/rank.<r>/stdout|stderr``.
+        verbose: 0 quiet, 1 (default) rank output, 2 also debug logs in the ranks.
+        use_gloo, use_mpi: the launcher and controller: hora's own with Gloo (default) or mpiexec.
+        mpi_args: more mpiexec arguments (with ``use_mpi``).
+        network_interfaces: the interface every host communicates on (the first one is
+            used; ``network_interface`` is the deprecated comma-separated spelling).
+        executable: the Python of the ranks (default this interpreter's path, on every host).
+        min_num_proc, max_num_proc, slots, reset_limit, cooldown_range,
+        host_discovery_script, min_np, max_np: elastic mode, not in ``hora.run``.
+
+    Args (hora's):
+        max_failures: relaunch every rank up to this many times when a rank is killed or a
+            host is lost (not when ``func`` raises); ``func`` sees ``HORA_ATTEMPT`` (1, 2, ...)
+            and resumes from its own checkpoint. See :func:`hora.runners.run`.
+
+    Raises:
+        ConfigError: conflicting or unsupported arguments (named), bad hosts.
+        WorkerFailedError: a rank failed (rank, host, exit code, remote traceback).
+        RendezvousError: a rank never started within ``start_timeout``.
+    """
+    from hora.runners.slots import resolve_hosts
+    from hora.runners.rank.ssh import SshOptions
+
+    if np is not None:
+        warnings.warn("np is deprecated, use num_proc instead", DeprecationWarning, stacklevel=2)
+        num_proc = np
+    if network_interface:
+        warnings.warn("network_interface is deprecated, use network_interfaces instead", DeprecationWarning,
+                      stacklevel=2)
+        network_interfaces = network_interface.split(",")
+    given = {"min_num_proc": min_num_proc, "max_num_proc": max_num_proc, "slots": slots, "reset_limit": reset_limit,
+             "cooldown_range": cooldown_range, "host_discovery_script": host_discovery_script, "min_np": min_np,
+             "max_np": max_np}
+    elastic = [k for k, v in given.items() if v is not None]
+    if elastic:
+        raise ConfigError(f"hora.run: {', '.join(elastic)} (Horovod's elastic mode) is not supported; elastic "
+                          "training is `hora run --min-np M --max-np N --host-discovery-script S`; here, run with a "
+                          "fixed num_proc and max_failures=N to relaunch every rank after a lost one")
+    if hosts is not None and hostfile is not None:
+        raise ConfigError("hora.run: give hosts or hostfile, not both")
+    if use_gloo and use_mpi:
+        raise ConfigError("hora.run: use_gloo and use_mpi cannot both be True")
+    if use_mpi and max_failures:
+        raise ConfigError("hora.run: max_failures needs hora's own launcher: under use_mpi, mpiexec does not say "
+                          "which rank died or how")
+    if mpi_args and not use_mpi:
+        raise ConfigError("hora.run: mpi_args needs use_mpi=True")
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise ConfigError(f"hora.run: num_proc must be an int >= 1, got {num_proc!r}")
+    nics = list(network_interfaces or [])
+    host_list = resolve_hosts(hosts, hostfile, num_proc)
+    ssh = SshOptions.from_environ(port=ssh_port, identity_file=ssh_identity_file)
+    if use_mpi:
+        from hora.runners.launchers.mpi import MpiLauncher
+
+        launcher: Launcher = MpiLauncher(host_list, ssh=ssh, python=executable,
+                                              extra_args=shlex.split(mpi_args or ""),
+                                              interface=nics[0] if nics else None, output_dir=output_filename)
+    else:
+        from hora.runners.launchers.hosts import HostsLauncher
+
+        launcher = HostsLauncher(host_list, ssh=ssh, python=executable,
+                                 network_interface=nics[0] if nics else None, output_dir=output_filename)
+    level = 1 if verbose is None else max(0, min(2, int(verbose)))
+    return run(func, args=tuple(args), kwargs=dict(kwargs or {}), num_proc=num_proc, backend=launcher,
+                    start_timeout=start_timeout, verbose=level, init_native=False, max_failures=max_failures,
+                    env={ENV_BACKEND: "mpi"} if use_mpi else None)
+
+
+__all__ = ["run"]
+
+
+__all__ = ["run", "horovod_run", "RunTimeoutError"]

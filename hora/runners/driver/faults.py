@@ -6,9 +6,9 @@ Every failure the monitor sees gets a :class:`FaultKind`. The kinds answer two q
   ``HorovodInternalError`` "rank 1 is unreachable", a ``RendezvousError`` waiting for a
   peer that never comes, a reset connection) or an engine task that failed only because
   its rank did. The monitor prefers any failure that is not a symptom as the *root cause*
-  (:func:`hora.runners.monitor.first_failure`), so a SIGKILL of rank 1 is reported as
+  (:func:`hora.runners.driver.monitor.first_failure`), so a SIGKILL of rank 1 is reported as
   rank 1's, not as rank 0's CollectiveError.
-* **Is it retriable?** With ``max_failures`` (:mod:`hora.runners.recovery`) a run whose
+* **Is it retriable?** With ``max_failures`` (:mod:`hora.runners.driver.recovery`) a run whose
   root cause is retriable is relaunched; any other root cause fails the run at once.
 
 Retriable (infrastructure: the same code would have run on a healthy cluster):
@@ -161,13 +161,13 @@ def engine_failure(text: str) -> tuple[FaultKind, int | None, str | None]:
 
 
 def fault_kind(exc: BaseException) -> FaultKind:
-    """The kind of an error :func:`hora.runners.monitor.watch` raised (its ``fault_kind``
+    """The kind of an error :func:`hora.runners.driver.monitor.watch` raised (its ``fault_kind``
     attribute; a bare ``RendezvousError`` is a start failure, a timeout a ``TIMEOUT``)."""
     kind = getattr(exc, "fault_kind", None)
     if isinstance(kind, FaultKind):
         return kind
     from hora.errors import RendezvousError
-    from hora.runners.monitor import RunTimeoutError
+    from hora.runners.driver.monitor import RunTimeoutError
 
     if isinstance(exc, RunTimeoutError):
         return FaultKind.TIMEOUT

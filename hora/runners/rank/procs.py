@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from hora.errors import ConfigError
-from hora.runners.warm import WarmProcess
+from hora.runners.rank.warm.client import WarmProcess
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class ProcessLauncher:
         ``die_with_parent``: Linux kills the rank (SIGKILL) when the thread that started it
         exits, so a supervisor that is killed leaves no rank behind.
         ``warm``: fork ``argv`` (``python -m MODULE ...``) from a warm server
-        (:mod:`hora.runners.warm`); the mapping holds the variables the rank sets before its
+        (:mod:`hora.runners.rank.warm.client`); the mapping holds the variables the rank sets before its
         imports (part of the server's key). A warm rank also dies with this process. When no
         server can start or answer, a plain subprocess starts (a logged warning).
 
@@ -85,7 +85,7 @@ class ProcessLauncher:
             raise ConfigError(f"rank {rank} was already started")
         proc: subprocess.Popen | WarmProcess | None = None
         if warm is not None:
-            from hora.runners import warm as warm_mod
+            from hora.runners.rank.warm import client as warm_mod
 
             proc = warm_mod.spawn(argv, env, cwd, import_env=warm, stdin=stdin_data is not None)
         if proc is None:

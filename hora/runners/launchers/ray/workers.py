@@ -2,7 +2,7 @@
 process) and :class:`RayWorkerGroup` (one actor per rank in one placement group, in rank
 order: the ranks of one node contiguous, nodes in the order of their first bundle).
 
-A rank runs in its actor's own process (:func:`hora.runners.worker.run_rank`), so Ray's
+A rank runs in its actor's own process (:func:`hora.runners.rank.main.run_rank`), so Ray's
 GPU assignment (``CUDA_VISIBLE_DEVICES``) is the rank's and objects can stay in the actor
 between runs (:class:`hora.ray.RayExecutor`'s executable). While a run is on, the
 actor's Python output goes to the run's driver service; its value comes back through
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from hora.errors import RendezvousError, WorkerFailedError
 from hora.native.rendezvous import KVClient, compute_placement
-from hora.ray.placement import RayResources, check_capacity, require_ray, wait_placement
+from hora.runners.launchers.ray.placement import RayResources, check_capacity, require_ray, wait_placement
 from hora.runners.network import is_loopback
 from hora.runners.spec import LaunchSpec, RankContext
 
@@ -119,8 +119,8 @@ class RankActor:
         Raises:
             WorkerFailedError: the rank failed (rank, host, traceback, exit code).
         """
-        from hora.runners.procs import describe_exit, last_traceback
-        from hora.runners.worker import _LogPusher, read_result, run_rank
+        from hora.runners.rank.procs import describe_exit, last_traceback
+        from hora.runners.rank.main import _LogPusher, read_result, run_rank
 
         client = KVClient(spec.driver_addr, spec.secret)
         pusher = _LogPusher(client, ctx.rank)
