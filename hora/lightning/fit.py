@@ -329,13 +329,26 @@ class _EpochBatches:
         return n
 
     def __iter__(self) -> Any:
-        epoch = int(self.trainer.current_epoch) if self.trainer is not None else 0
+        epoch = _epoch_of(self.trainer)
         src = self.source(epoch) if self.per_epoch else self.source  # type: ignore[operator]
         set_epoch = getattr(src, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
         it = iter(src)
         return it if self.steps is None else itertools.islice(it, self.steps)
+
+
+def _epoch_of(trainer: Any) -> int:
+    """The epoch whose batches Lightning is asking for: the epochs the fit loop has processed, as
+    Lightning gives its own samplers. ``current_epoch`` lags by one when a fit resumes from a
+    checkpoint written at an epoch's end: Lightning makes the first iterator before it updates
+    ``current_epoch``, and the resumed epoch would replay the previous epoch's order."""
+    if trainer is None:
+        return 0
+    progress = getattr(getattr(trainer, "fit_loop", None), "epoch_progress", None)
+    if trainer.training and progress is not None:
+        return int(progress.current.processed)
+    return int(trainer.current_epoch)
 
 
 def _check_same_lengths(train: _EpochBatches | None, val: _EpochBatches | None) -> None:
