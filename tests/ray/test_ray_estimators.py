@@ -276,3 +276,25 @@ def test_image_and_token_columns_transform_on_ray_with_the_fits_column_operation
                         inference_columns={**columns, "truncation": False})
     with pytest.raises(Exception, match="column 'tok'.*10"):
         strict.transform(ray.data.from_pandas(longer, override_num_blocks=1)).materialize()
+
+
+@pytest.mark.timeout(300)
+def test_string_column_reaches_the_fits_collate_fn_on_ray(free_cluster):
+    from hora.dask import TorchModel
+    from hora.estimators.tasks import ClassifierHead
+    from tests.estimators import frames
+
+    ray = free_cluster
+    pdf = frames.column_frame(40, seed=4)[["word", "y"]].assign(id=np.arange(40))
+    torch.manual_seed(0)
+    model = TorchModel(model=torch.nn.Embedding(2, 2), feature_cols=["word"], label_cols=["y"], output_shapes=[[2]],
+                       classifier=ClassifierHead(2, seen=(0.0, 1.0)).to_meta(),
+                       inference_columns={"decode_fn": None, "max_length": None, "truncation": True,
+                                          "collate_fn": frames.column_words, "ragged": []})  # a tokenizer
+    rows = model.transform(ray.data.from_pandas(pdf, override_num_blocks=2)).to_pandas().sort_values("id")
+    local = model.transform(pdf)
+    np.testing.assert_allclose(np.stack(rows["rawPrediction"].to_numpy()),
+                               np.stack(local["rawPrediction"].to_numpy()), rtol=1e-6)
+    with torch.no_grad():  # the words' ids (good: 1, bad: 0) looked up in the embedding
+        expected = model.model_(torch.tensor([1 if w == "good" else 0 for w in pdf["word"]])).numpy()
+    np.testing.assert_allclose(np.stack(rows["rawPrediction"].to_numpy()), expected, rtol=1e-6)
