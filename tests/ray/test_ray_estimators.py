@@ -217,7 +217,7 @@ def _three_classes(n=120, seed=0):
 
 
 @pytest.mark.timeout(300)
-def test_classifier_transform_on_ray_equals_the_local_transform(free_cluster):
+def test_classifier_transform_on_ray_equals_the_local_transform(free_cluster, tmp_path):
     from hora.dask import TorchModel
     from hora.estimators.tasks import ClassifierHead
 
@@ -243,6 +243,12 @@ def test_classifier_transform_on_ray_equals_the_local_transform(free_cluster):
     assert model.predict(ds).columns() == ["prediction"]
     proba = model.predict_proba(ds)
     assert proba.columns() == ["p"] and proba.count() == len(pdf)
+    # saved and loaded, it is still a classifier with its column names
+    model.save(str(tmp_path / "model"))
+    loaded = TorchModel.load(str(tmp_path / "model"))
+    again = loaded.transform(ds).to_pandas().sort_values("id")
+    assert loaded.task_ == "classification" and list(again.columns) == list(rows.columns)
+    np.testing.assert_allclose(np.stack(again["p"].to_numpy()), probs, rtol=1e-6)
 
 
 @pytest.mark.timeout(300)
