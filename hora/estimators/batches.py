@@ -1,6 +1,6 @@
 """This rank's batches: one pass of the store reader per epoch (or from memory), as the session makes them.
 
-:func:`_batches` drives the reader for the worker loop (and for frameworks that run
+:func:`rank_batches` drives the reader for the worker loop (and for frameworks that run
 their own loop, through :class:`hora.estimators.worker.WorkerRun`): it checks that the
 session's ``batches`` hook keeps every rank at the same number of steps. With
 ``inmemory_cache_all``, :class:`CachedReader` serves later epochs from memory.
@@ -91,7 +91,7 @@ def reader_layout(spec: Any) -> tuple[list[str], dict[str, tuple[str, ...]]]:
     return [c for c in spec.dataset.columns if c not in members] + list(groups), groups
 
 
-def _batches(
+def rank_batches(
     spec: Any, session: TrainingSession, transform: Callable | None, split: str, rank: int, size: int, epoch: int,
     steps: int | None, cache: dict[str, CachedReader] | None = None, skip: int = 0, stack_groups: bool = False,
 ) -> Iterator[Any]:
@@ -166,4 +166,4 @@ def steps_per_epoch(spec: Any, split: str, rank: int, size: int) -> int:
     return min(one_pass, config.validation_steps_per_epoch or one_pass)
 
 
-__all__ = ["CachedReader", "_batches", "reader_layout", "steps_per_epoch"]
+__all__ = ["CachedReader", "rank_batches", "reader_layout", "steps_per_epoch"]

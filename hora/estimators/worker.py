@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from hora.errors import ConfigError
-from hora.estimators.batches import CachedReader, _batches, steps_per_epoch
+from hora.estimators.batches import CachedReader, rank_batches, steps_per_epoch
 from hora.estimators.callbacks import CallbackContext
 from hora.estimators.framework import Resume, TrainingSession
 from hora.estimators.params import checkpoint_interval
@@ -304,7 +304,7 @@ class WorkerRun:
     def batches(self, split: str, epoch: int, skip: int = 0) -> Iterator[Any]:
         """This rank's batches of ``split`` for ``epoch``, as the session makes them."""
         steps = self.config.train_steps_per_epoch if split == "train" else self.config.validation_steps_per_epoch
-        return _batches(self.spec, self.session, self.transform, split, self.rank, self.size, epoch, steps,
+        return rank_batches(self.spec, self.session, self.transform, split, self.rank, self.size, epoch, steps,
                         self.cache, skip, stack_groups=self.stack_groups)
 
     def steps(self, split: str) -> int:
@@ -505,4 +505,4 @@ def _epoch_logs(run: WorkerRun, epoch: int, loss_sum: float, steps: int) -> dict
     return logs
 
 
-__all__ = ["train_worker", "allreduce_sum", "WorkerRun", "CachedReader", "_batches"]
+__all__ = ["train_worker", "allreduce_sum", "WorkerRun", "CachedReader", "rank_batches"]

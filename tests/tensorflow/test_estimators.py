@@ -318,7 +318,7 @@ def test_worker_refuses_a_batches_hook_that_drops_a_batch(tmp_path):
     import types
 
     from hora.estimators.framework import TrainingSession
-    from hora.estimators.worker import _batches
+    from hora.estimators.worker import rank_batches
 
     reader = _small_reader(tmp_path)
 
@@ -332,6 +332,6 @@ def test_worker_refuses_a_batches_hook_that_drops_a_batch(tmp_path):
                                    features=Features.parse(["features"]), max_length=None, on_decode_error="raise",
                                    truncation=True, sparse_format="csr")
     spec = types.SimpleNamespace(store=reader.store, dataset=reader.info, config=config, common=None)
-    assert len(list(_batches(spec, TrainingSession(), None, "train", 0, 1, 0, None))) == 4
+    assert len(list(rank_batches(spec, TrainingSession(), None, "train", 0, 1, 0, None))) == 4
     with pytest.raises(DataError, match="DropsLast.batches gave 3 batches .* holds 4"):
-        list(_batches(spec, DropsLast(), None, "train", 0, 1, 0, None))
+        list(rank_batches(spec, DropsLast(), None, "train", 0, 1, 0, None))
