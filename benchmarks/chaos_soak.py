@@ -1,13 +1,16 @@
 """Faults in series (issue 29, items 2 and 5): one long fit per scenario while a seeded chaos
 thread SIGKILLs the job's processes from outside, one after another.
 
-Run: ``.venv/bin/python benchmarks/chaos_soak.py [--scenarios dask,spark] [--faults 10] [--epochs 30]``.
+Run: ``.venv/bin/python benchmarks/chaos_soak.py [--scenarios dask,spark,ssh] [--faults 10] [--epochs 30]``.
 
 Scenarios (each on clusters it starts and stops itself):
 
 * ``dask``: a ``LocalCluster`` of two worker processes under nannies; the chaos thread kills
   ranks (``hora.runners.rank.main`` processes) and their supervisors (the Dask worker process
   that runs the rank's task: its nanny starts a new one).
+* ``ssh``: ``hora run -H`` hosts, 127.0.0.1 (ranks started directly) and 127.0.0.2 (over ssh,
+  to a throwaway OpenSSH server on a free port); the chaos thread kills ranks and the second
+  host's rank supervisor (the process ssh started). Needs ``sshd`` (``make system-deps``).
 * ``spark``: a Spark standalone cluster (a master and two 2-core workers on 127.0.0.1 and
   127.0.0.2) driven by a classic SparkSession; the chaos thread kills ranks, their
   supervisors (the Spark task's Python worker) and executor JVMs (the master starts new
@@ -54,7 +57,7 @@ import torch  # noqa: E402
 from hora.estimators.callbacks import Callback  # noqa: E402
 from tests.runners.helpers import hora_worker_processes  # noqa: E402
 
-TARGETS = {"dask": ("rank", "supervisor"), "spark": ("rank", "supervisor", "executor")}
+TARGETS = {"dask": ("rank", "supervisor"), "spark": ("rank", "supervisor", "executor"), "ssh": ("rank", "supervisor")}
 
 
 class Progress(Callback):
@@ -116,10 +119,18 @@ def chaos(log_path: str, kinds: tuple[str, ...], faults: int, num_proc: int, rng
         kind = rng.choice(kinds)
         pid, sup = ranks[attempt][rng.randrange(num_proc)]
         try:
+            if sup is None:  # ssh hosts: a remote rank's supervisor is its parent, the process ssh started
+                parent = psutil.Process(pid).parent()
+                sup = parent.pid if parent is not None and "hora.runners.rank.remote" in " ".join(
+                    parent.cmdline()) else None
+            if kind != "rank" and sup is None:
+                continue
             victim = psutil.Process(pid) if kind == "rank" else psutil.Process(sup) if kind == "supervisor" \
                 else _executor(sup)
             if victim is None or not victim.is_running():
                 continue
+            if victim.pid in {os.getpid(), *(p.pid for p in psutil.Process().parents())}:
+                continue  # a rank this process supervises itself (ssh hosts: the first host's)
             at = time.time()
             os.kill(victim.pid, signal.SIGKILL)
             injected.append((kind, victim.pid, at, attempt))
@@ -170,7 +181,23 @@ def _history(model: Any) -> list[dict]:
     return model.getHistory() if hasattr(model, "getHistory") else model.history_
 
 
-def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argparse.Namespace) -> dict:
+def _orphans(run_id: str, cwd: Path | None) -> list[int]:
+    """The job's rank processes still alive: named by ``run_id`` on their command line (Dask,
+    Spark), or any hora rank process started in the folder ``cwd`` (ssh hosts)."""
+    found = {p.pid for p in hora_worker_processes(run_id)}
+    if cwd is not None:
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            try:
+                if "hora.runners.rank." in " ".join(proc.info["cmdline"] or []) and \
+                        proc.info["status"] != psutil.STATUS_ZOMBIE and proc.cwd().startswith(str(cwd)):
+                    found.add(proc.pid)
+            except psutil.Error:
+                continue
+    return sorted(found)
+
+
+def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argparse.Namespace,
+             cwd: Path | None = None) -> dict:
     from hora.store import Store
 
     store = Store.create(str(work / f"store-{name}"))
@@ -194,7 +221,7 @@ def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argp
         stop.set()
         thread.join(timeout=30)
     deadline = time.monotonic() + 30
-    while hora_worker_processes(run_id) and time.monotonic() < deadline:
+    while _orphans(run_id, cwd) and time.monotonic() < deadline:
         time.sleep(0.5)
     lost = _lost_per_fault(log_path, injected)
     return {
@@ -202,7 +229,7 @@ def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argp
         "survived": len(injected) if survived else 0, "error": error,
         "epochs_lost": len(set(range(args.epochs)) - set(epochs_seen)) if survived else None,
         "duplicated": len(epochs_seen) - len(set(epochs_seen)) if survived else None,
-        "orphans": len(hora_worker_processes(run_id)), "lost": lost, "cold": cold, "base": base, "chaos": took,
+        "orphans": len(_orphans(run_id, cwd)), "lost": lost, "cold": cold, "base": base, "chaos": took,
     }
 
 
@@ -243,9 +270,27 @@ def _spark(work: Path, args: argparse.Namespace) -> dict:
         cluster.stop()
 
 
+def _ssh(work: Path, args: argparse.Namespace) -> dict:
+    import hora.dask as face
+    from hora.runners import HostsLauncher
+    from hora.runners.rank.ssh import SshOptions
+    from tests.ssh.sshd import running_sshd
+
+    (work / "sshd").mkdir()
+    with running_sshd(work / "sshd") as sshd:
+        os.environ.update(sshd.env)
+        launcher = HostsLauncher("127.0.0.1:1,127.0.0.2:1", ssh=SshOptions(port=sshd.port, identity_file=sshd.key))
+        here = os.getcwd()
+        os.chdir(work)  # the ranks start here on both hosts: how their leftovers are found
+        try:
+            return scenario("ssh", face, launcher, _frame(args.rows), work, args, cwd=work)
+        finally:
+            os.chdir(here)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default="dask,spark")
+    ap.add_argument("--scenarios", default="dask,spark,ssh")
     ap.add_argument("--faults", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--rows", type=int, default=256)
@@ -258,7 +303,7 @@ def main() -> None:
         for name in args.scenarios.split(","):
             work = Path(tmp) / name
             work.mkdir()
-            results.append({"dask": _dask, "spark": _spark}[name](work, args))
+            results.append({"dask": _dask, "spark": _spark, "ssh": _ssh}[name](work, args))
             print(f"# {results[-1]}", flush=True)
     print(f"\n# {os.cpu_count()} CPUs, load {' / '.join(f'{v:.1f}' for v in os.getloadavg())}; "
           f"{args.epochs} epochs, {args.faults} faults, seed {args.seed}")
