@@ -83,6 +83,11 @@ def _rebuild_worker_failed(message, rank, host, remote_traceback, exitcode):
 HorovodInternalError = CollectiveError
 
 
+class RunTimeoutError(WorkerFailedError, TimeoutError):
+    """Ranks did not finish in time (``timeout`` of :func:`hora.runners.run`, or
+    ``HORA_FINISH_TIMEOUT`` after another rank had already returned)."""
+
+
 class HostsUpdatedInterrupt(HoraError, RuntimeError):
     """The set of hosts changed during elastic training (Horovod's name and meaning).
 
@@ -129,6 +134,7 @@ __all__ = [
     "RendezvousError",
     "StoreError",
     "WorkerFailedError",
+    "RunTimeoutError",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "HorovodVersionMismatchError",

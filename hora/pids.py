@@ -1,8 +1,25 @@
-"""Process liveness on this host, shared by the runners (a rank's supervisor) and the store (a lease's owner)."""
+"""This host's processes: liveness (the runners' rank supervisors, the store's lease owners),
+dying with one's parent (``PR_SET_PDEATHSIG``, one copy) and ending a process without the
+interpreter's finalization (a rank, fresh or forked by the warm server)."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import signal
+import sys
+import threading
+
+_PR_SET_PDEATHSIG = 1
+_libc = None
+if sys.platform.startswith("linux"):
+    try:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)  # loaded now: the helper below runs between fork and exec
+    except OSError:  # pragma: no cover - a libc that cannot be loaded
+        _libc = None
 
 
 def pid_alive(pid: int) -> bool:
@@ -16,4 +33,31 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["pid_alive"]
+def die_with_parent() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``),
+    so no rank outlives its supervisor. Safe between fork and exec (no allocation, no import).
+    False where it is unavailable (not Linux, no libc)."""
+    if _libc is None:
+        return False
+    try:
+        return _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def exit_process(code: int) -> None:
+    """End this process as the interpreter's exit would, minus its finalization: join the
+    non-daemon threads, run the atexit handlers, flush stdout and stderr, then ``os._exit``.
+    Tearing down torch's ~2,000 modules takes 0.3-0.5 s that a rank's supervisor (and so the
+    driver) would wait for, after the result is out."""
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter's exit: join non-daemon threads
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(code)
+
+
+__all__ = ["pid_alive", "die_with_parent", "exit_process"]

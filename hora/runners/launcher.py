@@ -23,7 +23,7 @@ from hora.errors import ConfigError
 from hora.runners.spec import ENV_ADVERTISE_ADDR, LaunchSpec
 
 if TYPE_CHECKING:
-    from hora.runners.driver.monitor import Failure
+    from hora.runners.driver.faults import Failure
     from hora.runners.driver.service import DriverService
 
 #: hora's launchers by ``backend=`` name: ``"module:Class"``, imported only when named

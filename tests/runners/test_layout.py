@@ -72,3 +72,20 @@ def test_a_ranks_entry_runs_as_a_module_and_imports_light():
             "assert 'hora.runners.rank.main' not in sys.modules, 'hora.runners imports the rank entry'; "
             "assert not {'pyspark', 'distributed', 'ray'} & set(sys.modules), 'an engine imported eagerly'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_warm_server_runs_the_rank_entry_by_its_real_name():
+    from hora.runners.rank import main as rank_main
+    from hora.runners.rank.warm import server
+
+    assert server.RANK_ENTRY == rank_main.__name__ and callable(rank_main.main)
+
+
+def test_fault_records_and_the_timeout_error_keep_their_old_import_paths():
+    from hora.errors import RunTimeoutError, WorkerFailedError
+    from hora.runners.driver import faults, monitor
+
+    assert monitor.RunTimeoutError is RunTimeoutError and hora.runners.RunTimeoutError is RunTimeoutError
+    assert issubclass(RunTimeoutError, (WorkerFailedError, TimeoutError))
+    assert monitor.Failure is faults.Failure
+    assert faults.fault_kind(RunTimeoutError("late")) is faults.FaultKind.TIMEOUT

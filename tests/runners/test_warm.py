@@ -180,7 +180,7 @@ def test_exit_process_ends_as_the_interpreter_would_without_its_finalization():
     the atexit handlers run, buffered output is flushed, and the code is the exit status."""
     code = textwrap.dedent("""
         import atexit, sys, threading, time
-        from hora.runners.rank.warm.server import exit_process
+        from hora.pids import exit_process
         atexit.register(lambda: sys.stdout.write("atexit\\n"))
         threading.Thread(target=lambda: (time.sleep(0.3), sys.stdout.write("thread\\n"))).start()
         sys.stdout.write("main\\n")  # left in the buffer: exit_process must flush it

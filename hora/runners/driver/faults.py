@@ -45,11 +45,16 @@ Not retriable (a user error: the run fails at once, as without ``max_failures``)
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import re
 from collections.abc import Sequence
 from typing import TypeVar
+
+from hora.errors import RendezvousError, RunTimeoutError, WorkerFailedError
+from hora.runners.rank.procs import describe_exit
+from hora.runners.spec import FailureReport
 
 E = TypeVar("E", bound=BaseException)
 
@@ -166,9 +171,6 @@ def fault_kind(exc: BaseException) -> FaultKind:
     kind = getattr(exc, "fault_kind", None)
     if isinstance(kind, FaultKind):
         return kind
-    from hora.errors import RendezvousError
-    from hora.runners.driver.monitor import RunTimeoutError
-
     if isinstance(exc, RunTimeoutError):
         return FaultKind.TIMEOUT
     if isinstance(exc, RendezvousError):
@@ -194,6 +196,68 @@ def with_spark_error(error: E, spark_error: BaseException) -> E:
     return error
 
 
-__all__ = ["FaultKind", "kind_of_exception", "kind_of_exit", "kind_of_engine_error", "engine_failure", "fault_kind",
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """One failed rank (or host), as a launcher or the driver service saw it.
+
+    Attributes:
+        seq: its number from the driver service's failure counter (lower = earlier).
+        rank: the rank (for a host: its first rank; None when unknown).
+        host: the host it ran on.
+        message: one line: ``"failed with exit code 3"``, ``"raised ValueError: ..."``, ssh's error.
+        traceback: the rank's traceback (or its last stderr lines), if any.
+        exitcode: the process exit code (Popen's: ``-N`` for signal N), if it was a process.
+        kind: what kind of fault it is (:class:`~hora.runners.driver.faults.FaultKind`): a symptom
+            of another rank's loss or not, retriable or not.
+        source: who saw it: ``"rank"`` (the rank's own report: the most exact account of
+            that rank), ``"launcher"`` (an exit, a lost host) or ``"engine"`` (a Spark/Dask task).
+    """
+
+    seq: int
+    rank: int | None
+    host: str | None
+    message: str
+    traceback: str | None = None
+    exitcode: int | None = None
+    kind: FaultKind = FaultKind.ERROR
+    source: str = "launcher"
+
+    @classmethod
+    def from_report(cls, report: FailureReport) -> Failure:
+        if report.died:  # a task supervisor's account of a rank process that died without a word
+            code = report.exitcode if report.exitcode is not None else 1
+            return cls(seq=report.seq, rank=report.rank, host=report.host, message=f"failed with {describe_exit(code)}",
+                       traceback=report.traceback or None, exitcode=report.exitcode,
+                       kind=kind_of_exit(code), source="rank")
+        kind = (kind_of_exception(report.error_types) if report.error_types
+                else kind_of_exit(1, f"Traceback\n{report.error}"))  # a report without classes: by its name
+        return cls(seq=report.seq, rank=report.rank, host=report.host, message=f"raised {report.error}",
+                   traceback=report.traceback or None, exitcode=report.exitcode, kind=kind, source="rank")
+
+    @classmethod
+    def from_exit(cls, seq: int, rank: int, host: str, code: int, traceback: str | None) -> Failure:
+        return cls(seq=seq, rank=rank, host=host, message=f"failed with {describe_exit(code)}",
+                   traceback=traceback, exitcode=code, kind=kind_of_exit(code, traceback))
+
+    @classmethod
+    def lost(cls, seq: int, rank: int | None, host: str | None, message: str, exitcode: int | None = None) -> Failure:
+        """A lost host, executor or worker (``message``: ``"was lost: ..."``)."""
+        return cls(seq=seq, rank=rank, host=host, message=message, exitcode=exitcode, kind=FaultKind.LOST)
+
+    def describe(self) -> str:
+        """One line naming who failed and how: ``rank 1 on 127.0.0.1 failed with signal 9 (SIGKILL)``."""
+        if self.rank is None and self.host is None:
+            return self.message
+        who = f"rank {self.rank}" if self.rank is not None else "a rank"
+        where = f" on {self.host}" if self.host else ""
+        return f"{who}{where} {self.message}"
+
+    def error(self) -> WorkerFailedError:
+        err = WorkerFailedError(self.describe(), rank=self.rank, host=self.host, remote_traceback=self.traceback,
+                                exitcode=self.exitcode)
+        return with_kind(err, self.kind)  # type: ignore[return-value]
+
+
+__all__ = ["Failure", "FaultKind", "kind_of_exception", "kind_of_exit", "kind_of_engine_error", "engine_failure", "fault_kind",
            "with_kind", "with_spark_error",
            "COLLECTIVE_ERRORS", "INFRASTRUCTURE_ERRORS"]

@@ -33,11 +33,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from hora.errors import RendezvousError, WorkerFailedError
+from hora.errors import RendezvousError, RunTimeoutError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_START_TIMEOUT
-from hora.runners.driver.faults import FaultKind, engine_failure, kind_of_exception, kind_of_exit, with_kind
-from hora.runners.rank.procs import describe_exit
+from hora.runners.driver.faults import Failure, FaultKind, engine_failure, with_kind
 from hora.runners.spec import (
     DEFAULT_FINISH_TIMEOUT,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -45,7 +44,6 @@ from hora.runners.spec import (
     ENV_FINISH_TIMEOUT,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_ROOT_CAUSE_GRACE,
-    FailureReport,
     env_seconds,
 )
 
@@ -56,73 +54,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FAILURE_GRACE = 3.0  # seconds to wait for failures numbered before the first one seen (output drain: 2 s)
-
-
-class RunTimeoutError(WorkerFailedError, TimeoutError):
-    """Ranks did not finish in time (``timeout`` of :func:`hora.runners.run`, or
-    ``HORA_FINISH_TIMEOUT`` after another rank had already returned)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-    """One failed rank (or host), as a launcher or the driver service saw it.
-
-    Attributes:
-        seq: its number from the driver service's failure counter (lower = earlier).
-        rank: the rank (for a host: its first rank; None when unknown).
-        host: the host it ran on.
-        message: one line: ``"failed with exit code 3"``, ``"raised ValueError: ..."``, ssh's error.
-        traceback: the rank's traceback (or its last stderr lines), if any.
-        exitcode: the process exit code (Popen's: ``-N`` for signal N), if it was a process.
-        kind: what kind of fault it is (:class:`~hora.runners.driver.faults.FaultKind`): a symptom
-            of another rank's loss or not, retriable or not.
-        source: who saw it: ``"rank"`` (the rank's own report: the most exact account of
-            that rank), ``"launcher"`` (an exit, a lost host) or ``"engine"`` (a Spark/Dask task).
-    """
-
-    seq: int
-    rank: int | None
-    host: str | None
-    message: str
-    traceback: str | None = None
-    exitcode: int | None = None
-    kind: FaultKind = FaultKind.ERROR
-    source: str = "launcher"
-
-    @classmethod
-    def from_report(cls, report: FailureReport) -> Failure:
-        if report.died:  # a task supervisor's account of a rank process that died without a word
-            code = report.exitcode if report.exitcode is not None else 1
-            return cls(seq=report.seq, rank=report.rank, host=report.host, message=f"failed with {describe_exit(code)}",
-                       traceback=report.traceback or None, exitcode=report.exitcode,
-                       kind=kind_of_exit(code), source="rank")
-        kind = (kind_of_exception(report.error_types) if report.error_types
-                else kind_of_exit(1, f"Traceback\n{report.error}"))  # a report without classes: by its name
-        return cls(seq=report.seq, rank=report.rank, host=report.host, message=f"raised {report.error}",
-                   traceback=report.traceback or None, exitcode=report.exitcode, kind=kind, source="rank")
-
-    @classmethod
-    def from_exit(cls, seq: int, rank: int, host: str, code: int, traceback: str | None) -> Failure:
-        return cls(seq=seq, rank=rank, host=host, message=f"failed with {describe_exit(code)}",
-                   traceback=traceback, exitcode=code, kind=kind_of_exit(code, traceback))
-
-    @classmethod
-    def lost(cls, seq: int, rank: int | None, host: str | None, message: str, exitcode: int | None = None) -> Failure:
-        """A lost host, executor or worker (``message``: ``"was lost: ..."``)."""
-        return cls(seq=seq, rank=rank, host=host, message=message, exitcode=exitcode, kind=FaultKind.LOST)
-
-    def describe(self) -> str:
-        """One line naming who failed and how: ``rank 1 on 127.0.0.1 failed with signal 9 (SIGKILL)``."""
-        if self.rank is None and self.host is None:
-            return self.message
-        who = f"rank {self.rank}" if self.rank is not None else "a rank"
-        where = f" on {self.host}" if self.host else ""
-        return f"{who}{where} {self.message}"
-
-    def error(self) -> WorkerFailedError:
-        err = WorkerFailedError(self.describe(), rank=self.rank, host=self.host, remote_traceback=self.traceback,
-                                exitcode=self.exitcode)
-        return with_kind(err, self.kind)  # type: ignore[return-value]
 
 
 class _Collector:

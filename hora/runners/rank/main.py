@@ -20,12 +20,10 @@ Inside ``fn``, :func:`report` sends metrics to the driver's progress bar.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import logging
 import os
 import pickle
-import signal
 import socket
 import sys
 import tempfile
@@ -39,6 +37,7 @@ from hora import settings
 from hora.errors import HoraError, RendezvousError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_BACKEND, ENV_SECRET, KVClient, WorkerEnv
+from hora import pids
 from hora.pids import pid_alive
 from hora.runners.spec import (
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -120,17 +119,6 @@ def report(**metrics: Any) -> None:
 # ------------------------------------------------------------------------------------------
 # the worker process
 # ------------------------------------------------------------------------------------------
-def _set_parent_death_signal() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no orphans)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        log.debug("prctl(PR_SET_PDEATHSIG) is unavailable")
-
-
 def _configure_logging(verbose: int) -> None:
     # verbose=1: the driver's console tells the run; ranks say only warnings and errors.
     # verbose=2: the ranks' INFO detail; verbose>=3: DEBUG
@@ -393,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m hora.runners.rank.main RESULT_PATH | --to-driver | --from-driver``."""
     argv = sys.argv[1:] if argv is None else argv
     PHASES["main"] = time.time()
-    _set_parent_death_signal()
+    pids.die_with_parent()
     parent = os.environ.get(ENV_SUPERVISOR_PID)
     if parent and not supervisor_alive(int(parent)):
         return EXIT_ABORTED  # the parent died before PR_SET_PDEATHSIG took effect
@@ -409,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"hora worker: cannot read the launch spec: {exc}\n")
         return 2
     PHASES["spec_read"] = time.time()
-    # the caller (``__main__``) ends the process with warm_server.exit_process: the result is
+    # the caller (``__main__``) ends the process with hora.pids.exit_process: the result is
     # out, and the interpreter's finalization would only delay the supervisor by 0.3-0.5 s
     return run_rank(spec, ctx, None if argv[0] in (TO_DRIVER, FROM_DRIVER) else argv[0])
 
@@ -617,7 +605,7 @@ __all__ = ["report", "main", "run_rank", "supervise", "rank_environ"]
 
 if __name__ == "__main__":
     # run the imported module, not this __main__ copy, so report() sees the same globals
-    from hora.runners.rank.warm.server import exit_process
+    from hora.pids import exit_process
     from hora.runners.rank.main import main as _main
 
     exit_process(_main())

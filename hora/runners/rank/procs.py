@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
+from hora import pids
 from hora.errors import ConfigError
 from hora.runners.rank.warm.client import WarmProcess
 
@@ -108,7 +109,7 @@ class ProcessLauncher:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux") else None,
+                preexec_fn=pids.die_with_parent if die_with_parent and sys.platform.startswith("linux") else None,
             )
         except OSError as exc:
             raise ConfigError(f"cannot start rank {rank}: {argv[0]!r}: {exc.strerror or exc}") from exc
@@ -322,24 +323,6 @@ def _guard() -> _GroupGuard:
         if _GUARD is None or (_GUARD._proc is not None and _GUARD._proc.poll() is not None):
             _GUARD = _GroupGuard()
         return _GUARD
-
-
-_PR_SET_PDEATHSIG = 1
-_libc = None
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-if sys.platform.startswith("linux"):
-    try:
-        import ctypes
-
-        _libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork
-    except OSError:
-        _libc = None
 
 
 def last_traceback(lines: Sequence[str]) -> str | None:

@@ -204,10 +204,10 @@ def main() -> int:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing else may write to the protocol stream
     out = _Out(proto_out)
     try:
-        import hora
         from hora.runners.network import interface_addresses
 
-        version, interfaces = hora.__version__, interface_addresses()
+        # the hora package itself was imported as this module's parent (python -m hora.runners.rank.remote)
+        version, interfaces = sys.modules["hora"].__version__, interface_addresses()
     except Exception as exc:  # reported as the host's error by the launcher
         sys.stderr.write(f"hora remote supervisor: cannot import hora with {sys.executable}: {exc}\n")
         return 3

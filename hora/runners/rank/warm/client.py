@@ -55,7 +55,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from hora import ENV_LOG_LEVEL, settings
+from hora import settings
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ ENV_WARM = "HORA_WARM_WORKERS"
 ENV_IDLE = "HORA_WARM_IDLE_TIMEOUT"
 ENV_PRELOAD = "HORA_WARM_PRELOAD"
 #: the HORA_* variables a server's key keeps: read at import (``import hora``) or by the server itself
-KEYED_HORA = (ENV_LOG_LEVEL, ENV_PRELOAD, ENV_IDLE)
+KEYED_HORA = ("HORA_LOG_LEVEL", ENV_PRELOAD, ENV_IDLE)  # HORA_LOG_LEVEL: hora.ENV_LOG_LEVEL
 MAX_SERVERS = 2  # per owner process: each holds torch's ~300 MiB
 READY_TIMEOUT = 120.0  # seconds a new server may take to import its modules
 ANSWER_TIMEOUT = 10.0  # seconds a running server may take to answer a request

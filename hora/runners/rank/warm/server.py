@@ -17,7 +17,6 @@ listening socket, the owner's pidfd, and each child's pidfd and supervisor conne
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import gc
@@ -39,13 +38,19 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from hora.pids import die_with_parent, exit_process
+
 log = logging.getLogger("hora.runners.rank.warm.server")
+
+#: the rank entry every launcher runs (``python -m``); preloaded by name, and run through its
+#: ``main(argv)`` rather than runpy (a second copy would run, with a warning). By name only:
+#: the server runs modules, it does not import the rank's code itself.
+RANK_ENTRY = "hora.runners.rank.main"
 
 _LEN = struct.Struct("!I")
 _PEERCRED = struct.Struct("3i")
 REQUEST_TIMEOUT = 10.0
 MAX_REQUEST = 16 << 20
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -58,9 +63,8 @@ class _Child:
 def _code_stamp() -> str:
     """A digest of the hora sources' and the ``sys.path`` folders' mtimes (an install or an
     edit changes it: the server is then stale)."""
-    import hora
-
-    root = os.path.dirname(os.path.abspath(hora.__file__))
+    # the hora package's folder: this file is hora/runners/rank/warm/server.py
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     h = hashlib.sha256()
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -87,7 +91,7 @@ def _preload(names: str) -> list[str]:
         except Exception as exc:
             log.warning("warm server: cannot preload %s: %s", name, exc)
             failed.append(name)
-    importlib.import_module("hora.runners.rank.main")
+    importlib.import_module(RANK_ENTRY)
     return failed
 
 
@@ -308,8 +312,7 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
     code = 1
     try:
         os.setsid()  # its own session and process group, as start_new_session
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        die_with_parent()
         if os.getppid() != server_pid:
             os._exit(143)  # the server died before PR_SET_PDEATHSIG took effect
         for fd in close_fds:
@@ -333,12 +336,10 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
         sys.argv = [request["module"], *request["args"]]
-        if request["module"] == "hora.runners.rank.main":
+        if request["module"] == RANK_ENTRY:
             # preloaded above: runpy would execute a second copy of it (and warn that it is
             # already in sys.modules); run the imported module's entry point instead
-            from hora.runners.rank.main import main as worker_main
-
-            code = _exit_code(worker_main(request["args"]))
+            code = _exit_code(sys.modules[RANK_ENTRY].main(request["args"]))
         else:
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
             code = 0
@@ -349,21 +350,6 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         code = 1
     finally:
         exit_process(code)
-
-
-def exit_process(code: int) -> None:
-    """End this process as the interpreter's exit would, minus its finalization: join the
-    non-daemon threads, run the atexit handlers, flush stdout and stderr, then ``os._exit``.
-    Tearing down torch's ~2,000 modules takes 0.3-0.5 s that a rank's supervisor (and so the
-    driver) would wait for, after the result is out."""
-    with contextlib.suppress(BaseException):
-        threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter's exit: join non-daemon threads
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    os._exit(code)
 
 
 def set_cmdline(argv: list[str]) -> bool:
