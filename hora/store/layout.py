@@ -134,7 +134,7 @@ class StoreLayout:
         return join(self.checkpoint_dir(run_id), f"{CHECKPOINT_PREFIX}{epoch:06d}{CHECKPOINT_SUFFIX}")
 
     def channel_dir(self, run_id: str) -> str:
-        """The folder through which a run's ranks report to a client they cannot reach (hora.runners.store_channel)."""
+        """The folder through which a run's ranks report to a client they cannot reach (hora.runners.driver.store_channel)."""
         return join(self.run_dir(run_id), "channel")
 
     def logs_dir(self, run_id: str) -> str:
