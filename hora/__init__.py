@@ -20,7 +20,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-ENV_LOG_LEVEL = "HORA_LOG_LEVEL"
+from hora.settings import ENV_LOG_LEVEL  # one constant per setting, in hora.settings
 _LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING,
            "WARN": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL, "CRITICAL": logging.CRITICAL}
 _handler: logging.Handler | None = None

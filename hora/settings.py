@@ -25,6 +25,7 @@ from hora.errors import ConfigError
 #: the names that both the launchers (which set them for a run) and the engine (which
 #: reads them) use; every other name has one home: its module's ``ENV_*`` constant
 ENV_BACKEND = "HORA_BACKEND"
+ENV_LOG_LEVEL = "HORA_LOG_LEVEL"
 ENV_SHM_ALLREDUCE = "HORA_SHM_ALLREDUCE"
 ENV_TIMELINE = "HORA_TIMELINE"
 ENV_TIMELINE_MARK_CYCLES = "HORA_TIMELINE_MARK_CYCLES"

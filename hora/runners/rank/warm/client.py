@@ -63,7 +63,7 @@ ENV_WARM = "HORA_WARM_WORKERS"
 ENV_IDLE = "HORA_WARM_IDLE_TIMEOUT"
 ENV_PRELOAD = "HORA_WARM_PRELOAD"
 #: the HORA_* variables a server's key keeps: read at import (``import hora``) or by the server itself
-KEYED_HORA = ("HORA_LOG_LEVEL", ENV_PRELOAD, ENV_IDLE)  # HORA_LOG_LEVEL: hora.ENV_LOG_LEVEL
+KEYED_HORA = (settings.ENV_LOG_LEVEL, ENV_PRELOAD, ENV_IDLE)
 MAX_SERVERS = 2  # per owner process: each holds torch's ~300 MiB
 READY_TIMEOUT = 120.0  # seconds a new server may take to import its modules
 ANSWER_TIMEOUT = 10.0  # seconds a running server may take to answer a request
