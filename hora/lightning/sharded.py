@@ -161,20 +161,15 @@ _SUBCLASSES: dict[type, type] = {}
 
 
 def _hora_subclass(cls: type) -> type:
-    """``cls`` with its device from hora: the CPU, or this rank's GPU."""
+    """``cls`` with its device chosen as :class:`hora.lightning.Strategy` chooses it (the CPU, or
+    this rank's GPU by hora's local rank), and a class Lightning's CPU check does not single out."""
+    from hora.lightning.strategy import Strategy
+
     if cls in _SUBCLASSES.values():
         return cls
     if cls not in _SUBCLASSES:
-        def root_device(self: Any) -> torch.device:
-            import hora.native as hn
-
-            if not torch.cuda.is_available() or getattr(self.accelerator, "__class__", type).__name__ == "CPUAccelerator":
-                return torch.device("cpu")
-            count = torch.cuda.device_count()
-            return torch.device("cuda", hn.local_rank() if count > hn.local_rank() else 0)
-
         _SUBCLASSES[cls] = type(f"Hora{cls.__name__}", (cls,), {
-            "root_device": property(root_device), "__module__": __name__, "__qualname__": f"Hora{cls.__qualname__}",
+            "root_device": Strategy.root_device, "__module__": __name__, "__qualname__": f"Hora{cls.__qualname__}",
         })
     return _SUBCLASSES[cls]
 
