@@ -408,24 +408,21 @@ class TorchSession(TrainingSession):
         import torch
 
         buf = io.BytesIO()
-        if self.strategy == "fsdp" and self.checkpoint_location is not None:
-            # every rank writes its shards (torch's distributed checkpoint) beside the run's
-            # checkpoints; what rank 0 commits names the folder
+        kind = torch_strategies.SHARDED_CHECKPOINT.get(self.strategy) if self.checkpoint_location else None
+        if kind is not None:
+            # every rank writes its shards beside the run's checkpoints (nothing gathered); what
+            # rank 0 commits names the folder (and, for ZeRO, holds the weights: the same on every rank)
             store, run_id, attempt = self.checkpoint_location
-            folder = torch_strategies.dcp_folder(resume.epoch, resume.step, resume.global_step, attempt)
-            torch_strategies.save_dcp(self.model, self.optimizer, store,
-                                      f"{store.layout.checkpoint_dir(run_id)}/{folder}")
-            state: dict[str, Any] = {"dcp": folder, "extra": resume.to_meta()}
-        elif self.strategy in torch_strategies.SHARDING_OF and self.checkpoint_location is not None:
-            # every rank writes its optimizer shard beside the run's checkpoints (nothing gathered);
-            # what rank 0 commits names the folder and holds the weights (the same on every rank)
-            store, run_id, attempt = self.checkpoint_location
-            folder = torch_strategies.dcp_folder(resume.epoch, resume.step, resume.global_step, attempt, "zero")
-            torch_strategies.save_zero(self.optimizer, store, f"{store.layout.checkpoint_dir(run_id)}/{folder}")
-            state = {"zero": folder, "model": self.model.state_dict(), "extra": resume.to_meta()}
+            folder = torch_strategies.shard_folder(kind, resume.epoch, resume.step, resume.global_step, attempt)
+            path = f"{store.layout.checkpoint_dir(run_id)}/{folder}"
+            if kind == "dcp":
+                torch_strategies.save_dcp(self.model, self.optimizer, store, path)
+                state: dict[str, Any] = {"dcp": folder, "extra": resume.to_meta()}
+            else:
+                torch_strategies.save_zero(self.optimizer, store, path)
+                state = {"zero": folder, "model": self.model.state_dict(), "extra": resume.to_meta()}
         else:
-            # the whole state in torch's format, on every rank taking part (the ZeRO strategies
-            # gather it): any strategy and any number of ranks loads it (each rank keeping its part)
+            # the whole state in torch's format: any strategy and any number of ranks loads it
             model_state, optimizer = torch_strategies.full_state(self.strategy, self.model, self.optimizer)
             state = {"model": model_state, "optimizer": optimizer, "extra": resume.to_meta()}
         if self.scheduler is not None:
@@ -448,31 +445,25 @@ class TorchSession(TrainingSession):
         import torch
 
         ckpt = torch.load(io.BytesIO(data), map_location=self.device or "cpu", weights_only=False)
-        if "dcp" in ckpt:  # an FSDP run's distributed checkpoint (see torch_strategies)
+        where = f"the checkpoint of epoch {ckpt_epoch}"
+        kind = next((k for k in ("dcp", "zero") if k in ckpt), None)  # written as shards (see torch_strategies)
+        if kind is not None:
             if self.checkpoint_location is None:
-                raise ConfigError(f"the checkpoint of epoch {ckpt_epoch} is a distributed checkpoint; "
-                                  "it is read through the run's store")
+                raise ConfigError(f"{where} is written as shards in the run's folder; it is read through the run's "
+                                  "store")
             store, run_id, _ = self.checkpoint_location
-            path = f"{store.layout.checkpoint_dir(run_id)}/{ckpt['dcp']}"
+            path = f"{store.layout.checkpoint_dir(run_id)}/{ckpt[kind]}"
+        if kind == "dcp":
             if self.strategy == "fsdp":
-                torch_strategies.load_dcp(self.model, self.optimizer, store, path,
-                                          f"the checkpoint of epoch {ckpt_epoch}")
+                torch_strategies.load_dcp(self.model, self.optimizer, store, path, where)
             else:
                 ckpt["model"], ckpt["optimizer"] = torch_strategies.load_dcp_whole(store, path)
-        if "zero" in ckpt:  # a ZeRO run's optimizer shards (see torch_strategies)
-            if self.checkpoint_location is None:
-                raise ConfigError(f"the checkpoint of epoch {ckpt_epoch} holds sharded optimizer state; "
-                                  "it is read through the run's store")
-            store, run_id, _ = self.checkpoint_location
-            path = f"{store.layout.checkpoint_dir(run_id)}/{ckpt['zero']}"
-            mismatch = first_state_mismatch(self.model.state_dict(), ckpt["model"])
-            if mismatch is not None:  # before reading the shards: name the parameter, not the shard file
-                raise ConfigError(f"the checkpoint of epoch {ckpt_epoch} belongs to another model: {mismatch}")
-            ckpt["optimizer"] = torch_strategies.load_zero(self.optimizer, self.strategy, store, path)
-        if "model" in ckpt:
+        if "model" in ckpt:  # before a ZeRO run's shards are read: name the parameter, not a shard file
             mismatch = first_state_mismatch(self.model.state_dict(), ckpt["model"])
             if mismatch is not None:
-                raise ConfigError(f"the checkpoint of epoch {ckpt_epoch} belongs to another model: {mismatch}")
+                raise ConfigError(f"{where} belongs to another model: {mismatch}")
+        if kind == "zero":
+            ckpt["optimizer"] = torch_strategies.load_zero(self.optimizer, self.strategy, store, path)
         torch_strategies.load_state(self.strategy, self.model, self.optimizer, ckpt.get("model"),
                                     ckpt.get("optimizer"))
         if self.scheduler is not None and "lr_scheduler" in ckpt:

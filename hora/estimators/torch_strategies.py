@@ -41,6 +41,8 @@ STRATEGIES = ("hora", "zero1", "zero2", "ddp", "fsdp")
 SHARDING_OF = {"zero1": "optimizer", "zero2": "gradients"}
 #: the strategies whose checkpoint is a collective (the state is gathered from the shards)
 COLLECTIVE_CHECKPOINT = ("zero1", "zero2", "fsdp")
+#: the strategies whose checkpoints every rank writes as shards in the run's folder, and how
+SHARDED_CHECKPOINT = {"fsdp": "dcp", "zero1": "zero", "zero2": "zero"}
 #: the strategies that run on torch.distributed's default group (not hora's DistributedOptimizer)
 TORCH_DISTRIBUTED = ("ddp", "fsdp")
 
@@ -159,7 +161,7 @@ def load_state(strategy: str, model: Any, opt: Any, msd: dict[str, Any] | None, 
         opt.load_state_dict(osd)
 
 
-def dcp_folder(epoch: int, step: int, global_step: int, attempt: int, kind: str = "dcp") -> str:
+def shard_folder(kind: str, epoch: int, step: int, global_step: int, attempt: int) -> str:
     """The name of one sharded checkpoint's folder (the same on every rank of the attempt):
     ``kind`` ``"dcp"`` (fsdp's distributed checkpoint) or ``"zero"`` (the ZeRO optimizer's shards)."""
     return f"{kind}-e{epoch:06d}-s{step:06d}-g{global_step:09d}-a{attempt}"
@@ -314,4 +316,4 @@ def evaluating(strategy: str, model: Any, on: bool) -> None:
 
 
 __all__ = ["STRATEGIES", "SHARDING_OF", "COLLECTIVE_CHECKPOINT", "TORCH_DISTRIBUTED", "prepare", "full_state",
-           "load_state", "dcp_folder", "save_zero", "load_zero", "save_dcp", "load_dcp", "load_dcp_whole", "dcp_mismatch", "plain_copy", "evaluating", "rebind", "shard_units"]
+           "load_state", "shard_folder", "SHARDED_CHECKPOINT", "save_zero", "load_zero", "save_dcp", "load_dcp", "load_dcp_whole", "dcp_mismatch", "plain_copy", "evaluating", "rebind", "shard_units"]
