@@ -55,7 +55,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from hora.estimators.callbacks import Callback  # noqa: E402
-from tests.runners.helpers import hora_worker_processes  # noqa: E402
+from tests.runners.helpers import hora_worker_processes, rank_processes_in  # noqa: E402
 
 TARGETS = {"dask": ("rank", "supervisor"), "spark": ("rank", "supervisor", "executor"), "ssh": ("rank", "supervisor")}
 
@@ -186,13 +186,7 @@ def _orphans(run_id: str, cwd: Path | None) -> list[int]:
     Spark), or any hora rank process started in the folder ``cwd`` (ssh hosts)."""
     found = {p.pid for p in hora_worker_processes(run_id)}
     if cwd is not None:
-        for proc in psutil.process_iter(["cmdline", "status"]):
-            try:
-                if "hora.runners.rank." in " ".join(proc.info["cmdline"] or []) and \
-                        proc.info["status"] != psutil.STATUS_ZOMBIE and proc.cwd().startswith(str(cwd)):
-                    found.add(proc.pid)
-            except psutil.Error:
-                continue
+        found.update(p.pid for p in rank_processes_in(str(cwd)))
     return sorted(found)
 
 

@@ -21,6 +21,21 @@ def hora_worker_processes(marker: str | None = None) -> list[psutil.Process]:
     return out
 
 
+def rank_processes_in(folder: str) -> list[psutil.Process]:
+    """Live rank-side processes (``hora.runners.rank.*``: ranks, and on ssh hosts the supervisors
+    ssh started) whose working folder is under ``folder``: how the ranks of ``hora run -H`` hosts,
+    which carry no run id on their command line, are found."""
+    out = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if "hora.runners.rank." in " ".join(proc.info["cmdline"] or []) and \
+                    proc.info["status"] != psutil.STATUS_ZOMBIE and proc.cwd().startswith(folder):
+                out.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
 def assert_no_workers_left(marker: str, within: float = 10.0) -> None:
     """Fail unless every worker process of the run ``marker`` is gone within ``within`` seconds."""
     deadline = time.monotonic() + within

@@ -18,6 +18,7 @@ import torch
 
 from tests.estimators.conftest import mlp, regression_data
 from tests.estimators.test_faults_in_series import SlowSteps
+from tests.runners.helpers import rank_processes_in
 
 pytestmark = [pytest.mark.slow]
 
@@ -27,15 +28,10 @@ def _job_processes(marker: str) -> list[tuple[str, str, psutil.Process]]:
     started in the folder ``marker``: the second host's are the supervisor ssh started and what
     runs under it."""
     out = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
+    for proc in rank_processes_in(marker):
         try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if proc.info["status"] == psutil.STATUS_ZOMBIE or "hora.runners.rank." not in cmd:
-                continue
-            if not proc.cwd().startswith(marker):
-                continue
             remote = [p for p in [proc, *proc.parents()] if "hora.runners.rank.remote" in " ".join(p.cmdline())]
-            kind = "supervisor" if "hora.runners.rank.remote" in cmd else "rank"
+            kind = "supervisor" if "hora.runners.rank.remote" in " ".join(proc.cmdline()) else "rank"
             out.append((kind, "127.0.0.2" if remote else "127.0.0.1", proc))
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
