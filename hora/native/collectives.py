@@ -27,6 +27,16 @@ import torch
 from hora.errors import ConfigError, DataError
 from hora.native import compression as _comp
 from hora.native import state as _st
+from hora.native.arguments import (
+    NUMERIC_DTYPES,
+    as_torch,
+    check_device,
+    op_name,
+    process_set_or_none,
+    reduce_op,
+    resolve_process_set,
+    returned,
+)
 from hora.native.backends.base import ReduceOp
 from hora.native.engine import (
     ALLGATHER,
@@ -50,81 +60,6 @@ Max = ReduceOp.Max
 Product = ReduceOp.Product
 Adasum = ReduceOp.Adasum
 
-_NUMERIC = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64,
-            torch.int8, torch.uint8, torch.int16}
-
-
-# ---------------------------------------------------------------------------------------
-# helpers
-# ---------------------------------------------------------------------------------------
-def _as_torch(x: Any, what: str) -> tuple[torch.Tensor, bool]:
-    """``x`` as a torch tensor the engine may read and write (detached from autograd:
-    the collectives' own gradients are hora.torch's business), and whether it was numpy."""
-    if isinstance(x, torch.Tensor):
-        return (x.detach() if x.requires_grad else x), False
-    if isinstance(x, np.ndarray):
-        if x.dtype == object:
-            raise DataError(f"{what}: numpy arrays of dtype object cannot be communicated")
-        if not x.flags.writeable:
-            x = x.copy()
-        try:
-            return torch.from_numpy(x), True
-        except TypeError as exc:
-            raise DataError(f"{what}: numpy dtype {x.dtype} is not supported: {exc}") from None
-    raise DataError(f"{what} must be a torch.Tensor or a numpy.ndarray, got {type(x).__name__}")
-
-
-def _resolve_ps(st: _State, process_set: ProcessSet | None, what: str) -> ProcessSet:
-    if process_set is None or process_set is global_process_set:
-        return global_process_set
-    ps = process_set
-    if not isinstance(ps, ProcessSet):
-        raise ConfigError(f"{what}: process_set must be a hora ProcessSet, got {type(ps).__name__}")
-    if ps.process_set_id is None:
-        raise ConfigError(f"{what}: {ps!r} is not registered; call hora.add_process_set() on every rank first")
-    ranks = ps.ranks if ps.ranks is not None else list(range(st.size))
-    if st.rank not in ranks:
-        raise ConfigError(f"{what}: rank {st.rank} is not a member of {ps!r}")
-    return ps
-
-
-def _op(op: Any, what: str) -> ReduceOp:
-    if type(op) is ReduceOp:
-        return op
-    try:
-        return ReduceOp(op)
-    except (ValueError, TypeError):
-        raise ConfigError(f"{what}: op={op!r} is not one of hora.Sum, Average, Min, Max, Product") from None
-
-
-def _check_tensor(t: torch.Tensor, what: str, st: _State) -> None:
-    if not t.is_cpu:
-        if t.device.type == "cuda" and not st.engine.supports_device("cuda"):
-            raise ConfigError(f"{what}: CUDA tensors need the NCCL backend, which is not available here")
-        if t.device.type not in ("cuda",):
-            raise DataError(f"{what}: tensors on device {t.device} are not supported")
-
-
-def _name(st: _State, kind: str, name: str | None, process_set: ProcessSet | None = None) -> str:
-    if name is None:
-        return st.auto_name(kind, (process_set.process_set_id or 0) if process_set is not None else 0)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{kind}: name must be a non-empty string, got {name!r}")
-    return name
-
-
-def _maybe_ps(process_set: Any) -> ProcessSet | None:
-    """``process_set`` when it is a ProcessSet (else None: the global set, or an argument
-    that the op's own checks reject)."""
-    return process_set if isinstance(process_set, ProcessSet) else None
-
-
-def _ret(t: torch.Tensor, as_numpy: bool) -> Any:
-    return t.numpy() if as_numpy else t
-
-
-
-
 # ---------------------------------------------------------------------------------------
 # allreduce
 # ---------------------------------------------------------------------------------------
@@ -132,15 +67,15 @@ def _allreduce_request(tensor: Any, op: Any, name: str | None, prescale_factor: 
                        process_set: ProcessSet | None, compression: Any, inplace: bool) -> tuple[Request, Any]:
     st = _state_or_raise()
     kind = ALLREDUCE
-    t, is_np = _as_torch(tensor, "allreduce: tensor")
-    rop = _op(op, "allreduce")
-    if t.dtype not in _NUMERIC:
+    t, is_np = as_torch(tensor, "allreduce: tensor")
+    rop = reduce_op(op, "allreduce")
+    if t.dtype not in NUMERIC_DTYPES:
         raise DataError(f"allreduce: dtype {t.dtype} cannot be reduced; use one of float16, bfloat16, float32, "
                         "float64, int32, int64 (or int8/uint8/int16)")
     if rop == ReduceOp.Adasum and not t.is_floating_point():
         raise DataError(f"allreduce: op=Adasum combines floating-point tensors only, got {t.dtype}")
-    _check_tensor(t, "allreduce", st)
-    ps = _resolve_ps(st, process_set, "allreduce")
+    check_device(t, "allreduce", st)
+    ps = resolve_process_set(st, process_set, "allreduce")
     if compression is None:
         comp, comp_name = _comp.NoneCompressor, "none"
     else:
@@ -149,7 +84,7 @@ def _allreduce_request(tensor: Any, op: Any, name: str | None, prescale_factor: 
     src = t if t.is_contiguous() else t.contiguous()
     # out of place: the engine makes the result (in one batched call for a fused group)
     out = src if inplace else None
-    req = Request(kind, _name(st, kind, name, ps), ps.process_set_id, tensor=src, output=out, op=rop,
+    req = Request(kind, op_name(st, kind, name, ps), ps.process_set_id, tensor=src, output=out, op=rop,
                   prescale=prescale_factor, postscale=postscale_factor, compressor=comp, comp_name=comp_name)
 
     if inplace and src is t:
@@ -161,7 +96,7 @@ def _allreduce_request(tensor: Any, op: Any, name: str | None, prescale_factor: 
         if inplace:
             t.copy_(src)
             return tensor
-        return _ret(result, is_np)
+        return returned(result, is_np)
 
     return req, post
 
@@ -197,7 +132,7 @@ def _allreduce_async(tensor: Any, op: Any, name: str | None, prescale_factor: fl
             and type(op) is ReduceOp and op is not _ADASUM and tensor.is_cpu and not tensor.requires_grad
             and tensor.is_contiguous()):
         dtype = tensor.dtype
-        if dtype in _NUMERIC:
+        if dtype in NUMERIC_DTYPES:
             if type(name) is not str or not name:
                 name = _fast_name(st, name)
             return st.engine.submit(fast_allreduce_request(name, tensor, tensor if inplace else None, op,
@@ -256,7 +191,7 @@ def bucket_allreduce_async_(room: torch.Tensor, numel: int, op: Any = Average, n
             f"{' ' + str(room.dtype) if isinstance(room, torch.Tensor) else ''} for numel={numel}"
         )
     tensor = room[:numel]
-    return st.engine.submit(fast_allreduce_request(_fast_name(st, name), tensor, tensor, _op(op, "allreduce"), 1.0,
+    return st.engine.submit(fast_allreduce_request(_fast_name(st, name), tensor, tensor, reduce_op(op, "allreduce"), 1.0,
                                                    float(postscale_factor), room=room))
 
 
@@ -314,7 +249,7 @@ def _grouped(tensors: Sequence[Any], op: Any, name: str | None, prescale_factor:
     st = _state_or_raise()
     if not isinstance(tensors, (list, tuple)):
         raise DataError(f"grouped_allreduce: expected a list of tensors, got {type(tensors).__name__}")
-    base = _name(st, "grouped_allreduce", name, _maybe_ps(process_set))
+    base = op_name(st, "grouped_allreduce", name, process_set_or_none(process_set))
     reqs = [_allreduce_request(t, op, f"{base}.{i}", prescale_factor, postscale_factor, process_set,
                                compression, inplace) for i, t in enumerate(tensors)]
     return GroupHandle([_submit(r, p) for r, p in reqs])
@@ -355,13 +290,13 @@ def grouped_allreduce_(tensors: Sequence[Any], op: Any = Average, name: str | No
 # ---------------------------------------------------------------------------------------
 def _allgather_request(tensor: Any, name: str | None, process_set: ProcessSet | None) -> tuple[Request, Any]:
     st = _state_or_raise()
-    t, is_np = _as_torch(tensor, "allgather: tensor")
-    _check_tensor(t, "allgather", st)
+    t, is_np = as_torch(tensor, "allgather: tensor")
+    check_device(t, "allgather", st)
     if t.dim() == 0:
         t = t.reshape(1)
-    ps = _resolve_ps(st, process_set, "allgather")
-    req = Request(ALLGATHER, _name(st, ALLGATHER, name, ps), ps.process_set_id, tensor=t.contiguous())
-    return req, (lambda r: _ret(r, is_np))
+    ps = resolve_process_set(st, process_set, "allgather")
+    req = Request(ALLGATHER, op_name(st, ALLGATHER, name, ps), ps.process_set_id, tensor=t.contiguous())
+    return req, (lambda r: returned(r, is_np))
 
 
 def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Handle:
@@ -381,15 +316,15 @@ def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | No
 def _broadcast_async(tensor: Any, root_rank: int, name: str | None, process_set: ProcessSet | None,
                      inplace: bool) -> Handle:
     st = _state_or_raise()
-    t, is_np = _as_torch(tensor, "broadcast: tensor")
-    _check_tensor(t, "broadcast", st)
-    ps = _resolve_ps(st, process_set, "broadcast")
+    t, is_np = as_torch(tensor, "broadcast: tensor")
+    check_device(t, "broadcast", st)
+    ps = resolve_process_set(st, process_set, "broadcast")
     ranks = ps.ranks if ps.ranks is not None else list(range(st.size))
     if not isinstance(root_rank, (int, np.integer)) or int(root_rank) not in ranks:
         raise ConfigError(f"broadcast: root_rank={root_rank!r} is not a rank of {ps!r} (ranks {ranks})")
     src = t if t.is_contiguous() else t.contiguous()
     out = src if inplace else src.clone()
-    req = Request(BROADCAST, _name(st, BROADCAST, name, ps), ps.process_set_id, tensor=src, output=out,
+    req = Request(BROADCAST, op_name(st, BROADCAST, name, ps), ps.process_set_id, tensor=src, output=out,
                   root=int(root_rank))
 
     def post(result: torch.Tensor) -> Any:
@@ -397,7 +332,7 @@ def _broadcast_async(tensor: Any, root_rank: int, name: str | None, process_set:
             if src is not t:
                 t.copy_(src)
             return tensor
-        return _ret(result, is_np)
+        return returned(result, is_np)
 
     return _submit(req, post)
 
@@ -433,11 +368,11 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet | None = None) -> Handle:
     """Start an alltoall; ``synchronize()`` returns ``(output, received_splits)``."""
     st = _state_or_raise()
-    t, is_np = _as_torch(tensor, "alltoall: tensor")
-    _check_tensor(t, "alltoall", st)
+    t, is_np = as_torch(tensor, "alltoall: tensor")
+    check_device(t, "alltoall", st)
     if t.dim() == 0:
         raise DataError("alltoall: tensor must have at least one dimension")
-    ps = _resolve_ps(st, process_set, "alltoall")
+    ps = resolve_process_set(st, process_set, "alltoall")
     n = len(ps.ranks) if ps.ranks is not None else st.size
     rows = t.shape[0]
     if splits is None:
@@ -459,7 +394,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
             raise ConfigError(f"alltoall: splits has {len(split_list)} entries but the process set has {n} ranks")
         if any(s < 0 for s in split_list) or sum(split_list) != rows:
             raise ConfigError(f"alltoall: splits {split_list} must be >= 0 and sum to dim 0 ({rows})")
-    req = Request(ALLTOALL, _name(st, ALLTOALL, name, ps), ps.process_set_id, tensor=t.contiguous(),
+    req = Request(ALLTOALL, op_name(st, ALLTOALL, name, ps), ps.process_set_id, tensor=t.contiguous(),
                   splits=tuple(split_list))
 
     def post(result: tuple[torch.Tensor, torch.Tensor]) -> Any:
@@ -482,19 +417,19 @@ def _reducescatter_request(tensor: Any, op: Any, name: str | None, process_set: 
                            prescale_factor: float, postscale_factor: float,
                            what: str = "reducescatter") -> tuple[Request, Any]:
     st = _state_or_raise()
-    t, is_np = _as_torch(tensor, f"{what}: tensor")
-    rop = _op(op, what)
+    t, is_np = as_torch(tensor, f"{what}: tensor")
+    rop = reduce_op(op, what)
     if rop == ReduceOp.Adasum:
         raise NotImplementedError(f"{what}: op=Adasum is not supported (as in Horovod); use Sum or Average")
-    if t.dtype not in _NUMERIC:
+    if t.dtype not in NUMERIC_DTYPES:
         raise DataError(f"{what}: dtype {t.dtype} cannot be reduced")
-    _check_tensor(t, what, st)
+    check_device(t, what, st)
     if t.dim() == 0:
         raise DataError(f"{what}: tensor must have at least one dimension (got a scalar)")
-    ps = _resolve_ps(st, process_set, what)
-    req = Request(REDUCESCATTER, _name(st, REDUCESCATTER, name, ps), ps.process_set_id, tensor=t.contiguous(), op=rop,
+    ps = resolve_process_set(st, process_set, what)
+    req = Request(REDUCESCATTER, op_name(st, REDUCESCATTER, name, ps), ps.process_set_id, tensor=t.contiguous(), op=rop,
                   prescale=prescale_factor, postscale=postscale_factor)
-    return req, (lambda r: _ret(r, is_np))
+    return req, (lambda r: returned(r, is_np))
 
 
 def reducescatter_async(tensor: Any, op: Any = Average, name: str | None = None,
@@ -521,7 +456,7 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
 
 def _group_names(st: _State, kind: str, name: str | None, n: int,
                  process_set: ProcessSet | None = None) -> list[str]:
-    base = _name(st, kind, name, _maybe_ps(process_set))
+    base = op_name(st, kind, name, process_set_or_none(process_set))
     return [f"{base}.{i}" for i in range(n)]
 
 
@@ -575,7 +510,7 @@ def grouped_reducescatter(tensors: Sequence[Any], op: Any = Average, name: str |
 def barrier(process_set: ProcessSet | None = None) -> None:
     """Return once every member of ``process_set`` has called barrier."""
     st = _state_or_raise()
-    ps = _resolve_ps(st, process_set, "barrier")
+    ps = resolve_process_set(st, process_set, "barrier")
     req = Request(BARRIER, st.auto_name(BARRIER, ps.process_set_id), ps.process_set_id)
     _submit(req, None).synchronize()
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from hora.native.collectives import _maybe_ps, _name, allgather, broadcast_
+from hora.native.arguments import op_name, process_set_or_none
+from hora.native.collectives import allgather, broadcast_
 from hora.native.process_sets import ProcessSet
 from hora.native.state import _state_or_raise
 
@@ -26,7 +27,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet | None = None) -> Any:
     """Return ``root_rank``'s ``obj`` (pickled with cloudpickle) on every member."""
     st = _state_or_raise()
-    base = _name(st, "broadcast_object", name, _maybe_ps(process_set))
+    base = op_name(st, "broadcast_object", name, process_set_or_none(process_set))
     payload = _dumps(obj) if st.rank == root_rank else b""
     n = torch.tensor([len(payload)], dtype=torch.int64)
     n = broadcast_(n, root_rank, name=f"{base}.size", process_set=process_set)
@@ -41,7 +42,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet | None = None) -> list[Any]:
     """Return the list of every member's ``obj``, in rank order."""
     st = _state_or_raise()
-    base = _name(st, "allgather_object", name, _maybe_ps(process_set))
+    base = op_name(st, "allgather_object", name, process_set_or_none(process_set))
     payload = _dumps(obj)
     sizes = allgather(torch.tensor([len(payload)], dtype=torch.int64), name=f"{base}.size", process_set=process_set)
     data = allgather(torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else
