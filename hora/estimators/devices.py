@@ -19,7 +19,7 @@ from hora.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SHARING_ENV = "HORA_GPU_SHARING"
+ENV_GPU_SHARING = "HORA_GPU_SHARING"
 
 
 def _visible(visible_devices: str | None) -> list[str] | None:
@@ -75,10 +75,10 @@ def pick_device_index(*, rank: int, local_rank: int, local_size: int, device_cou
             raise ConfigError(
                 f"rank {rank} (local rank {local_rank}) has no GPU of its own: {local_size} ranks on host "
                 f"{socket.gethostname()} but only {device_count} CUDA device(s) visible ({devices}). "
-                f"Run at most {device_count} rank(s) per host (num_proc / -np), or set {SHARING_ENV}=1 to "
+                f"Run at most {device_count} rank(s) per host (num_proc / -np), or set {ENV_GPU_SHARING}=1 to "
                 "share devices (not with NCCL, which refuses two ranks on one device)")
         log.warning("rank %d (local rank %d) shares cuda:%d with other ranks (%s=1, %d ranks, %d devices)",
-                    rank, local_rank, local_rank % device_count, SHARING_ENV, local_size, device_count)
+                    rank, local_rank, local_rank % device_count, ENV_GPU_SHARING, local_size, device_count)
     return local_rank % device_count
 
 
@@ -107,7 +107,7 @@ def rank_device(rank: int, local_rank: int, local_size: int) -> Any:
     index = pick_device_index(rank=rank, local_rank=local_rank, local_size=local_size, device_count=count,
                               visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                               task_gpu_addresses=_spark_task_gpus(),
-                              allow_sharing=bool(settings.get(SHARING_ENV)))
+                              allow_sharing=bool(settings.get(ENV_GPU_SHARING)))
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device
@@ -138,10 +138,10 @@ def check_gpus_before_launch(use_gpu: bool, backend: Any, num_proc: int, client:
         host = socket.gethostname()
         if count == 0:
             raise ConfigError(f"use_gpu=True but host {host} (the local launcher's) sees no CUDA device")
-        if num_proc > count and not settings.get(SHARING_ENV):
+        if num_proc > count and not settings.get(ENV_GPU_SHARING):
             raise ConfigError(f"use_gpu=True with num_proc={num_proc} on host {host}, which has {count} CUDA "
                               f"device(s): ranks {count}..{num_proc - 1} would have no GPU of their own; "
-                              f"lower num_proc or set {SHARING_ENV}=1")
+                              f"lower num_proc or set {ENV_GPU_SHARING}=1")
     elif name == "dask" and client is not None:
         workers = list(client.scheduler_info()["workers"])
         futures = {w: client.submit(_cuda_count, workers=[w], allow_other_workers=False, pure=False) for w in workers}

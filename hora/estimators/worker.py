@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from hora import settings
 from hora.errors import ConfigError
 from hora.estimators.batches import CachedReader, rank_batches, steps_per_epoch
 from hora.estimators.callbacks import CallbackContext
@@ -45,7 +46,7 @@ from hora.runners.spec import ENV_ATTEMPT
 logger = logging.getLogger(__name__)
 
 #: Training steps between two progress reports (env ``HORA_REPORT_EVERY``).
-REPORT_EVERY_ENV = "HORA_REPORT_EVERY"
+ENV_REPORT_EVERY = "HORA_REPORT_EVERY"
 
 
 #: Finished epochs repeated in each progress report (the driver polls only the latest report).
@@ -240,7 +241,8 @@ class WorkerRun:
         if getattr(session, "scheduler", None) is not None:
             self.ctx.extra["lr_scheduler"] = session.scheduler
         self.tb = _TensorBoard(spec) if self.rank == 0 else None
-        self.report_every = int(os.environ.get(REPORT_EVERY_ENV, spec.report_every))
+        every = settings.get(ENV_REPORT_EVERY)
+        self.report_every = int(spec.report_every if every is None else every)
         self.cache: dict[str, CachedReader] | None = {} if self.config.inmemory_cache_all else None
         self.total = steps_per_epoch(spec, "train", self.rank, self.size) if spec.dataset is not None else None
         self.last_epoch: dict[str, float] = {}  # repeated in the next epoch's reports (the driver keeps the latest)
