@@ -6,6 +6,9 @@ and step; ``fit_module`` with per-rank batches and with a DataModule, resume fro
 checkpoint bytes, stop requests, Lightning 1.x hooks, uneven batch counts.
 
 Each package is launched once (module-scoped fixture); every scenario reports on its own.
+Every scenario runs under ``lightning``; under ``pytorch_lightning`` the two entry points
+(the Strategy with ``sgd``, ``fit_module`` with its resume) prove the second import name works
+(the code is shared, and tests/lightning/test_lightning_checks.py covers telling them apart).
 """
 
 from __future__ import annotations
@@ -20,18 +23,25 @@ from tests.lightning import workers as W
 from tests.spawn_util import run_ranks
 
 PACKAGES = ["lightning", "pytorch_lightning"]
+#: the scenarios run under the second import name as well (the others under ``lightning`` only)
+BOTH_NAMES = ("sgd", "fit_module")
 SIZE = 2
 
 pytestmark = pytest.mark.timeout(600)  # the first test of each package pays for the launch
 
+#: a test of a scenario that runs under both import names / under ``lightning`` only
+under_both_names = pytest.mark.parametrize("ranks", PACKAGES, indirect=True)
+under_lightning = pytest.mark.parametrize("ranks", PACKAGES[:1], indirect=True)
 
-@pytest.fixture(scope="module", params=PACKAGES)
+
+@pytest.fixture(scope="module")
 def ranks(request, tmp_path_factory) -> tuple[str, list[dict]]:
     package = request.param
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} is not installed (pip install -c constraints.txt 'hora[lightning]')")
     tmp = tmp_path_factory.mktemp(f"lightning-{package}")
-    out = run_ranks(W.run_all_scenarios, SIZE, args=(package, str(tmp)), timeout=540)
+    names = None if package == PACKAGES[0] else BOTH_NAMES
+    out = run_ranks(W.run_all_scenarios, SIZE, args=(package, str(tmp), names), timeout=540)
     return package, [pickle.loads(b) for b in out]
 
 
@@ -60,6 +70,7 @@ def assert_identical(states: list[dict], what: str) -> None:
 
 
 # ---------------------------------------------------------------------------- the Strategy
+@under_both_names
 def test_plain_sgd_matches_one_process_on_the_whole_batch(ranks):
     res = result(ranks, "sgd")
     assert_identical([r["state"] for r in res], "sgd")
@@ -72,6 +83,7 @@ def test_plain_sgd_matches_one_process_on_the_whole_batch(ranks):
         assert r["allreduce_after"] == 1.0  # 0 + 1: hora still works after fit
 
 
+@under_lightning
 def test_accumulation_with_clipping_matches_one_process(ranks):
     res = result(ranks, "accumulate_clip")
     assert_identical([r["state"] for r in res], "accumulate")
@@ -82,6 +94,7 @@ def test_accumulation_with_clipping_matches_one_process(ranks):
     assert [r["global_step"] for r in res] == [4, 4]
 
 
+@under_lightning
 def test_default_scales_learning_rate_and_scheduler_follows(ranks):
     res = result(ranks, "scale_lr")
     assert_identical([r["state"] for r in res], "scale_lr")
@@ -93,6 +106,7 @@ def test_default_scales_learning_rate_and_scheduler_follows(ranks):
         assert r["follows"]
 
 
+@under_lightning
 def test_sync_batchnorm_uses_hora_and_is_reverted(ranks):
     res = result(ranks, "sync_batchnorm")
     # each rank normalized different rows: equal running statistics mean they were synchronized
@@ -101,6 +115,7 @@ def test_sync_batchnorm_uses_hora_and_is_reverted(ranks):
     assert all(r["class"].endswith("layer_sync._BatchNormXd") for r in res), res[0]["class"]
 
 
+@under_lightning
 def test_sync_dist_metrics_are_reduced_through_hora(ranks):
     res = result(ranks, "metrics")
     for rank, r in enumerate(res):
@@ -112,6 +127,7 @@ def test_sync_dist_metrics_are_reduced_through_hora(ranks):
     assert res[0]["metrics"]["train_loss"] == res[1]["metrics"]["train_loss"]
 
 
+@under_lightning
 def test_lightning_collectives_go_through_hora(ranks):
     for rank, r in enumerate(result(ranks, "metrics")):
         assert r["sum"] == 3.0 and r["mean"] == 1.5 and r["max"] == 1.0
@@ -124,6 +140,7 @@ def test_lightning_collectives_go_through_hora(ranks):
         assert r["all_true"] is False and r["any_true"] is True
 
 
+@under_lightning
 def test_checkpoints_by_rank_zero_and_resume_at_epoch_and_step(ranks):
     res = result(ranks, "checkpoint_resume")
     assert res[0]["saved"] and res[1]["saved"] == []  # rank 0 alone wrote
@@ -139,6 +156,7 @@ def test_checkpoints_by_rank_zero_and_resume_at_epoch_and_step(ranks):
 
 
 # ---------------------------------------------------------------------------- fit_module
+@under_both_names
 def test_fit_module_on_per_rank_batches_and_resume_from_its_checkpoint(ranks):
     res = result(ranks, "fit_module")
     first = [r["first"] for r in res]
@@ -171,6 +189,7 @@ def test_fit_module_on_per_rank_batches_and_resume_from_its_checkpoint(ranks):
         assert r["again_epochs"] == 5 and r["again_history"] == 5
 
 
+@under_lightning
 def test_fit_module_with_a_datamodule_bf16_accumulation_and_csv_logger(ranks):
     res = result(ranks, "fit_module_datamodule")
     assert_identical([r["state"] for r in res], "datamodule")
@@ -183,11 +202,13 @@ def test_fit_module_with_a_datamodule_bf16_accumulation_and_csv_logger(ranks):
     assert res[0]["csv_files"] == ["metrics.csv"] and res[1]["csv_files"] == []
 
 
+@under_lightning
 def test_fit_module_stops_every_rank_when_one_asks(ranks):
     for r in result(ranks, "stop_on_request"):
         assert r["epochs"] == [0, 1] and r["stopped_early"]
 
 
+@under_lightning
 def test_fit_module_runs_lightning_1_hooks_of_horovods_example(ranks):
     for r in result(ranks, "legacy_hooks"):
         assert r["checked"]  # the example's own assertion in on_train_end ran and held
@@ -197,11 +218,13 @@ def test_fit_module_runs_lightning_1_hooks_of_horovods_example(ranks):
         assert all("avg_val_loss" in row for row in r["history"])  # logged by validation_epoch_end
 
 
+@under_lightning
 def test_fit_module_refuses_different_batch_counts(ranks):
     for msg in result(ranks, "uneven_batches"):
         assert "rank 0: 2, rank 1: 3" in msg
 
 
+@under_lightning
 def test_fit_module_terminate_on_nan(ranks):
     for rank, msg in enumerate(result(ranks, "terminate_on_nan")):
         assert f"rank {rank}: the training loss is nan at epoch 0, batch 0 (terminate_on_nan)" in msg

@@ -486,8 +486,9 @@ SCENARIOS: dict[str, Callable[[str, str], Any]] = {
 }
 
 
-def run_all_scenarios(package: str, tmp: str) -> bytes:
-    """Entry point on each rank: pickled ``{scenario: (ok, result or traceback)}``."""
+def run_all_scenarios(package: str, tmp: str, names: tuple[str, ...] | None = None) -> bytes:
+    """Entry point on each rank: pickled ``{scenario: (ok, result or traceback)}`` for the
+    scenarios ``names`` (all when None)."""
     torch.set_num_threads(1)
     import hora.native as hn
 
@@ -495,6 +496,8 @@ def run_all_scenarios(package: str, tmp: str) -> bytes:
     results: dict[str, tuple[bool, Any]] = {}
     try:
         for name, fn in SCENARIOS.items():
+            if names is not None and name not in names:
+                continue
             try:
                 results[name] = (True, fn(package, tmp))
             except Exception:  # noqa: BLE001 - reported per scenario to the test
