@@ -47,10 +47,10 @@ from hora.store.store import Store
 
 logger = logging.getLogger(__name__)
 
-LEASE_TTL_ENV = "HORA_MATERIALIZE_LEASE_TTL"
-WAIT_TIMEOUT_ENV = "HORA_MATERIALIZE_WAIT_TIMEOUT"
-DEFAULT_LEASE_TTL = settings.default(LEASE_TTL_ENV)
-DEFAULT_WAIT_TIMEOUT = settings.default(WAIT_TIMEOUT_ENV)
+ENV_LEASE_TTL = "HORA_MATERIALIZE_LEASE_TTL"
+ENV_WAIT_TIMEOUT = "HORA_MATERIALIZE_WAIT_TIMEOUT"
+DEFAULT_LEASE_TTL = settings.default(ENV_LEASE_TTL)
+DEFAULT_WAIT_TIMEOUT = settings.default(ENV_WAIT_TIMEOUT)
 POLL_INTERVAL = 0.5
 
 
@@ -158,7 +158,7 @@ class Lease:
         self.store = store
         self.fingerprint = fingerprint
         self.attempt = attempt
-        self.ttl = settings.get(LEASE_TTL_ENV) if ttl is None else float(ttl)
+        self.ttl = settings.get(ENV_LEASE_TTL) if ttl is None else float(ttl)
         self.path = store.layout.lease_path(fingerprint, attempt)
         self.started_at = time.time()
         self.phase = "writing"
@@ -212,7 +212,7 @@ class Lease:
             the committed DatasetInfo once an older attempt committed, or None when this
             attempt should write (no older live attempt, they died, or the wait timed out).
         """
-        timeout = settings.get(WAIT_TIMEOUT_ENV) if timeout is None else timeout
+        timeout = settings.get(ENV_WAIT_TIMEOUT) if timeout is None else timeout
         deadline = time.monotonic() + timeout
         announced = False
         while True:
@@ -243,7 +243,7 @@ class Lease:
             StoreError: another live attempt kept committing for longer than ``timeout``
                 (default: the wait timeout), named in the message.
         """
-        timeout = settings.get(WAIT_TIMEOUT_ENV) if timeout is None else timeout
+        timeout = settings.get(ENV_WAIT_TIMEOUT) if timeout is None else timeout
         deadline = time.monotonic() + max(timeout, 4 * self.ttl)
 
         def committing_rivals() -> list[LeaseInfo]:
@@ -285,4 +285,4 @@ class Lease:
             logger.warning("materialize: could not remove lease %s: %s", self.store.url_for(self.path), exc)
 
 
-__all__ = ["Lease", "LeaseInfo", "read_leases", "sweep_dead", "LEASE_TTL_ENV", "WAIT_TIMEOUT_ENV"]
+__all__ = ["Lease", "LeaseInfo", "read_leases", "sweep_dead", "ENV_LEASE_TTL", "ENV_WAIT_TIMEOUT"]

@@ -39,7 +39,7 @@ from hora.errors import DataError, HoraError, StoreError
 from hora.store import retry
 from hora.store.layout import join
 from hora.store.sources import Source, probe_answer_error, remove_probe, stored_kinds
-from hora.store.store import STORE_TIMEOUT_ENV, Store, store_timeout
+from hora.store.store import ENV_STORE_TIMEOUT, Store, store_timeout
 from hora.store.writer import WritePlan, _ndarray_to_list_array, write_part
 
 logger = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ def check_tasks_reach(ray: Any, store: Store) -> None:
             error = gather(ray, [ref], f"checking that Ray tasks reach {store.url}")[0]
         else:
             ray.cancel(ref, force=True)
-            error = f"no answer within {timeout:.0f} s (set {STORE_TIMEOUT_ENV} to wait longer)"
+            error = f"no answer within {timeout:.0f} s (set {ENV_STORE_TIMEOUT} to wait longer)"
         if not error:
             error = probe_answer_error(store, path, token, "the task")
     finally:

@@ -43,7 +43,7 @@ from hora.errors import ConfigError, DataError, StoreError
 from hora.store.arrow_arrays import column_to_numpy, group_spec, put_column, row_bytes_of, stack_members
 from hora.store.dataset import ColumnSpec, DatasetInfo
 from hora.store.layout import SPLITS
-from hora.store.segments import plan_segments
+from hora.store.segments import Segment, plan_segments
 from hora.store.store import Store
 
 logger = logging.getLogger(__name__)
@@ -52,8 +52,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_SHUFFLE_BUFFER_ROWS = 100_000
 DEFAULT_SHUFFLE_BUFFER_BYTES = 256 << 20
 #: Seconds the consumer waits for the next batch from the prefetch thread (env override below).
-READER_TIMEOUT_ENV = "HORA_READER_TIMEOUT"
-DEFAULT_READER_TIMEOUT_S = settings.default(READER_TIMEOUT_ENV)
+ENV_READER_TIMEOUT = "HORA_READER_TIMEOUT"
+DEFAULT_READER_TIMEOUT_S = settings.default(ENV_READER_TIMEOUT)
 _REMAINDERS = ("pad", "truncate")
 #: Bytes of batches the prefetch thread hands over at once (at most 64 batches, at least one).
 HANDOVER_BYTES = 4 << 20
@@ -89,7 +89,7 @@ def _stop_all_readers() -> None:
 
 def reader_timeout() -> float:
     """Seconds to wait for one batch (``HORA_READER_TIMEOUT`` or the default)."""
-    return settings.get(READER_TIMEOUT_ENV)
+    return settings.get(ENV_READER_TIMEOUT)
 
 
 class _Chunk(NamedTuple):
@@ -424,7 +424,7 @@ class Reader:
                             raise StoreError(
                                 f"reader rank {self.rank} ({self.split}, epoch {self.epoch}): nothing from the "
                                 f"{what} thread within {timeout:.0f} s (reading {self.store.url}; "
-                                f"set {READER_TIMEOUT_ENV} to wait longer)"
+                                f"set {ENV_READER_TIMEOUT} to wait longer)"
                             )
                 if item is done:
                     return
@@ -565,5 +565,5 @@ def make_reader(
     return reader
 
 
-__all__ = ["Reader", "make_reader", "plan_segments", "Segment", "READER_TIMEOUT_ENV", "DEFAULT_READER_TIMEOUT_S",
+__all__ = ["Reader", "make_reader", "plan_segments", "Segment", "ENV_READER_TIMEOUT", "DEFAULT_READER_TIMEOUT_S",
            "ROW_ID", "row_position", "row_bytes_of"]

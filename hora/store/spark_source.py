@@ -31,7 +31,7 @@ from hora.errors import DataError, StoreError
 from hora.store import retry
 from hora.store.layout import join
 from hora.store.sources import Source, missing_columns, probe_answer_error, remove_probe, stored_kinds
-from hora.store.store import STORE_TIMEOUT_ENV, Store, store_timeout
+from hora.store.store import ENV_STORE_TIMEOUT, Store, store_timeout
 from hora.store.writer import WritePlan, write_part
 
 logger = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def _probe_on_executor(store: Store, path: str, token: str, batches: Iterator[An
     thread.start()
     thread.join(timeout)
     if "error" not in outcome:
-        outcome["error"] = f"no answer from the store within {timeout:.0f} s (set {STORE_TIMEOUT_ENV} to wait longer)"
+        outcome["error"] = f"no answer from the store within {timeout:.0f} s (set {ENV_STORE_TIMEOUT} to wait longer)"
     yield pa.RecordBatch.from_pydict({"error": [outcome["error"]]})
 
 

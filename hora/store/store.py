@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds the writability check at :meth:`Store.create` may take before the store is
 #: declared unreachable (override with the environment variable ``HORA_STORE_TIMEOUT``).
-STORE_TIMEOUT_ENV = "HORA_STORE_TIMEOUT"
-DEFAULT_STORE_TIMEOUT_S = settings.default(STORE_TIMEOUT_ENV)
+ENV_STORE_TIMEOUT = "HORA_STORE_TIMEOUT"
+DEFAULT_STORE_TIMEOUT_S = settings.default(ENV_STORE_TIMEOUT)
 
 # scheme -> (canonical fsspec protocol, pip package that provides it)
 _SCHEMES: dict[str, tuple[str, str | None]] = {
@@ -57,7 +57,7 @@ _ATOMIC_PUT = {"s3", "gs", "abfs", "memory"}
 
 def store_timeout() -> float:
     """The timeout in seconds for store reachability checks (``HORA_STORE_TIMEOUT`` or the default)."""
-    return settings.get(STORE_TIMEOUT_ENV)
+    return settings.get(ENV_STORE_TIMEOUT)
 
 
 def _split_url(url: str) -> tuple[str, str]:
@@ -504,7 +504,7 @@ class Store:
         if thread.is_alive() or "error" not in result:
             raise StoreError(
                 f"store {self.url} did not answer a write check within {timeout:.0f} s "
-                f"(unreachable? set {STORE_TIMEOUT_ENV} to wait longer)"
+                f"(unreachable? set {ENV_STORE_TIMEOUT} to wait longer)"
             )
         exc = result["error"]
         if exc is None:
@@ -549,4 +549,4 @@ def _require(package: str, scheme: str, url: str) -> None:
         raise StoreError(f"store URL {url!r} ({scheme}://) needs the optional package {package!r}: pip install {package}")
 
 
-__all__ = ["Store", "DEFAULT_STORE_TIMEOUT_S", "STORE_TIMEOUT_ENV", "store_timeout"]
+__all__ = ["Store", "DEFAULT_STORE_TIMEOUT_S", "ENV_STORE_TIMEOUT", "store_timeout"]

@@ -18,7 +18,7 @@ import pytest
 
 from hora.store import load_dataset_info, make_reader, materialize
 from hora.store.layout import LEASE_PREFIX, TMP_PREFIX
-from hora.store.lease import LEASE_TTL_ENV, WAIT_TIMEOUT_ENV
+from hora.store.lease import ENV_LEASE_TTL, ENV_WAIT_TIMEOUT
 from .conftest import _make_store
 from .faults import delay_commit, delayed_commit_code
 
@@ -93,7 +93,7 @@ def test_a_second_fit_of_one_spark_frame_waits_for_the_first_commit_and_reuses_i
 def test_attempts_that_do_not_wait_commit_their_own_without_harm(store, monkeypatch):
     # three attempts write their own copies at once (no waiting); the commits are exclusive, the first
     # one wins, the others adopt it and remove only their own staging folders
-    monkeypatch.setenv(WAIT_TIMEOUT_ENV, "0")
+    monkeypatch.setenv(ENV_WAIT_TIMEOUT, "0")
     delay_commit(monkeypatch, 1)
     df = _frame()
     results: dict = {}
@@ -147,7 +147,7 @@ def test_a_commit_never_deletes_a_live_attempt_s_files(store, request, monkeypat
     writer = _start_writer(store, request, 5)
     try:
         _, staged = _wait_for_staged_files(store)
-        monkeypatch.setenv(WAIT_TIMEOUT_ENV, "0")
+        monkeypatch.setenv(ENV_WAIT_TIMEOUT, "0")
         mine = materialize(_frame(), store, ["x"], ["y"], num_proc=2)
         assert not mine.reused
         assert all(store.exists(f) for f in staged)  # the live attempt's staging folder is untouched
@@ -163,7 +163,7 @@ def test_a_commit_never_deletes_a_live_attempt_s_files(store, request, monkeypat
 
 
 def test_a_writer_killed_mid_way_is_swept(store, request):
-    writer = _start_writer(store, request, 300, **{LEASE_TTL_ENV: "2"})
+    writer = _start_writer(store, request, 300, **{ENV_LEASE_TTL: "2"})
     try:
         dataset_dir, _ = _wait_for_staged_files(store)
         writer.send_signal(signal.SIGKILL)
