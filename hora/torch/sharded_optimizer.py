@@ -16,13 +16,18 @@ returns an optimizer of ``opt``'s class whose *state* lives on one rank per para
   rows are gathered (an in-place Sum allreduce of a buffer holding zeros but this rank's
   rows: exact, and the engine's in-place path; at most :data:`MAX_IN_FLIGHT` buckets in flight, so the
   transient is a few buckets, not a second copy of the model) and each rank copies in
-  the parameters others updated.
+  the parameters others updated. A bucket of a single parameter (one larger than the
+  bucket cap: an embedding, a vocabulary head) is one rank's whole: that parameter is
+  broadcast in place from its owner, with no buffer (its rows would cost ``size`` times it).
 * ``"gradients"`` (ZeRO-2): as above, but each bucket's flat ``[size, W]`` buffer (whose
   views are the ``.grad`` of its parameters during backward) is *reduce-scattered* when
   its last gradient is in: rank ``r`` receives row ``r``, its parameters' reduced
   gradients, and the bucket buffer is dropped; the ``.grad`` of parameters other ranks
   own becomes ``None``. At most :data:`MAX_IN_FLIGHT` buckets are in flight during
-  backward, so the full-size gradient buffers do not pile up.
+  backward, so the full-size gradient buffers do not pile up. A bucket of a single
+  parameter has no flat buffer: autograd's gradient is allreduced in place (as unsharded)
+  and dropped at once on the ranks that do not own it, so its peak is that one gradient,
+  not ``size`` rows of it plus a received row.
 
 Gradient compression (``Compression.fp16`` / ``bf16``) applies to the reduction in both
 modes (the allreduce, or the reduce-scatter's wire); the parameter allgather always
@@ -149,6 +154,9 @@ class _ShardedMixin(DistributedMixin):
         self._hora_state_checked = False
         self._hora_param_names = [f"zero.params.{b}.{self._hora_names[bucket[0]]}"
                                   for b, bucket in enumerate(self._hora_buckets)]
+        # buckets of one (contiguous) parameter: the whole bucket is one rank's; its parameter is
+        # broadcast in place from its owner, and under ZeRO-2 its gradient reduced in place
+        self._hora_alone = [len(bucket) == 1 and bucket[0].is_contiguous() for bucket in self._hora_buckets]
 
     # ---------------------------------------------------------------- stepping
     def step(self, closure: Any = None) -> Any:
@@ -195,6 +203,16 @@ class _ShardedMixin(DistributedMixin):
             for b, (bucket, shard) in enumerate(zip(self._hora_buckets, self._hora_shards)):
                 mine = shard.rows[self._hora_me]
                 p0 = bucket[0]
+                if self._hora_alone[b]:
+                    # a bucket of one parameter (one larger than the bucket cap: an embedding,
+                    # a vocabulary head): broadcast in place from its owner, no buffer at all
+                    # (the flat of `size` rows below would cost `size` times the parameter)
+                    pending.append((b, _ops.broadcast_async_(p0.data, root_rank=self._hora_ranks[shard.owners[0]],
+                                                             name=self._hora_param_names[b],
+                                                             process_set=self._hora_process_set)))
+                    if len(pending) > MAX_IN_FLIGHT:
+                        self._hora_copy_in(*pending.popleft())
+                    continue
                 # every rank's rows in one buffer, zeros but its own, summed in place: exact
                 # (x + 0 == x) and the engine's in-place allreduce path (an allgather's
                 # output buffers were kept by the engine between steps: RSS grew each step)
@@ -214,6 +232,8 @@ class _ShardedMixin(DistributedMixin):
     def _hora_copy_in(self, b: int, handle: Any) -> None:
         gathered = handle.synchronize()
         bucket, shard = self._hora_buckets[b], self._hora_shards[b]
+        if self._hora_alone[b]:
+            return  # broadcast in place (see _hora_gather_params)
         dst, src = [], []
         for i, (r, off) in enumerate(zip(shard.owners, shard.offsets)):
             if r != self._hora_me:
@@ -332,7 +352,9 @@ class _GradShardMixin(_ShardedMixin):
     def _hora_shard_setup(self, raw: torch.optim.Optimizer) -> None:
         super()._hora_shard_setup(raw)
         nb = len(self._hora_buckets)
-        self._hora_flat_ok = [True] * nb  # every bucket has a flat [size, W] buffer of our layout
+        # every bucket but one of a single parameter has a flat [size, W] buffer of our layout
+        # (a lone parameter's row would be the whole parameter: `size` times its gradient)
+        self._hora_flat_ok = [not alone for alone in self._hora_alone]
         self._hora_small = [False] * nb
         self._hora_layout_checked = False
         self._hora_pending: deque[int] = deque()
@@ -351,6 +373,9 @@ class _GradShardMixin(_ShardedMixin):
     def _hora_submit_bucket(self, b: int) -> None:
         self._hora_submitted[b] = True
         self._hora_counted = True
+        if not self._hora_flat_ok[b]:
+            self._hora_submit_alone(b)
+            return
         if self._hora_flats[b] is None:
             self._hora_make_flat(b)
         for s in self._hora_bucket_slots[b]:
@@ -370,6 +395,19 @@ class _GradShardMixin(_ShardedMixin):
         self._hora_pending.append(b)
         self._hora_drain(MAX_IN_FLIGHT)
 
+    def _hora_submit_alone(self, b: int) -> None:
+        """A bucket of one parameter: its gradient (autograd's own tensor) allreduced in place,
+        as the unsharded optimizer does; :meth:`_hora_finish` drops it on the other ranks."""
+        s = self._hora_bucket_slots[b][0]
+        if s.sparse:
+            raise NotImplementedError(f"DistributedOptimizer(sharding='gradients'): the gradient of {s.name!r} "
+                                      "is sparse; sharded gradients are dense only")
+        if s.p.grad is None:  # this rank computed none this step, another may have: reduce zeros
+            s.p.grad = torch.zeros_like(s.p, memory_format=torch.preserve_format)
+        self._hora_handles[b] = (self._hora_allreduce(s.p.grad, self._hora_grad_names[b]), None)
+        self._hora_pending.append(b)
+        self._hora_drain(MAX_IN_FLIGHT)
+
     def _hora_drain(self, limit: int) -> None:
         """Finish buckets in submission order while more than ``limit`` are pending or the
         oldest is already done."""
@@ -380,6 +418,11 @@ class _GradShardMixin(_ShardedMixin):
     def _hora_finish(self, b: int) -> None:
         """Bucket ``b``'s row is in: owned ``.grad`` become views of it, the others None."""
         handle, ctx = self._hora_handles.pop(b)
+        if not self._hora_flat_ok[b]:  # a lone parameter's gradient, reduced in place
+            handle.synchronize()
+            if self._hora_shards[b].owners[0] != self._hora_me:
+                self._hora_bucket_slots[b][0].p.grad = None
+            return
         row = self._hora_compression.decompress(handle.synchronize(), ctx).reshape(-1)
         shard = self._hora_shards[b]
         for s, r, off in zip(self._hora_bucket_slots[b], shard.owners, shard.offsets):
