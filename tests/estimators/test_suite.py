@@ -221,7 +221,8 @@ def _dask_torch(request, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# Dask x Keras: a feature group into a Keras model, Keras and hora callbacks
+# Dask x Keras: a feature group into a Keras model, Keras and hora callbacks, two backward passes
+# per step (Horovod's backward_passes_per_step), resumed from the Keras checkpoint
 # ---------------------------------------------------------------------------------------
 def _dask_keras(request, tmp_path):
     keras = pytest.importorskip("keras")
@@ -240,7 +241,7 @@ def _dask_keras(request, tmp_path):
     def make(epochs):
         return KerasEstimator(num_proc=2, store=store, model=frames.keras_group_net(), optimizer="adam", loss="mse",
                               feature_cols=[group], label_cols=["y"], batch_size=16, epochs=epochs, validation=0.25,
-                              random_seed=0, verbose=0, run_id=run_id,
+                              random_seed=0, verbose=0, run_id=run_id, backward_passes_per_step=2,
                               callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss", patience=5), EpochRecorder()])
 
     model = make(1).fit(ddf)
@@ -254,7 +255,8 @@ def _dask_keras(request, tmp_path):
     loaded = KerasModel.load("memory://hora-suite/keras")
     np.testing.assert_allclose(loaded.predict(pdf.head(10)).to_numpy(), model.predict(pdf.head(10)).to_numpy(),
                                rtol=1e-6)
-    _check_resume(model.history_, make, ddf, run_id, store)
+    second = _check_resume(model.history_, make, ddf, run_id, store)
+    assert second.history_[1]["loss"] < model.history_[0]["loss"]  # epoch 1 trained on from the checkpoint's weights
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""KerasEstimator fit / transform / save / load on Spark (local[2]) and Dask (LocalCluster), 2 ranks each."""
+"""KerasEstimator fit / transform / save / load on Spark (local[2]) and Dask (LocalCluster), 2 ranks each.
+
+A Keras fit resumed by run_id (with backward_passes_per_step=2) is tests/estimators/test_suite.py's
+dask-keras case (and its Spark cases): the resume test that was here repeated it."""
 
 from __future__ import annotations
 
@@ -166,29 +169,6 @@ def test_dask_save_load_and_params(dask_fit, tmp_path):
     with pytest.raises(ConfigError, match="custom_objects must be a dict"):
         est.set_params(custom_objects=["ScaledDense"])._config()
     est.set_params(custom_objects={"ScaledDense": params["custom_objects"]["ScaledDense"]}, epochs=3)
-
-
-# ---------------------------------------------------------------------------------------
-# resume from the run's last checkpoint (pandas frame: the local runner)
-# ---------------------------------------------------------------------------------------
-def test_fit_resumes_from_keras_checkpoint(tmp_path):
-    from hora.dask import KerasEstimator
-    from hora.store import Store
-    from tests.tensorflow.keras_models import digits_mlp
-
-    pdf, x, y = digits_frame(600)
-    store = Store.create(str(tmp_path / "store"))
-    params = dict(num_proc=2, store=store, model=digits_mlp(), optimizer=keras.optimizers.Adam(0.003),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"], feature_cols=["features"],
-                  label_cols=["label"], batch_size=32, validation=0.2, random_seed=3, verbose=0,
-                  run_id="keras-resume", backward_passes_per_step=2)
-    first = KerasEstimator(epochs=2, **params).fit(pdf)
-    assert store.list_checkpoints("keras-resume") == [0, 1]
-    second = KerasEstimator(epochs=3, **params).fit(pdf)
-    assert [h["epoch"] for h in second.history_] == [0, 1, 2]
-    assert second.history_[:2] == first.history_  # epochs 0-1 came from the checkpoint, not retrained
-    assert store.list_checkpoints("keras-resume") == [0, 1, 2]
-    assert second.history_[2]["loss"] < first.history_[0]["loss"]
 
 
 # ---------------------------------------------------------------------------------------
