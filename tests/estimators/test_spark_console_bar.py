@@ -1,9 +1,10 @@
 """Spark's own console progress bar is quiet while hora's training stage runs (issue 25, item 1).
 
 A fresh SparkSession with ``spark.ui.showConsoleProgress=true`` in a child process (the
-JVM's stderr is the child's, so the test reads it from a file): a 3-second stage draws
-``[Stage N:`` outside :func:`hora._spark.console_progress_paused` (the control: the test
-can fail), nothing inside it (also nested), and draws again after the block ends.
+JVM's stderr is the child's, so the test reads it from a file): a 1.5-second stage (Spark draws
+a stage once it has run 0.5 s, and redraws every 0.2 s) draws ``[Stage N:`` outside
+:func:`hora._spark.console_progress_paused` (the control: the test can fail), nothing inside it
+(also nested), and draws again after the block ends.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     def slow(batches):
         import time
         for b in batches:
-            time.sleep(3)
+            time.sleep(1.5)
             yield b
 
     def stage():
