@@ -30,15 +30,15 @@ import logging
 import os
 import shlex
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 from hora import settings
-from hora.errors import ConfigError, RendezvousError, WorkerFailedError
+from hora.errors import ConfigError, RunTimeoutError
 from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float, make_secret
-from hora.runners.driver.monitor import Policy, RunTimeoutError, watch
+from hora.runners.driver.attempts import Launch, run_attempts
+from hora.runners.driver.monitor import Policy
 from hora.runners.driver.recovery import Attempts, check_max_failures, start_size, wait_for_slots
 from hora.runners.driver.service import DriverService
 from hora.runners.launcher import Job, Launcher, resolve_launcher
@@ -182,42 +182,43 @@ def run(
     )
     printing = {"store": store, "stdout": stdout, "stderr": stderr, "timestamps": timestamps}
     attempts = Attempts(run_id, max_failures, launcher.name)
-    t0 = time.monotonic()
-    while True:
-        left = None if timeout is None else timeout - (time.monotonic() - t0)
-        try:
-            return _attempt(launcher, spec, attempts, printing, left)
-        except (WorkerFailedError, RendezvousError) as exc:
-            out_of_time = timeout is not None and time.monotonic() - t0 >= timeout
-            attempts.failed(exc, spec.num_proc, out_of_time=out_of_time)
-        size = wait_for_slots(launcher, min_num_proc or most, most, float(start_timeout), run_id)
-        attempts.relaunching(size)
-        spec = dataclasses.replace(spec, num_proc=size)
+
+    def start_attempt(size: int, left: float | None) -> Launch:
+        return _start_attempt(launcher, dataclasses.replace(spec, num_proc=size), attempts, printing, left)
+
+    def next_size(_size: int) -> int:
+        return wait_for_slots(launcher, min_num_proc or most, most, float(start_timeout), run_id)
+
+    return run_attempts(start_attempt, attempts, spec.num_proc, timeout=timeout, next_size=next_size)
 
 
-def _attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, printing: dict[str, Any],
-             timeout: float | None) -> list[Any]:
-    """One launch of a run: a fresh driver service and secret, the ranks, the monitor, the teardown."""
+def _start_attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, printing: dict[str, Any],
+                   timeout: float | None) -> Launch:
+    """One launch of a run: a fresh driver service and secret, the ranks; its teardown stops them."""
     bind, advertise = launcher.driver_addresses()
     secret = make_secret() if attempts.number > 1 else spec.secret
     service = DriverService(secret, spec.num_proc, spec.run_id, bind=bind, advertise=advertise,
                             verbose=spec.verbose, attempt=attempts.number, label=attempts.label(), **printing)
     job: Job | None = None
+
+    def close() -> None:
+        service.abort()
+        try:
+            if job is not None:
+                job.cancel()
+        finally:
+            service.close()
+
     try:
         spec = dataclasses.replace(spec, secret=secret, driver_addr=service.addr, attempt=attempts.number)
         log.info("hora run %s: %d rank(s) of %s on %s%s", spec.run_id, spec.num_proc, spec.fn_name, launcher.name,
                  f" ({attempts.label()})" if attempts.label() else "")
         job = launcher.start(spec, service)
-        return watch(service, job, Policy(num_proc=spec.num_proc, run_id=spec.run_id,
-                                          start_timeout=spec.start_timeout, functions=True, timeout=timeout))
-    except KeyboardInterrupt:
-        log.warning("hora run %s interrupted; stopping every rank", spec.run_id)
+    except BaseException:
+        close()
         raise
-    finally:
-        service.abort()
-        if job is not None:
-            job.cancel()
-        service.close()
+    return Launch(service, job, Policy(num_proc=spec.num_proc, run_id=spec.run_id, start_timeout=spec.start_timeout,
+                                       functions=True, timeout=timeout), close)
 
 
 def horovod_run(
@@ -330,9 +331,6 @@ def horovod_run(
     return run(func, args=tuple(args), kwargs=dict(kwargs or {}), num_proc=num_proc, backend=launcher,
                     start_timeout=start_timeout, verbose=level, init_native=False, max_failures=max_failures,
                     env={ENV_BACKEND: "mpi"} if use_mpi else None)
-
-
-__all__ = ["run"]
 
 
 __all__ = ["run", "horovod_run", "RunTimeoutError"]

@@ -18,14 +18,15 @@ import shutil
 from collections.abc import Mapping
 from typing import IO
 
-from hora.errors import ConfigError, RendezvousError, WorkerFailedError
+from hora.errors import ConfigError
 from hora import settings
 from hora.native.rendezvous import ENV_BACKEND, WorkerEnv, make_secret
 from hora.runners.driver.service import DriverService
 from hora.runners.launchers.hosts import HostPlan, HostsJob, RankOutput, RankProcess, forward_environment
 from hora.runners.slots import HostSlots, RankSlot
 from hora.runners.launchers.hosts import hosts_config
-from hora.runners.driver.monitor import Policy, watch
+from hora.runners.driver.attempts import Launch, run_attempts
+from hora.runners.driver.monitor import Policy
 from hora.runners.launchers.mpi import MpiJob
 from hora.runners.driver.recovery import Attempts, check_max_failures
 from hora.runners.spec import ENV_ATTEMPT, ENV_DRIVER_ADDR, ENV_RUN_ID, ENV_SUPERVISOR_PID, new_run_id
@@ -149,6 +150,7 @@ class CommandRun:
         self.output = RankOutput(self.service.emit, self.cfg.output_dir, self.cfg.num_proc)
         self.job = None
         self.started = False
+        self._closed = False  # the attempt's ranks were stopped and its service closed
 
     def describe(self) -> list[str]:
         """What ``--verbose`` prints before starting."""
@@ -200,29 +202,39 @@ class CommandRun:
     def wait(self) -> None:
         """Return once every rank exited 0. With ``max_failures``, a retriable failure (a
         rank killed by a signal, a lost host: :mod:`hora.runners.driver.faults`) stops every rank
-        and starts them all again, up to ``max_failures`` times.
+        and starts them all again, up to ``max_failures`` times (the one attempt loop,
+        :func:`hora.runners.driver.attempts.run_attempts`).
 
         Raises:
             WorkerFailedError: the first failure (rank, host, exit code, traceback); after
                 relaunches, naming every attempt's cause.
             RendezvousError: ranks never reached the engine's start barrier.
         """
-        while True:
-            assert self.job is not None
-            try:
-                watch(self.service, self.job, Policy(num_proc=self.cfg.num_proc, run_id=self.run_id,
-                                                     start_timeout=self.cfg.start_timeout, functions=False,
-                                                     poll_interval=0.05))
-                return
-            except (WorkerFailedError, RendezvousError) as exc:
-                self.attempts.failed(exc, self.cfg.num_proc)
-            self.attempts.relaunching(self.cfg.num_proc)
-            self.stop()
-            self._open_attempt()
+        assert self.job is not None, "start() first"
+        run_attempts(self._relaunch, self.attempts, self.cfg.num_proc, first=self._launch(), close_last=False)
+
+    def _launch(self) -> Launch:
+        """The current attempt as the attempt loop watches it."""
+        assert self.job is not None
+        policy = Policy(num_proc=self.cfg.num_proc, run_id=self.run_id, start_timeout=self.cfg.start_timeout,
+                        functions=False, poll_interval=0.05)
+        return Launch(self.service, self.job, policy, self.stop)
+
+    def _relaunch(self, _num_proc: int, _time_left: float | None) -> Launch:
+        """The next attempt (the loop stopped the failed one): a fresh service, every rank started again."""
+        self._open_attempt()
+        try:
             self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self._launch()
 
     def stop(self) -> None:
         """Stop every rank on every host and close the services (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             if self.job is not None:
                 self.job.cancel()
