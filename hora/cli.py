@@ -360,11 +360,11 @@ def run_command(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         runner.wait()
         return 0
-    except WorkerFailedError as exc:
-        return _print_failure(exc, started=runner is not None and runner.started)
-    except RendezvousError as exc:
+    except RendezvousError as exc:  # before WorkerFailedError: RanksNotStartedError is both
         sys.stderr.write(f"hora run: {exc}; stopping all ranks\n")
         return 1
+    except WorkerFailedError as exc:
+        return _print_failure(exc, started=runner is not None and runner.started)
     except (Interrupted, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         sys.stderr.write(f"hora run: received {signal.Signals(signum).name}; stopping all ranks\n")

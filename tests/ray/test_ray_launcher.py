@@ -8,7 +8,7 @@ import os
 import pytest
 
 import hora.runners
-from hora.errors import ConfigError, RendezvousError, WorkerFailedError
+from hora.errors import ConfigError, RankError, RendezvousError, WorkerFailedError, WorkerLostError
 
 
 def _allreduce_and_place(scale):
@@ -52,6 +52,7 @@ def test_raising_rank_is_reported_with_its_traceback(free_cluster):
         hora.runners.run(_raise_on_rank_one, num_proc=2, backend=hora.runners.RayLauncher(strategy="SPREAD"),
                          verbose=0)
     err = info.value
+    assert type(err) is RankError
     assert err.rank == 1 and err.host == "127.0.0.1"
     assert "ValueError: rank one refuses" in str(err)
     assert "_raise_on_rank_one" in (err.remote_traceback or "")
@@ -104,6 +105,7 @@ def test_killed_actor_is_reported_lost_and_the_other_rank_stopped(free_cluster, 
     with pytest.raises(WorkerFailedError) as info:
         hora.runners.run(_rank_one_dies, args=(str(tmp_path), how), num_proc=2, backend=launcher, verbose=0)
     err = info.value
+    assert type(err) is WorkerLostError and err.retriable
     assert err.rank == 1 and err.host == "127.0.0.1"
     assert "was lost: its Ray actor" in err.message and "died" in err.message, err.message
     if killer is not None:

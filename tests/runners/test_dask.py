@@ -9,7 +9,7 @@ import time
 import pytest
 
 import hora.runners as hr
-from hora.errors import ConfigError, WorkerFailedError
+from hora.errors import ConfigError, RankError, RankKilledError, WorkerFailedError, WorkerLostError
 from hora.runners import api as base
 
 from .helpers import assert_no_workers_left
@@ -68,6 +68,7 @@ def _fail_rank0():
 def test_dask_failure_carries_the_remote_traceback(dask_client):
     with pytest.raises(WorkerFailedError) as info:
         hr.run(_fail_rank0, backend="dask", client=dask_client, run_id="dask-fail", verbose=0)
+    assert type(info.value) is RankError
     assert info.value.rank == 0
     assert "dask rank 0 cannot open its data" in info.value.remote_traceback
     assert_no_workers_left("dask-fail")
@@ -87,6 +88,7 @@ def test_dask_worker_killed_with_sigkill_fails_the_run(dask_client):
     with pytest.raises(WorkerFailedError) as info:
         hr.run(_kill_my_dask_worker, backend="dask", client=dask_client, run_id="dask-kill", verbose=0)
     assert time.monotonic() - t0 < 60
+    assert isinstance(info.value, (WorkerLostError, RankKilledError)) and info.value.retriable, type(info.value)
     assert info.value.rank == 1
     assert "died" in str(info.value) or "SIGKILL" in str(info.value)
     assert_no_workers_left("dask-kill", within=20)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import hora.runners as hr
-from hora.errors import ConfigError, RendezvousError, WorkerFailedError
+from hora.errors import ConfigError, RankError, RankKilledError, RanksNotStartedError, RendezvousError, WorkerFailedError
 from hora.runners import api as base
 from hora.runners.api import RunTimeoutError
 
@@ -85,6 +85,7 @@ def test_exception_carries_remote_traceback_and_no_orphans():
     with pytest.raises(WorkerFailedError) as info:
         hr.run(_fail_rank1, num_proc=3, run_id="fail-r1", verbose=0)
     err = info.value
+    assert type(err) is RankError  # the kind of the root cause, as a class
     assert err.rank == 1
     assert err.host == "127.0.0.1"
     assert "boom-from-rank-1 with a distinctive message" in err.remote_traceback
@@ -140,9 +141,10 @@ def test_run_timeout_parameter():
 
 @pytest.mark.timeout(120)
 def test_rank_that_never_starts_is_named():
-    with pytest.raises(RendezvousError, match=r"rank\(s\) \[1\] of run never-starts never started within 10s"):
+    with pytest.raises(RendezvousError, match=r"rank\(s\) \[1\] of run never-starts never started within 10s") as info:
         hr.run(_hang_rank0, num_proc=2, run_id="never-starts", start_timeout=10, verbose=0,
                env={"HORA_TEST_HANG_AT_START": "1"})
+    assert type(info.value) is RanksNotStartedError and info.value.retriable
     assert_no_workers_left("never-starts")
 
 
@@ -158,6 +160,7 @@ def test_worker_killed_with_sigkill_fails_the_run():
     with pytest.raises(WorkerFailedError) as info:
         hr.run(_sigkill_self, num_proc=2, run_id="sigkill", verbose=0)
     assert time.monotonic() - t0 < 60
+    assert type(info.value) is RankKilledError and info.value.retriable
     assert info.value.rank == 1
     assert "SIGKILL" in str(info.value)
     assert_no_workers_left("sigkill")

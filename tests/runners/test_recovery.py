@@ -20,7 +20,8 @@ import pytest
 import hora
 import hora.runners as hr
 from hora.errors import CollectiveError, ConfigError, WorkerFailedError
-from hora.runners.driver.faults import FaultKind, engine_failure, kind_of_engine_error, kind_of_exception, kind_of_exit
+from hora.runners.driver.faults import FaultKind, kind_of_exception, kind_of_exit
+from hora.runners.launchers.spark import engine_failure, kind_of_engine_error
 from hora.runners.driver.monitor import Failure, first_failure
 
 from .helpers import assert_no_workers_left, relaunch_lines
@@ -83,6 +84,52 @@ def test_fault_kinds_tell_lost_ranks_from_user_errors():
     assert engine_failure(spark_text) == (FaultKind.LOST, 1, "was lost: ExecutorLostFailure (executor 1 exited "
                                           "caused by one of the running tasks): Command exited with code 137")
     assert not any(k.retriable for k in (FaultKind.ERROR, FaultKind.COLLECTIVE, FaultKind.TASK, FaultKind.TIMEOUT))
+
+
+@pytest.mark.timeout(30)
+def test_each_kind_of_fault_is_a_class_of_its_own():
+    import pickle
+
+    from hora import errors
+    from hora.runners.driver.faults import fault_kind
+    from hora.runners.launchers.spark import stage_failure
+
+    table = [  # class, kind, retriable, symptom
+        (errors.RankKilledError, FaultKind.SIGNAL, True, False),
+        (errors.WorkerLostError, FaultKind.LOST, True, False),
+        (errors.RanksNotStartedError, FaultKind.START, True, False),
+        (errors.InfrastructureError, FaultKind.INFRASTRUCTURE, True, True),
+        (errors.RankError, FaultKind.ERROR, False, False),
+        (errors.RankExitError, FaultKind.EXIT, False, False),
+        (errors.CollectiveFailedError, FaultKind.COLLECTIVE, False, True),
+        (errors.TaskFailedError, FaultKind.TASK, False, True),
+        (errors.RunTimeoutError, FaultKind.TIMEOUT, False, False),
+    ]
+    assert {row[1] for row in table} == set(FaultKind)  # every kind has its class
+    for cls, kind, retriable, symptom in table:
+        assert issubclass(cls, WorkerFailedError) and cls.__name__ in errors.__all__
+        assert (cls.kind, cls.retriable, cls.symptom) == (kind, retriable, symptom)
+        assert errors.failure_class(kind) is cls
+        err = cls("rank 1 on h failed", rank=1, host="h", remote_traceback="Traceback ...", exitcode=-9)
+        assert fault_kind(err) is kind
+        back = pickle.loads(pickle.dumps(err))  # a failure crossing processes keeps its class and fields
+        assert type(back) is cls and (back.rank, back.host, back.exitcode, back.message) == (1, "h", -9,
+                                                                                          "rank 1 on h failed")
+    assert issubclass(errors.RanksNotStartedError, errors.RendezvousError)
+    assert issubclass(errors.RunTimeoutError, TimeoutError)
+    assert errors.WorkerFailedError.kind is None and not errors.WorkerFailedError.retriable
+    assert fault_kind(WorkerFailedError("unclassified")) is FaultKind.ERROR
+    assert fault_kind(errors.RendezvousError("a key never appeared")) is FaultKind.START
+    # a Failure raises the class of its kind
+    assert type(Failure.from_exit(1, 1, "h", -9, None).error()) is errors.RankKilledError
+    assert type(Failure.from_exit(1, 1, "h", 3, None).error()) is errors.RankExitError
+    # Spark's text is read at the Spark boundary only: a lost executor names its rank
+    lost = stage_failure("the Spark barrier stage of run r failed: Stage failed because barrier task ResultTask(1, 1) "
+                         "finished unsuccessfully. / ExecutorLostFailure (executor 1 exited caused by one of the "
+                         "running tasks) Reason: Command exited with code 137")
+    assert type(lost) is errors.WorkerLostError and lost.rank == 1 and lost.message.startswith("was lost: ")
+    task = stage_failure("the Spark barrier stage of run r failed: PythonException: ZeroDivisionError")
+    assert type(task) is errors.TaskFailedError and task.rank is None
 
 
 class _Service(_Counter):
@@ -162,6 +209,7 @@ def test_a_fault_that_keeps_happening_ends_after_max_failures_relaunches(tmp_pat
     assert len(relaunch_lines(caplog)) == 2
     assert [(a.attempt, a.rank, a.host, a.kind) for a in err.attempts] == [
         (a, 1, "127.0.0.1", FaultKind.SIGNAL) for a in (1, 2, 3)]
+    assert type(err) is hora.errors.RankKilledError
     lines = str(err).splitlines()
     assert lines[0] == ("run recover-always: 3 attempts failed (max_failures=2); the last: rank 1 on 127.0.0.1 "
                         "failed with signal 9 (SIGKILL)")

@@ -12,7 +12,7 @@ import pytest
 
 import hora.runners as hr
 from hora import _spark
-from hora.errors import ConfigError, WorkerFailedError
+from hora.errors import ConfigError, RankError, RankKilledError, WorkerFailedError
 from hora.runners import api as base
 
 from .helpers import assert_no_workers_left, interrupt_when_files_exist, touch_and_sleep
@@ -117,6 +117,7 @@ def test_failure_names_the_rank_with_its_traceback_and_cancels_the_job(any_spark
     with pytest.raises(WorkerFailedError) as info:
         hr.run(_fail_rank1, backend="spark", spark=any_spark, run_id=run_id, verbose=0, start_timeout=120)
     assert time.monotonic() - t0 < 100  # not the 120 s that rank 0 sleeps
+    assert type(info.value) is RankError
     assert info.value.rank == 1
     assert "spark rank 1 divides by zero" in info.value.remote_traceback
     assert "_fail_rank1" in info.value.remote_traceback
@@ -136,6 +137,7 @@ def test_rank_killed_with_sigkill(connect_spark):
     with pytest.raises(WorkerFailedError) as info:
         hr.run(_sigkill_rank1, backend="spark", spark=connect_spark, run_id="spark-kill", verbose=0, start_timeout=120)
     assert time.monotonic() - t0 < 100
+    assert type(info.value) is RankKilledError
     assert info.value.rank == 1
     assert "SIGKILL" in str(info.value)
     assert_no_workers_left("spark-kill")

@@ -293,10 +293,20 @@ def _raise_on_second_host():
     time.sleep(120)
 
 
-@pytest.mark.timeout(180)
+def _kill_on_second_host():
+    import os
+    import signal
+    import time
+
+    if os.environ["HORA_RANK"] == "2":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
+
+
+@pytest.mark.timeout(240)
 def test_hora_run_on_two_hosts_returns_every_rank_value_and_names_a_remote_failure(sshd, monkeypatch, tmp_path):
     import hora
-    from hora.errors import WorkerFailedError
+    from hora.errors import RankError, RankKilledError, WorkerFailedError
 
     monkeypatch.setenv("HORA_SSH_ARGS", sshd.env["HORA_SSH_ARGS"])
     monkeypatch.chdir(tmp_path)
@@ -305,8 +315,12 @@ def test_hora_run_on_two_hosts_returns_every_rank_value_and_names_a_remote_failu
         ("t", 0, 0, 0, "127.0.0.1", 3.0), ("t", 1, 1, 0, "127.0.0.1", 3.0), ("t", 2, 0, 1, "127.0.0.2", 3.0)]
     with pytest.raises(WorkerFailedError) as info:
         hora.run(_raise_on_second_host, num_proc=3, **kw)
+    assert type(info.value) is RankError
     assert info.value.rank == 2 and info.value.host == "127.0.0.2"
     assert "ValueError: boom on 127.0.0.2" in info.value.remote_traceback
+    with pytest.raises(RankKilledError) as killed:  # a rank killed on the remote host: the typed kind
+        hora.run(_kill_on_second_host, num_proc=3, **kw)
+    assert killed.value.rank == 2 and killed.value.host == "127.0.0.2" and killed.value.exitcode == -9
     assert not supervisors(str(tmp_path))
 
 

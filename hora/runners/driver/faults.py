@@ -1,6 +1,13 @@
 """What kind of fault a failure is: a lost rank (relaunch) or an error in the user's code (fail at once).
 
-Every failure the monitor sees gets a :class:`FaultKind`. The kinds answer two questions:
+Every failure the monitor sees gets a :class:`~hora.errors.FaultKind`, and the run raises the
+subclass of :class:`~hora.errors.WorkerFailedError` of its root cause's kind (in
+:mod:`hora.errors`; ``retriable`` and ``symptom`` are class attributes):
+``RankKilledError`` (SIGNAL), ``WorkerLostError`` (LOST), ``RanksNotStartedError`` (START,
+also a ``RendezvousError``), ``InfrastructureError``, ``RankError`` (ERROR), ``RankExitError``
+(EXIT), ``CollectiveFailedError`` (COLLECTIVE), ``TaskFailedError`` (TASK), ``RunTimeoutError``
+(TIMEOUT). What Spark's error text says (a lost executor) is read at the Spark boundary
+(:func:`hora.runners.launchers.spark.engine_failure`). The kinds answer two questions:
 
 * **Is it a symptom?** A survivor's error when a peer vanished (a ``CollectiveError`` /
   ``HorovodInternalError`` "rank 1 is unreachable", a ``RendezvousError`` waiting for a
@@ -46,39 +53,16 @@ Not retriable (a user error: the run fails at once, as without ``max_failures``)
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import re
 from collections.abc import Sequence
 from typing import TypeVar
 
-from hora.errors import RendezvousError, RunTimeoutError, WorkerFailedError
+from hora.errors import FaultKind, RendezvousError, WorkerFailedError, failure_class
 from hora.runners.rank.procs import describe_exit
 from hora.runners.spec import FailureReport
 
 E = TypeVar("E", bound=BaseException)
-
-
-class FaultKind(enum.Enum):
-    """The kind of one failure; see the module docstring."""
-
-    SIGNAL = ("a rank was killed", True, False)
-    LOST = ("a host, executor or worker was lost", True, False)
-    START = ("ranks did not start", True, False)
-    INFRASTRUCTURE = ("an infrastructure error", True, True)
-    ERROR = ("a rank raised an error", False, False)
-    EXIT = ("a rank exited with an error code", False, False)
-    COLLECTIVE = ("a collective failed", False, True)
-    TASK = ("an engine task failed", False, True)
-    TIMEOUT = ("a timeout", False, False)
-
-    def __init__(self, description: str, retriable: bool, symptom: bool) -> None:
-        self.description = description
-        self.retriable = retriable
-        self.symptom = symptom
-
-    def __repr__(self) -> str:
-        return f"FaultKind.{self.name}"
 
 
 #: exception classes (qualified names) a survivor raises when a peer is lost
@@ -132,56 +116,16 @@ def kind_of_exit(code: int, traceback: str | None = None) -> FaultKind:
     return FaultKind.EXIT
 
 
-# "Python worker exited unexpectedly (crashed)": the task's Python process died (killed by the OOM
-# killer or an operator); hora's own code runs there only to supervise the rank, which is a process
-# of its own, so a crash of the user's code shows as the rank's exit, not as this
-_SPARK_LOST = re.compile(r"ExecutorLostFailure|executor \S+ (?:lost|exited)|Executor heartbeat timed out|"
-                         r"Slave lost|worker lost|Container killed|Container from a bad node|"
-                         r"decommission|Python worker exited unexpectedly", re.IGNORECASE)
-
-
-def kind_of_engine_error(text: str) -> FaultKind:
-    """The kind of an engine task failure without a rank's own report (Spark's stage error
-    text): ``LOST`` when the engine says an executor was lost, else ``TASK``."""
-    return FaultKind.LOST if _SPARK_LOST.search(text or "") else FaultKind.TASK
-
-
-_SPARK_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
-_SPARK_EXECUTOR_LOST = re.compile(r"(ExecutorLostFailure \([^)]*\))(?: Reason: ([^/\n]*))?")
-
-
-def engine_failure(text: str) -> tuple[FaultKind, int | None, str | None]:
-    """``(kind, rank, message)`` of an engine failure from its text: the rank of the task
-    Spark names as the one that failed (a barrier task's partition is its rank) and, for a
-    lost executor, ``"was lost: ExecutorLostFailure (...): <reason>"`` (else None)."""
-    kind = kind_of_engine_error(text)
-    task = _SPARK_TASK.search(text or "")
-    rank = int(task.group(1)) if task else None
-    lost = _SPARK_EXECUTOR_LOST.search(text or "")
-    message = None
-    if lost:
-        reason = (lost.group(2) or "").strip()
-        message = f"was lost: {lost.group(1)}" + (f": {reason}" if reason else "")
-    return kind, rank, message
-
-
 def fault_kind(exc: BaseException) -> FaultKind:
-    """The kind of an error :func:`hora.runners.driver.monitor.watch` raised (its ``fault_kind``
-    attribute; a bare ``RendezvousError`` is a start failure, a timeout a ``TIMEOUT``)."""
-    kind = getattr(exc, "fault_kind", None)
+    """The kind of an error a run raised: its class's ``kind`` (:class:`~hora.errors.RankKilledError`,
+    ...); a bare ``RendezvousError`` is a start failure; anything else (an unclassified
+    ``WorkerFailedError`` too) ``ERROR``."""
+    kind = getattr(type(exc), "kind", None)
     if isinstance(kind, FaultKind):
         return kind
-    if isinstance(exc, RunTimeoutError):
-        return FaultKind.TIMEOUT
     if isinstance(exc, RendezvousError):
         return FaultKind.START
     return FaultKind.ERROR
-
-
-def with_kind(exc: BaseException, kind: FaultKind) -> BaseException:
-    """``exc`` with its ``fault_kind`` attribute set (returned, for ``raise with_kind(...)``)."""
-    exc.fault_kind = kind  # type: ignore[attr-defined]
-    return exc
 
 
 def with_spark_error(error: E, spark_error: BaseException) -> E:
@@ -253,11 +197,10 @@ class Failure:
         return f"{who}{where} {self.message}"
 
     def error(self) -> WorkerFailedError:
-        err = WorkerFailedError(self.describe(), rank=self.rank, host=self.host, remote_traceback=self.traceback,
-                                exitcode=self.exitcode)
-        return with_kind(err, self.kind)  # type: ignore[return-value]
+        """The typed error of this failure (the subclass of its kind, :func:`hora.errors.failure_class`)."""
+        return failure_class(self.kind)(self.describe(), rank=self.rank, host=self.host,
+                                        remote_traceback=self.traceback, exitcode=self.exitcode)
 
 
-__all__ = ["Failure", "FaultKind", "kind_of_exception", "kind_of_exit", "kind_of_engine_error", "engine_failure", "fault_kind",
-           "with_kind", "with_spark_error",
+__all__ = ["Failure", "FaultKind", "kind_of_exception", "kind_of_exit", "fault_kind", "with_spark_error",
            "COLLECTIVE_ERRORS", "INFRASTRUCTURE_ERRORS"]

@@ -22,8 +22,9 @@ hands the monitor a :class:`~hora.runners.launcher.Job`; ``hora run`` and
   first one returned, and keep heartbeating (``HORA_HEARTBEAT_TIMEOUT``); an optional
   overall ``timeout``.
 
-Raises (from :func:`watch`) :class:`~hora.errors.WorkerFailedError` (rank, host,
-exit code, remote traceback), :class:`~hora.errors.RendezvousError` or ``RunTimeoutError``.
+Raises (from :func:`watch`) the :class:`~hora.errors.WorkerFailedError` subclass of the root
+cause's kind (rank, host, exit code, remote traceback), :class:`~hora.errors.RanksNotStartedError`
+(a ``RendezvousError``) or :class:`~hora.errors.RunTimeoutError`.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from hora.errors import RendezvousError, RunTimeoutError, WorkerFailedError
+from hora.errors import RanksNotStartedError, RunTimeoutError, WorkerFailedError, WorkerLostError
 from hora.native import keys
 from hora.native.rendezvous import ENV_START_TIMEOUT
-from hora.runners.driver.faults import Failure, FaultKind, engine_failure, with_kind
+from hora.runners.driver.faults import Failure, FaultKind
 from hora.runners.spec import (
     DEFAULT_FINISH_TIMEOUT,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -77,20 +78,15 @@ class _Collector:
                 self.engine.append(self._engine_failure(exc))
 
     def _engine_failure(self, exc: WorkerFailedError) -> Failure:
-        """A failure ``job.poll()`` raised; for an engine's own error (a failed Spark stage, no
-        rank), the rank and host of the task it names and whether an executor was lost."""
+        """A failure ``job.poll()`` raised: its class's kind (a launcher reads its engine's own
+        error at its boundary: a lost Spark executor is a :class:`~hora.errors.WorkerLostError`);
+        an unclassified one is a killed process (a negative exit code) or a failed task."""
         seq = self.service.next_seq()
-        kind = getattr(exc, "fault_kind", None)
-        if isinstance(kind, FaultKind):
-            pass
-        elif (exc.exitcode or 0) < 0:
-            kind = FaultKind.SIGNAL
-        else:
-            kind, rank, message = engine_failure(str(exc))
-            if exc.rank is None and rank is not None and message is not None:
-                return Failure(seq=seq, rank=rank, host=exc.host or self.service.started().get(rank),
-                               message=message, kind=kind, source="engine")
-        return Failure(seq=seq, rank=exc.rank, host=exc.host, message=exc.message, traceback=exc.remote_traceback,
+        kind = type(exc).kind
+        if kind is None:
+            kind = FaultKind.SIGNAL if (exc.exitcode or 0) < 0 else FaultKind.TASK
+        host = exc.host or (self.service.started().get(exc.rank) if exc.rank is not None else None)
+        return Failure(seq=seq, rank=exc.rank, host=host, message=exc.message, traceback=exc.remote_traceback,
                        exitcode=exc.exitcode, kind=kind, source="engine")
 
     def failures(self) -> list[Failure]:
@@ -206,8 +202,9 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
     """Watch ``job`` until every rank succeeded; return its results (rank order).
 
     Raises:
-        WorkerFailedError: the first failure (see the module docstring).
-        RendezvousError: ranks never started, or never reached the engine's start barrier.
+        WorkerFailedError: the first failure, as the subclass of its kind (see the module docstring).
+        RanksNotStartedError: ranks never started, or never reached the engine's start barrier
+            (a RendezvousError).
         RunTimeoutError: the run exceeded ``timeout``, or ranks hung after others returned.
     """
     n = policy.num_proc
@@ -235,14 +232,14 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
             started = service.started()
             if len(started) < n and now - t0 > policy.start_timeout:
                 missing = sorted(set(range(n)) - set(started))
-                raise RendezvousError(
+                raise RanksNotStartedError(
                     f"rank(s) {missing} of run {policy.run_id} never started within {policy.start_timeout:g}s "
                     f"({len(started)} of {n} started; raise start_timeout or {ENV_START_TIMEOUT} if the "
                     "cluster is slow)")
         for name, missing in start_stragglers(service.server.keys(keys.BARRIER), n).items():
             seen = barrier_seen.setdefault(name, now)
             if now - seen > policy.start_timeout:
-                raise RendezvousError(
+                raise RanksNotStartedError(
                     f"rank(s) {missing} never arrived at rendezvous '{name}' within {policy.start_timeout:g}s "
                     f"of the first rank (--start-timeout / {ENV_START_TIMEOUT})")
         if policy.functions:
@@ -257,9 +254,9 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
                     rank=missing[0], host=started.get(missing[0]))
             stale = service.stale_heartbeats(hb_timeout, ignore=done)
             if stale:
-                raise with_kind(WorkerFailedError(
+                raise WorkerLostError(
                     f"rank(s) {stale} stopped sending heartbeats for {hb_timeout:g}s: their process or machine died",
-                    rank=stale[0], host=started.get(stale[0])), FaultKind.LOST)
+                    rank=stale[0], host=started.get(stale[0]))
         if policy.timeout is not None and now - t0 > policy.timeout:
             missing = sorted(set(range(n)) - (service.done() if policy.functions else set()))
             raise RunTimeoutError(

@@ -26,8 +26,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from hora.errors import ConfigError, RendezvousError, WorkerFailedError
-from hora.runners.driver.faults import FaultKind, fault_kind, with_kind
+from hora.errors import ConfigError, FaultKind, RendezvousError, WorkerFailedError, failure_class
+from hora.runners.driver.faults import fault_kind
 
 if TYPE_CHECKING:
     from hora.runners.launcher import Launcher
@@ -143,15 +143,14 @@ class Attempts:
         lines = [f"run {self.run_id}: {why}; the last: {last.cause}"]
         lines += [f"  {r.line()}" for r in self.records]
         message = "\n".join(lines)
-        if isinstance(exc, WorkerFailedError):
-            new: BaseException = type(exc)(message, rank=exc.rank, host=exc.host,
-                                            remote_traceback=exc.remote_traceback, exitcode=exc.exitcode)
-        elif isinstance(exc, RendezvousError):
-            new = RendezvousError(message)
-        else:
+        if not isinstance(exc, (WorkerFailedError, RendezvousError)):
             return exc
+        # the class of the last attempt's kind (a RendezvousError's: RanksNotStartedError, itself one)
+        new = failure_class(last.kind)(message, rank=getattr(exc, "rank", None), host=getattr(exc, "host", None),
+                                       remote_traceback=getattr(exc, "remote_traceback", None),
+                                       exitcode=getattr(exc, "exitcode", None))
         new.attempts = tuple(self.records)  # type: ignore[attr-defined]
-        return with_kind(new, last.kind)
+        return new
 
 
 def start_size(launcher: Launcher, least: int, most: int) -> int:

@@ -49,7 +49,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hora import _spark, settings
-from hora.errors import ConfigError, HoraError, StoreError, WorkerFailedError
+from hora.errors import ConfigError, FaultKind, HoraError, StoreError, WorkerFailedError, failure_class
 from hora.native import keys
 from hora.native.rendezvous import ENV_START_TIMEOUT, KVClient, RendezvousServer, compute_placement
 from hora.runners.launcher import Job, Launcher
@@ -288,7 +288,49 @@ def _stage_error_of(exc: BaseException, spec: LaunchSpec, launcher: SparkLaunche
         return StoreError(f"the Spark barrier stage of run {spec.run_id} could not use the store: {store_error.group(1)}")
     match = re.search(r"(hora\.errors\.WorkerFailedError: [^\n]*)", text)
     short = match.group(1) if match else " / ".join([ln for ln in text.splitlines() if ln.strip()][:3])[:1000]
-    return WorkerFailedError(f"the Spark barrier stage of run {spec.run_id} failed: {short}")
+    return stage_failure(f"the Spark barrier stage of run {spec.run_id} failed: {short}")
+
+
+# "Python worker exited unexpectedly (crashed)": the task's Python process died (killed by the OOM
+# killer or an operator); hora's own code runs there only to supervise the rank, which is a process
+# of its own, so a crash of the user's code shows as the rank's exit, not as this
+_SPARK_LOST = re.compile(r"ExecutorLostFailure|executor \S+ (?:lost|exited)|Executor heartbeat timed out|"
+                         r"Slave lost|worker lost|Container killed|Container from a bad node|"
+                         r"decommission|Python worker exited unexpectedly", re.IGNORECASE)
+_SPARK_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
+_SPARK_EXECUTOR_LOST = re.compile(r"(ExecutorLostFailure \([^)]*\))(?: Reason: ([^/\n]*))?")
+
+
+def kind_of_engine_error(text: str) -> FaultKind:
+    """The kind of a Spark stage failure without a rank's own report (Spark's error text):
+    ``LOST`` when Spark says an executor was lost, else ``TASK``."""
+    return FaultKind.LOST if _SPARK_LOST.search(text or "") else FaultKind.TASK
+
+
+def engine_failure(text: str) -> tuple[FaultKind, int | None, str | None]:
+    """``(kind, rank, message)`` of a Spark stage failure from its text, the one place hora reads
+    Spark's error text for what happened: the rank of the task Spark names as the one that failed
+    (a barrier task's partition is its rank) and, for a lost executor,
+    ``"was lost: ExecutorLostFailure (...): <reason>"`` (else None)."""
+    kind = kind_of_engine_error(text)
+    task = _SPARK_TASK.search(text or "")
+    rank = int(task.group(1)) if task else None
+    lost = _SPARK_EXECUTOR_LOST.search(text or "")
+    message = None
+    if lost:
+        reason = (lost.group(2) or "").strip()
+        message = f"was lost: {lost.group(1)}" + (f": {reason}" if reason else "")
+    return kind, rank, message
+
+
+def stage_failure(summary: str) -> WorkerFailedError:
+    """The typed error of a failed stage whose ranks did not say why (:func:`engine_failure`):
+    a :class:`~hora.errors.WorkerLostError` naming the lost executor's rank, else a
+    :class:`~hora.errors.TaskFailedError` (or a ``WorkerLostError``) with ``summary``."""
+    kind, rank, message = engine_failure(summary)
+    if rank is not None and message is not None:
+        return failure_class(kind)(message, rank=rank)
+    return failure_class(kind)(summary)
 
 
 def _first_line(text: str, marker: str) -> str:
@@ -571,4 +613,5 @@ class SparkLauncher(Launcher):
         return SparkJob(self, spec, service, self._channel_for(spec, service))
 
 
-__all__ = ["SparkLauncher", "SparkJob", "CHANNELS", "ENV_DRIVER_CHANNEL"]
+__all__ = ["SparkLauncher", "SparkJob", "CHANNELS", "ENV_DRIVER_CHANNEL", "engine_failure", "kind_of_engine_error",
+           "stage_failure"]

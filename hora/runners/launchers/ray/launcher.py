@@ -40,6 +40,7 @@ from hora.runners.launchers.ray.placement import (
 from hora.runners.launchers.ray.workers import RankActor, RayWorkerGroup, first_line
 from hora.runners.launcher import Job, Launcher, start_or_cancel
 from hora.runners.driver.service import DriverService
+from hora.runners.driver.faults import FaultKind, kind_of_exit
 from hora.runners.driver.monitor import Failure
 from hora.runners.network import is_loopback
 from hora.runners.spec import (
@@ -141,7 +142,7 @@ class RayJob(Job):
             self._lost.add(rank)
             self._failures.append(Failure(seq=self.service.next_seq(), rank=rank, host=self.host_of(rank),
                                           message=f"was lost: its Ray actor's process (pid {pid} on this machine) "
-                                                  "died"))
+                                                  "died", kind=FaultKind.LOST))
 
     def host_of(self, rank: int) -> str | None:
         return self.contexts[rank].hostname if 0 <= rank < len(self.contexts) else None
@@ -172,14 +173,15 @@ class RayJob(Job):
         seq = self.service.next_seq()
         host = self.host_of(rank)
         cause = getattr(exc, "cause", None) or exc  # a RayTaskError carries the actor's exception
-        if isinstance(cause, WorkerFailedError):
+        if isinstance(cause, WorkerFailedError):  # the actor's account of its rank process's exit
+            kind = FaultKind.ERROR if cause.exitcode is None else kind_of_exit(cause.exitcode, cause.remote_traceback)
             return Failure(seq=seq, rank=rank, host=host, message=f"failed: {cause.message}",
-                           traceback=cause.remote_traceback, exitcode=cause.exitcode)
+                           traceback=cause.remote_traceback, exitcode=cause.exitcode, kind=kind)
         info = self.group.infos[rank] if self.group and rank < len(self.group.infos) else None
         where = f" (pid {info.pid} on node {info.node_ip}, id {info.node_id[:12]})" if info else ""
         if isinstance(exc, RayActorError):
             return Failure(seq=seq, rank=rank, host=host, message=f"was lost: its Ray actor{where} died: "
-                                                                  f"{first_line(exc)}")
+                                                                  f"{first_line(exc)}", kind=FaultKind.LOST)
         return Failure(seq=seq, rank=rank, host=host, message=f"failed in its Ray actor{where}: {first_line(exc)}",
                        traceback=str(exc))
 
