@@ -68,11 +68,22 @@ def _weights(model) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() for k, v in model.model_.state_dict().items()}
 
 
-def test_model_parallel_strategy_trains_as_hora_does_and_returns_the_model_whole(store):
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The uninterrupted 3-epoch fits, hora's data-parallel strategy (None) and Lightning's
+    ModelParallelStrategy, each made once for the tests that compare against them."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    hora_model = _fit(store, strategy=None)
-    sharded = _fit(store, strategy=ModelParallelStrategy())
+    from hora.store import Store
+
+    store = Store.create(str(tmp_path_factory.mktemp("sharded-whole")))
+    return {None: _fit(store, strategy=None, epochs=3, run_id="whole-hora"),
+            "model_parallel": _fit(store, strategy=ModelParallelStrategy(), epochs=3, run_id="whole-model-parallel")}
+
+
+def test_model_parallel_strategy_trains_as_hora_does_and_returns_the_model_whole(whole):
+    hora_model = whole[None]
+    sharded = whole["model_parallel"]  # a ModelParallelStrategy() instance (the resume test passes its name)
     got, want = _weights(sharded), _weights(hora_model)
     assert set(got) == set(want)
     for name in want:  # plain tensors of the whole shapes (no DTensor shards), equal to the data-parallel run's
@@ -86,10 +97,10 @@ def test_model_parallel_strategy_trains_as_hora_does_and_returns_the_model_whole
 
 
 @pytest.mark.parametrize("strategy", [None, "model_parallel"])
-def test_a_fit_resumed_by_run_id_ends_with_the_uninterrupted_fits_weights(store, strategy):
+def test_a_fit_resumed_by_run_id_ends_with_the_uninterrupted_fits_weights(store, strategy, whole):
     """hora's data-parallel strategy and Lightning's ModelParallelStrategy: the checkpoint (weights, Adam's
     moments, loops) comes back whole, and the resumed epoch reads its own batches, not the previous epoch's."""
-    whole = _fit(store, strategy=strategy, epochs=3, run_id="whole")
+    whole = whole[strategy]
     first = _fit(store, strategy=strategy, epochs=2, run_id="resumed")
     resumed = _fit(store, strategy=strategy, epochs=3, run_id="resumed")
     assert [h["epoch"] for h in resumed.history_] == [0, 1, 2]
