@@ -22,8 +22,11 @@ Conventions for users of ``TorchEstimator``:
   ``ReduceLROnPlateau`` is stepped with ``val_loss``, else ``loss``), its state in every
   checkpoint, so a resume or relaunch continues the schedule; ``precision``: ``"32"``,
   ``"bf16-mixed"`` (``torch.autocast`` to bfloat16, on the CPU or the GPU) or
-  ``"16-mixed"`` (float16 autocast with a ``GradScaler``: GPU only, ``use_gpu=True``; on
-  the CPU use ``"bf16-mixed"``); ``gradient_clip_value`` / ``gradient_clip_norm``:
+  ``"16-mixed"`` (float16 autocast with a ``GradScaler`` on the rank's device, the CPU or
+  the GPU; the scaler unscales the allreduced gradients, so an inf/NaN on any rank skips the
+  step on every rank alike; its state is in every checkpoint; on the CPU it needs a torch with
+  float16 CPU autocast and ``GradScaler("cpu")``, checked on the driver);
+  ``gradient_clip_value`` / ``gradient_clip_norm``:
   applied to the gradients as allreduced, before the step (``optimizer.synchronize()``,
   unscaled by the GradScaler, clipped by value then by norm, then
   ``with optimizer.skip_synchronize(): optimizer.step()``, as Horovod prescribes);
@@ -82,7 +85,7 @@ class TorchConfig(EstimatorConfig):
         "each optimizer step ('step')")
     precision: Literal["32", "bf16-mixed", "16-mixed"] = param(
         "32", "'32', 'bf16-mixed' (autocast to bfloat16, CPU or GPU) or '16-mixed' (float16 autocast with a "
-        "GradScaler, GPU only)")
+        "GradScaler, CPU or GPU; its state is checkpointed)")
     gradient_clip_norm: float | None = param(None, "clip the allreduced gradients to this total norm before each "
                                              "optimizer step")
     gradient_clip_value: float | None = param(None, "clip each allreduced gradient value to [-v, v] before each "
@@ -120,8 +123,10 @@ class TorchConfig(EstimatorConfig):
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {self.precision!r}")
         if self.precision == "16-mixed" and not self.use_gpu:
-            raise ConfigError("precision='16-mixed' (float16 autocast with a GradScaler) needs use_gpu=True; on the "
-                              "CPU use precision='bf16-mixed'")
+            missing = cpu_float16_missing()
+            if missing is not None:
+                raise ConfigError(f"precision='16-mixed' on the CPU (use_gpu=False): {missing}; use "
+                                  "precision='bf16-mixed' on the CPU, or use_gpu=True")
         self._check_strategy()
         for name in ("gradient_clip_norm", "gradient_clip_value"):
             value = getattr(self, name)
@@ -173,6 +178,29 @@ class TorchConfig(EstimatorConfig):
             ConfigError: a class index beyond ``classes``, or a list of another length.
         """
         return class_weight_list(self.class_weight, classes)
+
+
+def cpu_float16_missing() -> str | None:
+    """None when this torch trains ``precision="16-mixed"`` on the CPU (float16 autocast of a linear
+    layer and a ``torch.amp.GradScaler("cpu")``), else what is missing."""
+    import warnings
+
+    import torch
+
+    try:
+        torch.amp.GradScaler("cpu")
+    except Exception as exc:  # torch < 2.3
+        return f"torch {torch.__version__} has no CPU GradScaler ({type(exc).__name__}: {exc})"
+    with warnings.catch_warnings():  # an older torch warns and disables CPU autocast to float16
+        warnings.simplefilter("ignore")
+        try:
+            with torch.autocast(device_type="cpu", dtype=torch.float16):
+                dtype = torch.nn.functional.linear(torch.ones(1, 2), torch.ones(1, 2)).dtype
+        except Exception as exc:
+            return f"torch {torch.__version__} cannot autocast to float16 on the CPU ({type(exc).__name__}: {exc})"
+    if dtype != torch.float16:
+        return f"torch {torch.__version__} does not autocast to float16 on the CPU"
+    return None
 
 
 #: ``precision=`` values, and ``lr_scheduler_interval=`` values

@@ -162,7 +162,8 @@ class TorchSession(TrainingSession):
             class_weights = torch.tensor(weights, dtype=torch.float32, device=device)
         precision = getattr(config, "precision", "32")
         autocast_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-        scaler = torch.amp.GradScaler("cuda") if precision == "16-mixed" else None
+        # float16's GradScaler on the rank's device (the CPU's since torch 2.3: TorchConfig checks it)
+        scaler = torch.amp.GradScaler(device.type if device is not None else "cpu") if precision == "16-mixed" else None
         session = cls(hvd=hvd, model=model, optimizer=opt, losses=losses, metrics=metrics,
                       feature_keys=tuple(config.features.keys), label_cols=labels,
                       sample_weight_col=config.sample_weight_col, input_shapes=config.input_shapes,
