@@ -79,22 +79,30 @@ class BucketShard:
 def assign_owners(bucket_numels: list[list[int]], size: int) -> list[BucketShard]:
     """Split every bucket's parameters (given by their element counts) across ``size`` ranks.
 
-    Within a bucket, parameters go largest first to the rank owning the fewest elements of
-    the bucket so far (so that the bucket's rows are even); ties go to the rank owning the
-    fewest elements of all buckets so far, then to rank ``(bucket + k) % size`` for the
-    smallest ``k`` (so that buckets of one parameter spread over the ranks).
+    Within a bucket, parameters go largest first into the one of ``size`` rows holding the
+    fewest elements so far (so that the bucket's rows are even); then the fullest row goes
+    to the rank owning the fewest elements of all buckets so far, the next fullest to the
+    next, ties to rank ``(bucket + k) % size`` for the smallest ``k``. Buckets are placed
+    largest first (the rule of longest job first), so that the ranks' totals come out even:
+    a lone parameter larger than the bucket cap (an embedding, a vocabulary head) goes first,
+    and the buckets of ordinary size even out what it left uneven.
     Deterministic: every rank computes the same result from the same sizes.
     """
-    out = []
+    out: list[BucketShard | None] = [None] * len(bucket_numels)
     total = [0] * size
-    for b, numels in enumerate(bucket_numels):
+    for b in sorted(range(len(bucket_numels)), key=lambda b: (-sum(bucket_numels[b]), b)):
+        numels = bucket_numels[b]
         load = [0] * size
-        owners = [0] * len(numels)
+        group = [0] * len(numels)
         for i in sorted(range(len(numels)), key=lambda i: (-numels[i], i)):
-            r = min(range(size), key=lambda r: (load[r], total[r], (r - b) % size))
-            owners[i] = r
-            load[r] += numels[i]
-            total[r] += numels[i]
+            g = min(range(size), key=lambda g: (load[g], g))
+            group[i] = g
+            load[g] += numels[i]
+        ranks = sorted(range(size), key=lambda r: (total[r], (r - b) % size))
+        rank_of = dict(zip(sorted(range(size), key=lambda g: (-load[g], g)), ranks))
+        owners = [rank_of[g] for g in group]
+        for g, r in rank_of.items():
+            total[r] += load[g]
         rows: list[list[int]] = [[] for _ in range(size)]
         offsets = [0] * len(numels)
         fill = [0] * size
@@ -102,8 +110,8 @@ def assign_owners(bucket_numels: list[list[int]], size: int) -> list[BucketShard
             rows[r].append(i)
             offsets[i] = fill[r]
             fill[r] += numels[i]
-        out.append(BucketShard(tuple(owners), tuple(offsets), tuple(tuple(r) for r in rows), max(fill, default=0)))
-    return out
+        out[b] = BucketShard(tuple(owners), tuple(offsets), tuple(tuple(r) for r in rows), max(fill, default=0))
+    return out  # type: ignore[return-value]
 
 
 class _ShardedMixin(DistributedMixin):
