@@ -1,18 +1,21 @@
 """examples/spark_text_tokens.py, spark_image_png.py and spark_sparse_hashed.py (issue 26 item 4) and
 spark_text_fsdp.py (issue 28 item 4) run end to end on small data and reach their held-out metric
 (MLlib's evaluators; the FSDP example's held-out loss against its data's entropies): each returns
-non-zero below it.
+non-zero below it. examples/spark_keras_digits.py (a Keras CNN, ``hora.spark.KerasEstimator``) scores
+its held-out rows on the executors and its saved and loaded model predicts the same.
 
-The four run one after another in ONE child process, each as ``main(argv)`` with its own Spark
+The five run one after another in ONE child process, each as ``main(argv)`` with its own Spark
 local[2] session (each example starts its session and stops it, as a notebook user running them in
-turn would), so that the interpreter, torch, pyspark and the py4j gateway's JVM start once, not four
+turn would), so that the interpreter, torch, pyspark and the py4j gateway's JVM start once, not five
 times; every example still reports on its own (its return code and what it printed).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -30,11 +33,18 @@ CASES = [
     ("spark_sparse_hashed.py", ["--rows", "1500", "--epochs", "3"]),
     ("spark_text_fsdp.py", ["--rows", "1500", "--epochs", "3"]),  # issue 28 item 4: strategy="fsdp" on Spark
 ]
+#: last: it seeds Python's, NumPy's and TensorFlow's global generators (keras.utils.set_random_seed)
+KERAS_DIGITS = ("spark_keras_digits.py", ["--num-proc", "2", "--epochs", "3"])
 
 # Runs each example's main(argv) in turn; writes {script: {"rc": ..., "stdout": ...}} after each one, so a
-# crash of the process leaves the results so far (and the test of the crashed example says so).
+# crash of the process leaves the results so far (and the test of the crashed example says so). "rc" is
+# the exit status the example's own process would have had (its __main__ block exits with main()'s int
+# result, or 0; SystemExit's code; 1 for an exception).
 RUNNER = textwrap.dedent('''
     import contextlib, importlib.util, io, json, sys, traceback
+
+    def status(code):
+        return 0 if code is None else code if isinstance(code, int) else 1
 
     cases, out_path = json.loads(sys.argv[1]), sys.argv[2]
     results = {}
@@ -50,10 +60,12 @@ RUNNER = textwrap.dedent('''
                 finally:
                     del sys.modules[spec.name]  # then unimportable, as __main__ is: pickled by value
                 rc = module.main(argv)
+            rc = rc if isinstance(rc, int) else 0
         except SystemExit as exc:
-            rc = exc.code
+            rc = status(exc.code)
+            buf.write(f"SystemExit: {exc.code}")
         except BaseException:
-            rc = "raised"
+            rc = 1
             buf.write(traceback.format_exc())
         results[path] = {"rc": rc, "stdout": buf.getvalue()}
         print(f"{path}: {rc}", file=sys.stderr, flush=True)
@@ -66,9 +78,10 @@ RUNNER = textwrap.dedent('''
 def example_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("column-type-examples")
     cases = [(str(EXAMPLES / script), [*args, "--store", str(tmp / f"store-{i}")])
-             for i, (script, args) in enumerate(CASES)]
+             for i, (script, args) in enumerate([*CASES, KERAS_DIGITS])]
     (tmp / "runner.py").write_text(RUNNER)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", TF_CPP_MIN_LOG_LEVEL="2",
+               OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, str(tmp / "runner.py"), json.dumps(cases), str(tmp / "results.json")],
                          capture_output=True, text=True, timeout=1400, cwd=tmp, env=env)
     results = json.loads((tmp / "results.json").read_text()) if (tmp / "results.json").exists() else {}
@@ -82,3 +95,17 @@ def test_example_runs_and_reaches_its_metric(script, args, example_runs):
     assert got is not None, f"the runner ended ({proc.returncode}) before {script}:\n{proc.stderr[-5000:]}"
     assert got["rc"] == 0, got["stdout"][-3000:] + proc.stderr[-3000:]
     assert "held-out" in got["stdout"] and got["stdout"].rstrip().endswith("OK"), got["stdout"]
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_spark_keras_digits_example(example_runs):
+    if importlib.util.find_spec("keras") is None:  # (not imported here: the example imports it in its process)
+        pytest.skip("needs keras (pip install 'hora[tensorflow]')")
+    proc, results = example_runs
+    got = results.get(str(EXAMPLES / KERAS_DIGITS[0]))
+    assert got is not None, f"the runner ended ({proc.returncode}) before {KERAS_DIGITS[0]}:\n{proc.stderr[-5000:]}"
+    assert got["rc"] == 0, got["stdout"][-3000:] + proc.stderr[-5000:]
+    accuracy = float(re.search(r"test accuracy on \d+ rows \(scored on the executors\): ([0-9.]+)", got["stdout"])[1])
+    assert accuracy > 0.7
+    assert "the loaded model predicts the same: True" in got["stdout"]

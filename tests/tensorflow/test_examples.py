@@ -1,4 +1,7 @@
-"""examples/tensorflow_digits.py, Horovod's classic TF2 program, under ``hora run -np 2``."""
+"""examples/tensorflow_digits.py, Horovod's classic TF2 program, under ``hora run -np 2``.
+
+(examples/spark_keras_digits.py runs with the other Spark examples, in one process:
+tests/estimators/test_column_type_examples.py::test_spark_keras_digits_example.)"""
 
 from __future__ import annotations
 
@@ -31,22 +34,3 @@ def test_tensorflow_digits_example_under_hora_run(tmp_path):
     assert losses[-1] < 0.7 * losses[0], losses
     assert "weights equal on all 2 ranks: True" in proc.stdout
     assert any(p.name.startswith("ckpt-") for p in ckpt.iterdir())  # rank 0 checkpointed
-
-
-SPARK_EXAMPLE = ROOT / "examples" / "spark_keras_digits.py"
-
-
-@pytest.mark.slow
-@pytest.mark.spark
-@pytest.mark.timeout(600)
-def test_spark_keras_digits_example(tmp_path):
-    pytest.importorskip("pyspark")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, str(SPARK_EXAMPLE), "--num-proc", "2", "--epochs", "3", "--store", str(tmp_path / "store")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=580,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    accuracy = float(re.search(r"test accuracy on \d+ rows \(scored on the executors\): ([0-9.]+)", proc.stdout)[1])
-    assert accuracy > 0.7
-    assert "the loaded model predicts the same: True" in proc.stdout
