@@ -54,20 +54,6 @@ HEARTBEAT_INTERVAL = 1.0
 
 # the keys ranks and launchers exchange are in hora.native.keys (one module owns them)
 
-def env_seconds(name: str, default: float | None = None) -> float:
-    """The seconds the ``HORA_*`` setting ``name`` holds, read and checked against its
-    declared bounds by :mod:`hora.settings`; ``default``, when given, stands for the
-    declared default while the variable is unset.
-
-    Raises:
-        ConfigError: the variable is set but is not a number within its bounds (the
-            message names the variable, the value and the bounds).
-    """
-    if default is not None and not settings.is_set(name):
-        return float(default)
-    return float(settings.get(name))
-
-
 def native_settings_env(
     *,
     timeline: str | None = None,
@@ -245,5 +231,4 @@ __all__ = [
     "new_run_id",
     "check_run_id",
     "native_settings_env",
-    "env_seconds",
 ]

@@ -225,7 +225,7 @@ def test_ranks_do_not_inherit_the_dask_workers_malloc_trim_threshold(monkeypatch
     import dask
     import distributed  # noqa: F401  (a Dask worker has it imported)
 
-    from hora.runners.rank.main import worker_process_env
+    from hora.runners.rank.supervise import worker_process_env
 
     injected = str(dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"])
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", injected)

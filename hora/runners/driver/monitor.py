@@ -34,18 +34,15 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from hora import settings
 from hora.errors import RanksNotStartedError, RunTimeoutError, WorkerFailedError, WorkerLostError
 from hora.native import keys
 from hora.native.rendezvous import ENV_START_TIMEOUT
 from hora.runners.driver.faults import Failure, FaultKind
 from hora.runners.spec import (
-    DEFAULT_FINISH_TIMEOUT,
-    DEFAULT_HEARTBEAT_TIMEOUT,
-    DEFAULT_ROOT_CAUSE_GRACE,
     ENV_FINISH_TIMEOUT,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_ROOT_CAUSE_GRACE,
-    env_seconds,
 )
 
 if TYPE_CHECKING:
@@ -148,7 +145,7 @@ def first_failure(service: DriverService, job: Job, failures: list[Failure], ext
 
     now = time.monotonic()
     gap_deadline = now + FAILURE_GRACE
-    symptom_deadline = now + env_seconds(ENV_ROOT_CAUSE_GRACE, DEFAULT_ROOT_CAUSE_GRACE)
+    symptom_deadline = now + float(settings.get(ENV_ROOT_CAUSE_GRACE))
     while True:
         causes = root_causes(failures)
         chosen = _pick(causes)
@@ -208,8 +205,8 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
         RunTimeoutError: the run exceeded ``timeout``, or ranks hung after others returned.
     """
     n = policy.num_proc
-    hb_timeout = env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT)
-    finish_timeout = env_seconds(ENV_FINISH_TIMEOUT, DEFAULT_FINISH_TIMEOUT)
+    hb_timeout = float(settings.get(ENV_HEARTBEAT_TIMEOUT))
+    finish_timeout = float(settings.get(ENV_FINISH_TIMEOUT))
     t0 = time.monotonic()
     first_done_at: float | None = None
     barrier_seen: dict[str, float] = {}

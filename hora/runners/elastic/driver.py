@@ -308,9 +308,9 @@ class ElasticRun:
         if not round_failures:
             return WorkerFailedError(f"elastic run {self.run_id}: {why}")
         first = min(round_failures, key=lambda f: f.seq)
-        err = first.error()
-        return WorkerFailedError(f"{err.message}; {why}", rank=err.rank, host=err.host,
-                                 remote_traceback=err.remote_traceback, exitcode=err.exitcode)
+        err = first.error()  # the class of its kind (RankKilledError, WorkerLostError, ...)
+        return type(err)(f"{err.message}; {why}", rank=err.rank, host=err.host,
+                         remote_traceback=err.remote_traceback, exitcode=err.exitcode)
 
     def _end_round(self) -> bool:
         by_state: dict[str, list[_Worker]] = {}

@@ -5,7 +5,7 @@ Rank ``r`` runs on worker ``addr`` with ``workers=[addr]``, ``allow_other_worker
 workers declare a ``GPU`` resource, only those are used and each task asks for
 ``resources={"GPU": 1}``. The rendezvous is the driver service (bound to port 0 and then
 published: no port race). Each task runs its rank as a subprocess through
-:func:`hora.runners.rank.main.supervise`; a worker that dies or leaves fails the run (a
+:func:`hora.runners.rank.supervise.supervise`; a worker that dies or leaves fails the run (a
 lost worker: with ``max_failures`` the run is relaunched on the workers left, never on a
 lost worker's address again).
 """
@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
+from hora import settings
 from hora.errors import ConfigError, WorkerFailedError
 from hora.native.rendezvous import compute_placement
 from hora.runners.launcher import Job, Launcher
@@ -29,12 +30,10 @@ from hora.runners.driver.service import DriverService
 from hora.runners.driver.faults import FaultKind
 from hora.runners.driver.monitor import Failure
 from hora.runners.spec import (
-    DEFAULT_TERMINATE_GRACE,
     ENV_ADVERTISE_ADDR,
     ENV_TERMINATE_GRACE,
     LaunchSpec,
     RankContext,
-    env_seconds,
 )
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,7 @@ WORKER_CHECK_INTERVAL = 1.0
 
 def _dask_task(spec: LaunchSpec, ctx: RankContext) -> Any:
     """The body of one rank's Dask task."""
-    from hora.runners.rank.main import supervise
+    from hora.runners.rank.supervise import supervise
 
     return supervise(spec, ctx)
 
@@ -165,7 +164,7 @@ class DaskJob(Job):
                 self.client.cancel(pending, force=True)
             except Exception as exc:
                 log.warning("could not cancel the Dask tasks of run %s: %s", self.spec.run_id, exc)
-        grace = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE)
+        grace = float(settings.get(ENV_TERMINATE_GRACE))
         # a lost worker took its supervisor along (and its rank: PR_SET_PDEATHSIG): nobody is left to confirm
         lost = {r for r, addr in enumerate(self.addresses) if addr in self.launcher.lost_workers}
         started = set(self.service.started()) - lost
@@ -248,10 +247,10 @@ class DaskLauncher(Launcher):
 
     def prestart(self, num_proc: int, env: Mapping[str, str]) -> None:
         """Start the warm rank servers of the workers the ranks will run on
-        (:func:`hora.runners.rank.main.prestart_rank_server`, through ``Client.run`` on a
+        (:func:`hora.runners.rank.supervise.prestart_rank_server`, through ``Client.run`` on a
         background thread): they import torch while the fit checks and materializes its data."""
         from hora.runners.rank.warm import client as warm
-        from hora.runners.rank.main import prestart_rank_server
+        from hora.runners.rank.supervise import prestart_rank_server
 
         if not warm.enabled({**os.environ, **env}):
             return

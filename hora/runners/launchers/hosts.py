@@ -40,17 +40,15 @@ from hora.runners.driver.monitor import Failure
 from hora.runners.rank.procs import ProcessLauncher, last_traceback
 from hora.native.rendezvous import ENV_SECRET
 from hora.runners.spec import (
-    DEFAULT_HEARTBEAT_TIMEOUT,
-    DEFAULT_TERMINATE_GRACE,
     ENV_ADVERTISE_ADDR,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_SUPERVISOR_PID,
     ENV_TERMINATE_GRACE,
     LaunchSpec,
     RankContext,
-    env_seconds,
 )
-from hora.runners.rank.main import TO_DRIVER, worker_argv, worker_process_env
+from hora.runners.rank.main import TO_DRIVER
+from hora.runners.rank.supervise import worker_argv, worker_process_env
 from hora.runners.rank.ssh import ENV_SSH_ARGS, HostUnreachable, SshHost, SshOptions
 
 if TYPE_CHECKING:
@@ -315,8 +313,6 @@ class HostsJob(Job):
                              daemon=True).start()
 
     def _remote_interface(self, host: str) -> str:
-        from hora.errors import ConfigError
-
         table = (self._ssh[host].hello or {}).get("interfaces") or {}
         addrs = table.get(self.plan.interface)
         if not addrs:
@@ -417,7 +413,7 @@ class HostsJob(Job):
                 return None
         if not self.functions:
             return [0] * self.num_proc
-        from hora.runners.rank.main import read_result
+        from hora.runners.rank.supervise import read_result
 
         out = []
         for rank in range(self.num_proc):
@@ -451,8 +447,8 @@ def hosts_config(ssh: SshOptions, python: str | None, start_timeout: float) -> H
         ssh=ssh,
         remote_python=python or settings.get(ENV_REMOTE_PYTHON) or sys.executable,
         start_timeout=start_timeout,
-        grace=env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE),
-        heartbeat_timeout=env_seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT),
+        grace=float(settings.get(ENV_TERMINATE_GRACE)),
+        heartbeat_timeout=float(settings.get(ENV_HEARTBEAT_TIMEOUT)),
     )
 
 

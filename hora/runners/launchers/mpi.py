@@ -256,7 +256,8 @@ class MpiLauncher(Launcher):
     def start(self, spec: LaunchSpec, service: DriverService) -> Job:
         from hora.native import keys
         from hora.runners.launchers.hosts import RankOutput
-        from hora.runners.rank.main import FROM_DRIVER, worker_argv
+        from hora.runners.rank.main import FROM_DRIVER
+        from hora.runners.rank.supervise import worker_argv
 
         service.server.set(keys.SPEC, pickle.dumps(spec))
         env = dict(os.environ)

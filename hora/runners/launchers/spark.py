@@ -8,7 +8,7 @@ SparkContext). Every task tells the others its host (``HORA_ADVERTISE_ADDR`` or
 rank 0 starts the collective :class:`~hora.native.rendezvous.RendezvousServer` and sends
 its address in the same exchange; local ranks come from the hosts; the task's GPU
 addresses (``resources()["gpu"]``) become ``CUDA_VISIBLE_DEVICES``. Each task runs its
-rank as a subprocess through :func:`hora.runners.rank.main.supervise` and returns the
+rank as a subprocess through :func:`hora.runners.rank.supervise.supervise` and returns the
 rank's pickled value as rows of the stage's result (in chunks, so large values cross
 Spark Connect's message limits).
 
@@ -57,12 +57,10 @@ from hora.runners.driver.service import DriverService
 from hora.runners.driver.faults import with_spark_error
 from hora.runners.driver.store_channel import StoreChannel, StoreMirror, StoreRelay, wait_mirrored
 from hora.runners.spec import (
-    DEFAULT_TERMINATE_GRACE,
     ENV_ADVERTISE_ADDR,
     ENV_TERMINATE_GRACE,
     LaunchSpec,
     RankContext,
-    env_seconds,
 )
 
 log = logging.getLogger(__name__)
@@ -100,7 +98,7 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, channel: StoreChannel
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
-    from hora.runners.rank.main import supervise
+    from hora.runners.rank.supervise import supervise
 
     for _ in batches:  # the input is one row of spark.range per task
         pass
@@ -190,7 +188,7 @@ def _prestart_task(run_env: dict[str, str], batches: Iterator[Any]) -> Iterator[
     background and return at once (the task slot is free again for the materialization)."""
     import pyarrow as pa
 
-    from hora.runners.rank.main import prestart_rank_server
+    from hora.runners.rank.supervise import prestart_rank_server
 
     for _ in batches:
         pass
@@ -218,7 +216,7 @@ def _release_rendezvous(spec: LaunchSpec, rank: int, size: int, rendezvous_addr:
         return
     assert server is not None
     wanted = [keys.rank_key(keys.TASK_DONE, r) for r in range(1, size)]
-    timeout = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE) + 30
+    timeout = float(settings.get(ENV_TERMINATE_GRACE)) + 30
     try:
         server.wait(wanted, timeout)
     except HoraError:
@@ -405,7 +403,7 @@ class SparkJob(Job):
                 _spark.cancel_jobs(self.spark, self.tag)
             except Exception as exc:  # the session may be gone; the ranks still stop on the driver's abort
                 log.warning("could not cancel the Spark jobs of run %s: %s", self.spec.run_id, exc)
-        grace = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE)
+        grace = float(settings.get(ENV_TERMINATE_GRACE))
         self._thread.join(timeout=grace + 30)
         if self._thread.is_alive():
             log.warning("the Spark job of run %s did not end within %.0fs of its cancellation", self.spec.run_id, grace + 30)
@@ -584,7 +582,7 @@ class SparkLauncher(Launcher):
         return StoreChannel(service.store, spec.run_id)
 
     def prestart(self, num_proc: int, env: Mapping[str, str]) -> None:
-        """Start the executors' warm rank servers (:func:`hora.runners.rank.main.prestart_rank_server`)
+        """Start the executors' warm rank servers (:func:`hora.runners.rank.supervise.prestart_rank_server`)
         from one short job of ``num_proc`` tasks, on a background thread of the driver: the
         servers import torch while the fit checks and materializes its data, and the training
         stage's tasks, in whichever Python worker of their executor they run, fork their ranks

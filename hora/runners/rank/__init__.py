@@ -1,3 +1,3 @@
 """A rank's side of a run: its entry (:mod:`.main`, ``python -m hora.runners.rank.main``),
-process groups (:mod:`.procs`), the host supervisor (:mod:`.remote`) reached over ssh
+the entry as a subprocess of a Spark or Dask task (:mod:`.supervise`), process groups (:mod:`.procs`), the host supervisor (:mod:`.remote`) reached over ssh
 (:mod:`.ssh`), and the warm interpreter pool (:mod:`.warm`)."""

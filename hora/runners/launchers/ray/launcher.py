@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hora import settings
 from hora.errors import ConfigError, WorkerFailedError
 from hora.runners.launchers.ray.placement import (
     DEFAULT_PLACEMENT_TIMEOUT,
@@ -44,12 +45,10 @@ from hora.runners.driver.faults import FaultKind, kind_of_exit
 from hora.runners.driver.monitor import Failure
 from hora.runners.network import is_loopback
 from hora.runners.spec import (
-    DEFAULT_TERMINATE_GRACE,
     ENV_ADVERTISE_ADDR,
     ENV_TERMINATE_GRACE,
     LaunchSpec,
     RankContext,
-    env_seconds,
 )
 
 log = logging.getLogger(__name__)
@@ -210,7 +209,7 @@ class RayJob(Job):
             return
         # borrowed actors (RayExecutor): the driver's abort ends ranks still running; kill the rest
         if pending:
-            grace = env_seconds(ENV_TERMINATE_GRACE, DEFAULT_TERMINATE_GRACE)
+            grace = float(settings.get(ENV_TERMINATE_GRACE))
             _, still = self.group.ray.wait(pending, num_returns=len(pending), timeout=grace + 5)
             for rank, ref in enumerate(self.refs):
                 if ref in still:
@@ -242,7 +241,7 @@ class RayLauncher(Launcher):
                  placement_timeout: float | None = None, workers: RayWorkerGroup | None = None,
                  placement_group: Any = None, ranks_per_bundle: int = 1) -> None:
         if placement_timeout is None:
-            placement_timeout = env_seconds(ENV_PLACEMENT_TIMEOUT, DEFAULT_PLACEMENT_TIMEOUT)
+            placement_timeout = float(settings.get(ENV_PLACEMENT_TIMEOUT))
         if resources_per_rank is not None and not isinstance(resources_per_rank, Mapping):
             raise ConfigError(f"resources_per_rank must be a mapping of resource names to amounts, "
                               f"got {type(resources_per_rank).__name__}")

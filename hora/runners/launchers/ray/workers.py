@@ -120,7 +120,8 @@ class RankActor:
             WorkerFailedError: the rank failed (rank, host, traceback, exit code).
         """
         from hora.runners.rank.procs import describe_exit, last_traceback
-        from hora.runners.rank.main import _LogPusher, read_result, run_rank
+        from hora.runners.rank.main import run_rank
+        from hora.runners.rank.supervise import _LogPusher, read_result
 
         client = KVClient(spec.driver_addr, spec.secret)
         pusher = _LogPusher(client, ctx.rank)
