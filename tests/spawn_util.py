@@ -1,10 +1,22 @@
 """Run a function on N real processes over loopback, the way a launcher would.
 
 Used by the collective tests before (and independently of) the runners: each rank is a
-``multiprocessing`` *spawn* process with the ``HORA_*`` environment of a real job and a
-real :class:`~hora.native.rendezvous.RendezvousServer`. ``fn`` must be importable
-(defined at module level). Results come back in rank order; the first failure is raised
-with the remote traceback; nothing outlives the call.
+real process with the ``HORA_*`` environment of a real job and a real
+:class:`~hora.native.rendezvous.RendezvousServer`. ``fn`` must be importable (defined at
+module level). Results come back in rank order; the first failure is raised with the
+remote traceback; nothing outlives the call.
+
+Ranks start warm: they are forked from one ``multiprocessing`` fork server per test
+session that has already imported torch, numpy and ``hora.native`` (:data:`PRELOAD`), so
+a rank costs a fork instead of an interpreter start and an import of torch (2-3 s of CPU
+each). Nothing in those modules reads the job's settings at import time except
+``HORA_LOG_LEVEL`` (``import hora``), which each rank applies again; every other
+``HORA_*`` setting is read by ``init``, after the rank's environment is in place. Each
+rank's environment is the caller's environment at the time of the call plus the job's
+variables, as with a spawned process (not the fork server's, which is the caller's at the
+time the server started). ``fresh=True`` starts ranks as new ``spawn`` interpreters
+instead, for a test that needs a pristine one (a module's import-time behaviour under an
+environment the fork server did not have).
 """
 
 from __future__ import annotations
@@ -21,10 +33,32 @@ from typing import Any
 from hora.errors import WorkerFailedError
 from hora.native.rendezvous import RendezvousServer, WorkerEnv, make_secret
 
+#: what the fork server imports once (``__main__``: the test runner's script, which each
+#: rank would otherwise import again); a module that fails to import is skipped by it
+PRELOAD = (
+    "__main__", "numpy", "torch", "hora", "hora.native", "hora.torch",
+    "tests.native.workers", "tests.native.lifecycle_workers", "tests.torch.workers",
+    "tests.torch.horovod_api_workers",
+)
+
+
+def _context(fresh: bool) -> Any:
+    if fresh:
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))  # used when the server starts (the first call)
+    return ctx
+
 
 def _child(fn, rank, env, args, kwargs, results):
+    # the caller's whole environment, not the fork server's: a variable the caller has
+    # since removed must not reach the rank
+    os.environ.clear()
     os.environ.update(env)
     try:
+        import hora
+
+        hora._level_from_environment()  # the one setting read at import (by the fork server)
         value = fn(*args, **kwargs)
         # plain pickle, by value: a multiprocessing queue would send torch tensors as
         # shared-memory handles that die with this process
@@ -43,14 +77,18 @@ def run_ranks(
     rank_env: Mapping[int, Mapping[str, str]] | None = None,
     timeout: float = 60.0,
     backend: str = "gloo",
+    fresh: bool = False,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``size`` processes; return results in rank order.
+
+    Ranks are forked from the warm fork server, or spawned as new interpreters when
+    ``fresh`` (see the module's docstring).
 
     Raises:
         WorkerFailedError: a rank raised (carries its traceback) or died, or the job
             exceeded ``timeout`` seconds (naming the ranks that never finished).
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context(fresh)
     secret = make_secret()
     server = RendezvousServer(secret, host="127.0.0.1")
     server.start()
@@ -58,11 +96,12 @@ def run_ranks(
     procs = []
     try:
         for rank in range(size):
-            wenv = WorkerEnv(
+            wenv = dict(os.environ)
+            wenv.update(WorkerEnv(
                 rank=rank, size=size, local_rank=rank, local_size=size, cross_rank=0, cross_size=1,
                 rendezvous_addr=server.addr, secret=secret, job_id="test", hostname="127.0.0.1",
                 backend=backend, start_timeout=min(timeout, 60.0),
-            ).to_environ()
+            ).to_environ())
             wenv.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
             wenv.update(env or {})
             wenv.update((rank_env or {}).get(rank, {}))
