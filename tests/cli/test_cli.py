@@ -211,7 +211,7 @@ def test_python_dash_m_hora_check_lists_what_is_usable():
 
 @pytest.mark.timeout(30)
 def test_check_names_a_reverse_lookup_the_resolver_does_not_answer_in_time():
-    from hora.cli import reverse_lookup_check
+    from hora.checks import reverse_lookup_check
 
     def stalled(address: str) -> str:  # a resolver that lost the query and waits to retry
         time.sleep(3)
