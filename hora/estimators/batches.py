@@ -8,6 +8,7 @@ session's ``batches`` hook keeps every rank at the same number of steps. With
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -16,6 +17,8 @@ from hora.errors import DataError
 from hora.estimators.columns import column_ops
 from hora.estimators.framework import TrainingSession
 from hora.store.reader import ROW_ID, Reader, row_position
+
+logger = logging.getLogger(__name__)
 
 
 def _reader_ops(spec: Any, reader: Reader) -> Callable | None:
@@ -40,14 +43,24 @@ class CachedReader(Reader):
     The first pass reads and keeps what the wrapped reader yields; later passes
     (:meth:`set_epoch` for the next epoch) serve the same rows from memory, in a new
     seeded order when shuffling, in as many batches as the first pass (the same on
-    every rank, as the reader guarantees).
+    every rank, as the reader guarantees). With a :class:`~hora.store.ColumnOps` as the
+    reader's ``batch_fn``, its row-wise part (decoding images) runs once, in the first
+    pass's prefetch thread, and the decoded rows are kept (``rows x H x W x C`` bytes of
+    memory for images); its batch-wise part (padding, sparse batches, ``collate_fn``) runs
+    on each pass's batches.
     """
 
     def __init__(self, reader: Reader) -> None:  # shares the reader's plan; reads nothing yet
         self.__dict__.update(reader.__dict__)
         self._source = reader
-        #: the reader's batch_fn (decoding, padding), applied to the kept rows on each pass
-        self._fn, reader.batch_fn = reader.batch_fn, None
+        fn = reader.batch_fn
+        rows, batches = getattr(fn, "decode_rows", None), getattr(fn, "finish", None)
+        if rows is not None and batches is not None:
+            #: the row-wise part, in the source's prefetch thread; the kept rows are its output
+            reader.batch_fn, self._fn = rows, batches
+        else:
+            #: the reader's batch_fn, applied to the kept rows on each pass
+            self._fn, reader.batch_fn = fn, None
         self._cache: dict[str, np.ndarray] | None = None
         self._sizes: list[int] = []
 
@@ -66,8 +79,13 @@ class CachedReader(Reader):
                 parts.append(batch)
                 yield batch if self._fn is None else self._fn(batch)
             if len(parts) == len(self._source):  # a whole pass: keep it
+                try:
+                    self._cache = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]} if parts else {}
+                except ValueError as exc:  # e.g. a decode_fn whose shape differs between batches
+                    logger.warning("inmemory_cache_all: rank %d's batches do not join into one array per column "
+                                   "(%s); each epoch reads and decodes them again", self.rank, exc)
+                    return
                 self._sizes = [len(next(iter(p.values()))) for p in parts]
-                self._cache = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]} if parts else {}
             return
         rows = sum(self._sizes)
         order = np.arange(rows)

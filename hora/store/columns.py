@@ -25,8 +25,10 @@ decoded images and the rest as object arrays and returns the batch the model get
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -43,6 +45,22 @@ SPARSE_FORMATS = ("csr", "dense")
 #: The batch column of the reader that says where each row is stored (hora.store.reader.ROW_ID).
 _ROW_ID = "__hora_row__"
 MASK_SUFFIX = "_mask"
+#: a batch's encoded bytes (of one column) from which its rows are decoded on :data:`_POOL_THREADS`
+#: threads (Pillow releases the GIL while it decodes; for small images the per-row Python around it
+#: dominates, and one thread is faster)
+POOL_MIN_BYTES = 1 << 20
+_POOL_THREADS = max(1, min(4, os.cpu_count() or 1))
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's image-decoding threads (started on first use, shared by every reader)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="hora-decode")
+        return _POOL
 
 
 @dataclass(frozen=True)
@@ -277,41 +295,93 @@ class ColumnOps:
         return f"row {i} of the batch"
 
     def _decode(self, batch: dict[str, Any], keep: np.ndarray) -> None:
+        """Each binary column with a decoder: its rows decoded straight into one ``(rows, *shape)``
+        array (rows that failed under ``on_decode_error="skip"`` left as zeros, ``keep[i]`` False)."""
         for col, fn in self.decode.items():
             if fn is None or col not in batch:
                 continue
             values = batch[col]
-            out: list[Any] = [None] * len(values)
-            for i, data in enumerate(values):
-                if not keep[i]:
-                    continue
-                try:
-                    out[i] = np.asarray(fn(data))
-                except Exception as exc:
-                    if self.on_decode_error == "skip":
-                        keep[i] = False
-                        with self._lock:
-                            self.skipped += 1
-                            count = self.skipped
-                        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th... skipped row
-                            logger.warning("decode_fn of column %r failed on %s (%s: %s): skipped "
-                                           "(on_decode_error='skip'; %d row(s) skipped so far)",
-                                           col, self._where(batch, i), type(exc).__name__, exc, count)
-                        continue
-                    raise DataError(f"decode_fn of column {col!r} failed on {self._where(batch, i)}: "
-                                    f"{type(exc).__name__}: {exc} (on_decode_error='skip' skips such rows)") from exc
+            n = len(values)
+            first = 0  # the first row that decodes gives the shape and dtype of every row
+            head = None
+            while first < n and head is None:
+                if keep[first]:
+                    head = self._decode_one(batch, col, fn, first, keep)
+                first += 1
+            if head is None:  # no row (or none that decodes)
+                batch[col] = np.zeros((n, 0), dtype=np.uint8)
+                continue
+            out = np.zeros((n, *head.shape), dtype=head.dtype)
+            out[first - 1] = head
+            rest = range(first, n)
+            try:
+                size = sum(len(values[i]) for i in rest) if len(rest) > 1 else 0
+            except TypeError:  # not bytes: a user's decode_fn on other values
+                size = 0
+            if size >= POOL_MIN_BYTES and _POOL_THREADS > 1:
+                self._decode_on_pool(batch, col, fn, rest, keep, out)
+            else:
+                self._decode_into(batch, col, fn, rest, keep, out)
             batch[col] = out
 
-    def _stack_decoded(self, batch: dict[str, Any]) -> None:
-        for col, fn in self.decode.items():
-            if fn is None or col not in batch:
+    def _decode_one(self, batch: dict[str, Any], col: str, fn: Callable, i: int, keep: np.ndarray) -> np.ndarray | None:
+        """Row ``i`` of ``col`` decoded; None when it failed and is skipped (``keep[i]`` set False)."""
+        try:
+            return np.asarray(fn(batch[col][i]))
+        except Exception as exc:
+            if self.on_decode_error != "skip":
+                raise DataError(f"decode_fn of column {col!r} failed on {self._where(batch, i)}: "
+                                f"{type(exc).__name__}: {exc} (on_decode_error='skip' skips such rows)") from exc
+            keep[i] = False
+            with self._lock:
+                self.skipped += 1
+                count = self.skipped
+            if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th... skipped row
+                logger.warning("decode_fn of column %r failed on %s (%s: %s): skipped "
+                               "(on_decode_error='skip'; %d row(s) skipped so far)",
+                               col, self._where(batch, i), type(exc).__name__, exc, count)
+            return None
+
+    def _decode_into(self, batch: dict[str, Any], col: str, fn: Callable, rows: range, keep: np.ndarray,
+                     out: np.ndarray) -> None:
+        """Rows ``rows`` of ``col`` decoded into ``out`` (each must have ``out``'s row shape)."""
+        for i in rows:
+            if not keep[i]:
                 continue
-            rows = batch[col]
-            shapes = {r.shape for r in rows}
-            if len(shapes) > 1:
+            arr = self._decode_one(batch, col, fn, i, keep)
+            if arr is None:
+                continue
+            if arr.shape != out.shape[1:]:
                 raise DataError(f"decode_fn of column {col!r} gives arrays of different shapes "
-                                f"{sorted(shapes)[:4]} in one batch; make it return one shape (resize the images)")
-            batch[col] = np.stack(rows) if rows else np.zeros((0,), dtype=np.uint8)
+                                f"{sorted({tuple(out.shape[1:]), arr.shape})} in one batch ({self._where(batch, i)}); "
+                                "make it return one shape (resize the images)")
+            out[i] = arr
+
+    def _decode_on_pool(self, batch: dict[str, Any], col: str, fn: Callable, rows: range, keep: np.ndarray,
+                        out: np.ndarray) -> None:
+        """:meth:`_decode_into` on the decoding threads, a contiguous part of ``rows`` each (Pillow
+        releases the GIL while it decodes); the first failure (by row) is raised.
+
+        Raises:
+            DataError: a row failed (as :meth:`_decode_into`), or a part took longer than the
+                reader timeout.
+        """
+        from hora.store.reader import reader_timeout
+
+        parts = np.array_split(np.arange(rows.start, rows.stop), _POOL_THREADS)
+        futures = [_pool().submit(self._decode_into, batch, col, fn, range(int(p[0]), int(p[-1]) + 1), keep, out)
+                   for p in parts if len(p)]
+        timeout = reader_timeout()
+        errors = []
+        for fut in futures:  # every part finishes (or times out) before the batch is given up
+            try:
+                fut.result(timeout=timeout)
+            except concurrent.futures.TimeoutError:
+                errors.append(DataError(f"decoding column {col!r}: a part of a batch took over {timeout:.0f} s"))
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def _limit(self, col: str) -> int | None:
         return self.max_length.get(col)
@@ -334,8 +404,13 @@ class ColumnOps:
         batch[col] = padded
         batch[col + MASK_SUFFIX] = mask
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def decode_rows(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The row-wise part of :meth:`__call__`: binary columns decoded (one array each), rows that
+        failed dropped (``on_decode_error="skip"``); the rest as it came. Such batches can be
+        concatenated and cut again (what ``inmemory_cache_all`` keeps, decoded once)."""
         batch = dict(batch)
+        if not any(fn is not None and col in batch for col, fn in self.decode.items()):
+            return batch
         n = len(next(iter(batch.values()))) if batch else 0
         keep = np.ones(n, dtype=bool)
         self._decode(batch, keep)
@@ -343,7 +418,12 @@ class ColumnOps:
             for c in list(batch):
                 v = batch[c]
                 batch[c] = [x for x, k in zip(v, keep) if k] if isinstance(v, list) else v[keep]
-        self._stack_decoded(batch)
+        return batch
+
+    def finish(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch-wise part of :meth:`__call__`, on a batch from :meth:`decode_rows`:
+        ``collate_fn``, or padding, sparse batches and masks."""
+        batch = dict(batch)
         batch.pop(_ROW_ID, None)
         if self.collate_fn is not None:
             try:
@@ -368,6 +448,9 @@ class ColumnOps:
                 arr = np.asarray(batch[col])
                 batch[key] = np.ones(arr.shape[:2] if arr.ndim >= 2 else (len(arr), 1), dtype=bool)
         return batch
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return self.finish(self.decode_rows(batch))
 
 
 __all__ = ["ColumnOps", "CsrBatch", "decode_image", "arrow_objects", "vector_batch", "DENSE_VECTOR_LIMIT", "pad_rows", "sparse_rows_to_csr", "DECODE_ERROR_MODES",

@@ -207,6 +207,57 @@ def test_inmemory_cache_keeps_the_stored_rows_and_pads_each_replayed_batch(store
     assert sorted(np.concatenate([b["y"] for b in second]).tolist()) == sorted(pdf["y"].tolist())
 
 
+class _CountingDecoder:
+    """decode_image, counting its calls and the threads it ran on."""
+
+    def __init__(self):
+        import threading
+
+        self.calls, self.threads, self._lock = 0, set(), threading.Lock()
+
+    def __call__(self, data):
+        import threading
+
+        from hora.store import decode_image
+
+        with self._lock:
+            self.calls += 1
+            self.threads.add(threading.current_thread().name)
+        return decode_image(data)
+
+
+def test_inmemory_cache_decodes_each_image_once_in_the_prefetch_thread(store):
+    """inmemory_cache_all with an image column: the first pass decodes (in the reader's prefetch thread,
+    a skipped row dropped), later passes replay the decoded rows, equal to decoding them again."""
+    from hora.estimators.batches import CachedReader
+    from hora.store import ColumnOps, decode_image, make_reader, materialize
+
+    pdf = _frame(64)
+    pdf.loc[5, "img"] = b"broken"
+    info = materialize(pdf, store, ["img"], ["y"])
+    decoder = _CountingDecoder()
+    reader = make_reader(store, info, batch_size=16, shuffle=True, row_ids=True)
+    reader.batch_fn = ColumnOps(specs=dict(info.columns), decode={"img": decoder}, on_decode_error="skip")
+    cached = CachedReader(reader)
+    first = list(cached)
+    assert decoder.calls == 64 and all(t.startswith("hora-reader-batches") for t in decoder.threads)
+    for epoch in (1, 2):
+        cached.set_epoch(epoch)
+        again = list(cached)
+        assert len(again) == len(first) == 4 and decoder.calls == 64  # nothing decoded again
+        assert sum(len(b["y"]) for b in again) == 63  # the broken image stays skipped
+        assert all(b["img"].shape[1:] == first[0]["img"].shape[1:] and b["img"].dtype == np.uint8 for b in again)
+        assert "__hora_row__" not in again[0]
+    # the kept rows are the decoded images: each replayed row is its stored image decoded
+    decoded = {int(y): [] for y in pdf["y"]}
+    for data, y in zip(pdf["img"], pdf["y"]):
+        if data != b"broken":
+            decoded[int(y)].append(decode_image(data))
+    for b in again:
+        for img, y in zip(b["img"], b["y"]):
+            assert any(np.array_equal(img, d) for d in decoded[int(y)])
+
+
 # --------------------------------------------------------------------------------------
 # transform applies the fit's decode_fn, max_length / truncation and collate_fn
 # --------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ object arrays, ColumnOps (padding, masks, collate_fn) and the CSR batches (issue
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -87,3 +89,58 @@ def test_sparse_struct_vector_batch_and_csr():
     pairs[0], pairs[1] = (np.array([0, 2], np.int32), np.array([1.0, 2.0], np.float32)), (np.zeros(0, np.int32),
                                                                                          np.zeros(0, np.float32))
     np.testing.assert_array_equal(sparse_rows_to_csr(pairs, 3).toarray(), [[1, 0, 2], [0, 0, 0]])
+
+
+def _pngs(n: int, broken: tuple[int, ...] = ()) -> tuple[np.ndarray, list[np.ndarray]]:
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rows, images = np.empty(n, dtype=object), []
+    for i in range(n):
+        img = rng.integers(0, 255, (12, 10, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="PNG")
+        rows[i] = b"broken" if i in broken else buf.getvalue()
+        images.append(img)
+    return rows, images
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_images_decode_into_one_batch_array_serially_or_on_the_decoding_threads(monkeypatch, pool):
+    """A batch of images decoded into one (rows, H, W, C) array, on one thread or (a batch of at least
+    POOL_MIN_BYTES) on the decoding threads: the same arrays, the same skipped rows, the same first error."""
+    import threading
+
+    import hora.store.columns as columns
+    from hora.store import decode_image
+
+    monkeypatch.setattr(columns, "POOL_MIN_BYTES", 0 if pool else 1 << 40)
+    monkeypatch.setattr(columns, "_POOL_THREADS", 3)
+    threads = set()
+
+    def decode(data):
+        threads.add(threading.current_thread().name)
+        return decode_image(data)
+
+    rows, images = _pngs(40, broken=(3, 17, 30))
+    specs = {"img": ColumnSpec("object", kind="binary"), "y": ColumnSpec("int64")}
+    batch = {"img": rows, "y": np.arange(40)}
+    with pytest.raises(DataError, match="decode_fn of column 'img' failed on row 3 of the batch"):
+        ColumnOps(specs=specs, decode={"img": decode})(batch)
+    ops = ColumnOps(specs=specs, decode={"img": decode}, on_decode_error="skip")
+    out = ops(batch)
+    kept = [i for i in range(40) if i not in (3, 17, 30)]
+    assert out["img"].shape == (37, 12, 10, 3) and out["img"].dtype == np.uint8 and ops.skipped == 3
+    np.testing.assert_array_equal(out["img"], np.stack([images[i] for i in kept]))
+    np.testing.assert_array_equal(out["y"], kept)
+    assert any(t.startswith("hora-decode") for t in threads) == pool
+    rows, _ = _pngs(40, broken=(20, 35))  # on threads: failures in two parts, the first row's is raised
+    with pytest.raises(DataError, match="failed on row 20 of the batch"):
+        ColumnOps(specs=specs, decode={"img": decode})(dict(batch, img=rows))
+    rows, _ = _pngs(40)
+    rows[33] = base64.b64decode(  # a 1x1 PNG among 12x10 ones
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
+    with pytest.raises(DataError, match="different shapes"):
+        ColumnOps(specs=specs, decode={"img": decode})(dict(batch, img=rows))
