@@ -271,14 +271,12 @@ _DECLARED: tuple[Setting, ...] = (
        "function; larger models go once per session (broadcast, or a Connect artifact)", "data", minimum=0),
     _s("HORA_REPORT_EVERY", "int", None, "training steps between two progress reports (default: the "
        "estimator's)", "data", minimum=1),
-    # -- fault injection (tests) -------------------------------------------------------------
-    _s("HORA_TEST_HANG_AT_START", "str", "", "comma list of ranks that never start (tests)", "testing"),
 )
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARED}
 if len(SETTINGS) != len(_DECLARED):  # pragma: no cover - a declaration error
     raise RuntimeError("a HORA_ setting is declared twice")
-GROUPS = ("contract", "launch", "engine", "data", "testing")
+GROUPS = ("contract", "launch", "engine", "data")
 
 
 def setting(name: str) -> Setting:

@@ -40,7 +40,6 @@ ENV_FINISH_TIMEOUT = "HORA_FINISH_TIMEOUT"  # seconds the other ranks get once o
 ENV_TERMINATE_GRACE = "HORA_TERMINATE_GRACE"  # seconds between SIGTERM and SIGKILL
 ENV_NETWORK_INTERFACE = "HORA_NETWORK_INTERFACE"  # ranks advertise this interface's address (Gloo/NCCL use it)
 ENV_WORKER_PYTHON = "HORA_WORKER_PYTHON"  # the interpreter Spark/Dask task supervisors start ranks with
-ENV_TEST_HANG_AT_START = "HORA_TEST_HANG_AT_START"  # fault injection: comma list of ranks that never start
 ENV_SUPERVISOR_PID = "HORA_SUPERVISOR_PID"  # set in every rank: the process supervising it (it ends with it)
 ENV_ATTEMPT = "HORA_ATTEMPT"  # set in every rank: 1 for the first launch, 2 for the first relaunch, ...
 ENV_ROOT_CAUSE_GRACE = "HORA_ROOT_CAUSE_GRACE"  # seconds to wait for a lost rank behind a survivor's error

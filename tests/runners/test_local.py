@@ -140,10 +140,13 @@ def test_run_timeout_parameter():
 
 
 @pytest.mark.timeout(120)
-def test_rank_that_never_starts_is_named():
+def test_rank_that_never_starts_is_named(monkeypatch):
+    # injected from outside the library: a sitecustomize that makes rank 1's process sleep before it starts
+    hook = os.path.join(os.path.dirname(__file__), "hang_at_start")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (hook, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("HANG_AT_START_RANKS", "1")
     with pytest.raises(RendezvousError, match=r"rank\(s\) \[1\] of run never-starts never started within 10s") as info:
-        hr.run(_hang_rank0, num_proc=2, run_id="never-starts", start_timeout=10, verbose=0,
-               env={"HORA_TEST_HANG_AT_START": "1"})
+        hr.run(_hang_rank0, num_proc=2, run_id="never-starts", start_timeout=10, verbose=0)
     assert type(info.value) is RanksNotStartedError and info.value.retriable
     assert_no_workers_left("never-starts")
 

@@ -41,7 +41,6 @@ from hora.runners.spec import (
     ENV_NETWORK_INTERFACE,
     ENV_RUN_ID,
     ENV_SUPERVISOR_PID,
-    ENV_TEST_HANG_AT_START,
     HEARTBEAT_INTERVAL,
     FailureReport,
     LaunchSpec,
@@ -289,13 +288,6 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
     try:
         rank = ctx.rank if ctx is not None else _mpi_rank()
         client = KVClient(spec.driver_addr, spec.secret)
-        hang = os.environ.get(ENV_TEST_HANG_AT_START, "")
-        if str(rank) in [x.strip() for x in hang.split(",") if x.strip()]:
-            log.warning("rank %d: %s asks this rank never to start", rank, ENV_TEST_HANG_AT_START)
-            watchdog = _Watchdog(client, rank, int(parent) if parent else None)
-            watchdog.start()
-            while True:
-                time.sleep(3600)
         client.set(keys.rank_key(keys.STARTED, rank), host.encode())
         PHASES["registered"] = time.time()
         watchdog = _Watchdog(client, rank, int(parent) if parent else None)
