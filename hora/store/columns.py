@@ -189,11 +189,62 @@ def arrow_objects(column: Any, name: str) -> tuple[np.ndarray, ColumnSpec] | Non
     return object_rows(column, spec), spec
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: PNG colour type -> Pillow mode (and raw mode) of the images :func:`_decode_png` reads itself
+_PNG_MODES = {0: "L", 2: "RGB", 6: "RGBA"}
+
+
+def _decode_png(data: bytes) -> np.ndarray | None:
+    """A plain PNG (8 bits per sample, grayscale, RGB or RGBA, not interlaced) decoded by Pillow's own
+    zlib/unfilter decoder without its per-image Python (the chunk walk, plugin probing and
+    ``tobytes``, most of the time of a small image); None for anything else (palette, 16 bits,
+    interlaced, truncated or damaged data), which :func:`decode_image` leaves to ``Image.open``."""
+    import struct
+
+    from PIL import Image
+
+    if not isinstance(data, bytes) or not data.startswith(_PNG_SIGNATURE):
+        return None
+    pos, end, head, idat = 8, len(data), None, []
+    try:
+        while pos + 8 <= end:
+            n, kind = struct.unpack_from(">I4s", data, pos)
+            if pos + 12 + n > end:
+                return None
+            if kind == b"IHDR":
+                width, height, depth, color, _, _, interlace = struct.unpack_from(">IIBBBBB", data, pos + 8)
+                if depth != 8 or interlace or color not in _PNG_MODES or not width or not height:
+                    return None
+                head = (width, height, _PNG_MODES[color])
+            elif kind == b"IDAT":
+                idat.append(data[pos + 8:pos + 8 + n])
+            elif kind == b"IEND":
+                break
+            pos += 12 + n
+        else:
+            return None  # no IEND: truncated
+        if head is None or not idat:
+            return None
+        width, height, mode = head
+        img = Image.new(mode, (width, height))
+        decoder = Image._getdecoder(mode, "zip", mode)
+        decoder.setimage(img.im, (0, 0, width, height))
+        done, error = decoder.decode(b"".join(idat))
+        decoder.cleanup()
+        if done >= 0 or error < 0:  # (as ImageFile.load reads it) the data ended early, or damaged data
+            return None
+        arr = np.asarray(img)
+    except Exception:  # anything unexpected: Image.open decides (and names the problem)
+        return None
+    return arr[:, :, None] if arr.ndim == 2 else arr
+
+
 def decode_image(data: bytes) -> np.ndarray:
     """Decode one encoded image (PNG, JPEG, anything Pillow reads) to an ``(H, W, C)`` uint8 array.
 
     Grayscale images come as ``(H, W, 1)``; palette and other modes are converted to RGB
-    (RGBA stays RGBA).
+    (RGBA stays RGBA). Plain 8-bit PNGs take a shorter path through Pillow's decoder (the
+    same pixels, about half the time of a small image).
 
     Raises:
         DataError: the bytes are not an image Pillow can read.
@@ -202,6 +253,9 @@ def decode_image(data: bytes) -> np.ndarray:
         from PIL import Image
     except ImportError as exc:  # pragma: no cover - Pillow is a dependency of the image path
         raise ConfigError("decoding images needs Pillow: pip install pillow (or pass decode_fn)") from exc
+    arr = _decode_png(data)
+    if arr is not None:
+        return arr
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.mode not in ("L", "RGB", "RGBA"):

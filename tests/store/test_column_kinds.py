@@ -144,3 +144,46 @@ def test_images_decode_into_one_batch_array_serially_or_on_the_decoding_threads(
         "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
     with pytest.raises(DataError, match="different shapes"):
         ColumnOps(specs=specs, decode={"img": decode})(dict(batch, img=rows))
+
+
+def test_decode_image_short_png_path_gives_pillows_pixels_and_leaves_the_rest_to_pillow():
+    """Plain 8-bit PNGs (L, RGB, RGBA) take the short path with Pillow's exact pixels; palette, LA,
+    16-bit, JPEG fall back to Image.open; truncated or damaged PNGs raise a DataError."""
+    import io
+
+    from PIL import Image
+
+    from hora.store import decode_image
+    from hora.store.columns import _decode_png
+
+    rng = np.random.default_rng(0)
+    smooth = np.add.outer(np.arange(20), np.arange(30)).astype(np.uint8)  # filters other than None
+
+    def encoded(img: Image.Image, fmt: str = "PNG") -> bytes:
+        buf = io.BytesIO()
+        img.save(buf, format=fmt)
+        return buf.getvalue()
+
+    for arr in (smooth, rng.integers(0, 255, (20, 30), dtype=np.uint8),
+                np.dstack([smooth, smooth[::-1], rng.integers(0, 255, (20, 30), dtype=np.uint8)]),
+                np.dstack([smooth] * 3 + [rng.integers(0, 255, (20, 30), dtype=np.uint8)])):
+        data = encoded(Image.fromarray(arr))
+        fast = _decode_png(data)
+        assert fast is not None and fast.dtype == np.uint8
+        np.testing.assert_array_equal(fast, arr if arr.ndim == 3 else arr[:, :, None])
+        np.testing.assert_array_equal(decode_image(data), fast)
+    for img in (Image.fromarray(smooth).convert("P"), Image.fromarray(smooth).convert("LA"),
+                Image.fromarray(smooth.astype(np.uint16) * 200)):
+        data = encoded(img)
+        assert _decode_png(data) is None  # Pillow's full path
+        want = np.asarray(img.convert("RGB") if img.mode not in ("L", "RGB", "RGBA") else img)
+        np.testing.assert_array_equal(decode_image(data), want if want.ndim == 3 else want[:, :, None])
+    jpeg = encoded(Image.fromarray(smooth), "JPEG")
+    assert _decode_png(jpeg) is None and decode_image(jpeg).shape == (20, 30, 1)
+    data = encoded(Image.fromarray(rng.integers(0, 255, (20, 30), dtype=np.uint8)))
+    no_end = data[:-12]  # no IEND chunk: Pillow's full path still reads the pixels
+    assert _decode_png(no_end) is None and decode_image(no_end).shape == (20, 30, 1)
+    for broken in (data[:60], data[:40] + bytes(len(data) - 40)):
+        assert _decode_png(broken) is None
+        with pytest.raises(DataError, match="not a readable image"):
+            decode_image(broken)
