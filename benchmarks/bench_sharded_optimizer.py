@@ -11,8 +11,8 @@ dominate. Each configuration (``none``: the unsharded DistributedOptimizer; ``ze
 
 * optimizer-state bytes (every tensor in ``opt.state``), against ``none``'s (goal ~1/N);
 * peak memory: the process's peak RSS (``VmHWM``) minus its RSS just before the model was
-  built (glibc is told to give large blocks back to the system at once,
-  ``MALLOC_MMAP_THRESHOLD_``, so freed buffers do not count twice), and on CUDA
+  built (glibc is told to give blocks over 128 KiB back to the system at once,
+  ``bench_sharding.glibc_gives_back``, so freed buffers do not count twice), and on CUDA
   ``torch.cuda.max_memory_allocated``; against ``none``'s, next to the floor of the
   issue (16 bytes a parameter replicated: zero1 ``(4 + 4 + 8/N) / 16``, zero2
   ``(4 + 12/N) / 16``);
@@ -24,7 +24,6 @@ dominate. Each configuration (``none``: the unsharded DistributedOptimizer; ``ze
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _native_common import load_now, machine_note, run_local, table  # noqa: E402
+from bench_sharding import glibc_gives_back  # noqa: E402
 
 CONFIGS = {"none": None, "zero1": "optimizer", "zero2": "gradients"}
 BATCH = 8
@@ -47,6 +47,7 @@ def _rss(field: str) -> int:
 
 
 def rank_main(sharding: str | None, width: int, depth: int, steps: int, warmup: int, device: str) -> dict[str, Any]:
+    glibc_gives_back()
     import torch
 
     torch.set_num_threads(1)
@@ -100,14 +101,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = ap.parse_args()
-    env = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
     runs: dict[str, list[list[dict]]] = {name: [] for name in CONFIGS}
     print(f"# {machine_note()}; {a.np} ranks, {a.depth} x Linear({a.width}, {a.width}), AdamW, fp32, "
           f"{a.device}, batch {BATCH}/rank, {a.steps} steps after {a.warmup}", flush=True)
     for r in range(a.rounds):
         for name, sharding in CONFIGS.items():
             runs[name].append(run_local(rank_main, a.np, args=(sharding, a.width, a.depth, a.steps, a.warmup,
-                                                               a.device), env=env, timeout=900))
+                                                               a.device), timeout=900))
             print(f"round {r} {name}: step {runs[name][-1][0]['step'] * 1e3:.1f} ms", flush=True)
     n = a.np
     floor = {"none": 1.0, "zero1": (8 + 8 / n) / 16, "zero2": (4 + 12 / n) / 16}

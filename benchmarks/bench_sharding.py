@@ -17,10 +17,12 @@ uses (:func:`hora.estimators.torch_strategies.prepare`), in fresh processes:
 Per configuration it reports, per rank (the largest over the ranks):
 
 * peak memory: the process's peak RSS (``VmHWM``) minus its RSS just before the model was built
-  (glibc gives large blocks back at once, ``MALLOC_MMAP_THRESHOLD_``, so a freed buffer does not
-  count twice), against ``hora``'s, next to the floor for fp32 AdamW (16 bytes a parameter
+  (with the code every strategy runs already loaded, :func:`load_code`; glibc gives blocks
+  over 128 KiB back at once, :func:`glibc_gives_back`, so a freed buffer does not count
+  twice), against ``hora``'s, next to the floor for fp32 AdamW (16 bytes a parameter
   replicated): zero1 ``(4 + 4 + 8/N) / 16``, zero2 ``(4 + 12/N) / 16``, fsdp ``1/N``; on CUDA
-  also ``torch.cuda.max_memory_allocated``;
+  also ``torch.cuda.max_memory_allocated``; and the same peak by phase (building the model and
+  preparing the strategy, forward, backward, optimizer step) and at rest after the last step;
 * the loss of the last step (the mean over the ranks' batches) against ``hora``'s: the same
   seeds and batches give the same training, to fp32 rounding;
 * step time (median of the steps after the first two, rank 0, between barriers) against
@@ -43,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _native_common import load_now, machine_note, run_local, table  # noqa: E402
 
 STRATEGIES = ("hora", "zero1", "zero2", "ddp", "fsdp")
+PHASES = ("build", "forward", "backward", "step")
 WARMUP = 2
 
 
@@ -52,6 +55,57 @@ def _rss(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(field)
+
+
+def glibc_gives_back() -> None:
+    """Tell this process's glibc to serve every block over 128 KiB by ``mmap`` and to return
+    freed heap tops over 128 KiB at once, so that a freed buffer leaves the RSS (and a later
+    one does not reuse its pages unseen). ``mallopt`` rather than ``MALLOC_MMAP_THRESHOLD_``
+    in the environment: glibc reads that when the process starts, and a rank's environment
+    is set after its interpreter has started (the variables never reached glibc: its
+    threshold then rises with every freed block up to 32 MiB, and whatever was freed below it
+    stays in the heap)."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    if libc.mallopt(-3, 128 * 1024) != 1 or libc.mallopt(-1, 128 * 1024) != 1:  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+        raise RuntimeError("mallopt failed")
+
+
+def load_code() -> None:
+    """Load what every strategy runs before the RSS "before the model" is read: the modules
+    (hora's optimizers and strategies, torch's FSDP) and what ``torch.optim`` imports at its
+    first optimizer and step: ~80 MiB of code and interpreter state, the same at any model
+    size, which would otherwise count as the first strategy-dependent allocations."""
+    import importlib
+
+    import torch
+
+    for module in ("torch.distributed.fsdp", "hora.estimators.torch_strategies", "hora.torch.sharded_optimizer"):
+        importlib.import_module(module)
+    w = torch.zeros(1, requires_grad=True)
+    w.grad = torch.zeros(1)
+    torch.optim.AdamW([w]).step()
+
+
+class PhasePeaks:
+    """The peak RSS of each phase of a step, above the RSS before the model was built
+    (``VmHWM`` reset at each phase's start through ``/proc/self/clear_refs``), the largest over
+    the steps."""
+
+    def __init__(self, before: int) -> None:
+        self.before = before
+        self.peaks: dict[str, int] = {}
+        self.reset()
+
+    @staticmethod
+    def reset() -> None:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+
+    def end(self, phase: str) -> None:
+        self.peaks[phase] = max(self.peaks.get(phase, 0), _rss("VmHWM") - self.before)
+        self.reset()
 
 
 def build_model(dim: int, layers: int, heads: int, vocab: int, seq: int) -> Any:
@@ -91,6 +145,7 @@ def build_model(dim: int, layers: int, heads: int, vocab: int, seq: int) -> Any:
 
 
 def rank_main(strategy: str, cfg: dict[str, int], steps: int, device: str) -> dict[str, Any]:
+    glibc_gives_back()
     import torch
     import torch.nn.functional as F
 
@@ -103,7 +158,9 @@ def rank_main(strategy: str, cfg: dict[str, int], steps: int, device: str) -> di
         dev = torch.device("cuda", hvd.local_rank()) if device == "cuda" else torch.device("cpu")
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
+        load_code()
         before = _rss("VmRSS")
+        phases = PhasePeaks(before)
         cuda_before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
         torch.manual_seed(0)
         model = build_model(cfg["dim"], cfg["layers"], cfg["heads"], cfg["vocab"], cfg["seq"]).to(dev)
@@ -112,25 +169,33 @@ def rank_main(strategy: str, cfg: dict[str, int], steps: int, device: str) -> di
         module, opt = torch_strategies.prepare(strategy, hvd, model, opt, {})
         if strategy not in ("ddp", "fsdp"):
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        phases.end("build")
         gen = torch.Generator().manual_seed(1 + hvd.rank())
         times, loss = [], None
         for _ in range(steps):
             ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=gen).to(dev)
             hvd.barrier()
             t = time.perf_counter()
+            phases.reset()
             opt.zero_grad()
             logits = module(ids[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            phases.end("forward")
             loss.backward()
+            del logits
+            phases.end("backward")
             opt.step()
+            phases.end("step")
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             times.append(time.perf_counter() - t)
         hvd.barrier()
-        peak = _rss("VmHWM") - before
+        rest = _rss("VmRSS") - before
+        peak = max(phases.peaks.values())
         cuda_peak = (torch.cuda.max_memory_allocated(dev) - cuda_before) if dev.type == "cuda" else 0
         mean_loss = float(hvd.allreduce(loss.detach().cpu().reshape(1), name="bench.loss"))
-        return {"peak": peak, "cuda_peak": cuda_peak, "params": params, "loss": mean_loss,
+        return {"peak": peak, "phases": phases.peaks, "rest": rest, "cuda_peak": cuda_peak, "params": params,
+                "loss": mean_loss,
                 "step": statistics.median(times[WARMUP:]) if len(times) > WARMUP else statistics.median(times)}
     finally:
         hvd.shutdown()
@@ -155,7 +220,6 @@ def main() -> None:
     names = [s for s in a.strategies.split(",") if s]
     if names[0] != "hora":
         raise SystemExit("--strategies must start with hora (the baseline)")
-    env = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
     print(f"# {machine_note()}; {a.np} ranks, transformer {cfg}, AdamW, fp32, {a.device}, {a.steps} steps",
           flush=True)
     runs: dict[tuple[str, int], list[dict]] = {}
@@ -164,7 +228,7 @@ def main() -> None:
         plan += [(s, a.memory_np, a.memory_steps) for s in ("hora", "fsdp") if s in names]
     for name, n, steps in plan:
         t0 = time.monotonic()
-        runs[(name, n)] = run_local(rank_main, n, args=(name, cfg, steps, a.device), env=env, timeout=3000)
+        runs[(name, n)] = run_local(rank_main, n, args=(name, cfg, steps, a.device), timeout=3000)
         r = runs[(name, n)]
         print(f"{name} x{n}: peak {max(x['peak'] for x in r) / 2**20:.0f} MiB, step {r[0]['step'] * 1e3:.0f} ms, "
               f"loss {r[0]['loss']:.6f} ({time.monotonic() - t0:.0f} s)", flush=True)
@@ -189,6 +253,11 @@ def main() -> None:
         header += ("cuda peak MiB", "x hora")
     print(f"\n{params / 1e6:.1f}M parameters ({params * 4 / 2**20:.0f} MiB fp32); load {load_now()}")
     print(table(rows, header))
+    print("\nPeak MiB above the RSS before the model, by phase (the largest over the steps and ranks); "
+          "at rest: after the last step")
+    rows = [(name, str(n), *(f"{max(x['phases'][ph] for x in r) / 2**20:.0f}" for ph in PHASES),
+             f"{max(x['rest'] for x in r) / 2**20:.0f}") for (name, n), r in runs.items()]
+    print(table(rows, ("strategy", "ranks", "build + prepare", "forward", "backward", "optimizer step", "at rest")))
 
 
 if __name__ == "__main__":
