@@ -5,10 +5,10 @@ collectives through hora, writes checkpoints on rank 0 only and resumes at the r
 and step; ``fit_module`` with per-rank batches and with a DataModule, resume from its
 checkpoint bytes, stop requests, Lightning 1.x hooks, uneven batch counts.
 
-Each package is launched once (module-scoped fixture); every scenario reports on its own.
-Every scenario runs under ``lightning``; under ``pytorch_lightning`` the two entry points
-(the Strategy with ``sgd``, ``fit_module`` with its resume) prove the second import name works
-(the code is shared, and tests/lightning/test_lightning_checks.py covers telling them apart).
+One launch of 2 ranks (module-scoped fixture) runs every scenario under ``lightning``, then, in the
+same processes, the two entry points (the Strategy with ``sgd``, ``fit_module`` with its resume)
+under ``pytorch_lightning``: they prove the second import name works (the code is shared, and
+tests/lightning/test_lightning_checks.py covers telling the two apart); every scenario reports on its own.
 """
 
 from __future__ import annotations
@@ -35,14 +35,22 @@ under_lightning = pytest.mark.parametrize("ranks", PACKAGES[:1], indirect=True)
 
 
 @pytest.fixture(scope="module")
-def ranks(request, tmp_path_factory) -> tuple[str, list[dict]]:
+def launch(tmp_path_factory) -> list[dict]:
+    """Each rank's ``{package: {scenario: (ok, result)}}`` for the installed import names."""
+    plan = [(package, None if package == PACKAGES[0] else BOTH_NAMES) for package in PACKAGES
+            if importlib.util.find_spec(package) is not None]
+    if not plan:
+        return [{}] * SIZE
+    out = run_ranks(W.run_all_scenarios, SIZE, args=(plan, str(tmp_path_factory.mktemp("lightning"))), timeout=540)
+    return [pickle.loads(b) for b in out]
+
+
+@pytest.fixture()
+def ranks(request, launch) -> tuple[str, list[dict]]:
     package = request.param
-    if importlib.util.find_spec(package) is None:
+    if package not in launch[0]:
         pytest.skip(f"{package} is not installed (pip install -c constraints.txt 'hora[lightning]')")
-    tmp = tmp_path_factory.mktemp(f"lightning-{package}")
-    names = None if package == PACKAGES[0] else BOTH_NAMES
-    out = run_ranks(W.run_all_scenarios, SIZE, args=(package, str(tmp), names), timeout=540)
-    return package, [pickle.loads(b) for b in out]
+    return package, [per_rank[package] for per_rank in launch]
 
 
 def result(ranks: tuple[str, list[dict]], name: str) -> list:

@@ -15,6 +15,7 @@ import functools
 import importlib
 import os
 import pickle
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -239,7 +240,10 @@ def trainer(package: str, **kwargs: Any) -> Any:
     defaults = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, num_sanity_val_steps=0)
     defaults.update(kwargs)
-    defaults.setdefault("strategy", hora.lightning.Strategy(scale_lr=False))
+    # both import names in this process (the pytorch_lightning scenarios run after the lightning ones,
+    # in the same ranks): hora cannot guess which Trainer the strategy is for, the user names it
+    both = "lightning" in sys.modules and "pytorch_lightning" in sys.modules
+    defaults.setdefault("strategy", hora.lightning.Strategy(scale_lr=False, **({"package": package} if both else {})))
     return c.pl.Trainer(**defaults)
 
 
@@ -486,23 +490,26 @@ SCENARIOS: dict[str, Callable[[str, str], Any]] = {
 }
 
 
-def run_all_scenarios(package: str, tmp: str, names: tuple[str, ...] | None = None) -> bytes:
-    """Entry point on each rank: pickled ``{scenario: (ok, result or traceback)}`` for the
-    scenarios ``names`` (all when None)."""
+def run_all_scenarios(plan: list[tuple[str, tuple[str, ...] | None]], tmp: str) -> bytes:
+    """Entry point on each rank: for each ``(package, names)`` of ``plan`` in turn, the scenarios
+    ``names`` (all when None) under that Lightning import name, in one launch; pickled
+    ``{package: {scenario: (ok, result or traceback)}}``."""
     torch.set_num_threads(1)
     import hora.native as hn
 
     hn.init()
-    results: dict[str, tuple[bool, Any]] = {}
+    results: dict[str, dict[str, tuple[bool, Any]]] = {}
     try:
-        for name, fn in SCENARIOS.items():
-            if names is not None and name not in names:
-                continue
-            try:
-                results[name] = (True, fn(package, tmp))
-            except Exception:  # noqa: BLE001 - reported per scenario to the test
-                results[name] = (False, traceback.format_exc())
-            hn.barrier()
+        for package, names in plan:
+            mine = results.setdefault(package, {})
+            for name, fn in SCENARIOS.items():
+                if names is not None and name not in names:
+                    continue
+                try:
+                    mine[name] = (True, fn(package, tmp))
+                except Exception:  # noqa: BLE001 - reported per scenario to the test
+                    mine[name] = (False, traceback.format_exc())
+                hn.barrier()
     finally:
         hn.shutdown()
     return pickle.dumps(results)
