@@ -17,11 +17,18 @@ variables, as with a spawned process (not the fork server's, which is the caller
 time the server started). ``fresh=True`` starts ranks as new ``spawn`` interpreters
 instead, for a test that needs a pristine one (a module's import-time behaviour under an
 environment the fork server did not have).
+
+``preload=("tensorflow",)`` asks for a server that has imported those modules too (TF's
+import is 6 s of CPU per rank). A server holds exactly the modules of the call it serves:
+when a call asks for another list the server is restarted, so the ranks of torch-only
+tests never have TensorFlow imported (code that checks ``sys.modules`` behaves as in a
+real rank).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.forkserver as forkserver
 import os
 import pickle
 import queue
@@ -42,11 +49,21 @@ PRELOAD = (
 )
 
 
-def _context(fresh: bool) -> Any:
+_server_preload: list[str] | None = None  # what the running fork server imported
+
+
+def _context(fresh: bool, preload: tuple[str, ...]) -> Any:
+    global _server_preload
     if fresh:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))  # used when the server starts (the first call)
+    wanted = list(dict.fromkeys(PRELOAD + tuple(preload)))
+    if _server_preload is not None and wanted != _server_preload:
+        # another list: stop the server (it exits when its last client closes), the next
+        # Process.start() starts one that imports exactly ``wanted``
+        forkserver._forkserver._stop()
+    ctx.set_forkserver_preload(wanted)  # used when the server starts
+    _server_preload = wanted
     return ctx
 
 
@@ -78,17 +95,18 @@ def run_ranks(
     timeout: float = 60.0,
     backend: str = "gloo",
     fresh: bool = False,
+    preload: tuple[str, ...] = (),
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``size`` processes; return results in rank order.
 
-    Ranks are forked from the warm fork server, or spawned as new interpreters when
-    ``fresh`` (see the module's docstring).
+    Ranks are forked from the warm fork server (which has also imported ``preload``), or
+    spawned as new interpreters when ``fresh`` (see the module's docstring).
 
     Raises:
         WorkerFailedError: a rank raised (carries its traceback) or died, or the job
             exceeded ``timeout`` seconds (naming the ranks that never finished).
     """
-    ctx = _context(fresh)
+    ctx = _context(fresh, preload)
     secret = make_secret()
     server = RendezvousServer(secret, host="127.0.0.1")
     server.start()

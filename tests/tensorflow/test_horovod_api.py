@@ -204,7 +204,7 @@ def _error_type(fn) -> str:
 
 @pytest.mark.timeout(280)
 def test_horovod_api_on_two_ranks():
-    res = run_ranks(_two_rank_worker, 2, timeout=250)
+    res = run_ranks(_two_rank_worker, 2, timeout=250, preload=("tensorflow",))
     for r, o in enumerate(res):
         assert o["ops_eager"] == [r, 2, r, 2, 1] and o["ops_function"] == [r, 2] and o["ops_v1"] == [r, 2, 2]
         assert o["gathered"] == [
@@ -292,7 +292,7 @@ def _three_rank_worker() -> dict:
 
 @pytest.mark.timeout(240)
 def test_horovod_api_on_three_ranks():
-    res = run_ranks(_three_rank_worker, 3, timeout=200)
+    res = run_ranks(_three_rank_worker, 3, timeout=200, preload=("tensorflow",))
     for r, o in enumerate(res):
         assert o["ps_ops"] == (2, int(r in (0, 2)))
         if r in (0, 2):

@@ -208,7 +208,7 @@ def _raises(fn, exc_type) -> bool:
 
 @pytest.mark.timeout(280)
 def test_keras_path_sync_bn_partial_tape_and_elastic_on_two_ranks(tmp_path):
-    res = run_ranks(_keras_worker, 2, args=(str(tmp_path),), timeout=250)
+    res = run_ranks(_keras_worker, 2, args=(str(tmp_path),), timeout=250, preload=("tensorflow",))
     for r, o in enumerate(res):
         got, want = o["sync_out"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

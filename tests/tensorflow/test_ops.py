@@ -135,7 +135,7 @@ def _collectives_worker() -> dict:
 
 @pytest.mark.timeout(240)
 def test_collectives_and_gradients_on_two_ranks():
-    res = run_ranks(_collectives_worker, 2, timeout=200)
+    res = run_ranks(_collectives_worker, 2, timeout=200, preload=("tensorflow",))
     x = np.array([1.0, 2.0, 3.0])
     for r, o in enumerate(res):
         assert (o["rank"], o["size"], o["local_rank"]) == (r, 2, r)
