@@ -21,7 +21,7 @@ import hora
 import hora.runners as hr
 from hora.errors import CollectiveError, ConfigError, WorkerFailedError
 from hora.runners.driver.faults import FaultKind, kind_of_exception, kind_of_exit
-from hora.runners.launchers.spark import engine_failure, kind_of_engine_error
+from hora.runners.launchers.spark_errors import engine_failure, kind_of_engine_error
 from hora.runners.driver.monitor import Failure, first_failure
 
 from .helpers import assert_no_workers_left, relaunch_lines
@@ -92,7 +92,7 @@ def test_each_kind_of_fault_is_a_class_of_its_own():
 
     from hora import errors
     from hora.runners.driver.faults import fault_kind
-    from hora.runners.launchers.spark import stage_failure
+    from hora.runners.launchers.spark_errors import stage_failure
 
     table = [  # class, kind, retriable, symptom
         (errors.RankKilledError, FaultKind.SIGNAL, True, False),

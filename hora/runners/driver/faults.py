@@ -7,7 +7,7 @@ subclass of :class:`~hora.errors.WorkerFailedError` of its root cause's kind (in
 also a ``RendezvousError``), ``InfrastructureError``, ``RankError`` (ERROR), ``RankExitError``
 (EXIT), ``CollectiveFailedError`` (COLLECTIVE), ``TaskFailedError`` (TASK), ``RunTimeoutError``
 (TIMEOUT). What Spark's error text says (a lost executor) is read at the Spark boundary
-(:func:`hora.runners.launchers.spark.engine_failure`). The kinds answer two questions:
+(:func:`hora.runners.launchers.spark_errors.engine_failure`). The kinds answer two questions:
 
 * **Is it a symptom?** A survivor's error when a peer vanished (a ``CollectiveError`` /
   ``HorovodInternalError`` "rank 1 is unreachable", a ``RendezvousError`` waiting for a
