@@ -7,7 +7,8 @@ other (alternated ``--repeat`` times, the fastest of each kept).
 * **step**: the Torch session's training step (``TorchSession.train_step``: hora's
   ``DistributedOptimizer`` on one rank, a 3-layer MLP of width 512 on batches of 256 rows of 64
   features, 10 classes, ``CrossEntropyLoss``) with each option against the plain fp32 step:
-  ``precision="bf16-mixed"`` (CPU autocast), ``gradient_clip_norm`` (synchronize, clip,
+  ``precision="bf16-mixed"`` (CPU autocast), ``"16-mixed"`` (float16 CPU autocast with a CPU
+  ``GradScaler``: scaled backward, synchronize, unscale, step), ``gradient_clip_norm`` (synchronize, clip,
   ``skip_synchronize`` step), ``lr_scheduler`` stepped every step, ``class_weight`` (per-row
   weights).
 * **predict**: ``predict_frame`` of a pandas frame through a classifier's codec (softmax,
@@ -34,6 +35,8 @@ def _session(**options):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                    named_parameters=model.named_parameters())
     scheduler = options.pop("lr_scheduler", None)
+    if "scaler" in options:  # a fresh GradScaler per session, on the named device
+        options["scaler"] = torch.amp.GradScaler(options["scaler"])
     losses = [torch.nn.CrossEntropyLoss(reduction="none" if "class_weights" in options else "mean")]
     return TorchSession(hvd=hvd, model=model, optimizer=opt, losses=losses, metrics=[], feature_keys=("x",),
                         label_cols=("y",), loss_weights=[1.0], scheduler=scheduler(opt) if scheduler else None,
@@ -59,6 +62,7 @@ def bench_step(steps: int, repeat: int) -> None:
     cases = {
         "fp32 (baseline)": {},
         "precision='bf16-mixed'": {"autocast_dtype": torch.bfloat16},
+        "precision='16-mixed' (CPU GradScaler)": {"autocast_dtype": torch.float16, "scaler": "cpu"},
         "gradient_clip_norm=1.0": {"clip_norm": 1.0},
         "lr_scheduler per step": {"lr_scheduler": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda i: 0.999 ** i)},
         "class_weight (10 classes)": {"class_weights": torch.linspace(0.5, 2.0, 10)},
