@@ -320,9 +320,7 @@ def run_job(target, size: int, steps: int, warmup: int, timeout: float = 300.0,
     procs = []
     try:
         for rank in range(size):
-            env = WorkerEnv(rank=rank, size=size, local_rank=rank, local_size=size, cross_rank=0, cross_size=1,
-                            rendezvous_addr=server.addr, secret=secret, job_id="bench", hostname="127.0.0.1",
-                            backend="gloo").to_environ()
+            env = WorkerEnv.local(rank, size, server.addr, secret, job_id="bench", backend="gloo").to_environ()
             env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"})
             env.update(extra_env or {})
             p = ctx.Process(target=_child, args=(target, rank, size, port, env, (steps, warmup), results, barrier),

@@ -115,11 +115,8 @@ def run_ranks(
     try:
         for rank in range(size):
             wenv = dict(os.environ)
-            wenv.update(WorkerEnv(
-                rank=rank, size=size, local_rank=rank, local_size=size, cross_rank=0, cross_size=1,
-                rendezvous_addr=server.addr, secret=secret, job_id="test", hostname="127.0.0.1",
-                backend=backend, start_timeout=min(timeout, 60.0),
-            ).to_environ())
+            wenv.update(WorkerEnv.local(rank, size, server.addr, secret, job_id="test", backend=backend,
+                                        start_timeout=min(timeout, 60.0)).to_environ())
             wenv.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
             wenv.update(env or {})
             wenv.update((rank_env or {}).get(rank, {}))

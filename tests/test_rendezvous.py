@@ -16,6 +16,7 @@ import pytest
 from hora.errors import ConfigError, RendezvousError
 from hora.native.rendezvous import (
     KVClient,
+    Placement,
     RendezvousServer,
     WorkerEnv,
     barrier,
@@ -142,7 +143,7 @@ def test_unreachable_server_is_a_clear_error():
 
 def test_worker_env_round_trip_and_errors():
     env = WorkerEnv(
-        rank=1, size=2, local_rank=1, local_size=2, cross_rank=0, cross_size=1,
+        Placement(rank=1, size=2, local_rank=1, local_size=2, cross_rank=0, cross_size=1, host="127.0.0.1"),
         rendezvous_addr="127.0.0.1:1234", secret=b"\x01\x02", job_id="j",
     )
     assert WorkerEnv.from_environ(env.to_environ()) == env

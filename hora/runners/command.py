@@ -169,9 +169,8 @@ class CommandRun:
     def _make_rank(self, slot: RankSlot, advertise: str, remote: bool) -> RankProcess:
         env = self._env(remote)
         env.update(WorkerEnv(
-            rank=slot.rank, size=self.cfg.num_proc, local_rank=slot.local_rank, local_size=slot.local_size,
-            cross_rank=slot.cross_rank, cross_size=slot.cross_size, rendezvous_addr=self.service.addr,
-            secret=self.secret, job_id=self.run_id, hostname=advertise, backend=self.cfg.collective,
+            placement=dataclasses.replace(slot.placement, size=self.cfg.num_proc, host=advertise),
+            rendezvous_addr=self.service.addr, secret=self.secret, job_id=self.run_id, backend=self.cfg.collective,
             start_timeout=self.cfg.start_timeout,
         ).to_environ())
         return RankProcess(slot.rank, self.cfg.command, env)

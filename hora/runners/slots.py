@@ -25,7 +25,7 @@ import socket
 from collections.abc import Iterable, Sequence
 
 from hora.errors import ConfigError
-from hora.native.rendezvous import Placement, compute_placement
+from hora.native.rendezvous import Placed, Placement, compute_placement
 
 _LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost", "ip6-loopback"})
 _HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+|[0-9A-Fa-f:]+)$")
@@ -56,15 +56,12 @@ class HostSlots:
 
 
 @dataclasses.dataclass(frozen=True)
-class RankSlot:
-    """Where one rank runs: its host and its place in the job (Horovod's SlotInfo)."""
+class RankSlot(Placed):
+    """Where one rank runs: its host and its place in the job (Horovod's SlotInfo;
+    ``slot.rank``, ``slot.local_rank``, ... read its ``placement``)."""
 
-    rank: int
+    placement: Placement
     host: HostSlots
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
 
 
 # ---------------------------------------------------------------------------------------
@@ -221,8 +218,7 @@ def assign_ranks(hosts: Sequence[HostSlots], num_proc: int) -> list[RankSlot]:
         per_rank.extend([h] * min(h.slots, num_proc - len(per_rank)))
     placement: list[Placement] = compute_placement([h.name for h in per_rank])
     return [
-        RankSlot(rank=p.rank, host=per_rank[p.rank], local_rank=p.local_rank, local_size=p.local_size,
-                 cross_rank=p.cross_rank, cross_size=p.cross_size)
+        RankSlot(placement=p, host=per_rank[p.rank])
         for p in placement
     ]
 

@@ -27,6 +27,7 @@ from hora.settings import (  # the native engine's settings a run sets (read by 
     ENV_TIMELINE_MARK_CYCLES,
 )
 from hora.errors import ConfigError
+from hora.native.rendezvous.contract import Placed, Placement
 from hora.names import check_run_id, new_run_id  # the one run id rule (store folders, job tags, task keys)
 
 # --------------------------------------------------------------------------------------
@@ -169,25 +170,24 @@ class LaunchSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class RankContext:
+class RankContext(Placed):
     """One rank's place in the job, added by the backend that starts it.
 
     Attributes:
-        rank, size, local_rank, local_size, cross_rank, cross_size: as in Horovod.
-        hostname: the address this rank advertises to its peers (``HORA_HOSTNAME``).
+        placement: its rank, size, local and cross rank/size (as in Horovod; read as
+            ``ctx.rank``, ``ctx.local_size``, ...), and as ``host`` the address this rank
+            advertises to its peers (``HORA_HOSTNAME``, ``ctx.hostname``).
         rendezvous_addr: ``host:port`` of the collective rendezvous server.
         extra_env: per-rank variables (e.g. ``CUDA_VISIBLE_DEVICES``), sorted pairs.
     """
 
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    hostname: str
+    placement: Placement
     rendezvous_addr: str
     extra_env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def hostname(self) -> str:
+        return self.placement.host
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import cloudpickle
 import pytest
 
 from hora.native import keys
-from hora.native.rendezvous import RendezvousServer
+from hora.native.rendezvous import Placement, RendezvousServer
 from hora.runners.spec import LaunchSpec, RankContext
 from hora.runners.rank.main import run_rank
 
@@ -33,8 +33,8 @@ def test_run_rank_stops_its_heartbeat_thread_however_the_rank_ends(tmp_path):
     server = RendezvousServer(secret)
     server.start()
     env, path, level = dict(os.environ), list(sys.path), logging.getLogger().level
-    ctx = RankContext(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1,
-                      hostname="127.0.0.1", rendezvous_addr=server.addr)
+    ctx = RankContext(Placement(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1,
+                                host="127.0.0.1"), rendezvous_addr=server.addr)
     try:
         for fn, code in ((lambda: 42, 0), (_fails, 1)):
             spec = LaunchSpec(payload=cloudpickle.dumps((fn, (), {})), fn_name="fn", num_proc=1, run_id="wd",

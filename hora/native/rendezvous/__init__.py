@@ -36,6 +36,7 @@ from hora.native.rendezvous.contract import (
     ENV_SECRET,
     ENV_SIZE,
     ENV_START_TIMEOUT,
+    Placed,
     Placement,
     WorkerEnv,
     compute_placement,
@@ -47,6 +48,7 @@ from hora.native.rendezvous.server import RendezvousServer
 
 __all__ = [
     "WorkerEnv",
+    "Placed",
     "Placement",
     "compute_placement",
     "RendezvousServer",

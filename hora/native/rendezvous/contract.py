@@ -55,7 +55,7 @@ class Placement:
     """Where one rank sits in the job: its rank of ``size``, its local rank/size among the
     ranks on its ``host`` and its cross rank/size across hosts (Horovod's definitions).
     The one type for a rank's place: :func:`compute_placement` makes it, a
-    :class:`WorkerEnv` carries it (``env.placement``, :meth:`WorkerEnv.from_placement`)."""
+    :class:`WorkerEnv` holds it (``env.placement``; :class:`Placed`)."""
 
     rank: int
     size: int
@@ -66,22 +66,56 @@ class Placement:
     host: str
 
 
-@dataclasses.dataclass(frozen=True)
-class WorkerEnv:
-    """Everything a worker learns from its launcher, as read from ``HORA_*`` variables."""
+class Placed:
+    """A type that holds a :class:`Placement` (``self.placement``) and reads its fields
+    as its own: ``x.rank``, ``x.size``, ``x.local_rank``, ... (one type for a rank's place;
+    :class:`WorkerEnv`, :class:`hora.runners.spec.RankContext` and
+    :class:`hora.runners.slots.RankSlot` each hold one)."""
 
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
+    placement: Placement
+
+    @property
+    def rank(self) -> int:
+        return self.placement.rank
+
+    @property
+    def size(self) -> int:
+        return self.placement.size
+
+    @property
+    def local_rank(self) -> int:
+        return self.placement.local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self.placement.local_size
+
+    @property
+    def cross_rank(self) -> int:
+        return self.placement.cross_rank
+
+    @property
+    def cross_size(self) -> int:
+        return self.placement.cross_size
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerEnv(Placed):
+    """Everything a worker learns from its launcher, as read from ``HORA_*`` variables: its
+    place in the job (``placement``; its ``host`` is the address it advertises, ``hostname``)
+    and the job's rendezvous."""
+
+    placement: Placement
     rendezvous_addr: str
     secret: bytes = dataclasses.field(repr=False)
     job_id: str = "hora"
-    hostname: str = "127.0.0.1"
     backend: str = "auto"
     start_timeout: float = DEFAULT_START_TIMEOUT
+
+    @property
+    def hostname(self) -> str:
+        """The address this worker advertises to its peers (``HORA_HOSTNAME``)."""
+        return self.placement.host
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -123,35 +157,32 @@ class WorkerEnv:
         except ValueError:
             raise ConfigError(f"{ENV_SECRET} is not hex") from None
         local_rank, local_size = get(ENV_LOCAL_RANK), get(ENV_LOCAL_SIZE)
-        return cls(
+        placement = Placement(
             rank=rank,
             size=size,
             local_rank=rank if local_rank is None else local_rank,
             local_size=size if local_size is None else local_size,
             cross_rank=get(ENV_CROSS_RANK),
             cross_size=get(ENV_CROSS_SIZE),
+            host=get(ENV_HOSTNAME) or settings.default(ENV_HOSTNAME),
+        )
+        return cls(
+            placement=placement,
             rendezvous_addr=env[ENV_RENDEZVOUS_ADDR],
             secret=secret,
             job_id=get(ENV_JOB_ID) or settings.default(ENV_JOB_ID),
-            hostname=get(ENV_HOSTNAME) or settings.default(ENV_HOSTNAME),
             backend=get(ENV_BACKEND),
             start_timeout=get(ENV_START_TIMEOUT),
         )
 
     @classmethod
-    def from_placement(cls, placement: Placement, rendezvous_addr: str, secret: bytes, **rest: Any) -> WorkerEnv:
-        """The contract of the rank at ``placement`` (its host advertised as ``hostname``
-        unless ``rest`` names another); ``rest``: job_id, hostname, backend, start_timeout."""
-        rest.setdefault("hostname", placement.host)
-        return cls(rank=placement.rank, size=placement.size, local_rank=placement.local_rank,
-                   local_size=placement.local_size, cross_rank=placement.cross_rank,
-                   cross_size=placement.cross_size, rendezvous_addr=rendezvous_addr, secret=secret, **rest)
-
-    @property
-    def placement(self) -> Placement:
-        """This rank's place in the job (its host: the address it advertises)."""
-        return Placement(rank=self.rank, size=self.size, local_rank=self.local_rank, local_size=self.local_size,
-                         cross_rank=self.cross_rank, cross_size=self.cross_size, host=self.hostname)
+    def local(cls, rank: int, size: int, rendezvous_addr: str, secret: bytes, host: str = "127.0.0.1",
+              **rest: Any) -> WorkerEnv:
+        """The contract of rank ``rank`` of ``size`` ranks all on one host (local rank = rank, one
+        cross rank); ``rest``: job_id, backend, start_timeout."""
+        placement = Placement(rank=rank, size=size, local_rank=rank, local_size=size, cross_rank=0, cross_size=1,
+                              host=host)
+        return cls(placement=placement, rendezvous_addr=rendezvous_addr, secret=secret, **rest)
 
     def to_environ(self) -> dict[str, str]:
         """The ``HORA_*`` variables that make :meth:`from_environ` return this object."""
@@ -202,6 +233,6 @@ def compute_placement(hosts: Sequence[str]) -> list[Placement]:
 __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT", "DEFAULT_START_TIMEOUT", "ENV_BACKEND", "ENV_CROSS_RANK", "ENV_CROSS_SIZE",
     "ENV_HOSTNAME", "ENV_JOB_ID", "ENV_LOCAL_RANK", "ENV_LOCAL_SIZE", "ENV_RANK", "ENV_RENDEZVOUS_ADDR",
-    "ENV_RENDEZVOUS_TIMEOUT", "ENV_SECRET", "ENV_SIZE", "ENV_START_TIMEOUT", "Placement", "WorkerEnv",
+    "ENV_RENDEZVOUS_TIMEOUT", "ENV_SECRET", "ENV_SIZE", "ENV_START_TIMEOUT", "Placed", "Placement", "WorkerEnv",
     "compute_placement", "env_float", "make_secret",
 ]

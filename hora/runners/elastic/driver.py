@@ -203,7 +203,8 @@ class ElasticRun:
         remote = not HostSlots(host, 1).is_local
         addresses = {host: self.plan.addresses.get(host) or network.resolve(c.ssh.destination_hostname(host))} \
             if remote else {}
-        one = RankSlot(0, HostSlots(host, 1), 0, 1, 0, 1)
+        one = RankSlot(Placement(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, host=host),
+                       HostSlots(host, 1))
         plan = HostPlan((one,), addresses, self.plan.bind, self.plan.service_address, self.plan.local_address,
                         self.plan.interface)
         folder = os.path.join(c.output_dir, w.name) if c.output_dir else None
@@ -214,9 +215,9 @@ class ElasticRun:
             a, p = w.assignment, w.assignment.place
             env = command_environment(c, self.plan, self.service.addr, self.run_id, is_remote)
             env.update(WorkerEnv(
-                rank=p.rank, size=a.size, local_rank=p.local_rank, local_size=p.local_size, cross_rank=p.cross_rank,
-                cross_size=p.cross_size, rendezvous_addr=self.service.addr, secret=self.secret, job_id=a.job_id,
-                hostname=advertise, backend=c.collective, start_timeout=c.start_timeout).to_environ())
+                placement=dataclasses.replace(p, size=a.size, host=advertise), rendezvous_addr=self.service.addr,
+                secret=self.secret, job_id=a.job_id, backend=c.collective,
+                start_timeout=c.start_timeout).to_environ())
             env.update(a.environ())
             env.update({ENV_ELASTIC: "1", ENV_WORKER: w.name, ENV_TIMEOUT: f"{self.cfg.elastic_timeout:g}"})
             return RankProcess(0, c.command, env)

@@ -12,6 +12,7 @@ lost worker's address again).
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -94,11 +95,7 @@ class DaskJob(Job):
         try:
             for p in compute_placement(hosts):
                 addr, info = workers[p.rank]
-                ctx = RankContext(
-                    rank=p.rank, size=spec.num_proc, local_rank=p.local_rank, local_size=p.local_size,
-                    cross_rank=p.cross_rank, cross_size=p.cross_size, hostname=hosts[p.rank],
-                    rendezvous_addr=service.addr,
-                )
+                ctx = RankContext(placement=dataclasses.replace(p, size=spec.num_proc), rendezvous_addr=service.addr)
                 resources = {"GPU": 1} if (info.get("resources") or {}).get("GPU") else None
                 self.futures.append(
                     self.client.submit(

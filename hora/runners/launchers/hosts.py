@@ -517,9 +517,8 @@ class HostsLauncher(Launcher):
         job: HostsJob | None = None
 
         def make_rank(slot: RankSlot, advertise: str, remote: bool) -> RankProcess:
-            ctx = RankContext(rank=slot.rank, size=spec.num_proc, local_rank=slot.local_rank,
-                              local_size=slot.local_size, cross_rank=slot.cross_rank, cross_size=slot.cross_size,
-                              hostname=advertise, rendezvous_addr=service.addr)
+            ctx = RankContext(placement=dataclasses.replace(slot.placement, size=spec.num_proc, host=advertise),
+                              rendezvous_addr=service.addr)
             stdin = pickle.dumps((spec, ctx))
             if remote:
                 env = forward_environment(os.environ)

@@ -129,17 +129,7 @@ def _barrier_task(spec: LaunchSpec, advertise: str | None, channel: StoreChannel
         gpu = context.resources().get("gpu")
         if gpu is not None and gpu.addresses:
             extra_env.append(("CUDA_VISIBLE_DEVICES", ",".join(gpu.addresses)))
-        ctx = RankContext(
-            rank=rank,
-            size=len(hosts),
-            local_rank=placement.local_rank,
-            local_size=placement.local_size,
-            cross_rank=placement.cross_rank,
-            cross_size=placement.cross_size,
-            hostname=hosts[rank],
-            rendezvous_addr=rendezvous_addr,
-            extra_env=tuple(extra_env),
-        )
+        ctx = RankContext(placement=placement, rendezvous_addr=rendezvous_addr, extra_env=tuple(extra_env))
         try:
             value = cloudpickle.dumps(supervise(spec, ctx))
         except WorkerFailedError:

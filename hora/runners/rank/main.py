@@ -17,6 +17,7 @@ Inside ``fn``, :func:`report` sends metrics to the driver's progress bar.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -219,16 +220,10 @@ def rank_environ(spec: LaunchSpec, ctx: RankContext | None) -> dict[str, str]:
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = iface
     env.update(
         WorkerEnv(
-            rank=ctx.rank,
-            size=ctx.size,
-            local_rank=ctx.local_rank,
-            local_size=ctx.local_size,
-            cross_rank=ctx.cross_rank,
-            cross_size=ctx.cross_size,
+            placement=dataclasses.replace(ctx.placement, host=hostname),
             rendezvous_addr=ctx.rendezvous_addr,
             secret=spec.secret,
             job_id=spec.run_id,
-            hostname=hostname,
             backend=spec.collective_backend,
             start_timeout=spec.start_timeout,
         ).to_environ()

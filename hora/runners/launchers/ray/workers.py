@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -227,9 +228,7 @@ class RayWorkerGroup:
         """Each rank's place: local/cross ranks from the actors' nodes."""
         hosts = self.hosts(loopback)
         n = self.num_proc
-        return [RankContext(rank=p.rank, size=n, local_rank=p.local_rank, local_size=p.local_size,
-                            cross_rank=p.cross_rank, cross_size=p.cross_size, hostname=hosts[p.rank],
-                            rendezvous_addr=rendezvous_addr)
+        return [RankContext(placement=dataclasses.replace(p, size=n, host=hosts[p.rank]), rendezvous_addr=rendezvous_addr)
                 for p in compute_placement([i.node_id for i in self.infos])]
 
     def alive(self, timeout: float = 10.0) -> list[int]:
