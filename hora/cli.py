@@ -201,7 +201,7 @@ def command_config(args: argparse.Namespace):
     Raises:
         UsageError: a bad flag or combination (named).
     """
-    from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float
+    from hora.native.rendezvous import ENV_BACKEND, ENV_START_TIMEOUT
     from hora.runners.command import CommandConfig
     from hora.runners.slots import resolve_hosts
     from hora import settings as registry
@@ -225,7 +225,7 @@ def command_config(args: argparse.Namespace):
     if num_proc is None:
         raise UsageError("-np is required (the number of ranks)" + (" or --min-np" if elastic else ""))
     try:
-        start_timeout = args.start_timeout or env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)
+        start_timeout = args.start_timeout or settings.get(ENV_START_TIMEOUT)
         forward, values = _exports(args.export)
         output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
         if elastic:
@@ -264,9 +264,8 @@ def elastic_config(args: argparse.Namespace, command: object):
     Raises:
         UsageError: a bad flag or combination (``--min-np`` above ``--max-np``, ...).
     """
-    from hora.native.rendezvous import env_float
     from hora.runners.elastic.driver import ElasticConfig
-    from hora.runners.elastic.membership import DEFAULT_TIMEOUT, ENV_TIMEOUT
+    from hora.runners.elastic.membership import ENV_TIMEOUT
 
     try:
         return ElasticConfig(
@@ -275,7 +274,7 @@ def elastic_config(args: argparse.Namespace, command: object):
             min_np=args.min_np if args.min_np is not None else command.num_proc,  # type: ignore[attr-defined]
             max_np=args.max_np,
             slots_per_host=args.slots_per_host,
-            elastic_timeout=args.elastic_timeout or env_float(ENV_TIMEOUT, DEFAULT_TIMEOUT),
+            elastic_timeout=args.elastic_timeout or settings.get(ENV_TIMEOUT),
             reset_limit=args.reset_limit,
             cooldown_range=tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None,
         )

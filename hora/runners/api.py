@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from hora import settings
 from hora.errors import ConfigError, RunTimeoutError
-from hora.native.rendezvous import DEFAULT_START_TIMEOUT, ENV_BACKEND, ENV_START_TIMEOUT, env_float, make_secret
+from hora.native.rendezvous import ENV_BACKEND, ENV_START_TIMEOUT, make_secret
 from hora.runners.driver.attempts import Launch, run_attempts
 from hora.runners.driver.monitor import Policy
 from hora.runners.driver.recovery import Attempts, check_max_failures, start_size, wait_for_slots
@@ -155,7 +155,7 @@ def run(
         num_proc = start_size(launcher, min_num_proc, num_proc)
     launcher.check_num_proc(num_proc)
     if start_timeout is None:
-        start_timeout = env_float(ENV_START_TIMEOUT, DEFAULT_START_TIMEOUT)
+        start_timeout = settings.get(ENV_START_TIMEOUT)
     elif not (isinstance(start_timeout, (int, float)) and start_timeout > 0):
         raise ConfigError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}")
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()

@@ -40,7 +40,6 @@ from hora.native.rendezvous.contract import (
     Placement,
     WorkerEnv,
     compute_placement,
-    env_float,
     make_secret,
 )
 from hora.native.rendezvous.protocol import FRAME_TIMEOUT, AuthenticationError, FrameError, PeerClosedError, recv_exact
@@ -58,6 +57,5 @@ __all__ = [
     "PeerClosedError",
     "barrier",
     "make_secret",
-    "env_float",
     "RendezvousError",
 ]

@@ -34,17 +34,6 @@ ENV_RENDEZVOUS_TIMEOUT = "HORA_RENDEZVOUS_TIMEOUT"  # seconds for one key-value 
 DEFAULT_START_TIMEOUT = settings.default(ENV_START_TIMEOUT)
 DEFAULT_RENDEZVOUS_TIMEOUT = settings.default(ENV_RENDEZVOUS_TIMEOUT)
 
-def env_float(name: str, default: float | None = None) -> float:
-    """The number of the setting ``name`` (read and checked by :func:`hora.settings.get`);
-    ``default`` only where the setting declares none.
-
-    Raises:
-        ConfigError: the variable is set but malformed or outside its bounds.
-    """
-    value = settings.get(name)
-    return default if value is None else value
-
-
 def make_secret() -> bytes:
     """Return a fresh random per-job secret (32 bytes)."""
     return secrets.token_bytes(32)
@@ -234,5 +223,5 @@ __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT", "DEFAULT_START_TIMEOUT", "ENV_BACKEND", "ENV_CROSS_RANK", "ENV_CROSS_SIZE",
     "ENV_HOSTNAME", "ENV_JOB_ID", "ENV_LOCAL_RANK", "ENV_LOCAL_SIZE", "ENV_RANK", "ENV_RENDEZVOUS_ADDR",
     "ENV_RENDEZVOUS_TIMEOUT", "ENV_SECRET", "ENV_SIZE", "ENV_START_TIMEOUT", "Placed", "Placement", "WorkerEnv",
-    "compute_placement", "env_float", "make_secret",
+    "compute_placement", "make_secret",
 ]

@@ -52,7 +52,6 @@ ENV_ELASTIC = "HORA_ELASTIC"
 ENV_WORKER = "HORA_ELASTIC_WORKER"
 ENV_ROUND = "HORA_ELASTIC_ROUND"
 ENV_TIMEOUT = "HORA_ELASTIC_TIMEOUT"
-DEFAULT_TIMEOUT = settings.default(ENV_TIMEOUT)  # seconds (Horovod's --elastic-timeout)
 EXIT = b"exit"  # an assignment key's value for a worker that has no place in the round
 POLL_INTERVAL = 0.5
 
