@@ -172,7 +172,7 @@ def _training_worker(tmpdir: str) -> dict:
 
 @pytest.mark.timeout(280)
 def test_tape_optimizer_and_callbacks_on_two_ranks(tmp_path):
-    res = run_ranks(_training_worker, 2, args=(str(tmp_path),), timeout=250)
+    res = run_ranks(_training_worker, 2, args=(str(tmp_path),), timeout=250, preload=("tensorflow",))
     for r, o in enumerate(res):
         # DistributedGradientTape: half batches on two ranks == whole batch on one process
         assert o["emb_grad_type"] == "IndexedSlices" and o["emb_grad_type_dense"] != "IndexedSlices"
