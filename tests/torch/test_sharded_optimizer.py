@@ -374,3 +374,18 @@ def test_owner_assignment_is_balanced_and_deterministic():
                 assert shard.owners[i] == r and shard.offsets[i] == off
                 off += numels[i]
             assert off <= shard.width
+
+
+def test_owner_totals_are_even_with_lone_parameters_larger_than_a_bucket():
+    """An embedding and a vocabulary head past the bucket cap (a bucket each) at both ends, blocks
+    in ordinary buckets between: each rank ends up with about half of all the elements (placing
+    buckets in order gave one rank a lone tensor plus the heavier row of every block)."""
+    from hora.torch.sharded_optimizer import assign_owners
+
+    sizes = [[1], [117], *[[9, 9, 7, 2]] * 12, [117]]
+    totals = [0, 0]
+    for shard, numels in zip(assign_owners(sizes, 2), sizes):
+        for n, r in zip(numels, shard.owners):
+            totals[r] += n
+        assert shard.width == (16 if len(numels) == 4 else numels[0])  # rows stay even within a bucket
+    assert abs(totals[0] - totals[1]) <= 5, totals
