@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hora.errors import ConfigError, WorkerFailedError
+from hora.errors import ConfigError, RankError, WorkerFailedError
 
 
 class _Trainer:
@@ -67,9 +67,10 @@ def test_executor_start_run_execute_remote_single_shutdown(free_cluster):
         with pytest.raises(WorkerFailedError) as info:
             executor.run(_fail_on_zero)
         assert info.value.rank == 0 and "KeyError" in str(info.value)
+        assert isinstance(info.value, RankError)  # the typed kind: the user's function raised
         assert "_fail_on_zero" in (info.value.remote_traceback or "")
         assert executor.num_workers_running == 0
-        with pytest.raises(ConfigError, match="stopped after a call failed: WorkerFailedError: rank 0"):
+        with pytest.raises(ConfigError, match="stopped after a call failed: RankError: rank 0"):
             executor.execute(lambda w: w.step())
         executor.start()  # again, without an executable
         assert executor.run(_rank_and_sum, args=[0.5]) == [(0, 1.0), (1, 1.0)]
