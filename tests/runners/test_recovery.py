@@ -303,3 +303,20 @@ def test_hora_run_max_failures_relaunches_a_killed_rank(tmp_path):
         res = subprocess.run([sys.executable, "-m", "hora", "run", "-np", "1", *args, "true"], capture_output=True,
                              text=True, env=env, timeout=60)
         assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_stage_names_the_ranks_typed_failure_from_the_tasks_traceback():
+    """Spark's error for a failed barrier stage holds the task's Python traceback; the error hora
+    raises quotes the rank's failure from it, whatever subclass of WorkerFailedError it is."""
+    import types
+
+    from hora.runners.launchers.spark_errors import stage_error
+
+    spec = types.SimpleNamespace(run_id="run-1", num_proc=2)
+    for name in ("RankError", "RankKilledError", "WorkerFailedError"):
+        text = ("org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
+                "Traceback (most recent call last):\n  File \"supervise.py\", line 9, in supervise\n"
+                f"hora.errors.{name}: rank 1 on 10.0.0.2 raised KeyError: 'x'\n\tat org.apache.spark...")
+        err = stage_error(RuntimeError(text), spec, launcher=None)
+        assert f"hora.errors.{name}: rank 1 on 10.0.0.2 raised KeyError" in str(err), str(err)

@@ -56,9 +56,14 @@ def _stage_error_of(exc: BaseException, spec: LaunchSpec, launcher: Any) -> Exce
     store_error = re.search(r"hora\.errors\.StoreError: ([^\n]*)", text)
     if store_error:
         return StoreError(f"the Spark barrier stage of run {spec.run_id} could not use the store: {store_error.group(1)}")
-    match = re.search(r"(hora\.errors\.WorkerFailedError: [^\n]*)", text)
+    match = _RANK_FAILURE.search(text)
     short = match.group(1) if match else " / ".join([ln for ln in text.splitlines() if ln.strip()][:3])[:1000]
     return stage_failure(f"the Spark barrier stage of run {spec.run_id} failed: {short}")
+
+
+#: a rank's failure as the task's Python traceback shows it: WorkerFailedError or the subclass of its kind
+_RANK_FAILURE = re.compile(r"(hora\.errors\.(?:%s): [^\n]*)" % "|".join(
+    sorted({WorkerFailedError.__name__, *(failure_class(kind).__name__ for kind in FaultKind)})))
 
 
 # "Python worker exited unexpectedly (crashed)": the task's Python process died (killed by the OOM
