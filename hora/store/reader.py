@@ -19,7 +19,9 @@ How rows are shared (identical arithmetic on every rank, from the metadata alone
    prefetched batches, whatever the dataset's size.
 4. A background thread prepares batches ahead and hands them over in runs of up to
    :data:`HANDOVER_BYTES` (``prefetch`` runs queued): one hand-over between threads per
-   run, not per batch, which on a CPU-bound rank costs more than the batch itself.
+   run, not per batch, which on a CPU-bound rank costs more than the batch itself. The
+   first run of an epoch is one batch and each next one twice as long, so the first step
+   waits for one batch only.
 
 Feature groups (``groups``): scalar columns that a model takes as one ``(rows, k)``
 input are stacked once per row group, as it is read (straight into the shuffle window when
@@ -346,18 +348,24 @@ class Reader:
             yield from run
 
     def _runs(self) -> Iterator[list[dict[str, np.ndarray]]]:
-        """The epoch's batches in lists of about :data:`HANDOVER_BYTES` (the prefetch thread's hand-overs)."""
+        """The epoch's batches in lists (the prefetch thread's hand-overs): the first holds one batch,
+        each next one twice as many, up to about :data:`HANDOVER_BYTES`. The step starts as soon
+        as the first batch is made, not when a whole run is (with a ``batch_fn`` that decodes
+        images, a 4 MiB run of small images was the whole epoch, decoded before the first step
+        and overlapping none of them)."""
         row_bytes = sum(row_bytes_of(s) for s in self.specs.values())
         per = max(1, min(_HANDOVER_MAX, HANDOVER_BYTES // max(1, row_bytes * self.batch_size)))
         run: list[dict[str, np.ndarray]] = []
+        limit = 1
         for batch in self._batches():
             if self.batch_fn is not None and not run:  # what batch_fn made: size the run by its bytes
                 size = sum(getattr(a, "nbytes", 0) for a in batch.values()) if isinstance(batch, dict) else 0
                 per = max(1, min(_HANDOVER_MAX, HANDOVER_BYTES // max(1, size)))
             run.append(batch)
-            if len(run) >= per:
+            if len(run) >= min(limit, per):
                 yield run
                 run = []
+                limit *= 2
         if run:
             yield run
 

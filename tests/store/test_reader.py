@@ -186,8 +186,9 @@ def test_numeric_columns_are_read_without_arrow_numpy_conversion(shared, tmp_pat
 
 
 def test_prefetched_batches_are_handed_over_in_runs(shared, monkeypatch):
-    """The prefetch thread hands over runs of batches (one queue round trip per run), and the
-    consumer still gets every batch, in order, whatever the run length."""
+    """The prefetch thread hands over runs of batches (one queue round trip per run): the first of
+    one batch, each next twice as long up to HANDOVER_BYTES; the consumer still gets every batch,
+    in order, whatever the run length."""
     import hora.store.reader as reader_mod
 
     store, info = shared
@@ -197,15 +198,15 @@ def test_prefetched_batches_are_handed_over_in_runs(shared, monkeypatch):
 
     class Counting(original):
         def put(self, item, *a, **k):
-            puts.append(type(item).__name__)
+            puts.append(len(item) if isinstance(item, list) else type(item).__name__)
             return super().put(item, *a, **k)
 
     monkeypatch.setattr(reader_mod.queue, "Queue", Counting)
     monkeypatch.setattr(reader_mod, "HANDOVER_BYTES", 7 * 8 * 5)  # 5 batches of 7 int64 ids
     got = [b["id"] for b in make_reader(store, info, batch_size=7, prefetch=2, seed=3, columns=["id"])]
     assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
-    runs = puts.count("list")
-    assert runs == -(-len(expected) // 5)
+    runs = [p for p in puts if isinstance(p, int)]
+    assert sum(runs) == len(expected) and runs[:3] == [1, 2, 4] and set(runs[3:-1]) == {5}, runs
 
 
 def test_plan_segments_are_contiguous_shares():
