@@ -7,7 +7,8 @@ so the training step never waits for it:
 
 * binary columns: decoded row by row by a ``decode_fn`` per column (default
   :func:`decode_image`: PNG/JPEG/... bytes -> an ``(H, W, C)`` uint8 array through Pillow),
-  stacked into one ``(rows, *shape)`` array. A row that fails to decode raises
+  straight into one ``(rows, *shape)`` array (plain PNGs, the default decoder's, a batch at
+  once: :func:`decode_png_batch`). A row that fails to decode raises
   :class:`~hora.errors.DataError` naming the column and the row's place in the stored
   file of its input partition, or (``on_decode_error="skip"``) is dropped, counted and logged.
 * ragged columns: padded with zeros to the batch's longest row (at most ``max_length``;
@@ -29,9 +30,10 @@ import concurrent.futures
 import io
 import logging
 import os
+import struct
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -192,27 +194,23 @@ def arrow_objects(column: Any, name: str) -> tuple[np.ndarray, ColumnSpec] | Non
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: PNG colour type -> Pillow mode (and raw mode) of the images :func:`_decode_png` reads itself
 _PNG_MODES = {0: "L", 2: "RGB", 6: "RGBA"}
+_CHUNK = struct.Struct(">I4s")
+_IHDR = struct.Struct(">IIBBBBB")
 
 
-def _decode_png(data: bytes) -> np.ndarray | None:
-    """A plain PNG (8 bits per sample, grayscale, RGB or RGBA, not interlaced) decoded by Pillow's own
-    zlib/unfilter decoder without its per-image Python (the chunk walk, plugin probing and
-    ``tobytes``, most of the time of a small image); None for anything else (palette, 16 bits,
-    interlaced, truncated or damaged data), which :func:`decode_image` leaves to ``Image.open``."""
-    import struct
-
-    from PIL import Image
-
+def _png_parts(data: Any) -> tuple[tuple[int, int, str], bytes] | None:
+    """``((width, height, mode), compressed pixel data)`` of a plain PNG (8 bits per sample,
+    grayscale, RGB or RGBA, not interlaced, every chunk whole, an IEND); None for anything else."""
     if not isinstance(data, bytes) or not data.startswith(_PNG_SIGNATURE):
         return None
     pos, end, head, idat = 8, len(data), None, []
     try:
         while pos + 8 <= end:
-            n, kind = struct.unpack_from(">I4s", data, pos)
+            n, kind = _CHUNK.unpack_from(data, pos)
             if pos + 12 + n > end:
                 return None
             if kind == b"IHDR":
-                width, height, depth, color, _, _, interlace = struct.unpack_from(">IIBBBBB", data, pos + 8)
+                width, height, depth, color, _, _, interlace = _IHDR.unpack_from(data, pos + 8)
                 if depth != 8 or interlace or color not in _PNG_MODES or not width or not height:
                     return None
                 head = (width, height, _PNG_MODES[color])
@@ -223,20 +221,86 @@ def _decode_png(data: bytes) -> np.ndarray | None:
             pos += 12 + n
         else:
             return None  # no IEND: truncated
-        if head is None or not idat:
-            return None
-        width, height, mode = head
-        img = Image.new(mode, (width, height))
-        decoder = Image._getdecoder(mode, "zip", mode)
-        decoder.setimage(img.im, (0, 0, width, height))
-        done, error = decoder.decode(b"".join(idat))
-        decoder.cleanup()
-        if done >= 0 or error < 0:  # (as ImageFile.load reads it) the data ended early, or damaged data
-            return None
-        arr = np.asarray(img)
-    except Exception:  # anything unexpected: Image.open decides (and names the problem)
+    except struct.error:
         return None
+    if head is None or not idat:
+        return None
+    return head, idat[0] if len(idat) == 1 else b"".join(idat)
+
+
+def _inflate_into(image: Any, box: tuple[int, int, int, int], mode: str, compressed: bytes) -> bool:
+    """Pillow's own PNG decoder (zlib and unfiltering, in C, without the GIL) on ``compressed``,
+    writing the pixels into ``box`` of ``image`` (a Pillow image of ``mode``); whether it decoded
+    the whole box (False: the data ended early or is damaged)."""
+    from PIL import Image
+
+    decoder = Image._getdecoder(mode, "zip", mode)
+    try:
+        decoder.setimage(image.im, box)
+        done, error = decoder.decode(compressed)
+    except Exception:  # anything unexpected: the caller's fallback decides (and names the problem)
+        return False
+    finally:
+        decoder.cleanup()
+    return done < 0 and error >= 0  # (as ImageFile.load reads it)
+
+
+def _decode_png(data: bytes) -> np.ndarray | None:
+    """A plain PNG (8 bits per sample, grayscale, RGB or RGBA, not interlaced) decoded by Pillow's own
+    zlib/unfilter decoder without its per-image Python (the chunk walk, plugin probing and
+    ``tobytes``, most of the time of a small image); None for anything else (palette, 16 bits,
+    interlaced, truncated or damaged data), which :func:`decode_image` leaves to ``Image.open``."""
+    from PIL import Image
+
+    parts = _png_parts(data)
+    if parts is None:
+        return None
+    (width, height, mode), compressed = parts
+    img = Image.new(mode, (width, height))
+    if not _inflate_into(img, (0, 0, width, height), mode, compressed):
+        return None
+    arr = np.asarray(img)
     return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def decode_png_batch(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A batch of plain PNGs (see :func:`decode_image`) of one size and mode, decoded into one
+    ``(rows, H, W, C)`` uint8 array: every image into its band of one tall Pillow image (Pillow's
+    decoder per image, no other per-image Python), copied out once.
+
+    Returns:
+        ``(array, decoded)``: ``decoded[i]`` False for a row not decoded here (not such a PNG,
+        another size or mode than the first such row, damaged data), left as zeros for the
+        caller to decode otherwise (:func:`decode_image` names the problem); None when no row
+        is such a PNG.
+    """
+    from PIL import Image
+
+    n = len(values)
+    parts = [_png_parts(v) for v in values]
+    head = next((p[0] for p in parts if p is not None), None)
+    if head is None:
+        return None
+    width, height, mode = head
+    tall = Image.new(mode, (width, height * n))
+    decoded = np.zeros(n, dtype=bool)
+    getdecoder, im = Image._getdecoder, tall.im
+    for i, p in enumerate(parts):  # (_inflate_into, inlined: this loop is the batch's whole Python)
+        if p is None or p[0] != head:
+            continue
+        decoder = getdecoder(mode, "zip", mode)
+        try:
+            decoder.setimage(im, (0, height * i, width, height * (i + 1)))
+            done, error = decoder.decode(p[1])
+            decoded[i] = done < 0 and error >= 0
+        except Exception:  # left to the caller's decoder, which names the problem
+            pass
+        finally:
+            decoder.cleanup()
+    out = np.asarray(tall).reshape(n, height, width, len(mode)).copy()  # (writable: torch shares it)
+    if not decoded.all():
+        out[~decoded] = 0
+    return out, decoded
 
 
 def decode_image(data: bytes) -> np.ndarray:
@@ -298,6 +362,16 @@ def pad_rows(rows: np.ndarray, dtype: Any, max_length: int | None = None) -> tup
     return out, mask, truncated
 
 
+def _pooled(values: Sequence[Any]) -> bool:
+    """Whether a batch's encoded images are decoded on the decoding threads (:data:`POOL_MIN_BYTES`)."""
+    if _POOL_THREADS <= 1:
+        return False
+    try:
+        return sum(len(v) for v in values) >= POOL_MIN_BYTES
+    except TypeError:  # not bytes: a user's decode_fn on other values
+        return False
+
+
 @dataclass
 class ColumnOps:
     """What the rank does to each batch of non-dense columns (see the module docstring); a
@@ -356,6 +430,13 @@ class ColumnOps:
                 continue
             values = batch[col]
             n = len(values)
+            if fn is decode_image and n and not _pooled(values):  # plain PNGs: the batch at once
+                got = decode_png_batch(values)
+                if got is not None:
+                    out, decoded = got
+                    self._decode_into(batch, col, fn, np.flatnonzero(~decoded), keep, out)  # the others, one by one
+                    batch[col] = out
+                    continue
             first = 0  # the first row that decodes gives the shape and dtype of every row
             head = None
             while first < n and head is None:
@@ -368,11 +449,7 @@ class ColumnOps:
             out = np.zeros((n, *head.shape), dtype=head.dtype)
             out[first - 1] = head
             rest = range(first, n)
-            try:
-                size = sum(len(values[i]) for i in rest) if len(rest) > 1 else 0
-            except TypeError:  # not bytes: a user's decode_fn on other values
-                size = 0
-            if size >= POOL_MIN_BYTES and _POOL_THREADS > 1:
+            if len(rest) > 1 and _pooled(values[first:]):
                 self._decode_on_pool(batch, col, fn, rest, keep, out)
             else:
                 self._decode_into(batch, col, fn, rest, keep, out)
@@ -396,7 +473,7 @@ class ColumnOps:
                                col, self._where(batch, i), type(exc).__name__, exc, count)
             return None
 
-    def _decode_into(self, batch: dict[str, Any], col: str, fn: Callable, rows: range, keep: np.ndarray,
+    def _decode_into(self, batch: dict[str, Any], col: str, fn: Callable, rows: Iterable[int], keep: np.ndarray,
                      out: np.ndarray) -> None:
         """Rows ``rows`` of ``col`` decoded into ``out`` (each must have ``out``'s row shape)."""
         for i in rows:
@@ -507,5 +584,5 @@ class ColumnOps:
         return self.finish(self.decode_rows(batch))
 
 
-__all__ = ["ColumnOps", "CsrBatch", "decode_image", "arrow_objects", "vector_batch", "DENSE_VECTOR_LIMIT", "pad_rows", "sparse_rows_to_csr", "DECODE_ERROR_MODES",
+__all__ = ["ColumnOps", "CsrBatch", "decode_image", "decode_png_batch", "arrow_objects", "vector_batch", "DENSE_VECTOR_LIMIT", "pad_rows", "sparse_rows_to_csr", "DECODE_ERROR_MODES",
            "SPARSE_FORMATS", "MASK_SUFFIX"]

@@ -1,0 +1,104 @@
+"""The default image decoder on a whole batch of plain PNGs (hora.store.columns.decode_png_batch): Pillow's
+pixels, one writable (rows, H, W, C) array, and every other row left to decode_image as before."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+
+from hora.errors import DataError
+from hora.store import ColumnOps, ColumnSpec, decode_image
+from hora.store.columns import decode_png_batch
+
+pytestmark = pytest.mark.timeout(120)
+
+SPECS = {"img": ColumnSpec("object", kind="binary"), "y": ColumnSpec("int64")}
+ONE_PIXEL = base64.b64decode(  # a 1x1 RGB PNG
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
+
+
+def _encoded(img, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _images(n: int, channels: int, seed: int = 0) -> list[np.ndarray]:
+    """Images whose rows PNG encodes with every filter (smooth ramps and noise), (20, 30, channels)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        smooth = (np.add.outer(np.arange(20), np.arange(30)) * (i % 5 + 1)).astype(np.uint8)
+        planes = [smooth if c % 2 == 0 else rng.integers(0, 255, (20, 30), dtype=np.uint8) for c in range(channels)]
+        out.append(np.dstack(planes))
+    return out
+
+
+def _rows(images: list[np.ndarray]) -> np.ndarray:
+    from PIL import Image
+
+    rows = np.empty(len(images), dtype=object)
+    for i, img in enumerate(images):
+        rows[i] = _encoded(Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img))
+    return rows
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_a_batch_of_plain_pngs_decodes_to_pillows_pixels_in_one_writable_array(channels):
+    images = _images(9, channels)
+    rows = _rows(images)
+    out, decoded = decode_png_batch(rows)
+    assert decoded.all() and out.shape == (9, 20, 30, channels) and out.dtype == np.uint8
+    assert out.flags.writeable and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, np.stack(images))
+    np.testing.assert_array_equal(out, np.stack([decode_image(r) for r in rows]))
+    ops = ColumnOps(specs=SPECS, decode={"img": decode_image})
+    np.testing.assert_array_equal(ops({"img": rows, "y": np.arange(9)})["img"], out)
+
+
+def test_rows_the_batch_path_cannot_read_are_decoded_one_by_one_as_before():
+    """A JPEG and a palette PNG of the same size (Image.open's path), damaged data (an error naming the
+    row, or skipped and counted), a first row that is not a PNG: the same arrays as decode_image's."""
+    from PIL import Image
+
+    images = _images(8, 3)
+    rows = _rows(images)
+    rows[0] = _encoded(Image.fromarray(images[0]), "JPEG")  # not a PNG: the first PNG row sets the shape
+    rows[4] = _encoded(Image.fromarray(images[4]).convert("P"))
+    out, decoded = decode_png_batch(rows)
+    assert decoded.tolist() == [False, True, True, True, False, True, True, True]
+    assert not out[0].any() and not out[4].any()  # left as zeros for the caller
+    ops = ColumnOps(specs=SPECS, decode={"img": decode_image})
+    got = ops({"img": rows, "y": np.arange(8)})["img"]
+    np.testing.assert_array_equal(got, np.stack([decode_image(r) for r in rows]))
+    np.testing.assert_array_equal(got[1:4], np.stack(images[1:4]))
+
+    damaged = rows.copy()
+    damaged[6] = rows[6][:50] + bytes(len(rows[6]) - 50)  # a whole PNG's length of bytes, its data zeroed
+    damaged[2] = b"broken"
+    with pytest.raises(DataError, match="decode_fn of column 'img' failed on row 2 of the batch"):
+        ColumnOps(specs=SPECS, decode={"img": decode_image})({"img": damaged, "y": np.arange(8)})
+    skip = ColumnOps(specs=SPECS, decode={"img": decode_image}, on_decode_error="skip")
+    kept = skip({"img": damaged, "y": np.arange(8)})
+    assert skip.skipped == 2 and kept["y"].tolist() == [0, 1, 3, 4, 5, 7]
+    np.testing.assert_array_equal(kept["img"], got[[0, 1, 3, 4, 5, 7]])
+
+    other = rows.copy()
+    other[5] = ONE_PIXEL  # a plain PNG of another size: one shape per batch, as before
+    with pytest.raises(DataError, match="different shapes"):
+        ColumnOps(specs=SPECS, decode={"img": decode_image})({"img": other, "y": np.arange(8)})
+
+
+def test_a_batch_without_a_plain_png_is_left_to_the_row_by_row_path():
+    from PIL import Image
+
+    images = _images(3, 3)
+    rows = np.empty(3, dtype=object)
+    rows[:] = [_encoded(Image.fromarray(img), "JPEG") for img in images]
+    assert decode_png_batch(rows) is None
+    out = ColumnOps(specs=SPECS, decode={"img": decode_image})({"img": rows, "y": np.arange(3)})["img"]
+    np.testing.assert_array_equal(out, np.stack([decode_image(r) for r in rows]))
+    assert decode_png_batch(np.empty(0, dtype=object)) is None
