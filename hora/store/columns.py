@@ -228,6 +228,15 @@ def _png_parts(data: Any) -> tuple[tuple[int, int, str], bytes] | None:
     return head, idat[0] if len(idat) == 1 else b"".join(idat)
 
 
+def _plausible(width: int, height: int) -> bool:
+    """Whether an image of this size is left to the short paths: not beyond Pillow's decompression
+    bomb limit (``Image.MAX_IMAGE_PIXELS``), which ``Image.open`` enforces with its own error."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    return not limit or width * height <= limit
+
+
 def _inflate_into(image: Any, box: tuple[int, int, int, int], mode: str, compressed: bytes) -> bool:
     """Pillow's own PNG decoder (zlib and unfiltering, in C, without the GIL) on ``compressed``,
     writing the pixels into ``box`` of ``image`` (a Pillow image of ``mode``); whether it decoded
@@ -256,7 +265,12 @@ def _decode_png(data: bytes) -> np.ndarray | None:
     if parts is None:
         return None
     (width, height, mode), compressed = parts
-    img = Image.new(mode, (width, height))
+    if not _plausible(width, height):
+        return None
+    try:
+        img = Image.new(mode, (width, height))
+    except Exception:  # (e.g. no memory for it): Image.open decides
+        return None
     if not _inflate_into(img, (0, 0, width, height), mode, compressed):
         return None
     arr = np.asarray(img)
@@ -282,7 +296,12 @@ def decode_png_batch(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | N
     if head is None:
         return None
     width, height, mode = head
-    tall = Image.new(mode, (width, height * n))
+    if not _plausible(width, height):
+        return None
+    try:
+        tall = Image.new(mode, (width, height * n))
+    except Exception:  # (e.g. no memory for it): the rows one by one, where Image.open decides
+        return None
     decoded = np.zeros(n, dtype=bool)
     getdecoder, im = Image._getdecoder, tall.im
     for i, p in enumerate(parts):  # (_inflate_into, inlined: this loop is the batch's whole Python)

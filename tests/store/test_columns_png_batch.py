@@ -102,3 +102,15 @@ def test_a_batch_without_a_plain_png_is_left_to_the_row_by_row_path():
     out = ColumnOps(specs=SPECS, decode={"img": decode_image})({"img": rows, "y": np.arange(3)})["img"]
     np.testing.assert_array_equal(out, np.stack([decode_image(r) for r in rows]))
     assert decode_png_batch(np.empty(0, dtype=object)) is None
+
+
+def test_a_png_header_past_pillows_size_limit_goes_to_image_open_which_refuses_it(monkeypatch):
+    """A header claiming more pixels than Image.MAX_IMAGE_PIXELS: no short path allocates it; the
+    row gets Image.open's decompression-bomb refusal as a DataError naming the row."""
+    from PIL import Image
+
+    rows = _rows(_images(4, 1))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # the 20x30 images are past it now
+    assert decode_png_batch(rows) is None
+    with pytest.raises(DataError, match="failed on row 0 of the batch.*not a readable image"):
+        ColumnOps(specs=SPECS, decode={"img": decode_image})({"img": rows, "y": np.arange(4)})
