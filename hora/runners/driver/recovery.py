@@ -17,6 +17,10 @@ one monitor. When an attempt fails, the monitor's root cause
 Ranks learn which attempt they are in from ``HORA_ATTEMPT`` (1, 2, ...), so a function
 can resume from its own checkpoint. When the last allowed attempt fails too, the error
 names every attempt's cause (``.attempts`` holds them as :class:`AttemptRecord`).
+
+:class:`Attempts` is the :class:`~hora.runners.driver.attempts.RelaunchPolicy` of the one attempt
+loop (:func:`~hora.runners.driver.attempts.run_attempts`) for these runs of fixed size; an elastic
+run's rounds have their own (:class:`~hora.runners.elastic.rounds.ElasticRounds`).
 """
 
 from __future__ import annotations

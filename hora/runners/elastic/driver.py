@@ -20,6 +20,14 @@ new slots get new workers, which take the state from rank 0.
 
 The discovery script runs every second. When its hosts would change the round's workers,
 the driver tells the workers (``HostsUpdate``), whose next commit resets them.
+
+A round is an attempt of the one attempt loop (:func:`~hora.runners.driver.attempts.run_attempts`):
+:meth:`ElasticRun.start` starts round 1 (the factory of the next ones is ``_start_round``), a
+round's watch runs the discovery and polls its workers until every one left it, the loop's
+policy (:class:`~hora.runners.elastic.rounds.ElasticRounds`) decides as above, closing a round
+only tears down its failed workers (survivors keep their processes; one driver service for
+the whole run, ``stop()`` stops everything), and the loop's ``next_size`` waits for the
+next round's slots.
 """
 
 from __future__ import annotations
@@ -29,29 +37,28 @@ import logging
 import os
 import pickle
 import time
-from typing import IO
+from typing import IO, Any
 
-from hora.errors import ConfigError, RendezvousError, WorkerFailedError
+from hora.errors import ConfigError, RendezvousError
 from hora.native import keys
 from hora.native.rendezvous import Placement, WorkerEnv, make_secret
 from hora.runners import network
 from hora.runners.command import CommandConfig, command_environment
+from hora.runners.driver.attempts import Launch, run_attempts
+from hora.runners.driver.faults import Failure
 from hora.runners.elastic.discovery import DiscoveryError, HostDiscoveryScript, HostManager, assign, check_cooldown_range
 from hora.runners.driver.service import DriverService
 from hora.runners.launchers.hosts import HostPlan, HostsJob, RankOutput, RankProcess
 from hora.runners.slots import HostSlots, RankSlot
 from hora.runners.launchers.hosts import hosts_config
 from hora.runners.elastic.membership import ENV_ELASTIC, ENV_TIMEOUT, ENV_WORKER, EXIT, Assignment, HostsUpdate
-from hora.runners.driver.monitor import Failure
+from hora.runners.elastic.rounds import FAILURE, READY, RESET_LIMIT_MESSAGE, SUCCESS, ElasticRounds, Left, RoundEnded
 from hora.runners.spec import new_run_id
 
 log = logging.getLogger(__name__)
 
 DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script
 POLL_INTERVAL = 0.1
-RESET_LIMIT_MESSAGE = "the job has been reset {} times, the --reset-limit"
-
-READY, SUCCESS, FAILURE = "ready", "success", "failure"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,15 +151,22 @@ class ElasticRun:
         self.service = DriverService(self.secret, max(1, cfg.max_np or c.num_proc), self.run_id, bind=self.plan.bind,
                                      advertise=self.plan.service_address, verbose=1, stdout=stdout, stderr=stderr)
         self.config = hosts_config(c.ssh, c.remote_python, c.start_timeout)
+        self.rounds = ElasticRounds(self.run_id, self.hosts, cfg.reset_limit)
         self.round = 0
-        self.resets = 0
         self.workers: dict[str, _Worker] = {}
         self.leaving: list[_Worker] = []  # survivors without a place: they exit on their own
-        self.failures: list[tuple[_Worker, Failure]] = []
+        self.ended: list[_Worker] = []  # failed workers (torn down when their round closed) and unstarted ones
+        self._round_failures: list[tuple[_Worker, Failure]] = []  # the current round's, in the order seen
         self.started = False
+        self._next: tuple[list[RankSlot], dict[str, _Worker]] | None = None  # the next round's slots and survivors
         self._last_discovery = time.monotonic()
         self._round_ending_since: float | None = None
         self._notified: tuple[int, tuple[str, ...]] | None = None
+
+    @property
+    def resets(self) -> int:
+        """Rounds reset so far (what ``--reset-limit`` bounds)."""
+        return self.rounds.resets
 
     def describe(self) -> list[str]:
         """What ``--verbose`` prints before starting."""
@@ -160,7 +174,7 @@ class ElasticRun:
         return [f"hora run {self.run_id} (elastic): -np {self.cfg.command.num_proc}, --min-np {self.cfg.min_np}, "
                 f"--max-np {self.cfg.max_np or 'unbounded'}; hosts now {hosts}; services on {self.service.addr}"]
 
-    # -- rounds -------------------------------------------------------------------------------
+    # -- rounds: the attempts of the one attempt loop ------------------------------------------
     def start(self) -> None:
         """Start round 1 on the hosts found at start (``-np`` ranks at least, up to ``--max-np``).
 
@@ -172,27 +186,59 @@ class ElasticRun:
         self._begin_round(slots, {})
         self.started = True
 
+    def wait(self) -> None:
+        """Return once every worker of a round exited 0 (the rounds are the attempts of
+        :func:`~hora.runners.driver.attempts.run_attempts`; :class:`~hora.runners.elastic.rounds.ElasticRounds`
+        decides after each).
+
+        Raises:
+            WorkerFailedError: the job failed (the root cause named: rank, host, how).
+            RendezvousError: workers never left a round, or too few slots came back, in time.
+        """
+        assert self.started, "start() first"
+        run_attempts(self._start_round, self.rounds, len(self.workers), first=self._launch(),
+                     next_size=self._next_round, close_last=False)
+
+    def _launch(self) -> Launch:
+        """The current round as the attempt loop watches it."""
+        return Launch(self.service, None, None, self._close_round, watch=self._watch_round)
+
+    def _start_round(self, num_proc: int, _time_left: float | None) -> Launch:
+        """The job factory of the rounds after the first: the round :meth:`_next_round` planned."""
+        assert self._next is not None and len(self._next[0]) == num_proc
+        slots, survivors = self._next
+        self._next = None
+        self._begin_round(slots, survivors)
+        return self._launch()
+
     def _begin_round(self, slots: list[RankSlot], survivors: dict[str, _Worker]) -> None:
         self.round += 1
         job_id = f"{self.run_id}.r{self.round}"
         workers: dict[str, _Worker] = {}
-        for s in slots:
-            name = f"{s.host.name}[{s.local_rank}]"
-            a = Assignment(self.round, len(slots), Placement(
-                rank=s.rank, size=len(slots), local_rank=s.local_rank, local_size=s.local_size,
-                cross_rank=s.cross_rank, cross_size=s.cross_size, host=s.host.name), job_id)
-            w = survivors.pop(name, None)
-            if w is not None:
-                w.assignment, w.state = a, None
-                self.service.server.set(keys.elastic_assign_key(self.round, name), pickle.dumps(a))
-            else:
-                w = _Worker(name, s, a)
-                self._start_worker(w)
-            workers[name] = w
+        new: list[_Worker] = []
+        try:
+            for s in slots:
+                name = f"{s.host.name}[{s.local_rank}]"
+                a = Assignment(self.round, len(slots), Placement(
+                    rank=s.rank, size=len(slots), local_rank=s.local_rank, local_size=s.local_size,
+                    cross_rank=s.cross_rank, cross_size=s.cross_size, host=s.host.name), job_id)
+                w = survivors.pop(name, None)
+                if w is not None:
+                    w.assignment, w.state = a, None
+                    self.service.server.set(keys.elastic_assign_key(self.round, name), pickle.dumps(a))
+                else:
+                    w = _Worker(name, s, a)
+                    new.append(w)
+                    self._start_worker(w)
+                workers[name] = w
+        except BaseException:
+            self.ended.extend(new)  # what did start is stopped by stop()
+            raise
         for w in survivors.values():
             self.service.server.set(keys.elastic_assign_key(self.round, w.name), EXIT)
             self.leaving.append(w)
         self.workers = workers
+        self._round_failures = []
         self._round_ending_since = None
         log.warning("elastic run %s: round %d: %d rank(s): %s", self.run_id, self.round, len(slots),
                     ", ".join(f"{n}=rank {w.assignment.rank}" for n, w in workers.items()))
@@ -226,19 +272,30 @@ class ElasticRun:
         log.info("elastic run %s: starting worker %s (rank %d)", self.run_id, w.name, w.assignment.rank)
         w.job.start()
 
-    # -- watching -------------------------------------------------------------------------------
-    def wait(self) -> None:
-        """Return once every worker of a round exited 0.
+    # -- watching a round -------------------------------------------------------------------------
+    def _watch_round(self) -> list[Any]:
+        """Run the discovery and poll the round's workers until every one left the round.
+
+        Returns:
+            ``[]`` once every worker of the round exited 0.
 
         Raises:
-            WorkerFailedError: the job failed (the root cause named: rank, host, how).
-            RendezvousError: workers never left a round, or too few slots came back, in time.
+            RoundEnded: every worker left, not all by succeeding (:class:`~hora.runners.elastic.rounds.ElasticRounds`
+                decides).
+            RendezvousError: workers neither reset nor ended within ``--elastic-timeout`` of the others.
         """
         while True:
             self._discover()
             if self._poll_round():
-                return
+                break
             time.sleep(POLL_INTERVAL)
+        states = {w.state for w in self.workers.values()}
+        if states == {SUCCESS}:
+            log.info("elastic run %s: every rank of round %d finished", self.run_id, self.round)
+            return []
+        left = tuple(Left(w.name, w.assignment.rank, w.slot.host.name, w.state) for w in self.workers.values()
+                     if w.state is not None)  # every one, once the round ended
+        raise RoundEnded(self.round, left, tuple(f for _, f in self._round_failures))
 
     def _discover(self) -> None:
         now = time.monotonic()
@@ -272,6 +329,7 @@ class ElasticRun:
                                                                    key=lambda w: w.assignment.rank)))
 
     def _poll_round(self) -> bool:
+        """Whether every worker of the round has left it (each one's state set)."""
         ready = {k.rsplit("/", 1)[1] for k in self.service.server.keys(keys.elastic_ready_prefix(self.round))}
         for w in self.workers.values():
             if w.state is not None or w.job is None:
@@ -286,7 +344,7 @@ class ElasticRun:
                 w.state = FAILURE
                 failure = min(lost, key=lambda f: f.seq) if lost else Failure(0, 0, w.slot.host.name, "failed")
                 failure = dataclasses.replace(failure, rank=w.assignment.rank, host=w.slot.host.name)
-                self.failures.append((w, failure))
+                self._round_failures.append((w, failure))
                 log.warning("elastic run %s: worker %s (%s) of round %d", self.run_id, w.name, failure.describe(),
                             self.round)
         states = [w.state for w in self.workers.values()]
@@ -301,51 +359,43 @@ class ElasticRun:
                 raise RendezvousError(f"worker(s) {stuck} of round {self.round} neither reset nor ended within "
                                       f"--elastic-timeout {self.cfg.elastic_timeout:g}s of the others")
             return False
-        return self._end_round()
+        return True
 
-    def _root_error(self, why: str) -> WorkerFailedError:
-        round_failures = [f for w, f in self.failures if w.assignment.round == self.round] or \
-            [f for _, f in self.failures]
-        if not round_failures:
-            return WorkerFailedError(f"elastic run {self.run_id}: {why}")
-        first = min(round_failures, key=lambda f: f.seq)
-        err = first.error()  # the class of its kind (RankKilledError, WorkerLostError, ...)
-        return type(err)(f"{err.message}; {why}", rank=err.rank, host=err.host,
-                         remote_traceback=err.remote_traceback, exitcode=err.exitcode)
-
-    def _end_round(self) -> bool:
-        by_state: dict[str, list[_Worker]] = {}
-        for w in self.workers.values():
-            by_state.setdefault(w.state or "", []).append(w)
-        done, failed, ready = by_state.get(SUCCESS, []), by_state.get(FAILURE, []), by_state.get(READY, [])
-        if done and not failed and not ready:
-            log.info("elastic run %s: every rank of round %d finished", self.run_id, self.round)
-            return True
-        if done:
-            raise self._root_error(f"rank(s) {sorted(w.assignment.rank for w in done)} finished while rank(s) "
-                                   f"{sorted(w.assignment.rank for w in failed + ready)} did not")
-        if not ready:
-            raise self._root_error(f"every rank of round {self.round} failed")
+    def _close_round(self) -> None:
+        """Close a round that did not end the run: tear down its failed workers (their
+        processes exited or were lost; their process groups, output and temporary folder go);
+        the others run on into the next round."""
+        failed = [w for w, _ in self._round_failures]
+        self.ended.extend(failed)
         for w in failed:
-            self.hosts.blacklist(w.slot.host.name)
-        if all(self.hosts.is_blacklisted(w.slot.host.name) for w in self.workers.values()):
-            raise self._root_error(f"every host of round {self.round} is blacklisted")
-        if self.cfg.reset_limit is not None and self.resets >= self.cfg.reset_limit:
-            raise self._root_error(RESET_LIMIT_MESSAGE.format(self.resets))
-        self.resets += 1
+            if w.job is not None:
+                try:
+                    w.job.cancel()
+                except Exception:  # noqa: BLE001 - a teardown error must not end the run; stop() tries again
+                    log.warning("elastic run %s: tearing down failed worker %s", self.run_id, w.name, exc_info=True)
+
+    def _next_round(self, _num_proc: int) -> int:
+        """The size of the next round (the loop's ``next_size``), once the hosts offer ``--min-np``
+        slots; plans it for :meth:`_start_round`: the survivors (ready workers on hosts not
+        blacklisted), the new slots; tells the ready workers without a place to exit.
+
+        Raises:
+            RendezvousError: too few slots within ``--elastic-timeout``.
+            WorkerFailedError: no survivor is on the next round's first slot (no state to broadcast).
+        """
+        ready = [w for w in self.workers.values() if w.state == READY]
         survivors = {w.name: w for w in ready if not self.hosts.is_blacklisted(w.slot.host.name)}
-        order = self._host_order()
-        slots = self._wait_for_slots(order)
+        slots = self._wait_for_slots(self._host_order())
         first = f"{slots[0].host.name}[{slots[0].local_rank}]"
         if first not in survivors:
-            raise self._root_error(f"no worker of round {self.round} survives on the hosts of round {self.round + 1}, "
-                                   "so there is no state to broadcast")
+            raise self.rounds.root_error(f"no worker of round {self.round} survives on the hosts of round "
+                                         f"{self.round + 1}, so there is no state to broadcast")
         for w in ready:
             if w.name not in survivors:  # on a blacklisted host: no place
                 self.service.server.set(keys.elastic_assign_key(self.round + 1, w.name), EXIT)
                 self.leaving.append(w)
-        self._begin_round(slots, survivors)
-        return False
+        self._next = (slots, survivors)
+        return len(slots)
 
     def _wait_for_slots(self, order: list[str]) -> list[RankSlot]:
         deadline = time.monotonic() + self.cfg.elastic_timeout
@@ -365,7 +415,7 @@ class ElasticRun:
     def stop(self) -> None:
         """Stop every worker and close the services (idempotent)."""
         try:
-            for w in [*self.workers.values(), *self.leaving]:
+            for w in [*self.workers.values(), *self.leaving, *self.ended]:
                 if w.job is not None:
                     w.job.cancel()
         finally:
