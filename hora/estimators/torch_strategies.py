@@ -260,24 +260,41 @@ def _fsspec_io(store: Any, path: str, write: bool) -> Any:
     return FsspecReader(url, **store.storage_options)
 
 
+def _dcp_error(exc: BaseException, action: str, url: str) -> Exception:
+    """The error of a failed collective ``dcp.save`` / ``dcp.load``: the Store's failure (DCP's
+    ``CheckpointException``, which carries every rank's storage error, or an ``OSError``) is a
+    :class:`~hora.errors.StoreError`; a failed exchange between the ranks (torch.distributed's
+    ``RuntimeError``, e.g. Gloo's "Connection closed by peer" when a rank was killed) is a
+    :class:`~hora.errors.CollectiveError`, so the run names the lost rank as its root cause and
+    ``max_failures`` relaunches it; anything else is the Store's."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from hora.errors import CollectiveError, StoreError
+
+    what = f"{action} the distributed checkpoint {url} failed: {type(exc).__name__}: {exc}"
+    if isinstance(exc, RuntimeError) and not isinstance(exc, CheckpointException):
+        return CollectiveError(f"{what} (the ranks' exchange failed)")
+    return StoreError(what)
+
+
 def save_dcp(model: Any, opt: Any, store: Any, path: str) -> None:
     """This rank's shards of the FSDP ``model``'s and ``opt``'s state to ``path`` in ``store``
     (a collective: every rank calls it; rank 0 writes ``.metadata`` after all have written).
 
     Raises:
         StoreError: the write failed (names the path).
+        CollectiveError: a peer was lost during the ranks' exchange of the plan (a symptom:
+            the lost rank is the run's root cause).
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    from hora.errors import StoreError
 
     msd, osd = get_state_dict(model, opt)
     try:
         dcp.save({"model": msd, "optim": osd}, storage_writer=_fsspec_io(store, path, write=True))
-    except Exception as exc:
-        raise StoreError(f"writing the distributed checkpoint {store.url_for(path)} failed: "
-                         f"{type(exc).__name__}: {exc}") from exc
+    except (Exception, CheckpointException) as exc:  # (DCP's error is a BaseException)
+        raise _dcp_error(exc, "writing", store.url_for(path)) from exc
 
 
 def dcp_mismatch(model: Any, store: Any, path: str) -> str | None:
@@ -307,11 +324,13 @@ def load_dcp(model: Any, opt: Any, store: Any, path: str, what: str) -> None:
     Raises:
         ConfigError: the checkpoint belongs to another model (``what`` names it).
         StoreError: it cannot be read.
+        CollectiveError: a peer was lost during the ranks' exchange of the plan.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from hora.errors import ConfigError, StoreError
+    from hora.errors import ConfigError
 
     mismatch = dcp_mismatch(model, store, path)
     if mismatch is not None:
@@ -320,9 +339,8 @@ def load_dcp(model: Any, opt: Any, store: Any, path: str, what: str) -> None:
     state = {"model": msd, "optim": osd}
     try:
         dcp.load(state, storage_reader=_fsspec_io(store, path, write=False))
-    except Exception as exc:
-        raise StoreError(f"reading the distributed checkpoint {store.url_for(path)} failed: "
-                         f"{type(exc).__name__}: {exc}") from exc
+    except (Exception, CheckpointException) as exc:  # (DCP's error is a BaseException)
+        raise _dcp_error(exc, "reading", store.url_for(path)) from exc
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
