@@ -253,11 +253,11 @@ def test_keras_path_sync_bn_partial_tape_and_elastic_on_two_ranks(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(200)
 def test_importing_hora_tensorflow_does_not_import_keras():
     code = ("import sys, hora.tensorflow as hvd; assert 'keras' not in sys.modules, 'keras imported'; "
             "import hora.tensorflow.keras; assert 'keras' in sys.modules; "
             "assert hvd.keras.DistributedOptimizer is hora.keras.DistributedOptimizer")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))  # TF's import: 5 s quiet, 50+ s at load 19
     assert proc.returncode == 0, proc.stderr[-3000:]
