@@ -98,53 +98,54 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
     from hora.runners.driver.recovery import start_size
     from hora.runners.launchers.spark import SparkLauncher
 
-    backend = config.backend
+    given = config.backend  # the estimator's `backend` (Horovod's name): a launcher, its name or a Backend
     env = dict(config.backend_env or {})
-    opts: dict[str, Any] = {"backend": "local" if engine == "pandas" else engine, "spark": spark, "client": client,
+    opts: dict[str, Any] = {"launcher": "local" if engine == "pandas" else engine, "spark": spark, "client": client,
                             "start_timeout": config.start_timeout, "verbose": config.verbose}
-    if backend is not None and hasattr(backend, "launch_options"):  # hora.spark.common.backend.SparkBackend
-        given = backend.launch_options()
-        env.update(given.pop("env", {}) or {})
-        opts.update({k: v for k, v in given.items() if v is not None})
-    elif isinstance(backend, (str, runners.Launcher)):  # a launcher's name ("ray", "dask", "local"...) or a Launcher
-        opts["backend"] = backend
-    if opts["backend"] == "ray" or getattr(opts["backend"], "name", None) == "ray":
+    if given is not None and hasattr(given, "launch_options"):  # hora.spark.common.backend.SparkBackend
+        wanted = given.launch_options()  # hora.runners.run keywords (its `backend`: the launcher)
+        env.update(wanted.pop("env", {}) or {})
+        wanted["launcher"] = wanted.pop("backend", None)
+        opts.update({k: v for k, v in wanted.items() if v is not None})
+    elif isinstance(given, (str, runners.Launcher)):  # a launcher's name ("ray", "dask", "local"...) or a Launcher
+        opts["launcher"] = given
+    if opts["launcher"] == "ray" or getattr(opts["launcher"], "name", None) == "ray":
         from hora.estimators.ray_data import launcher_for
 
-        opts["backend"] = launcher_for(opts["backend"], config.use_gpu)  # use_gpu: one GPU per rank actor
+        opts["launcher"] = launcher_for(opts["launcher"], config.use_gpu)  # use_gpu: one GPU per rank actor
     opts["env"] = env
-    custom = backend is not None and not hasattr(backend, "launch_options") and not isinstance(
-        backend, (str, runners.Launcher))  # a Horovod-style Backend of the user's
-    if isinstance(opts["backend"], str) and opts["backend"] == "spark" and not custom:
+    custom = given is not None and not hasattr(given, "launch_options") and not isinstance(
+        given, (str, runners.Launcher))  # a Horovod-style Backend of the user's
+    if isinstance(opts["launcher"], str) and opts["launcher"] == "spark" and not custom:
         # the training stage's resources (its ResourceProfile), on classic and Connect sessions
-        opts["backend"] = SparkLauncher(spark, task_cpus=config.task_cpus, use_gpu=config.use_gpu)
+        opts["launcher"] = SparkLauncher(spark, task_cpus=config.task_cpus, use_gpu=config.use_gpu)
     elif config.task_cpus is not None:
         raise ConfigError(f"task_cpus={config.task_cpus} sizes the tasks of the Spark training stage the estimator "
-                          f"starts, but this fit runs on {opts['backend']!r}: drop task_cpus (or pass "
+                          f"starts, but this fit runs on {opts['launcher']!r}: drop task_cpus (or pass "
                           "hora.runners.SparkLauncher(task_cpus=...) as backend)")
     num_proc = config.num_proc or opts.pop("num_proc", None)
-    if num_proc is None and backend is not None and not hasattr(backend, "launch_options"):
-        num_proc = int(backend.num_processes()) if hasattr(backend, "num_processes") else None
+    if num_proc is None and given is not None and not hasattr(given, "launch_options"):
+        num_proc = int(given.num_processes()) if hasattr(given, "num_processes") else None
     if num_proc is None:
-        num_proc = 1 if engine == "pandas" and backend is None else runners.resolve_launcher(
-            opts["backend"], spark=spark, client=client).default_num_proc()
+        num_proc = 1 if engine == "pandas" and given is None else runners.resolve_launcher(
+            opts["launcher"], spark=spark, client=client).default_num_proc()
     opts["num_proc"] = max(1, int(num_proc))
     least = config.min_num_proc
     if least is not None:  # (min, max): the runner starts (and relaunches) as many as the cluster has slots for
         if least > opts["num_proc"]:
             raise ConfigError(f"min_num_proc={least} is greater than num_proc={opts['num_proc']}")
-        if backend is None or hasattr(backend, "launch_options") or isinstance(backend, (str, runners.Launcher)):
+        if given is None or hasattr(given, "launch_options") or isinstance(given, (str, runners.Launcher)):
             # the cluster must have slots for the least now: refused before the data is materialized
-            start_size(runners.resolve_launcher(opts["backend"], spark=spark, client=client), least, opts["num_proc"])
+            start_size(runners.resolve_launcher(opts["launcher"], spark=spark, client=client), least, opts["num_proc"])
         opts["min_num_proc"] = least
-    elif isinstance(opts["backend"], SparkLauncher):  # more ranks than the stage's slots: fail before materializing
-        opts["backend"].check_num_proc(opts["num_proc"])
+    elif isinstance(opts["launcher"], SparkLauncher):  # more ranks than the stage's slots: fail before materializing
+        opts["launcher"].check_num_proc(opts["num_proc"])
     if config.max_failures:
         opts["max_failures"] = config.max_failures
     if config.use_gpu:  # local: the driver's GPUs; Dask: each worker's, named (Spark/Ray check in their launchers)
         from hora.estimators.devices import check_gpus_before_launch
 
-        check_gpus_before_launch(True, opts["backend"], opts["num_proc"], client=client)
+        check_gpus_before_launch(True, opts["launcher"], opts["num_proc"], client=client)
     return opts
 
 
@@ -153,16 +154,16 @@ def _prestart(opts: dict[str, Any], spark: Any, client: Any) -> None:
     overlapped with the store check and the materialization; never fails the fit."""
     from hora import runners
 
-    backend = opts["backend"]
-    if not isinstance(backend, (str, runners.Launcher)):
+    launcher = opts["launcher"]
+    if not isinstance(launcher, (str, runners.Launcher)):
         return
     try:
-        runners.resolve_launcher(backend, spark=spark, client=client).prestart(opts["num_proc"], opts["env"])
+        runners.resolve_launcher(launcher, spark=spark, client=client).prestart(opts["num_proc"], opts["env"])
     except Exception as exc:
         logger.debug("no prestart of the ranks' hosts: %s", exc)
 
 
-def _check_store_reach(backend: Any, store: Any) -> None:
+def _check_store_reach(launcher: Any, store: Any) -> None:
     """Ranks on Spark executors read the dataset and write checkpoints there: check the store first.
 
     Raises:
@@ -170,21 +171,23 @@ def _check_store_reach(backend: Any, store: Any) -> None:
     """
     from hora.runners.launchers.spark import SparkLauncher
 
-    if isinstance(backend, SparkLauncher):
+    if isinstance(launcher, SparkLauncher):
         from hora.store.spark_source import check_executors_reach
 
-        check_executors_reach(backend.spark, store)
+        check_executors_reach(launcher.spark, store)
 
 
 def _run_workers(spec: TrainSpec, config: EstimatorConfig, opts: dict[str, Any]) -> list[Any]:
     from hora import runners
     from hora.estimators.worker import train_worker
 
-    backend = config.backend
-    if backend is not None and not hasattr(backend, "launch_options") and not isinstance(backend, (str, runners.Launcher)):
+    given = config.backend
+    if given is not None and not hasattr(given, "launch_options") and not isinstance(given, (str, runners.Launcher)):
         # a Horovod-style Backend of the user's: run(fn, args, env) -> one result per rank
-        return list(backend.run(train_worker, args=(spec,), env=opts["env"]))
-    return runners.run(train_worker, args=(spec,), run_id=spec.run_id, store=spec.store, **opts)
+        return list(given.run(train_worker, args=(spec,), env=opts["env"]))
+    launch = dict(opts)
+    return runners.run(train_worker, args=(spec,), run_id=spec.run_id, store=spec.store,
+                       backend=launch.pop("launcher"), **launch)
 
 
 def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = None, client: Any = None) -> FitResult:
@@ -225,7 +228,7 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         logger.info("run %s has checkpoints in %s: fit resumes from the last one", run_id, store.url)
 
     t0 = time.monotonic()
-    _check_store_reach(opts["backend"], store)
+    _check_store_reach(opts["launcher"], store)
     if engine == "dask" and client is not None:  # a worker whose `import hora` finds a folder fails every task
         from hora.runners.launchers.dask import check_workers_import_hora
 
@@ -258,7 +261,7 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     if config.verbose >= 1:
         from hora.runners.driver.progress import console, header_line
 
-        console(header_line(run_id, num_proc, opts["backend"]))
+        console(header_line(run_id, num_proc, opts["launcher"]))
     t1 = time.monotonic()
     results = _run_workers(spec, config, opts)
     timings["train_s"] = time.monotonic() - t1

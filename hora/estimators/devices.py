@@ -119,7 +119,7 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def check_gpus_before_launch(use_gpu: bool, backend: Any, num_proc: int, client: Any = None,
+def check_gpus_before_launch(use_gpu: bool, launcher: Any, num_proc: int, client: Any = None,
                              timeout: float = 60.0) -> None:
     """Driver-side check that ``use_gpu=True`` can be honoured, before any rank starts.
 
@@ -132,7 +132,7 @@ def check_gpus_before_launch(use_gpu: bool, backend: Any, num_proc: int, client:
     """
     if not use_gpu:
         return
-    name = backend if isinstance(backend, str) else getattr(backend, "name", None)
+    name = launcher if isinstance(launcher, str) else getattr(launcher, "name", None)
     if name == "local":
         count = _cuda_count()
         host = socket.gethostname()

@@ -43,7 +43,7 @@ def require_ray(what: str = "backend='ray'") -> Any:
     return ray
 
 
-def launcher_for(backend: Any, use_gpu: bool) -> Any:
+def launcher_for(launcher: Any, use_gpu: bool) -> Any:
     """The :class:`~hora.runners.RayLauncher` of ``backend="ray"`` (one GPU per rank with
     ``use_gpu``), or the given RayLauncher once checked against ``use_gpu``.
 
@@ -54,12 +54,12 @@ def launcher_for(backend: Any, use_gpu: bool) -> Any:
     require_ray()
     from hora.runners.launchers.ray.launcher import RayLauncher
 
-    if isinstance(backend, str):
+    if isinstance(launcher, str):
         return RayLauncher(gpus_per_rank=1 if use_gpu else 0)
-    if use_gpu and backend.resources.gpus_per_rank <= 0:
+    if use_gpu and launcher.resources.gpus_per_rank <= 0:
         raise ConfigError("use_gpu=True but the RayLauncher asks no GPU per rank: pass "
                           "RayLauncher(gpus_per_rank=1, ...) (or backend='ray')")
-    return backend
+    return launcher
 
 
 def is_ray_dataset(obj: Any) -> bool:

@@ -131,19 +131,19 @@ class Launcher(abc.ABC):
         """Start ``spec.num_proc`` ranks; return the running :class:`Job`."""
 
 
-def resolve_launcher(backend: str | Launcher, *, spark: Any = None, client: Any = None) -> Launcher:
+def resolve_launcher(launcher: str | Launcher, *, spark: Any = None, client: Any = None) -> Launcher:
     """Turn ``"local"``, ``"spark"``, ``"dask"``, ``"ray"`` or a :class:`Launcher` into a Launcher.
 
     Raises:
         ConfigError: an unknown launcher name.
     """
-    if isinstance(backend, Launcher):
-        return backend
-    if backend not in _BY_NAME:
-        raise ConfigError(f"backend {backend!r} is unknown; use 'local', 'spark', 'dask', 'ray' or a hora.runners.Launcher")
-    cls: Any = launcher_class(backend)
-    if backend == "spark":
+    if isinstance(launcher, Launcher):
+        return launcher
+    if launcher not in _BY_NAME:
+        raise ConfigError(f"backend {launcher!r} is unknown; use 'local', 'spark', 'dask', 'ray' or a hora.runners.Launcher")
+    cls: Any = launcher_class(launcher)
+    if launcher == "spark":
         return cls(spark)
-    if backend == "dask":
+    if launcher == "dask":
         return cls(client)
     return cls()

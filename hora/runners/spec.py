@@ -1,6 +1,6 @@
 """What every worker needs to run one rank: a frozen, picklable :class:`LaunchSpec`.
 
-The driver builds one ``LaunchSpec`` per run; each backend adds a small per-rank
+The driver builds one ``LaunchSpec`` per run; each launcher adds a small per-rank
 :class:`RankContext` (the rank's place in the job and where the rendezvous is) and
 hands both to the one worker entry point, :mod:`hora.runners.rank.main`.
 
@@ -171,7 +171,7 @@ class LaunchSpec:
 
 @dataclasses.dataclass(frozen=True)
 class RankContext(Placed):
-    """One rank's place in the job, added by the backend that starts it.
+    """One rank's place in the job, added by the launcher that starts it.
 
     Attributes:
         placement: its rank, size, local and cross rank/size (as in Horovod; read as

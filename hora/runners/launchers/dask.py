@@ -1,4 +1,4 @@
-"""Dask backend: one pinned ``client.submit`` per rank on distinct workers.
+"""Dask launcher: one pinned ``client.submit`` per rank on distinct workers.
 
 Rank ``r`` runs on worker ``addr`` with ``workers=[addr]``, ``allow_other_workers=False``,
 ``pure=False`` and the key ``hora-<run_id>-rank<r>`` (so the dashboard names it). Where
@@ -78,16 +78,16 @@ def _kind_of_task_error(exc: BaseException) -> FaultKind:
 class DaskJob(Job):
     """The pinned futures of one run."""
 
-    def __init__(self, backend: DaskLauncher, spec: LaunchSpec, service: DriverService) -> None:
-        self.client = backend.client
-        self.launcher = backend
+    def __init__(self, launcher: DaskLauncher, spec: LaunchSpec, service: DriverService) -> None:
+        self.client = launcher.client
+        self.launcher = launcher
         self.spec = spec
         self.service = service
         self._failed: set[int] = set()
         self._failures: list[Failure] = []
-        workers = backend.pick_workers(spec.num_proc)
+        workers = launcher.pick_workers(spec.num_proc)
         self.addresses = [addr for addr, _ in workers]
-        hosts = [backend.advertise_for(info.get("host") or _host_of(addr)) for addr, info in workers]
+        hosts = [launcher.advertise_for(info.get("host") or _host_of(addr)) for addr, info in workers]
         self.hosts = hosts
         self._cancelled = False
         self._last_check = 0.0
