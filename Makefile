@@ -21,8 +21,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/spark_torch_digits.py
 
+# The suite in TEST_WORKERS pytest-xdist processes, a test file each at a time (--dist loadfile keeps a
+# file's module fixtures in one process); most of a test's time is spent waiting on the processes it
+# starts (ranks, JVMs, servers), so two run side by side on two cores. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The documentation site (docs/, mkdocs.yml) into build/site; --strict: a broken link or reference fails it.
 docs: $(STAMP)
