@@ -205,6 +205,9 @@ _DECLARED: tuple[Setting, ...] = (
        "launch"),
     _s("HORA_WARM_WORKERS", "bool", True, "Spark/Dask task supervisors fork ranks from a warm server that has "
        "imported torch (0: a fresh python per rank)", "launch"),
+    _s("HORA_WARM_LOCAL", "bool", True, "local function ranks (hora.runners.run(backend='local'), hora.run, "
+       "local estimator fits) fork from a warm server of the launching process that has imported torch "
+       "(0: a fresh python per rank; HORA_WARM_WORKERS=0 turns every warm rank off)", "launch"),
     _s("HORA_WARM_IDLE_TIMEOUT", default=300.0, doc="seconds a warm rank server lives without a rank (it also "
        "ends with the process that started it)", group="launch", **_SECONDS),
     _s("HORA_WARM_PRELOAD", "str", "torch,torch._dynamo,hora.native,hora.torch", "the modules a warm rank "

@@ -1,7 +1,8 @@
 """Warm rank processes (hora.runners.rank.warm.client): a rank forked by the warm server is what a
 fresh ``python -m MODULE`` would be, with torch and torch._dynamo imported already; the
 server ends with its owner and after its idle time; a server that cannot start means a
-plain subprocess; Dask ranks start warm unless HORA_WARM_WORKERS=0."""
+plain subprocess; Dask ranks start warm unless HORA_WARM_WORKERS=0; local function ranks (hora.runners.run,
+hora.run, local fits) fork from the launching process's server unless HORA_WARM_LOCAL=0."""
 
 from __future__ import annotations
 
@@ -331,3 +332,62 @@ def test_dask_prestart_starts_the_server_of_each_rank_worker(dask_client):
     assert all(fresh.values()), (fresh, before)
     ranks = hr.run(_parent_and_owner, num_proc=2, backend="dask", client=dask_client, env=env, verbose=0)
     assert {server for server, _ in ranks} <= {pid for pids in fresh.values() for pid in pids}, (ranks, fresh)
+
+
+def _rank_origin() -> dict:
+    """Where a rank came from: its parent's pid and command line, its own command line, and
+    whether torch._dynamo was imported before its own code (a warm server preloads it)."""
+    me = psutil.Process()
+    parent = me.parent()
+    return {"dynamo": _dynamo_loaded(), "cmdline": " ".join(me.cmdline()), "parent": parent.pid,
+            "parent_cmdline": parent.cmdline()}
+
+
+@pytest.mark.timeout(240)
+def test_local_function_ranks_fork_from_this_processs_server_unless_turned_off(monkeypatch):
+    monkeypatch.delenv("HORA_WARM_LOCAL", raising=False)
+    first = hr.run(_rank_origin, num_proc=2, run_id="warm-local-a", verbose=0)
+    (server,) = {r["parent"] for r in first}  # both ranks forked by one server
+    cmd = first[0]["parent_cmdline"]
+    assert cmd[1:3] == ["-m", "hora.runners.rank.warm.server"] and int(cmd[4]) == os.getpid(), cmd  # this process's
+    assert all(r["dynamo"] for r in first)  # imported before the rank's own code ran
+    # a forked rank shows the command line of the rank it stands for, with the run id (the orphan checks' marker)
+    assert all(f"{sys.executable} -m hora.runners.rank.main " in r["cmdline"] and "warm-local-a" in r["cmdline"]
+               for r in first), first
+    second = hr.run(_rank_origin, num_proc=2, run_id="warm-local-b", verbose=0, env={"HORA_CYCLE_TIME": "2"})
+    assert {r["parent"] for r in second} == {server}  # the next run (other HORA_* values) reuses it
+    off = hr.run(_rank_origin, num_proc=2, run_id="cold-local", verbose=0, env={"HORA_WARM_LOCAL": "0"})
+    assert {r["parent"] for r in off} == {os.getpid()} and not any(r["dynamo"] for r in off)
+    assert all("cold-local" in r["cmdline"] for r in off)
+    monkeypatch.setenv("HORA_WARM_WORKERS", "0")  # every warm rank off
+    assert {r["parent"] for r in hr.run(_rank_origin, num_proc=1, verbose=0)} == {os.getpid()}
+
+
+@pytest.mark.timeout(240)
+def test_local_prestart_starts_the_server_the_ranks_then_fork_from(monkeypatch):
+    from hora.runners.launchers.local import LocalLauncher
+
+    monkeypatch.delenv("HORA_WARM_LOCAL", raising=False)
+    launcher = LocalLauncher()
+    env = {"PYTHONHASHSEED": "13"}  # a variable of the run's own: a new server key, so none runs yet
+    before = _warm_servers()
+    launcher.prestart(2, env)
+    deadline = time.monotonic() + 120
+    fresh: set[int] = set()
+    while not fresh and time.monotonic() < deadline:
+        fresh = _warm_servers() - before
+        time.sleep(0.2)
+    assert len(fresh) == 1, fresh
+    ranks = hr.run(_rank_origin, num_proc=2, backend=launcher, env=env, verbose=0)
+    assert {r["parent"] for r in ranks} == fresh
+    launcher.prestart(2, {**env, "HORA_WARM_LOCAL": "0"})  # off: nothing starts
+    time.sleep(1.0)
+    assert _warm_servers() - before == fresh
+
+
+def test_the_server_key_leaves_out_hora_variables_and_pytests_per_test_one():
+    py, cwd = sys.executable, REPO
+    key = warm.server_key(py, cwd, {"PATH": "/bin", "PYTEST_CURRENT_TEST": "a.py::t (call)", "HORA_RANK": "0"})
+    assert key == warm.server_key(py, cwd, {"PATH": "/bin", "PYTEST_CURRENT_TEST": "b.py::u (setup)"})
+    assert key != warm.server_key(py, cwd, {"PATH": "/usr/bin"})  # any other variable may change an import
+    assert key != warm.server_key(py, cwd, {"PATH": "/bin", "HORA_WARM_PRELOAD": "json"})  # read by the server

@@ -73,6 +73,9 @@ class RankProcess:
         stdin: bytes written to the rank's stdin (a pickled spec; may hold the secret).
         result_path: where a local function rank writes its value (else it is posted to
             the driver service).
+        warm: fork the rank (``python -m hora.runners.rank.main``) on this machine from a warm
+            server (:mod:`hora.runners.rank.warm.client`); the mapping holds the run's variables
+            the rank sets before its imports (part of the server's key). None: a fresh process.
     """
 
     rank: int
@@ -80,6 +83,7 @@ class RankProcess:
     env: Mapping[str, str] = dataclasses.field(repr=False)
     stdin: bytes | None = dataclasses.field(default=None, repr=False)
     result_path: str | None = None
+    warm: Mapping[str, str] | None = dataclasses.field(default=None, repr=False)
 
 
 #: ``(slot, address its host advertises, the host is remote) -> RankProcess``
@@ -231,10 +235,12 @@ class HostsJob(Job):
         config: how hosts are reached.
         functions: ranks are hora workers whose values :meth:`poll` returns; else commands
             whose exit codes it returns.
+        name: in the name of the job's private folder (:attr:`tmpdir`; e.g. the run id, which
+            a local function rank's command line then shows through its result path).
     """
 
     def __init__(self, plan: HostPlan, make_rank: RankFactory, service: DriverService, *,
-                 output: RankOutput, config: HostsConfig, functions: bool) -> None:
+                 output: RankOutput, config: HostsConfig, functions: bool, name: str = "job") -> None:
         self.plan = plan
         self.slots = list(plan.slots)
         self.make_rank = make_rank
@@ -255,7 +261,7 @@ class HostsJob(Job):
         self._lost: set[str] = set()
         self._lock = threading.Lock()
         self._cancelled = False
-        self._tmpdir = tempfile.mkdtemp(prefix="hora-job-")
+        self._tmpdir = tempfile.mkdtemp(prefix=f"hora-{name}-")
         os.chmod(self._tmpdir, 0o700)
 
     @property
@@ -308,7 +314,8 @@ class HostsJob(Job):
             if s.host.name in self._ssh:
                 continue
             rp = self._procs[s.rank]
-            proc = self._local.start(s.rank, rp.argv, rp.env, stdin_data=rp.stdin, die_with_parent=True)
+            proc = self._local.start(s.rank, rp.argv, rp.env, stdin_data=rp.stdin, die_with_parent=True,
+                                     warm=rp.warm)
             threading.Thread(target=self._watch_local, args=(s.rank, proc), name=f"hora-wait-{s.rank}",
                              daemon=True).start()
 
@@ -440,6 +447,29 @@ class HostsJob(Job):
 ENV_REMOTE_PYTHON = "HORA_REMOTE_PYTHON"  # the interpreter on remote hosts (default: this one's path)
 
 
+ENV_WARM_LOCAL = "HORA_WARM_LOCAL"
+
+
+def warm_local_env(run_env: Mapping[str, str]) -> dict[str, str] | None:
+    """Whether the function ranks a launcher starts on this machine fork from a warm server
+    (``HORA_WARM_LOCAL``, and ``HORA_WARM_WORKERS``, in this process's or the run's
+    environment ``run_env``): the run's variables that key the server (those outside
+    ``HORA_*``, which a rank sets before its imports), or None for fresh processes.
+
+    A warm rank has torch, ``torch._dynamo`` and hora's op layer imported already (2-5 s of
+    a fresh rank's start). The server is this process's (it ends with it, or after
+    ``HORA_WARM_IDLE_TIMEOUT`` s without ranks) and is reused by every later run with the
+    same interpreter, working folder and environment; one that cannot start means fresh
+    processes (a logged warning).
+    """
+    from hora.runners.rank.warm import client as warm
+
+    merged = {**os.environ, **run_env}
+    if not settings.get(ENV_WARM_LOCAL, merged) or not warm.enabled(merged):
+        return None
+    return {k: v for k, v in run_env.items() if not k.startswith("HORA_")}
+
+
 def hosts_config(ssh: SshOptions, python: str | None, start_timeout: float) -> HostsConfig:
     """A :class:`HostsConfig` from the arguments and ``HORA_REMOTE_PYTHON``,
     ``HORA_TERMINATE_GRACE``, ``HORA_HEARTBEAT_TIMEOUT``."""
@@ -510,10 +540,31 @@ class HostsLauncher(Launcher):
         assert self._plan is not None
         return self._plan.bind, self._plan.service_address
 
+    def _python(self) -> str:
+        """The interpreter of the ranks on this machine."""
+        return worker_argv("", self.python)[0]
+
+    def prestart(self, num_proc: int, env: Mapping[str, str]) -> None:
+        """Start, in the background, the warm rank server this machine's ranks of a run with
+        the environment ``env`` will fork from (:func:`warm_local_env`); nothing when every
+        rank is remote or warm local ranks are off. Never raises."""
+        try:
+            hosts = self.hosts_for(num_proc)
+        except Exception as exc:  # noqa: BLE001 - start() reports a bad host list
+            log.debug("no prestart of the local ranks' warm server: %s", exc)
+            return
+        import_env = warm_local_env(env)
+        if import_env is None or not any(h.is_local for h in hosts):
+            return
+        from hora.runners.rank.warm import client as warm
+
+        warm.prestart(self._python(), worker_process_env(), None, import_env)
+
     def start(self, spec: LaunchSpec, service: DriverService) -> Job:
         plan = self.plan(spec.num_proc)
         config = hosts_config(self.ssh, self.python, spec.start_timeout)
         output = RankOutput(service.emit, self.output_dir, spec.num_proc)
+        warm_env = warm_local_env(spec.env_dict)  # this machine's ranks fork from a warm server
         job: HostsJob | None = None
 
         def make_rank(slot: RankSlot, advertise: str, remote: bool) -> RankProcess:
@@ -526,10 +577,11 @@ class HostsLauncher(Launcher):
                 return RankProcess(slot.rank, tuple(worker_argv(TO_DRIVER, config.remote_python)), env, stdin)
             assert job is not None
             path = os.path.join(job.tmpdir, f"rank.{slot.rank}.pkl")
-            return RankProcess(slot.rank, tuple(worker_argv(path, self.python)), worker_process_env(), stdin, path)
+            return RankProcess(slot.rank, tuple(worker_argv(path, self.python)), worker_process_env(), stdin, path,
+                               warm=warm_env)
 
-        job = HostsJob(plan, make_rank, service, output=output, config=config, functions=True)
+        job = HostsJob(plan, make_rank, service, output=output, config=config, functions=True, name=spec.run_id)
         return start_or_cancel(job)
 
 
-__all__ = ["HostsLauncher", "hosts_config", "ENV_REMOTE_PYTHON", "HostsJob", "HostPlan", "HostsConfig", "RankProcess", "RankFactory", "RankOutput", "forward_environment"]
+__all__ = ["HostsLauncher", "hosts_config", "warm_local_env", "ENV_WARM_LOCAL", "ENV_REMOTE_PYTHON", "HostsJob", "HostPlan", "HostsConfig", "RankProcess", "RankFactory", "RankOutput", "forward_environment"]

@@ -4,7 +4,9 @@ as ``hora run``; and the check of a command's Python before ``hora run`` starts 
 
 Each rank is ``python -m hora.runners.rank.main`` in its own process group with the
 (pickled) spec on its stdin; on this machine it writes its value to a private file, on
-another host it posts it to the driver service. Every rank on this machine advertises
+another host it posts it to the driver service. A function rank on this machine is forked
+from a warm server of this process that has imported torch already (``HORA_WARM_LOCAL``,
+:func:`~hora.runners.launchers.hosts.warm_local_env`), else started afresh. Every rank on this machine advertises
 127.0.0.1 when the whole job is on loopback addresses (``HORA_ADVERTISE_ADDR`` overrides).
 """
 

@@ -18,7 +18,7 @@ state re-seeded; its exit code (``-N`` for signal N) is sent back when the serve
 Killing it by pid or process group works as for a subprocess.
 
 Reuse key: the interpreter, the cwd, and the environment minus the ``HORA_*`` variables
-(none of which hora reads at import, except :data:`KEYED_HORA`), so per-rank and per-run
+(none of which hora reads at import, except :data:`KEYED_HORA`) and :data:`UNKEYED`, so per-rank and per-run
 variables do not start a new server; the server's own check of its code (the hora sources'
 and ``sys.path`` folders' mtimes) answers ``stale`` after an install or an edit, and the
 client starts a fresh one. One server per key and owner: the process that asked for it, or,
@@ -64,6 +64,11 @@ ENV_IDLE = "HORA_WARM_IDLE_TIMEOUT"
 ENV_PRELOAD = "HORA_WARM_PRELOAD"
 #: the HORA_* variables a server's key keeps: read at import (``import hora``) or by the server itself
 KEYED_HORA = (settings.ENV_LOG_LEVEL, ENV_PRELOAD, ENV_IDLE)
+#: variables outside ``HORA_*`` that a server's key leaves out: they change from one call to the
+#: next in the same process and no import reads them (pytest sets ``PYTEST_CURRENT_TEST`` for
+#: every test phase: keyed, a test suite's local runs would start a server per test). A rank
+#: still gets them: its whole environment is the request's.
+UNKEYED = ("PYTEST_CURRENT_TEST",)
 MAX_SERVERS = 2  # per owner process: each holds torch's ~300 MiB
 READY_TIMEOUT = 120.0  # seconds a new server may take to import its modules
 ANSWER_TIMEOUT = 10.0  # seconds a running server may take to answer a request
@@ -81,8 +86,10 @@ class WarmUnavailable(Exception):
 # ------------------------------------------------------------------------------------------
 def server_environ(env: Mapping[str, str]) -> dict[str, str]:
     """The environment a server for ``env`` runs with: ``env`` without the ``HORA_*``
-    variables outside :data:`KEYED_HORA` (hora reads the others at ``init`` or later)."""
-    return {k: v for k, v in env.items() if not k.startswith("HORA_") or k in KEYED_HORA}
+    variables outside :data:`KEYED_HORA` (hora reads the others at ``init`` or later) and
+    without :data:`UNKEYED`."""
+    return {k: v for k, v in env.items()
+            if (not k.startswith("HORA_") or k in KEYED_HORA) and k not in UNKEYED}
 
 
 def server_key(python: str, cwd: str, env: Mapping[str, str]) -> str:
