@@ -210,12 +210,14 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
     t0 = time.monotonic()
     first_done_at: float | None = None
     barrier_seen: dict[str, float] = {}
+    all_started = False
     collector = _Collector(service, job)
     while True:
         collector.poll()
         results = collector.results
         failures = collector.failures()
         if failures:
+            log.debug("run %s: failure(s) seen: %s", policy.run_id, "; ".join(f.describe() for f in failures))
             first = first_failure(service, job, failures, num_proc=n, collector=collector)
             log.debug("run %s: first failure %s", policy.run_id, first)
             raise first.error()
@@ -227,6 +229,9 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
         started: dict[int, str] = {}
         if policy.functions:
             started = service.started()
+            if len(started) == n and not all_started:
+                all_started = True
+                log.debug("run %s: all %d rank(s) started, %.2f s after the watch began", policy.run_id, n, now - t0)
             if len(started) < n and now - t0 > policy.start_timeout:
                 missing = sorted(set(range(n)) - set(started))
                 raise RanksNotStartedError(

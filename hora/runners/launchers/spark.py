@@ -45,21 +45,23 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hora import _spark, settings
-from hora.errors import ConfigError, HoraError, WorkerFailedError
+from hora.errors import ConfigError, FaultKind, HoraError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_START_TIMEOUT, KVClient, RendezvousServer, compute_placement
 from hora.runners.launcher import Job, Launcher
 from hora.runners.driver.service import DriverService
 from hora.runners.driver.faults import with_spark_error
-from hora.runners.launchers.spark_errors import stage_error
+from hora.runners.launchers.spark_errors import engine_failure, stage_error
 from hora.runners.driver.store_channel import StoreChannel, StoreMirror, StoreRelay, wait_mirrored
 from hora.runners.spec import (
     ENV_ADVERTISE_ADDR,
     ENV_TERMINATE_GRACE,
+    HEARTBEAT_INTERVAL,
     LaunchSpec,
     RankContext,
 )
@@ -72,6 +74,9 @@ _LOCAL_CLUSTER_RE = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\
 #: The stage's result: each rank's pickled value, cut into chunks of at most CHUNK_BYTES.
 RESULT_SCHEMA = "rank int, seq int, chunk binary"
 CHUNK_BYTES = 1 << 20
+#: seconds without a heartbeat after which a rank whose supervisor Spark lost counts as stopped
+#: (its watchdog beats every HEARTBEAT_INTERVAL, 1 s, and ends the rank when its supervisor is gone)
+SILENT_AFTER = 2 * HEARTBEAT_INTERVAL
 
 #: How the ranks report to the client: "auto" (probe on Connect), "direct" (TCP) or "store".
 ENV_DRIVER_CHANNEL = "HORA_DRIVER_CHANNEL"
@@ -267,6 +272,7 @@ class SparkJob(Job):
                 stage = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=self.launcher.profile())
                 self._rows = stage.collect()
         except BaseException as exc:
+            log.debug("run %s: its Spark job failed: %s", self.spec.run_id, str(exc).strip().splitlines()[:1])
             self._error = exc
 
     def poll(self) -> list[Any] | None:
@@ -286,6 +292,32 @@ class SparkJob(Job):
             raise WorkerFailedError(f"the Spark stage of run {self.spec.run_id} returned no result for rank(s) {missing}")
         return [cloudpickle.loads(b"".join(c for _, c in sorted(chunks[r]))) for r in range(self.spec.num_proc)]
 
+    def _lost_supervisors(self) -> set[int]:
+        """The ranks whose supervisor Spark says is gone: the task of a lost executor, or whose
+        Python worker crashed (:func:`~hora.runners.launchers.spark_errors.engine_failure`).
+        Nobody is left to report that their processes stopped."""
+        if self._thread.is_alive() or self._error is None:
+            return set()
+        kind, rank, message = engine_failure(str(self._error))
+        return {rank} if kind is FaultKind.LOST and rank is not None and message is not None else set()
+
+    def _wait_silent(self, ranks: set[int], timeout: float) -> set[int]:
+        """Wait up to ``timeout`` s until ``ranks`` (their supervisors lost) have stopped
+        heartbeating for :data:`SILENT_AFTER` s, or exited; return those that did not. A rank's
+        watchdog beats every second and ends the rank when its supervisor is gone, so its
+        silence is its process gone: waiting for a supervisor's word cost every lost
+        executor or Python worker ``HORA_TERMINATE_GRACE`` + 5 s before the relaunch."""
+        if not ranks:
+            return set()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = ranks - set(self.service.stale_heartbeats(SILENT_AFTER, ignore=set())) - self.service.exited()
+            if not left or time.monotonic() >= deadline:
+                log.debug("run %s: rank(s) %s lost their supervisor; silent: %s", self.spec.run_id, sorted(ranks),
+                          sorted(ranks - left))
+                return left
+            time.sleep(0.1)
+
     def _sync_mirror(self) -> None:
         if self.mirror is not None:
             try:
@@ -297,6 +329,7 @@ class SparkJob(Job):
         if self._cancelled:
             return
         self._cancelled = True
+        t0 = time.monotonic()
         if self._thread.is_alive():
             log.info("cancelling the Spark jobs tagged %s", self.tag)
             try:
@@ -309,11 +342,15 @@ class SparkJob(Job):
             log.warning("the Spark job of run %s did not end within %.0fs of its cancellation", self.spec.run_id, grace + 30)
         self._sync_mirror()
         started = set(self.service.started())
-        left = self.service.wait_exited(started, grace + 5)
+        lost = self._lost_supervisors() & started
+        left = self.service.wait_exited(started - lost, grace + 5)
+        left |= self._wait_silent(lost, grace + 5)
         if left:
             log.warning("rank(s) %s of run %s did not confirm that their processes stopped", sorted(left), self.spec.run_id)
         if self.mirror is not None:
             self.mirror.close()
+        log.debug("run %s: its Spark job cancelled and its ranks stopped in %.2f s", self.spec.run_id,
+                  time.monotonic() - t0)
 
 
 class SparkLauncher(Launcher):

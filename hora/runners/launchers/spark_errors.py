@@ -74,6 +74,7 @@ _SPARK_LOST = re.compile(r"ExecutorLostFailure|executor \S+ (?:lost|exited)|Exec
                          r"decommission|Python worker exited unexpectedly", re.IGNORECASE)
 _SPARK_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
 _SPARK_EXECUTOR_LOST = re.compile(r"(ExecutorLostFailure \([^)]*\))(?: Reason: ([^/\n]*))?")
+_SPARK_WORKER_CRASHED = re.compile(r"Python worker exited unexpectedly \(crashed\)")
 
 
 def kind_of_engine_error(text: str) -> FaultKind:
@@ -86,7 +87,9 @@ def engine_failure(text: str) -> tuple[FaultKind, int | None, str | None]:
     """``(kind, rank, message)`` of a Spark stage failure from its text, the one place hora reads
     Spark's error text for what happened: the rank of the task Spark names as the one that failed
     (a barrier task's partition is its rank) and, for a lost executor,
-    ``"was lost: ExecutorLostFailure (...): <reason>"`` (else None)."""
+    ``"was lost: ExecutorLostFailure (...): <reason>"``, for a task whose Python worker (the
+    rank's supervisor) died, ``"was lost: its Spark task's Python worker exited unexpectedly
+    (crashed)"`` (else None)."""
     kind = kind_of_engine_error(text)
     task = _SPARK_TASK.search(text or "")
     rank = int(task.group(1)) if task else None
@@ -95,6 +98,8 @@ def engine_failure(text: str) -> tuple[FaultKind, int | None, str | None]:
     if lost:
         reason = (lost.group(2) or "").strip()
         message = f"was lost: {lost.group(1)}" + (f": {reason}" if reason else "")
+    elif _SPARK_WORKER_CRASHED.search(text or ""):
+        message = "was lost: its Spark task's Python worker exited unexpectedly (crashed)"
     return kind, rank, message
 
 
