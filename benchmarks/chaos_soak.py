@@ -1,7 +1,10 @@
 """Faults in series (issue 29, items 2 and 5): one long fit per scenario while a seeded chaos
 thread SIGKILLs the job's processes from outside, one after another.
 
-Run: ``.venv/bin/python benchmarks/chaos_soak.py [--scenarios dask,spark,ssh] [--faults 10] [--epochs 30]``.
+Run: ``.venv/bin/python benchmarks/chaos_soak.py [--scenarios dask,spark,ssh] [--faults 10] [--epochs 30]``
+(``--kinds supervisor,executor`` kills only those kinds of target; ``--timeline`` prints, per fault,
+the driver's log lines after the kill and when the next attempt's ranks began training and
+stepped: where the seconds of a fault go).
 
 Scenarios (each on clusters it starts and stops itself):
 
@@ -68,6 +71,10 @@ class Progress(Callback):
 
     def __init__(self, path: str, seconds: float) -> None:
         self.path, self.seconds = path, seconds
+
+    def on_train_begin(self, ctx):
+        with open(self.path + ".starts", "a") as fh:  # one short line per rank start: appends do not interleave
+            fh.write(f"{time.time()} {os.environ.get('HORA_ATTEMPT', '1')} {ctx.rank}\n")
 
     def on_epoch_begin(self, ctx, epoch):
         folder = self.path + ".ranks"
@@ -157,6 +164,47 @@ def _lost_per_fault(log_path: str, injected: list[tuple[str, int, float, int]]) 
     return out
 
 
+class Timeline(logging.Handler):
+    """hora's driver-side log records (time, logger, message) of the chaos fit, for ``--timeline``."""
+
+    WATCHED = ("hora.runners.driver", "hora.runners.launchers", "hora.runners.api")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.events: list[tuple[float, str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING or record.name.startswith(self.WATCHED):
+            self.events.append((record.created, record.name.rpartition(".")[2], record.getMessage()[:160]))
+
+
+def _timeline(log_path: str, injected: list[tuple[str, int, float, int]], events: list[tuple[float, str, str]]) -> None:
+    """Per fault, seconds after the kill: the driver's log lines, the next attempt's ranks
+    beginning to train (after their restore) and its first step."""
+    starts: dict[int, list[float]] = {}
+    if os.path.exists(log_path + ".starts"):
+        for line in Path(log_path + ".starts").read_text().splitlines():
+            t, attempt, _ = line.split()
+            starts.setdefault(int(attempt), []).append(float(t))
+    steps: dict[int, float] = {}
+    if os.path.exists(log_path):
+        for line in Path(log_path).read_text().splitlines():
+            t, attempt, *_ = line.split()
+            steps.setdefault(int(attempt), float(t))
+    for kind, pid, at, attempt in injected:
+        nxt = attempt + 1
+        end = steps.get(nxt, at + 120)
+        print(f"\n## fault: {kind} pid {pid}, attempt {attempt}")
+        for t, name, message in events:
+            if at <= t <= end:
+                print(f"  +{t - at:6.2f} {name}: {message}")
+        if starts.get(nxt):
+            print(f"  +{min(starts[nxt]) - at:6.2f} first rank of attempt {nxt} begins training "
+                  f"(all: +{max(starts[nxt]) - at:.2f})")
+        if nxt in steps:
+            print(f"  +{steps[nxt] - at:6.2f} attempt {nxt}: first step")
+
+
 def _frame(rows: int) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(rows, 8)).astype("float32")
@@ -202,8 +250,14 @@ def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argp
     run_id, log_path = f"{name}-chaos", str(work / f"{name}-chaos.log")
     injected: list[tuple[str, int, float, int]] = []
     stop = threading.Event()
-    thread = threading.Thread(target=chaos, args=(log_path, TARGETS[name], args.faults, 2,
+    kinds = tuple(args.kinds.split(",")) if args.kinds else TARGETS[name]
+    thread = threading.Thread(target=chaos, args=(log_path, kinds, args.faults, 2,
                                                   random.Random(args.seed), stop, injected), daemon=True)
+    timeline = Timeline() if args.timeline else None
+    if timeline is not None:
+        hora_log = logging.getLogger("hora")
+        hora_log.addHandler(timeline)
+        hora_log.setLevel(logging.DEBUG)
     thread.start()
     survived, error, took, epochs_seen = True, "", 0.0, []
     try:
@@ -214,10 +268,15 @@ def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argp
     finally:
         stop.set()
         thread.join(timeout=30)
+        if timeline is not None:
+            logging.getLogger("hora").removeHandler(timeline)
+            logging.getLogger("hora").setLevel(logging.NOTSET)
     deadline = time.monotonic() + 30
     while _orphans(run_id, cwd) and time.monotonic() < deadline:
         time.sleep(0.5)
     lost = _lost_per_fault(log_path, injected)
+    if timeline is not None:
+        _timeline(log_path, injected, timeline.events)
     return {
         "scenario": name, "injected": len(injected), "kinds": [k for k, *_ in injected],
         "survived": len(injected) if survived else 0, "error": error,
@@ -290,8 +349,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--pace", type=float, default=0.1, help="seconds each rank sleeps after a batch")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kinds", default="", help="kill only these kinds of target (comma-separated: rank, "
+                    "supervisor, executor; default: every kind the scenario has)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print, per fault, the driver's log lines and the relaunch's milestones after the kill")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    for handler in logging.getLogger().handlers:  # --timeline's DEBUG records are for the timeline, not stderr
+        handler.setLevel(logging.WARNING)
     results = []
     with tempfile.TemporaryDirectory(prefix="hora-soak-") as tmp:
         for name in args.scenarios.split(","):
