@@ -112,7 +112,7 @@ def test_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path)
 
     bindir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
-               HORA_HEARTBEAT_TIMEOUT=str(HEARTBEAT_TIMEOUT), HORA_WARM_WORKERS="0")
+               HORA_HEARTBEAT_TIMEOUT=str(HEARTBEAT_TIMEOUT))
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [subprocess.Popen([os.path.join(bindir, "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
