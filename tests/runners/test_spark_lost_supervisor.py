@@ -54,3 +54,63 @@ def test_a_lost_supervisor_is_relaunched_without_waiting_for_its_word(spark, mon
     failed, relaunched = [r.created for r in caplog.records if r.name == "hora.runners.driver.recovery"][:2]
     assert relaunched - failed < 20, line  # the lost rank's silence is its word (2 s), not 65 s
     assert_no_workers_left("spark-lost-supervisor", within=30)
+
+
+_EXECUTOR_LOST = ("Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent "
+                  "failure reason: Stage failed because barrier task ResultTask(12, 1) finished unsuccessfully.\n"
+                  "ExecutorLostFailure (executor 3 exited caused by one of the running tasks) Reason: Command exited "
+                  "with code 137")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("text, lost", [
+    (_EXECUTOR_LOST, {1, 2}),  # every rank on the lost executor's host
+    ("Stage failed because barrier task ResultTask(12, 2) finished unsuccessfully.\norg.apache.spark.SparkException: "
+     "Python worker exited unexpectedly (crashed)", {2}),  # that task's rank only
+    ("Stage failed because barrier task ResultTask(12, 1) finished unsuccessfully.\nPythonException: ZeroDivisionError",
+     set()),  # a failed task: its supervisor reports as ever
+])
+def test_the_teardown_waits_for_the_silence_of_ranks_whose_supervisor_spark_lost(text, lost):
+    import threading
+
+    from hora.native import keys
+    from hora.native.rendezvous import KVClient
+    from hora.runners.driver.service import DriverService
+    from hora.runners.launchers.spark import SILENT_AFTER, SparkJob
+
+    service = DriverService(b"s" * 32, 4, "silent", verbose=0)
+    rank_client = KVClient(service.addr, b"s" * 32, timeout=10.0)  # what the ranks write through
+    try:
+        for rank, host in enumerate(["h0", "h1", "h1", "h2"]):
+            rank_client.set(keys.rank_key(keys.STARTED, rank), host.encode())
+            rank_client.add(keys.rank_key(keys.HEARTBEAT, rank), 1)
+        job = SparkJob.__new__(SparkJob)  # the stage itself is over: a finished thread and Spark's error
+        job.service, job.spec, job._error = service, type("Spec", (), {"run_id": "silent"})(), RuntimeError(text)
+        job._thread = threading.Thread(target=lambda: None)
+        job._thread.start()
+        job._thread.join()
+        assert job._lost_supervisors() == lost
+        rank_client.set(keys.rank_key(keys.EXITED, 0), b"1")
+        t0 = time.monotonic()
+        beating = threading.Event()
+
+        def beat():  # rank 3 still heartbeats: its process runs
+            client = KVClient(service.addr, b"s" * 32, timeout=10.0)
+            try:
+                while not beating.wait(0.2):
+                    client.add(keys.rank_key(keys.HEARTBEAT, 3), 1)
+            finally:
+                client.close()
+
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            assert job._wait_silent({0, 1, 2} & (lost | {0}), 10) == set()  # exited or silent
+            assert SILENT_AFTER <= time.monotonic() - t0 < 5 or not lost
+            assert job._wait_silent({3}, 1.0) == {3}  # a rank that heartbeats is not silent
+        finally:
+            beating.set()
+            thread.join(timeout=5)
+    finally:
+        rank_client.close()
+        service.close()

@@ -293,13 +293,20 @@ class SparkJob(Job):
         return [cloudpickle.loads(b"".join(c for _, c in sorted(chunks[r]))) for r in range(self.spec.num_proc)]
 
     def _lost_supervisors(self) -> set[int]:
-        """The ranks whose supervisor Spark says is gone: the task of a lost executor, or whose
-        Python worker crashed (:func:`~hora.runners.launchers.spark_errors.engine_failure`).
-        Nobody is left to report that their processes stopped."""
+        """The ranks whose supervisor Spark says is gone: the task whose Python worker crashed, or
+        every task on the host of a lost executor's task
+        (:func:`~hora.runners.launchers.spark_errors.engine_failure`). Nobody is left to report
+        that their processes stopped (a rank on that host under another, live executor still
+        stops: its silence counts then, see :meth:`_wait_silent`)."""
         if self._thread.is_alive() or self._error is None:
             return set()
         kind, rank, message = engine_failure(str(self._error))
-        return {rank} if kind is FaultKind.LOST and rank is not None and message is not None else set()
+        if kind is not FaultKind.LOST or rank is None or message is None:
+            return set()
+        if not message.startswith("was lost: ExecutorLostFailure"):
+            return {rank}
+        hosts = self.service.started()
+        return {rank} | {r for r, host in hosts.items() if rank in hosts and host == hosts[rank]}
 
     def _wait_silent(self, ranks: set[int], timeout: float) -> set[int]:
         """Wait up to ``timeout`` s until ``ranks`` (their supervisors lost) have stopped
