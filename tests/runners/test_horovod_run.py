@@ -12,7 +12,7 @@ import pytest
 import hora
 from hora.errors import ConfigError, WorkerFailedError
 
-from .helpers import assert_no_workers_left
+from .scoped import assert_no_ranks_left_since
 
 
 def _train(scale):
@@ -36,6 +36,7 @@ def _fail_on_rank_one():
 
 @pytest.mark.timeout(240)
 def test_hora_run_returns_each_rank_value_on_two_and_three_ranks_and_names_a_failure(tmp_path):
+    t0 = time.time()
     assert hora.run(_train, args=(2.0,), num_proc=2, verbose=0) == [(0, 2, 2, 6.0), (1, 2, 2, 6.0)]
     with pytest.warns(DeprecationWarning, match="np is deprecated"):
         got = hora.run(_train, kwargs={"scale": 1.0}, np=3, verbose=0, output_filename=str(tmp_path / "out"))
@@ -45,7 +46,7 @@ def test_hora_run_returns_each_rank_value_on_two_and_three_ranks_and_names_a_fai
         hora.run(_fail_on_rank_one, num_proc=3, verbose=0)
     assert info.value.rank == 1 and info.value.host == "127.0.0.1"
     assert "RuntimeError: rank one cannot go on" in info.value.remote_traceback
-    assert_no_workers_left(f"{sys.executable} -m hora.runners.rank.main", within=15)
+    assert_no_ranks_left_since(t0, within=15)
 
 
 @pytest.mark.parametrize("kwargs, message", [

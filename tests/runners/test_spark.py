@@ -16,6 +16,7 @@ from hora.errors import ConfigError, RankError, RankKilledError, WorkerFailedErr
 from hora.runners import api as base
 
 from .helpers import assert_no_workers_left, interrupt_when_files_exist, touch_and_sleep
+from .scoped import assert_no_ranks_left_since
 
 pytestmark = pytest.mark.spark
 
@@ -254,10 +255,10 @@ def _horovod_spark_fn(offset):
 @pytest.mark.timeout(240)
 def test_hora_spark_run_is_horovods_spark_run(spark):
     import io
-    import sys
 
     import hora.spark
 
+    t0 = time.time()
     out = io.StringIO()
     assert hora.spark.run(_horovod_spark_fn, args=(10,), num_proc=2, stdout=out,
                           prefix_output_with_timestamp=True) == [(10, 2.0), (11, 2.0)]
@@ -265,4 +266,4 @@ def test_hora_spark_run_is_horovods_spark_run(spark):
     assert any(line.endswith("[1]<stdout>:spark rank 1 says hello") and line[0].isalpha() for line in lines), lines
     with pytest.raises(ConfigError, match="use_mpi / extra_mpi_args are not supported"):
         hora.spark.run(_horovod_spark_fn, args=(0,), use_mpi=True)
-    assert_no_workers_left(f"{sys.executable} -m hora.runners.rank.main")  # this checkout's workers only
+    assert_no_ranks_left_since(t0)
