@@ -28,20 +28,20 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(1500)]  # the first test pa
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 CASES = [
-    ("spark_text_tokens.py", ["--rows", "1500", "--epochs", "3"]),
+    ("spark_text_tokens.py", ["--rows", "1500", "--epochs", "2"]),
     ("spark_image_png.py", ["--epochs", "5"]),
-    ("spark_sparse_hashed.py", ["--rows", "1500", "--epochs", "3"]),
-    ("spark_text_fsdp.py", ["--rows", "1500", "--epochs", "3"]),  # issue 28 item 4: strategy="fsdp" on Spark
+    ("spark_sparse_hashed.py", ["--rows", "1500", "--epochs", "2"]),
+    ("spark_text_fsdp.py", ["--rows", "1500", "--epochs", "2"]),  # issue 28 item 4: strategy="fsdp" on Spark
 ]
 #: last: it seeds Python's, NumPy's and TensorFlow's global generators (keras.utils.set_random_seed)
-KERAS_DIGITS = ("spark_keras_digits.py", ["--num-proc", "2", "--epochs", "3"])
+KERAS_DIGITS = ("spark_keras_digits.py", ["--num-proc", "2", "--epochs", "2"])
 
 # Runs each example's main(argv) in turn; writes {script: {"rc": ..., "stdout": ...}} after each one, so a
 # crash of the process leaves the results so far (and the test of the crashed example says so). "rc" is
 # the exit status the example's own process would have had (its __main__ block exits with main()'s int
 # result, or 0; SystemExit's code; 1 for an exception).
 RUNNER = textwrap.dedent('''
-    import contextlib, importlib.util, io, json, sys, traceback
+    import contextlib, importlib.util, io, json, sys, time, traceback
 
     def status(code):
         return 0 if code is None else code if isinstance(code, int) else 1
@@ -50,6 +50,7 @@ RUNNER = textwrap.dedent('''
     results = {}
     for i, (path, argv) in enumerate(cases):
         buf = io.StringIO()
+        t0 = time.monotonic()
         try:
             with contextlib.redirect_stdout(buf):
                 spec = importlib.util.spec_from_file_location(f"hora_example_{i}", path)
@@ -68,7 +69,7 @@ RUNNER = textwrap.dedent('''
             rc = 1
             buf.write(traceback.format_exc())
         results[path] = {"rc": rc, "stdout": buf.getvalue()}
-        print(f"{path}: {rc}", file=sys.stderr, flush=True)
+        print(f"{path}: {rc} ({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
         with open(out_path, "w") as fh:
             json.dump(results, fh)
 ''')
