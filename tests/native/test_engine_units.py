@@ -358,3 +358,18 @@ def test_a_predicted_rounds_requests_are_matched_whole_only_when_exactly_its_own
     no_entries = _spec_of(cache, names, first)
     no_entries.entries = None  # a round only waited for locally: never matched whole
     assert not no_entries.matches(reqs(shapes, names), 1)
+
+
+def test_foreach_clone_falls_back_to_one_clone_each_where_torch_lacks_it():
+    """torch 2.11 (the CUDA image's) has no ``torch._foreach_clone``: the engine's fused unpack
+    then clones one by one, with the same values in new storage."""
+    import torch
+
+    from hora.native.engine import fusion
+
+    parts = [torch.arange(6.0).view(2, 3), torch.ones(4, dtype=torch.bfloat16)]
+    got = fusion._clone_each(parts)
+    assert [g.dtype for g in got] == [p.dtype for p in parts]
+    assert all(torch.equal(g, p) and g.data_ptr() != p.data_ptr() for g, p in zip(got, parts))
+    expected = getattr(torch, "_foreach_clone", None)
+    assert fusion.foreach_clone is (expected if expected is not None else fusion._clone_each)

@@ -29,6 +29,15 @@ from hora.native.engine.cache import Response
 from hora.native.engine.negotiation import ProcessSetInfo
 from hora.native.engine.request import ALLREDUCE, Request
 
+
+def _clone_each(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.clone() for t in tensors]
+
+
+#: ``torch._foreach_clone`` (one call for a group of tensors) where this torch has it; torch
+#: 2.11 (a CUDA image's) has not, and clones one by one
+foreach_clone = getattr(torch, "_foreach_clone", None) or _clone_each
+
 log = logging.getLogger(__name__)
 
 POOL_MIN_BYTES = 1 << 20  # results at least this big come from the OutputPool
@@ -136,7 +145,7 @@ def unpack(parts: Sequence[torch.Tensor], reqs: Sequence[Request | None], scale:
                 torch._foreach_mul_(outs, scale)
             return
         if made_here == len(reqs):  # every one out of place
-            made = torch._foreach_clone(list(shaped)) if scale == 1.0 else torch._foreach_mul(list(shaped), scale)
+            made = foreach_clone(list(shaped)) if scale == 1.0 else torch._foreach_mul(list(shaped), scale)
             for q, o in zip(reqs, made):
                 q.output = o
             return
@@ -170,7 +179,7 @@ def unpack(parts: Sequence[torch.Tensor], reqs: Sequence[Request | None], scale:
             srcs = [parts[i].view(reqs[i].tensor.shape) for i in new_i]
         else:
             srcs = [shaped[i] for i in new_i]
-        outs = torch._foreach_clone(srcs) if scale == 1.0 else torch._foreach_mul(srcs, scale)
+        outs = foreach_clone(srcs) if scale == 1.0 else torch._foreach_mul(srcs, scale)
         for i, o in zip(new_i, outs):
             reqs[i].output = o
 

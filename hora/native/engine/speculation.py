@@ -29,7 +29,7 @@ import torch
 from hora.native.backends.base import ReduceOp
 from hora.native.engine.control import Vote
 from hora.native.engine.execute import Executor, scale_
-from hora.native.engine.fusion import FusedGroup, FusionBuffers, flat, unpack
+from hora.native.engine.fusion import FusedGroup, FusionBuffers, flat, foreach_clone, unpack
 from hora.native.engine.request import ALLREDUCE, ROOM, Request
 
 if TYPE_CHECKING:
@@ -371,7 +371,7 @@ class Speculator:
         made = [o is None for o in outputs].count(True)
         shaped = spec.shaped_parts()
         if made == len(reqs):  # every one out of place: new tensors in one batched call
-            results = torch._foreach_clone(shaped)
+            results = foreach_clone(shaped)
         elif made == 0:  # every one in place
             torch._foreach_copy_(outputs, shaped)
             results = outputs
