@@ -207,10 +207,121 @@ def check_transform(device: str, n: int) -> Any:
     return f"predictions equal; {ratio:.2f} x the plain loop", numbers
 
 
+class _HalfProbe(torch.nn.Module):
+    """A small classifier that records (in a buffer) whether its hidden layer ran in float16 or bfloat16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+        self.register_buffer("saw_half", torch.zeros(()))
+
+    def forward(self, x):
+        out = self.body(x)
+        if self.training and out.dtype in (torch.float16, torch.bfloat16):
+            self.saw_half.fill_(1.0)
+        return out
+
+
+def _class_frame(rows: int):
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 16)).astype(np.float32)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.float32)
+    return pd.DataFrame({"features": list(x), "y": y})
+
+
+@check("TorchEstimator precision='16-mixed' and 'bf16-mixed' (GradScaler on the rank's device) vs '32'")
+def check_mixed_precision_fit(device: str, n: int) -> Any:
+    import io
+
+    from hora.dask import TorchEstimator
+    from hora.store import Store
+
+    df = _class_frame(2048)
+    use_gpu = device == "cuda"
+    with tempfile.TemporaryDirectory() as folder:
+        store = Store.create(folder)
+        fits, seconds = {}, {}
+        for precision in ("32", "16-mixed", "bf16-mixed"):
+            net = _HalfProbe()
+            est = TorchEstimator(num_proc=1, use_gpu=use_gpu, store=store, model=net,
+                                 optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                                 loss=torch.nn.CrossEntropyLoss(), feature_cols=["features"], label_cols=["y"],
+                                 batch_size=64, epochs=3, random_seed=0, verbose=0, lr_scaling="none",
+                                 precision=precision, run_id=f"precision-{precision}")
+            t0 = time.perf_counter()
+            fits[precision] = est.fit(df)
+            seconds[precision] = time.perf_counter() - t0
+        _, data = store.latest_checkpoint("precision-16-mixed")
+        scaler = torch.load(io.BytesIO(data), weights_only=False).get("grad_scaler") or {}
+    losses = {p: [h["loss"] for h in f.history_] for p, f in fits.items()}
+    for p, f in fits.items():
+        assert all(np.isfinite(losses[p])) and losses[p][-1] < losses[p][0], (p, losses[p])
+        assert float(f.model_.saw_half) == (0.0 if p == "32" else 1.0), (p, float(f.model_.saw_half))
+        assert f.model_.body[0].weight.dtype == torch.float32, p  # the weights stay float32
+    for p in ("16-mixed", "bf16-mixed"):
+        assert abs(losses[p][-1] - losses["32"][-1]) <= 0.05 * losses["32"][-1] + 0.01, losses
+    assert scaler.get("scale", 0) > 0, f"no GradScaler state in the 16-mixed checkpoint: {scaler}"
+    acc = (fits["16-mixed"].transform(df.head(256))["prediction"].to_numpy() == df["y"].to_numpy()[:256]).mean()
+    numbers = {"loss_32": losses["32"][-1], "loss_16": losses["16-mixed"][-1], "loss_bf16": losses["bf16-mixed"][-1],
+               "scale": float(scaler["scale"]), "acc_16": float(acc),
+               **{f"fit_s_{p}": v for p, v in seconds.items()}}
+    return "float16 and bfloat16 autocast train as float32 does; the GradScaler's state is checkpointed", numbers
+
+
+@check("LightningEstimator with Lightning's FSDPStrategy on a GPU rank vs hora's data-parallel strategy")
+def check_lightning_fsdp(device: str, n: int) -> Any:
+    if device != "cuda":
+        return "skip", "Lightning's FSDPStrategy needs a GPU accelerator"
+    import lightning.pytorch as pl
+
+    from hora.dask import LightningEstimator
+    from hora.store import Store
+
+    class Regressor(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.mse_loss(self(batch["features"]).squeeze(-1), batch["y"])
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    df = _class_frame(1024)
+    fits = {}
+    with tempfile.TemporaryDirectory() as folder:
+        store = Store.create(folder)
+        for name, args in (("hora", {}), ("fsdp", {"strategy": "fsdp"})):
+            est = LightningEstimator(num_proc=1, use_gpu=True, store=store, model=Regressor(),
+                                     feature_cols=["features"], label_cols=["y"], batch_size=64, epochs=2,
+                                     lr_scaling="none", random_seed=1, verbose=0, trainer_args=args,
+                                     run_id=f"lightning-{name}")
+            fits[name] = est.fit(df)
+    want = {k: v.detach().cpu().numpy() for k, v in fits["hora"].model_.state_dict().items()}
+    got = {k: v.detach().cpu().numpy() for k, v in fits["fsdp"].model_.state_dict().items()}
+    assert set(got) == set(want), (sorted(got), sorted(want))
+    worst = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+    assert worst < 1e-3, f"FSDP's weights differ from hora's by {worst}"
+    out = fits["fsdp"].transform(df.head(8))
+    assert len(out) == 8 and np.isfinite(np.stack(out["prediction"].to_numpy()).astype(float)).all()
+    return "FSDPStrategy trained on the GPU rank and returned the whole model", {
+        "max_weight_diff": worst, "loss_fsdp": fits["fsdp"].history_[-1]["loss"],
+        "loss_hora": fits["hora"].history_[-1]["loss"]}
+
+
 def skipped_rows() -> None:
     row("estimator throughput (use_gpu=True, ResNet 32x32x3, vs in-GPU ceiling and DataLoader loop)", "skip",
         "not implemented yet: written without GPU access in this session (issue 30 follow-up)", required=False)
-    row("mixed precision on the GPU", "skip", "needs precision= (issue 26)", required=False)
 
 
 def main() -> int:
@@ -233,6 +344,8 @@ def main() -> int:
     except Exception as exc:  # shutdown trouble is reported, not fatal for the table
         row("hora.torch shutdown", "fail", f"{type(exc).__name__}: {exc}")
     check_two_ranks(args.device, n)
+    check_mixed_precision_fit(args.device, n)
+    check_lightning_fsdp(args.device, n)
     skipped_rows()
     env = {"device": args.device, "torch": torch.__version__, "python": sys.version.split()[0],
            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "seconds": round(time.time() - t0, 1)}
