@@ -91,7 +91,7 @@ def run(
     Args:
         fn: a picklable (cloudpickle) function.
         args, kwargs: its arguments (pickled once, shipped to every rank).
-        num_proc: ranks; default: the backend's slots (CPU count, Spark default
+        num_proc: ranks; default: the launcher's slots (CPU count, Spark default
             parallelism, Dask workers).
         backend: the launcher: ``"local"``, ``"spark"``, ``"dask"`` or a :class:`Launcher`
             (e.g. :class:`~hora.runners.launchers.hosts.HostsLauncher` for ssh hosts).
@@ -122,7 +122,7 @@ def run(
 
     Raises:
         ConfigError: bad arguments (``max_failures < 0``, ...), or more ranks than the
-            backend's free slots.
+            launcher's free slots.
         WorkerFailedError: a rank raised or died (``rank``, ``host``, ``remote_traceback``):
             the rank that failed *first*, not a survivor that failed because of it. After
             relaunches, the message names every attempt's cause (``.attempts``).
