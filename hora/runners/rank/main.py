@@ -1,6 +1,6 @@
 """The one worker entry point: ``python -m hora.runners.rank.main RESULT_PATH``.
 
-Every backend ends here. The process reads ``pickle.dumps((LaunchSpec, RankContext))``
+Every launcher ends here. The process reads ``pickle.dumps((LaunchSpec, RankContext))``
 from its stdin (so the job secret is never on a command line or in a visible string),
 sets the ``HORA_*`` environment of the rendezvous contract, reports to the driver
 service, calls ``hora.native.init()``, runs ``fn(*args, **kwargs)``, calls

@@ -1,7 +1,7 @@
 """Start, watch and stop a group of rank processes on this machine.
 
 :class:`ProcessLauncher` is the one piece of process handling shared by ``hora run``,
-the local backend of :func:`hora.runners.run`, and the Spark/Dask task supervisors.
+the local launcher of :func:`hora.runners.run`, and the Spark/Dask task supervisors.
 Every rank runs in its own session (process group), so stopping a rank stops whatever
 it started too: SIGTERM to the group, then SIGKILL after a grace period. Each output
 line is handed to a callback with its rank and stream, and optionally written to
