@@ -266,8 +266,10 @@ def _parent_and_owner() -> tuple[int, int]:
 
 
 def _warm_servers() -> set[int]:
+    """The warm servers this test process started, directly or through its Spark executors (the
+    other pytest-xdist process starts servers of its own meanwhile)."""
     found = set()
-    for p in psutil.process_iter():
+    for p in psutil.Process().children(recursive=True):
         try:
             if "hora.runners.rank.warm.server" in " ".join(p.cmdline()[:3]):
                 found.add(p.pid)
