@@ -37,9 +37,9 @@ def _executor_of(pids: set[int]) -> psutil.Process | None:
     else (ranks started by a warm rank server are not the JVM's children) one with a python task
     process under it."""
     busy = None
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.Process().children(recursive=True):  # this test's cluster, not another pytest process's
         try:
-            if "CoarseGrainedExecutorBackend" in " ".join(proc.info["cmdline"] or []):
+            if "CoarseGrainedExecutorBackend" in " ".join(proc.cmdline()):
                 below = proc.children(recursive=True)
                 if pids & {c.pid for c in below}:
                     return proc
