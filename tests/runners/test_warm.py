@@ -278,6 +278,18 @@ def _warm_servers() -> set[int]:
     return found
 
 
+def _prestarted(launcher, env: dict[str, str], before: set[int], within: float = 120.0) -> set[int]:
+    """``launcher.prestart(2, env)``, then the warm servers this process started since ``before``
+    (waiting up to ``within`` s for the first)."""
+    launcher.prestart(2, env)
+    deadline = time.monotonic() + within
+    fresh: set[int] = set()
+    while not fresh and time.monotonic() < deadline:
+        fresh = _warm_servers() - before
+        time.sleep(0.2)
+    return fresh
+
+
 @pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_spark_prestart_starts_the_executors_server_that_the_training_stage_forks_from(spark):
@@ -286,12 +298,7 @@ def test_spark_prestart_starts_the_executors_server_that_the_training_stage_fork
     launcher = SparkLauncher(spark)
     env = {"PYTHONHASHSEED": "11"}  # a variable of the run's own: a new server key, so none runs yet
     before = _warm_servers()
-    launcher.prestart(2, env)
-    deadline = time.monotonic() + 120
-    fresh: set[int] = set()
-    while not fresh and time.monotonic() < deadline:
-        fresh = _warm_servers() - before
-        time.sleep(0.2)
+    fresh = _prestarted(launcher, env, before)
     assert len(fresh) == 1, fresh  # one server for the executor, however many Python workers ran the job
     ranks = hr.run(_parent_and_owner, num_proc=2, backend=launcher, env=env, verbose=0)
     def info(pid):
@@ -373,12 +380,7 @@ def test_local_prestart_starts_the_server_the_ranks_then_fork_from(monkeypatch):
     launcher = LocalLauncher()
     env = {"PYTHONHASHSEED": "13"}  # a variable of the run's own: a new server key, so none runs yet
     before = _warm_servers()
-    launcher.prestart(2, env)
-    deadline = time.monotonic() + 120
-    fresh: set[int] = set()
-    while not fresh and time.monotonic() < deadline:
-        fresh = _warm_servers() - before
-        time.sleep(0.2)
+    fresh = _prestarted(launcher, env, before)
     assert len(fresh) == 1, fresh
     ranks = hr.run(_rank_origin, num_proc=2, backend=launcher, env=env, verbose=0)
     assert {r["parent"] for r in ranks} == fresh
