@@ -57,7 +57,9 @@ def _gone(pids: list[int], within: float = 30.0) -> list[int]:
 
 @pytest.fixture
 def servers():
-    """Stops the servers this test started and checks that they are gone."""
+    """Starts the test with no warm server of this process (an earlier test's local runs leave theirs,
+    now that local ranks are warm), then stops the servers this test started and checks that they are gone."""
+    warm.stop_servers()
     started: list[int] = []
     yield started
     started += [p.pid for p in [*warm._servers.values(), *warm._retired]]
