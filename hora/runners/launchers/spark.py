@@ -56,7 +56,7 @@ from hora.native.rendezvous import ENV_START_TIMEOUT, KVClient, RendezvousServer
 from hora.runners.launcher import Job, Launcher
 from hora.runners.driver.service import DriverService
 from hora.runners.driver.faults import with_spark_error
-from hora.runners.launchers.spark_errors import engine_failure, stage_error
+from hora.runners.launchers.spark_errors import engine_failure, executor_lost, stage_error
 from hora.runners.driver.store_channel import StoreChannel, StoreMirror, StoreRelay, wait_mirrored
 from hora.runners.spec import (
     ENV_ADVERTISE_ADDR,
@@ -300,10 +300,11 @@ class SparkJob(Job):
         stops: its silence counts then, see :meth:`_wait_silent`)."""
         if self._thread.is_alive() or self._error is None:
             return set()
-        kind, rank, message = engine_failure(str(self._error))
+        text = str(self._error)
+        kind, rank, message = engine_failure(text)
         if kind is not FaultKind.LOST or rank is None or message is None:
             return set()
-        if not message.startswith("was lost: ExecutorLostFailure"):
+        if not executor_lost(text):
             return {rank}
         hosts = self.service.started()
         return {rank} | {r for r, host in hosts.items() if rank in hosts and host == hosts[rank]}

@@ -103,6 +103,12 @@ def engine_failure(text: str) -> tuple[FaultKind, int | None, str | None]:
     return kind, rank, message
 
 
+def executor_lost(text: str) -> bool:
+    """Whether a Spark stage failure's text says a whole executor was lost (every task on its host
+    went with it), not only one task's Python worker."""
+    return bool(_SPARK_EXECUTOR_LOST.search(text or ""))
+
+
 def stage_failure(summary: str) -> WorkerFailedError:
     """The typed error of a failed stage whose ranks did not say why (:func:`engine_failure`):
     a :class:`~hora.errors.WorkerLostError` naming the lost executor's rank, else a
@@ -120,4 +126,4 @@ def _first_line(text: str, marker: str) -> str:
     return text.strip().splitlines()[0][:500] if text.strip() else ""
 
 
-__all__ = ["stage_error", "stage_failure", "engine_failure", "kind_of_engine_error"]
+__all__ = ["stage_error", "stage_failure", "engine_failure", "executor_lost", "kind_of_engine_error"]
