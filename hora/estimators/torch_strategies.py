@@ -136,15 +136,20 @@ def prepare(strategy: str, hvd: Any, model: Any, opt: Any, kwargs: dict[str, Any
     hvd.init_process_group()
     if strategy == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model), opt
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     names = {id(p): n for n, p in model.named_parameters()}
+    first = next(model.parameters(), None)
+    device_type = first.device.type if first is not None else "cpu"
+    # the mesh of the model's own device: fully_shard's default is the machine's accelerator, so a
+    # CPU fit on a host with a GPU would gather its CPU parameters through NCCL (and fail there)
+    mesh = init_device_mesh(device_type, (hvd.size(),))
     units = shard_units(model)
     for unit in units:
-        fully_shard(unit)
-    fully_shard(model)
-    first = next(model.parameters(), None)
-    comms = gloo_comms() if first is not None and first.device.type == "cpu" else None
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    comms = gloo_comms() if device_type == "cpu" else None
     if comms is not None:
         for unit in [*units, model]:
             unit.set_custom_all_gather(comms[0])

@@ -118,3 +118,15 @@ def test_init_process_group_needs_hora_init():
         pytest.skip("hora is initialized in this test process")
     with pytest.raises(NotInitializedError, match="needs hora.torch.init"):
         hvd.init_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_of_a_cpu_model_shards_over_the_cpu_mesh_on_a_host_with_an_accelerator():
+    """Found on a GPU host: ``strategy="fsdp"`` with a CPU model took FSDP2's default mesh (the
+    machine's accelerator, CUDA) and failed in NCCL ('Duplicate GPU detected')."""
+    from tests.spawn_util import run_ranks
+    from tests.torch import workers as W
+
+    outs = run_ranks(W.fsdp_cpu_model_on_an_accelerator_host, 2, timeout=110)
+    assert [types for types, _ in outs] == [{"cpu"}, {"cpu"}]
+    assert all(loss == loss and loss < 10 for _, loss in outs)  # finite: the steps ran

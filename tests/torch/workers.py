@@ -493,3 +493,31 @@ def run_all_scenarios() -> bytes:
     finally:
         hvd.shutdown()
     return pickle.dumps(results)
+
+
+def fsdp_cpu_model_on_an_accelerator_host() -> tuple[set[str], float]:
+    """``prepare("fsdp")`` of a CPU model on a host whose default accelerator is CUDA (made to look
+    so: ``torch._C._get_accelerator``, which FSDP2's default mesh follows): the mesh is the model's
+    own device's, so the shards are gathered over Gloo, not NCCL. Returns the mesh device types
+    of the parameters and the loss after two steps."""
+    torch.set_num_threads(1)
+    import hora.torch as hvd
+    from hora.estimators.torch_strategies import prepare
+
+    hvd.init()
+    real = torch._C._get_accelerator
+    torch._C._get_accelerator = lambda: torch.device("cuda")
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        module, opt = prepare("fsdp", hvd, model, torch.optim.SGD(model.parameters(), lr=0.1), {})
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(hvd.rank()))
+        for _ in range(2):
+            opt.zero_grad()
+            loss = module(x).square().mean()
+            loss.backward()
+            opt.step()
+        return {p.device_mesh.device_type for p in module.parameters()}, float(loss)
+    finally:
+        torch._C._get_accelerator = real
+        hvd.shutdown()
