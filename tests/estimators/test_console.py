@@ -1,6 +1,12 @@
 """The console of a fit at verbose=1 (issue 25): one header line, one line (off a terminal)
 or one bar (on a terminal) per epoch whose last loss is the history's, one summary line;
-no per-rank INFO lines and no RuntimeWarning from hora."""
+no per-rank INFO lines and no RuntimeWarning from hora.
+
+On Spark, with Spark's own console progress bar on as in a pyspark shell (issue 25, item 1), the
+terminal test's child also runs 1-second stages before the fit: Spark's ``[Stage N:`` bar draws outside
+:func:`hora._spark.console_progress_paused` (the control: the test can fail), nothing inside it (also
+nested), and draws again after the block ends; then nothing while hora's training stage runs. (This was
+tests/estimators/test_spark_console_bar.py, a Spark session of its own in another child process.)"""
 
 from __future__ import annotations
 
@@ -82,6 +88,28 @@ SCRIPT = textwrap.dedent("""
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "true").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
+        from hora import _spark
+
+        def slow(batches):
+            import time
+            for b in batches:
+                time.sleep(1.0)
+                yield b
+
+        def stage():  # a 1-second stage: Spark draws a stage once it has run 0.5 s, and redraws every 0.2 s
+            df = spark.range(0, 2, 1, numPartitions=2)
+            df.mapInArrow(slow, df.schema).collect()
+
+        def mark(name):
+            print(f"MARK {name}", file=sys.stderr, flush=True)
+
+        stage(); mark("plain")
+        with _spark.console_progress_paused(spark):
+            stage(); mark("paused")
+            with _spark.console_progress_paused(spark):
+                stage(); mark("nested")
+            stage(); mark("outer")
+        stage(); mark("restored")
         frame = spark.createDataFrame(frame)
     elif sys.argv[2] == "dask":  # a Dask frame on a LocalCluster of 2 worker processes
         import dask, dask.dataframe as dd
@@ -137,6 +165,19 @@ def test_fit_console_on_a_terminal_draws_one_bar_per_epoch_ending_with_the_logge
     assert out.count("hora: run ") == 2 and " done: 3 epochs" in out, out  # header and summary
     training = out.split("hora: run ", 1)[1].split(" done: 3 epochs", 1)[0]
     assert "[Stage " not in training, training  # no Spark console bar while hora's stage runs
+    if face == "spark":  # and none inside _spark.console_progress_paused (also nested), again after it
+        sections, current = {}, []
+        for line in out.split("hora: run ", 1)[0].replace("\r", "\n").splitlines():
+            if line.startswith("MARK "):
+                sections[line.split()[1]] = "\n".join(current)
+                current = []
+            else:
+                current.append(line)
+        assert list(sections) == ["plain", "paused", "nested", "outer", "restored"], out
+        assert "[Stage " in sections["plain"], out  # the control: Spark's bar draws a 1-second stage here
+        for name in ("paused", "nested", "outer"):
+            assert "[Stage " not in sections[name], (name, out)
+        assert "[Stage " in sections["restored"], out
     for h in history:  # each epoch's bar closes at 100% with the epoch's logged loss
         e = h["epoch"] + 1
         frames = [f for f in re.split(r"[\r\n]", out) if f.startswith(f"epoch {e}/3:")]
