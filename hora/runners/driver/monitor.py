@@ -192,7 +192,7 @@ class Policy:
     start_timeout: float
     functions: bool = True
     timeout: float | None = None
-    poll_interval: float = 0.1
+    poll_interval: float = 0.05  # (as hora run's commands): a run ends at most this long after its last rank
 
 
 def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
