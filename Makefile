@@ -21,13 +21,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/spark_torch_digits.py
 
-# TEST_WORKERS=2: the suite in two pytest-xdist processes, a test file each at a time (--dist loadfile
-# keeps a file's module fixtures in one process). On 2 cores that took 26 min against 29 in one process,
-# and a Dask LocalCluster worker of the README's block died once under the doubled load, so one process
-# (0) stays the default.
+# TEST_WORKERS=2: the suite in two pytest-xdist processes, a test file each at a time, and every file
+# that uses the Spark Connect or standalone servers in one of them (tests/xdist_groups.py). On 2 cores
+# (by file alone) that took 26 min against 29 in one process, and a Dask LocalCluster worker of the
+# README's block died once under the doubled load, so one process (0) stays the default.
 TEST_WORKERS ?= 0
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -p tests.xdist_groups --durations=25
 
 # The documentation site (docs/, mkdocs.yml) into build/site; --strict: a broken link or reference fails it.
 docs: $(STAMP)
