@@ -119,7 +119,7 @@ def _hang_rank0():
 
 @pytest.mark.timeout(120)
 def test_hanging_rank_leads_to_a_timeout_error(monkeypatch):
-    monkeypatch.setenv("HORA_FINISH_TIMEOUT", "2")
+    monkeypatch.setenv("HORA_FINISH_TIMEOUT", "1")
     with pytest.raises(RunTimeoutError) as info:
         hr.run(_hang_rank0, num_proc=2, run_id="hang-r0", verbose=0)
     assert info.value.rank == 0
@@ -134,8 +134,8 @@ def _sleep_forever():
 
 @pytest.mark.timeout(120)
 def test_run_timeout_parameter():
-    with pytest.raises(RunTimeoutError, match=r"timeout=2s; rank\(s\) \[0, 1\] still running"):
-        hr.run(_sleep_forever, num_proc=2, run_id="timeout-param", verbose=0, timeout=2)
+    with pytest.raises(RunTimeoutError, match=r"timeout=1s; rank\(s\) \[0, 1\] still running"):
+        hr.run(_sleep_forever, num_proc=2, run_id="timeout-param", verbose=0, timeout=1)
     assert_no_workers_left("timeout-param")
 
 
