@@ -143,7 +143,9 @@ def check_gpus_before_launch(use_gpu: bool, launcher: Any, num_proc: int, client
                               f"device(s): ranks {count}..{num_proc - 1} would have no GPU of their own; "
                               f"lower num_proc or set {ENV_GPU_SHARING}=1")
     elif name == "dask" and client is not None:
-        workers = list(client.scheduler_info()["workers"])
+        from hora.runners.launchers.dask import worker_infos
+
+        workers = list(worker_infos(client))
         futures = {w: client.submit(_cuda_count, workers=[w], allow_other_workers=False, pure=False) for w in workers}
         counts = {}
         for worker, future in futures.items():

@@ -103,17 +103,25 @@ def test_dask_more_ranks_than_workers_fails_at_once(dask_client):
 class _FakeScheduler:
     address = "tcp://10.0.0.1:8786"
 
-
-class _FakeClient:
-    """Just enough of distributed.Client for worker selection."""
-
-    scheduler = _FakeScheduler()
-
     def __init__(self, workers):
         self.workers = workers
 
+    def identity(self, n_workers=-1):
+        return {"workers": self.workers if n_workers < 0 else dict(list(self.workers.items())[:n_workers])}
+
+
+class _FakeClient:
+    """Just enough of distributed.Client for worker selection (the launcher asks the scheduler's
+    identity through ``sync``)."""
+
+    def __init__(self, workers):
+        self.scheduler = _FakeScheduler(workers)
+
     def scheduler_info(self, n_workers=-1):
-        return {"workers": self.workers}
+        return self.scheduler.identity(n_workers)
+
+    def sync(self, func, *args, **kwargs):
+        return func(*args, **kwargs)
 
 
 def test_dask_gpu_resource_is_honoured_where_workers_declare_it():

@@ -134,7 +134,7 @@ class DaskJob(Job):
         now = time.monotonic()
         if now - self._last_check >= WORKER_CHECK_INTERVAL and len(self._failed) < len(self.futures):
             self._last_check = now
-            alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
+            alive = set(worker_infos(self.client))
             for rank, (addr, fut) in enumerate(zip(self.addresses, self.futures)):
                 if rank not in self._failed and addr not in alive and fut.status != "finished":
                     self.launcher.lost_workers.add(addr)
@@ -194,7 +194,7 @@ class DaskLauncher(Launcher):
         self.lost_workers: set[str] = set()  # never used again (a restarted worker has a new address)
 
     def _workers(self) -> dict[str, dict[str, Any]]:
-        return dict(self.client.scheduler_info(n_workers=-1)["workers"])
+        return worker_infos(self.client)
 
     def _candidates(self) -> list[tuple[str, dict[str, Any]]]:
         workers = sorted(((a, i) for a, i in self._workers().items() if a not in self.lost_workers),
@@ -296,8 +296,7 @@ def check_workers_import_hora(client: Any, timeout: float = 60.0) -> None:
 
     namespace: dict[str, Any] = {"__name__": "hora_dask_worker_probe"}
     exec(_IMPORT_PROBE_SOURCE, namespace)  # noqa: S102 - our own constant source
-    workers = list(client.scheduler_info(n_workers=-1).get("workers", {})) if _takes_n_workers(client) else \
-        list(client.scheduler_info().get("workers", {}))
+    workers = list(worker_infos(client))
     futures = {addr: client.submit(namespace["probe"], workers=[addr], allow_other_workers=False, pure=False,
                                    key=f"hora-probe-{addr}-{time.monotonic_ns()}") for addr in workers}
     done, not_done = wait(list(futures.values()), timeout=timeout)
@@ -318,6 +317,21 @@ def check_workers_import_hora(client: Any, timeout: float = 60.0) -> None:
     if problems:
         raise ConfigError("; ".join(problems) + ": rename that folder, or start the script and the workers from "
                           "another directory")
+
+
+def worker_infos(client: Any) -> dict[str, dict[str, Any]]:
+    """``{address: info}`` of the scheduler's workers, asked of the scheduler now.
+
+    Not ``client.scheduler_info()["workers"]``: that call stores the identity it fetched on the
+    client and returns the stored one, which the client's own periodic refresh (every
+    ``distributed.client.scheduler-info-interval``, 2 s, asking for no workers: ``n_workers=0``)
+    can replace in between. A run then saw every worker gone ("Dask worker ... died or left the
+    cluster") a second after it started, at random, more often on a loaded machine."""
+    if _takes_n_workers(client):
+        identity = client.sync(client.scheduler.identity, n_workers=-1)
+    else:  # distributed before n_workers: the identity lists every worker
+        identity = client.sync(client.scheduler.identity)
+    return dict(identity.get("workers") or {})
 
 
 def _takes_n_workers(client: Any) -> bool:
