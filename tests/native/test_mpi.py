@@ -57,7 +57,9 @@ def test_a_collective_some_rank_never_joins_is_named_and_the_job_aborted():
     mpiexec = _mpiexec()
     if mpiexec is None:
         pytest.skip("mpiexec not found")
-    env = _env({"HORA_TEST_MPI_MODE": "stuck", "HORA_COLLECTIVE_TIMEOUT": "4"})
+    # (2 s: the watchdog notes a wait after 1 s and aborts after 2 + 1 + 1 s, so rank 1's note of
+    # its barrier has 2.5 s to land before rank 0 names who never joined)
+    env = _env({"HORA_TEST_MPI_MODE": "stuck", "HORA_COLLECTIVE_TIMEOUT": "2"})
     t0 = time.monotonic()
     proc = subprocess.run([mpiexec, "-n", "3", sys.executable, "-m", "tests.native.mpi_main"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=80)
@@ -65,7 +67,7 @@ def test_a_collective_some_rank_never_joins_is_named_and_the_job_aborted():
     assert proc.returncode != 0, out[-3000:]
     out += f"\n(mpiexec exit code {proc.returncode})"
     assert time.monotonic() - t0 < 60  # the ranks would sleep 120 s: the watchdog ended the job
-    assert "did not complete within HORA_COLLECTIVE_TIMEOUT=4s: ranks [2] never joined it" in out, out[-3000:]
+    assert "did not complete within HORA_COLLECTIVE_TIMEOUT=2s: ranks [2] never joined it" in out, out[-3000:]
     assert "rank 1 waits in call 1 (barrier)" in out or "rank 0 waits in call 1 (allreduce)" in out, out[-3000:]
 
 
