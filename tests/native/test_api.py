@@ -96,7 +96,7 @@ def test_single_process_job_without_launcher(no_launcher_env):
 
 @pytest.mark.timeout(40)
 def test_init_names_a_rank_that_never_arrives_after_the_start_timeout(no_launcher_env, monkeypatch):
-    # rank 1 of 2 never starts: init must give up after HORA_START_TIMEOUT (3 s) naming it,
+    # rank 1 of 2 never starts: init must give up after HORA_START_TIMEOUT (1 s) naming it,
     # not after the Gloo connect timeout (HORA_COLLECTIVE_TIMEOUT, set far beyond the test's)
     from hora.errors import RendezvousError
     from hora.native.rendezvous import RendezvousServer, make_secret
@@ -107,7 +107,7 @@ def test_init_names_a_rank_that_never_arrives_after_the_start_timeout(no_launche
     try:
         for k, v in {"HORA_RANK": "0", "HORA_SIZE": "2", "HORA_RENDEZVOUS_ADDR": server.addr,
                      "HORA_SECRET": secret.hex(), "HORA_JOB_ID": "late", "HORA_HOSTNAME": "127.0.0.1",
-                     "HORA_START_TIMEOUT": "3", "HORA_COLLECTIVE_TIMEOUT": "600"}.items():
+                     "HORA_START_TIMEOUT": "1", "HORA_COLLECTIVE_TIMEOUT": "600"}.items():
             monkeypatch.setenv(k, v)
         with pytest.raises(RendezvousError, match=r"rank\(s\) \[1\] never arrived at rendezvous '[^']*/init'"):
             hn.init()
