@@ -4,10 +4,14 @@ spark_text_fsdp.py (issue 28 item 4) run end to end on small data and reach thei
 non-zero below it. examples/spark_keras_digits.py (a Keras CNN, ``hora.spark.KerasEstimator``) scores
 its held-out rows on the executors and its saved and loaded model predicts the same.
 
-The five run one after another in ONE child process, each as ``main(argv)`` with its own Spark
-local[2] session (each example starts its session and stops it, as a notebook user running them in
-turn would), so that the interpreter, torch, pyspark and the py4j gateway's JVM start once, not five
-times; every example still reports on its own (its return code and what it printed).
+The five run one after another in ONE child process, each as ``main(argv)``, so that the interpreter,
+torch, pyspark and the py4j gateway's JVM start once, not five times; every example still reports on
+its own (its return code and what it printed). They also share ONE Spark local[2] session: each
+torch example's ``SparkSession.builder...getOrCreate()`` (the four ask for the same master and configs,
+only their appName differs) gets the session the first one started, and its ``spark.stop()`` is deferred,
+so that Spark's Python workers (which import torch and hora) start once too (4-12 s less for each
+example after the first). The Keras example, last, starts a session of its own as before (its Python
+workers import TensorFlow; sharing saved it nothing).
 """
 
 from __future__ import annotations
@@ -46,9 +50,21 @@ RUNNER = textwrap.dedent('''
     def status(code):
         return 0 if code is None else code if isinstance(code, int) else 1
 
+    from pyspark.sql import SparkSession
+
+    def stop_shared():
+        SparkSession.stop = stop
+        session = SparkSession.getActiveSession()
+        if session is not None:
+            session.stop()
+
     cases, out_path = json.loads(sys.argv[1]), sys.argv[2]
     results = {}
-    for i, (path, argv) in enumerate(cases):
+    stop = SparkSession.stop
+    SparkSession.stop = lambda self: None  # the shared session: its spark.stop() is stop_shared's
+    for i, (path, argv, shared) in enumerate(cases):
+        if not shared:
+            stop_shared()  # this example and the ones after it: sessions of their own
         buf = io.StringIO()
         t0 = time.monotonic()
         try:
@@ -72,13 +88,14 @@ RUNNER = textwrap.dedent('''
         print(f"{path}: {rc} ({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
         with open(out_path, "w") as fh:
             json.dump(results, fh)
+    stop_shared()
 ''')
 
 
 @pytest.fixture(scope="module")
 def example_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("column-type-examples")
-    cases = [(str(EXAMPLES / script), [*args, "--store", str(tmp / f"store-{i}")])
+    cases = [(str(EXAMPLES / script), [*args, "--store", str(tmp / f"store-{i}")], script != KERAS_DIGITS[0])
              for i, (script, args) in enumerate([*CASES, KERAS_DIGITS])]
     (tmp / "runner.py").write_text(RUNNER)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", TF_CPP_MIN_LOG_LEVEL="2",
