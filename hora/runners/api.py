@@ -184,7 +184,7 @@ def run(
     attempts = Attempts(run_id, max_failures, launcher.name)
 
     def start_attempt(size: int, left: float | None) -> Launch:
-        return _start_attempt(launcher, dataclasses.replace(spec, num_proc=size), attempts, printing, left)
+        return _start_attempt(launcher, dataclasses.replace(spec, num_proc=size), attempts, printing, left, timeout)
 
     def next_size(_size: int) -> int:
         return wait_for_slots(launcher, min_num_proc or most, most, float(start_timeout), run_id)
@@ -193,8 +193,9 @@ def run(
 
 
 def _start_attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, printing: dict[str, Any],
-                   timeout: float | None) -> Launch:
-    """One launch of a run: a fresh driver service and secret, the ranks; its teardown stops them."""
+                   timeout: float | None, given_timeout: float | None = None) -> Launch:
+    """One launch of a run: a fresh driver service and secret, the ranks; its teardown stops them
+    (``timeout``: what is left of the run's ``given_timeout`` for this attempt)."""
     bind, advertise = launcher.driver_addresses()
     secret = make_secret() if attempts.number > 1 else spec.secret
     service = DriverService(secret, spec.num_proc, spec.run_id, bind=bind, advertise=advertise,
@@ -218,7 +219,7 @@ def _start_attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, pri
         close()
         raise
     return Launch(service, job, Policy(num_proc=spec.num_proc, run_id=spec.run_id, start_timeout=spec.start_timeout,
-                                       functions=True, timeout=timeout), close)
+                                       functions=True, timeout=timeout, given_timeout=given_timeout), close)
 
 
 def horovod_run(

@@ -134,8 +134,8 @@ def _sleep_forever():
 
 @pytest.mark.timeout(120)
 def test_run_timeout_parameter():
-    with pytest.raises(RunTimeoutError, match=r"timeout=2s; rank\(s\) \[0, 1\] still running"):
-        hr.run(_sleep_forever, num_proc=2, run_id="timeout-param", verbose=0, timeout=2)
+    with pytest.raises(RunTimeoutError, match=r"timeout=1s; rank\(s\) \[0, 1\] still running"):
+        hr.run(_sleep_forever, num_proc=2, run_id="timeout-param", verbose=0, timeout=1)
     assert_no_workers_left("timeout-param")
 
 

@@ -183,7 +183,9 @@ class Policy:
         start_timeout: seconds for every rank to start / reach the engine's start barrier.
         functions: the ranks are hora workers running a function (they report start,
             heartbeats and completion to the driver service); False for commands.
-        timeout: optional limit for the whole run.
+        timeout: optional limit, in seconds, for this attempt (what is left of the run's).
+        given_timeout: the run's timeout as its caller gave it, which a timeout's message
+            names (default: ``timeout``).
         poll_interval: seconds between checks.
     """
 
@@ -192,6 +194,7 @@ class Policy:
     start_timeout: float
     functions: bool = True
     timeout: float | None = None
+    given_timeout: float | None = None
     poll_interval: float = 0.05  # (as hora run's commands): a run ends at most this long after its last rank
 
 
@@ -262,7 +265,9 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
         if policy.timeout is not None and now - t0 > policy.timeout:
             missing = sorted(set(range(n)) - (service.done() if policy.functions else set()))
             raise RunTimeoutError(
-                f"run {policy.run_id} did not finish within timeout={policy.timeout:g}s; rank(s) {missing} still running",
+                f"run {policy.run_id} did not finish within timeout="
+                f"{policy.timeout if policy.given_timeout is None else policy.given_timeout:g}s; rank(s) {missing} "
+                "still running",
                 rank=missing[0] if missing else None, host=started.get(missing[0]) if missing else None)
         time.sleep(policy.poll_interval)
 
