@@ -70,6 +70,17 @@ def test_fault_kinds_tell_lost_ranks_from_user_errors():
     assert kind_of_exception(["builtins.BrokenPipeError", "builtins.ConnectionError", "builtins.OSError"]) is \
         FaultKind.INFRASTRUCTURE and FaultKind.INFRASTRUCTURE.retriable
     assert kind_of_exception(["builtins.KeyError", "builtins.LookupError"]) is FaultKind.ERROR
+    # torch's own collectives (DDP, FSDP) raise Gloo's transport failures as a plain RuntimeError: a symptom of
+    # a lost peer, so the killed rank stays the root cause (a ddp fit once failed with max_failures=1 left, its
+    # survivor's error reported before the kill); any other RuntimeError is the rank's own error
+    gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+            "[127.0.0.1]:21910: Connection reset by peer. This is typically caused by a remote worker hanging")
+    runtime = ["builtins.RuntimeError", "builtins.Exception", "builtins.BaseException", "builtins.object"]
+    assert kind_of_exception(runtime, gloo) is FaultKind.COLLECTIVE
+    assert kind_of_exception(runtime, "RuntimeError: mat1 and mat2 shapes cannot be multiplied") is FaultKind.ERROR
+    assert kind_of_exception(["builtins.ValueError"], gloo.replace("RuntimeError", "ValueError")) is FaultKind.ERROR
+    assert kind_of_exit(1, "Traceback (most recent call last):\n  File \"t.py\", line 9\n" + gloo) is \
+        FaultKind.COLLECTIVE
     assert kind_of_engine_error("Job aborted: ExecutorLostFailure (executor 1 exited caused by one of the "
                                 "running tasks)") is FaultKind.LOST
     assert kind_of_engine_error("Job aborted: PythonException: ZeroDivisionError") is FaultKind.TASK

@@ -81,10 +81,21 @@ _BUILTIN_CONNECTION = frozenset({"ConnectionError", "ConnectionResetError", "Con
                                  "ConnectionAbortedError", "BrokenPipeError"})
 
 
-def kind_of_exception(types: Sequence[str]) -> FaultKind:
-    """The kind of an exception a rank raised, from its classes' qualified names (its MRO)."""
+#: Gloo's transport failures (a closed, reset or silent connection to a peer), which torch's own
+#: collectives (DDP, FSDP, torch.distributed on hora's default group) raise as a plain
+#: ``RuntimeError``: "[.../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:21910:
+#: Connection reset by peer"; the text is Gloo's only mark of them
+GLOO_TRANSPORT_ERROR = re.compile(r"gloo/transport/[\w/]+\.cc:\d+\]")
+
+
+def kind_of_exception(types: Sequence[str], error: str = "") -> FaultKind:
+    """The kind of an exception a rank raised, from its classes' qualified names (its MRO) and,
+    for a ``RuntimeError``, its ``"TypeName: message"`` (a Gloo transport failure is a
+    collective's: a symptom of a lost peer, see :data:`GLOO_TRANSPORT_ERROR`)."""
     names = set(types)
     if names & COLLECTIVE_ERRORS:
+        return FaultKind.COLLECTIVE
+    if "builtins.RuntimeError" in names and GLOO_TRANSPORT_ERROR.search(error):
         return FaultKind.COLLECTIVE
     if names & INFRASTRUCTURE_ERRORS:
         return FaultKind.INFRASTRUCTURE
@@ -112,7 +123,9 @@ def kind_of_exit(code: int, traceback: str | None = None) -> FaultKind:
                 return FaultKind.INFRASTRUCTURE
             if name in ("CollectiveError", "HorovodInternalError", "RendezvousError"):
                 name = "hora.errors." + ("RendezvousError" if name == "RendezvousError" else "CollectiveError")
-            return kind_of_exception([name])
+            elif name == "RuntimeError":
+                name = "builtins.RuntimeError"
+            return kind_of_exception([name], lines[-1])
     return FaultKind.EXIT
 
 
@@ -173,7 +186,7 @@ class Failure:
             return cls(seq=report.seq, rank=report.rank, host=report.host, message=f"failed with {describe_exit(code)}",
                        traceback=report.traceback or None, exitcode=report.exitcode,
                        kind=kind_of_exit(code), source="rank")
-        kind = (kind_of_exception(report.error_types) if report.error_types
+        kind = (kind_of_exception(report.error_types, report.error) if report.error_types
                 else kind_of_exit(1, f"Traceback\n{report.error}"))  # a report without classes: by its name
         return cls(seq=report.seq, rank=report.rank, host=report.host, message=f"raised {report.error}",
                    traceback=report.traceback or None, exitcode=report.exitcode, kind=kind, source="rank")
