@@ -1,0 +1,71 @@
+"""How long a trivial run takes end to end, with the polls of stop 37 against the polls before it
+(same process, alternated): the rendezvous server looking for ``stop()`` every
+``SHUTDOWN_POLL_S`` (0.05 s, was 0.2 s) and the driver checking a function run's ranks every
+``Policy.poll_interval`` (0.05 s, was 0.1 s). Every run, fit and test job pays its end once.
+
+    python benchmarks/bench_run_end.py [--runs 15] [--np 2]
+
+Prints the median and best wall time of ``hora.runners.run(noop, num_proc=np)`` (local launcher,
+warm ranks) for each setting and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _native_common import load_now, machine_note, table  # noqa: E402
+
+OLD = {"shutdown_poll": 0.2, "check_poll": 0.1}
+NEW = {"shutdown_poll": 0.05, "check_poll": 0.05}
+
+
+def noop() -> int:
+    return 0
+
+
+def _settings(shutdown_poll: float, check_poll: float) -> None:
+    from hora.native.rendezvous import server
+    from hora.runners import api
+    from hora.runners.driver.monitor import Policy
+
+    server.SHUTDOWN_POLL_S = shutdown_poll
+    api.Policy = functools.partial(Policy, poll_interval=check_poll)
+
+
+def _one_run(np_: int) -> float:
+    import hora.runners as hr
+
+    t0 = time.perf_counter()
+    hr.run(noop, num_proc=np_, verbose=0)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--np", type=int, default=2)
+    a = ap.parse_args()
+    print(f"# {machine_note()}; {a.np} ranks, {a.runs} runs per setting, alternated", flush=True)
+    times: dict[str, list[float]] = {"before (0.2 / 0.1 s)": [], "now (0.05 / 0.05 s)": []}
+    for name, cfg in zip(times, (OLD, NEW)):  # one warm-up run each (the warm rank server starts)
+        _settings(**cfg)
+        _one_run(a.np)
+    for _ in range(a.runs):
+        for name, cfg in zip(times, (OLD, NEW)):
+            _settings(**cfg)
+            times[name].append(_one_run(a.np))
+    base = statistics.median(times["before (0.2 / 0.1 s)"])
+    rows = [(name, f"{statistics.median(t) * 1e3:.0f}", f"{min(t) * 1e3:.0f}", f"{statistics.median(t) / base:.2f}")
+            for name, t in times.items()]
+    print(f"\nload {load_now()}")
+    print(table(rows, ("polls (server stop / driver check)", "median ms", "best ms", "x before")))
+
+
+if __name__ == "__main__":
+    main()
