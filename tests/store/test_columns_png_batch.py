@@ -114,3 +114,93 @@ def test_a_png_header_past_pillows_size_limit_goes_to_image_open_which_refuses_i
     assert decode_png_batch(rows) is None
     with pytest.raises(DataError, match="failed on row 0 of the batch.*not a readable image"):
         ColumnOps(specs=SPECS, decode={"img": decode_image})({"img": rows, "y": np.arange(4)})
+
+
+def _png_with_filters(pixels: np.ndarray, filters: list[int]) -> bytes:
+    """A PNG of ``pixels`` ((H, W) or (H, W, C) uint8) whose row ``r`` is encoded with PNG filter
+    ``filters[r]`` (0 None, 1 Sub, 2 Up, 3 Average, 4 Paeth), written by hand (Pillow picks its own)."""
+    import struct
+    import zlib
+
+    img = pixels if pixels.ndim == 3 else pixels[:, :, None]
+    h, w, c = img.shape
+    cur = img.reshape(h, w * c).astype(np.int32)
+    out = bytearray()
+    for r in range(h):
+        above = cur[r - 1] if r else np.zeros(w * c, np.int32)
+        left = np.concatenate([np.zeros(c, np.int32), cur[r, :-c]])
+        upleft = np.concatenate([np.zeros(c, np.int32), above[:-c]])
+        if filters[r] == 0:
+            pred = np.zeros(w * c, np.int32)
+        elif filters[r] == 1:
+            pred = left
+        elif filters[r] == 2:
+            pred = above
+        elif filters[r] == 3:
+            pred = (left + above) // 2
+        else:
+            p = left + above - upleft
+            pa, pb, pc = abs(p - left), abs(p - above), abs(p - upleft)
+            pred = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, above, upleft))
+        out.append(filters[r])
+        out += ((cur[r] - pred) % 256).astype(np.uint8).tobytes()
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    color = {1: 0, 3: 2, 4: 6}[c]
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, color, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(bytes(out))) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_every_png_filter_on_every_row_decodes_as_pillow_does_the_first_row_against_zeros(channels):
+    """The batch path unfilters all images as one tall image with a zero scanline after each: an image's
+    first row under Up, Average or Paeth must still see zeros above it, not the previous image's last row."""
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    rows = np.empty(10, dtype=object)
+    pixels = []
+    for i in range(10):
+        img = rng.integers(0, 256, (6, 7, channels), dtype=np.uint8)
+        pixels.append(img)
+        first = i % 5  # every filter on the first row, across the batch
+        rows[i] = _png_with_filters(img, [first] + [(first + r) % 5 for r in range(1, 6)])
+        with Image.open(io.BytesIO(rows[i])) as im:  # the hand-made PNG is what Pillow reads
+            np.testing.assert_array_equal(np.asarray(im).reshape(img.shape), img)
+    out, decoded = decode_png_batch(rows)
+    assert decoded.all()
+    np.testing.assert_array_equal(out, np.stack(pixels))
+
+
+def test_a_row_with_an_unknown_filter_type_or_cut_pixel_data_is_left_alone_and_the_others_decode(monkeypatch):
+    """A scanline filter byte PNG does not define (5) would make Pillow fail the whole tall image; cut
+    pixel data makes zlib fail: those rows come back not decoded (zeros), every other row decoded, on the
+    batch path itself (not its fallback of one Pillow decoder per image)."""
+    from hora.store import columns
+
+    def no_fallback(*args):
+        raise AssertionError("the batch path fell back to a decoder per image")
+    rng = np.random.default_rng(2)
+    images = [rng.integers(0, 256, (5, 4), dtype=np.uint8) for _ in range(6)]
+    rows = np.empty(6, dtype=object)
+    rows[:] = [_png_with_filters(img, [0, 1, 2, 3, 4]) for img in images]
+    rows[1] = _png_with_filters(images[1], [0, 1, 5, 3, 4])  # filter type 5 on its third row
+    good = _png_with_filters(images[4], [0, 1, 2, 3, 4])
+    idat = good.index(b"IDAT")
+    import struct
+    import zlib
+
+    n = struct.unpack(">I", good[idat - 4:idat])[0]
+    data = good[idat + 4:idat + 4 + n][: n // 2]  # half the compressed stream, in a well-formed chunk
+    crc = struct.pack(">I", zlib.crc32(b"IDAT" + data) & 0xFFFFFFFF)
+    rows[4] = good[:idat - 4] + struct.pack(">I", len(data)) + b"IDAT" + data + crc + good[idat + 4 + n + 4:]
+    with monkeypatch.context() as patch:
+        patch.setattr(columns, "_decode_png_rows", no_fallback)
+        out, decoded = decode_png_batch(rows)
+    assert decoded.tolist() == [True, False, True, True, False, True]
+    assert not out[1].any() and not out[4].any()
+    np.testing.assert_array_equal(out[[0, 2, 3, 5]], np.stack([images[i] for i in (0, 2, 3, 5)])[..., None])
+    with pytest.raises(DataError, match="row 1 of the batch"):
+        ColumnOps(specs=SPECS, decode={"img": decode_image})({"img": rows, "y": np.arange(6)})
