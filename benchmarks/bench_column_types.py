@@ -8,8 +8,9 @@ is a ratio of two runs made in the same process, one after the other.
   bytes decoded by ``hora.store.decode_image`` in the reader's prefetch thread every epoch (the
   goal's row), and the same with ``inmemory_cache_all=True`` (decoded once, kept decoded),
   against the same estimator and model fed the already-decoded uint8 arrays (a fixed-shape
-  column, ``inmemory_cache_all=True``: arrays in memory after the first epoch). Rows/s are of the
-  last epoch (``epoch_time_s`` in the history), so the first epoch's start-up is not in them.
+  column, ``inmemory_cache_all=True``: arrays in memory after the first epoch). A fit's rows/s
+  is the median over its epochs after the first (``epoch_time_s`` in the history: the first
+  epoch's start-up is not in it, and one slow epoch of ~0.4 s on a shared machine does not decide it).
   Goal >= 0.9x. Another row: the same model in a plain PyTorch loop over the decoded arrays in
   memory. The three fits are run back to back ``--repeat`` times (the load of a shared machine
   changes between triples more than within one); each triple gives ratios, the table shows the
@@ -104,7 +105,8 @@ def bench_image(n: int, epochs: int, batch: int, repeat: int = 2) -> list[str]:
                                  loss=torch.nn.CrossEntropyLoss(), feature_cols=[col], label_cols=["y"],
                                  batch_size=batch, epochs=epochs, verbose=0, random_seed=0, **kw)
             hist = est.fit(df).history_
-            return n / hist[-1]["epoch_time_s"], hist[-1]["loss"]
+            rates = [n / h["epoch_time_s"] for h in hist[1:]] or [n / hist[-1]["epoch_time_s"]]
+            return float(np.median(rates)), hist[-1]["loss"]
 
         png_df, arr_df = pd.DataFrame({"png": pngs, "y": y}), pd.DataFrame({"pixels": list(arrays), "y": y})
         kinds = {"png": (png_df, "png", {}), "png_cached": (png_df, "png", {"inmemory_cache_all": True}),
@@ -134,7 +136,7 @@ def bench_image(n: int, epochs: int, batch: int, repeat: int = 2) -> list[str]:
              "png_cached": "PNG bytes, inmemory_cache_all (decoded once, in the first epoch)",
              "arrays": "decoded uint8 arrays, inmemory_cache_all (the baseline)"}
     out += [f"| image column, 1 rank CPU, {n:,} images, triple {mid + 1} of {repeat} (the median PNG ratio) | "
-            "rows/s (last epoch) | vs decoded arrays | median of all triples | last-epoch loss |",
+            "rows/s (median epoch after the first) | vs decoded arrays | median of all triples | last-epoch loss |",
             "|---|---:|---:|---:|---:|"]
     for kind in kinds:
         rate, loss = runs[kind][mid]
@@ -308,9 +310,9 @@ def bench_sparse(rows: int, dim: int, nnz: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=4096)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--sequences", type=int, default=20_000)
     parser.add_argument("--sparse-rows", type=int, default=1_000_000)
     parser.add_argument("--sparse-dim", type=int, default=1 << 18)
