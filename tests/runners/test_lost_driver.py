@@ -82,14 +82,34 @@ def _ranks_under(pids: list[int]) -> list[psutil.Process]:
     return found
 
 
-def _kill_driver_and_wait_for(fit: subprocess.Popen, ranks: list[psutil.Process]) -> None:
-    """SIGKILL the process that called fit; every rank process must end within HORA_HEARTBEAT_TIMEOUT + 20 s."""
+def _kill_driver_and_wait_for(fit: subprocess.Popen, ranks: list[psutil.Process]) -> float:
+    """SIGKILL the process that called fit; every rank process must end within HORA_HEARTBEAT_TIMEOUT + 20 s.
+    Returns the (monotonic) time of the kill."""
     fit.send_signal(signal.SIGKILL)
     fit.wait()
     killed_at = time.monotonic()
     gone, alive = psutil.wait_procs(ranks, timeout=HEARTBEAT_TIMEOUT + 20)
     assert not alive, f"rank processes still running {time.monotonic() - killed_at:.0f} s after the driver died: " \
                       f"{[p.pid for p in alive]}"
+    return killed_at
+
+
+def _assert_dask_threads_free(address: str, workers: list[int], killed_at: float) -> None:
+    """Each (1-thread) Dask worker runs a new task within HORA_HEARTBEAT_TIMEOUT + 20 s of the
+    driver's death: the rank supervisor's task ended and gave its thread back (it held it for a
+    minute, its log pusher retrying the dead driver, and the refit's first compute waited)."""
+    from distributed import Client, wait
+
+    with Client(address, timeout=30) as client:
+        addrs = list(client.scheduler_info(n_workers=-1)["workers"])
+        futures = [client.submit(os.getpid, workers=[a], allow_other_workers=False, pure=False) for a in addrs]
+        try:
+            wait(futures, timeout=max(1.0, killed_at + HEARTBEAT_TIMEOUT + 20 - time.monotonic()))
+        except TimeoutError:
+            held = [a for a, f in zip(addrs, futures) if f.status != "finished"]
+            pytest.fail(f"the thread of Dask worker(s) {held} still held {time.monotonic() - killed_at:.0f} s after "
+                        "the driver died")
+        assert len(addrs) == len(workers) and len({f.result() for f in futures}) == len(workers)  # each worker ran one
 
 
 #: epochs the refit trains after the last checkpoint: one proves it resumes and continues
@@ -137,8 +157,9 @@ def test_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path)
             assert time.monotonic() < deadline, "the ranks never started or never wrote a checkpoint"
             time.sleep(0.5)
         ranks = _ranks_under(workers)
-        _kill_driver_and_wait_for(fit, ranks)
+        killed_at = _kill_driver_and_wait_for(fit, ranks)
         assert all(p.poll() is None for p in procs), "a Dask worker or the scheduler went down with the driver"
+        _assert_dask_threads_free(address, workers, killed_at)
 
         total = store.latest_checkpoint("lost-driver-dask")[0] + 1 + REFIT_EPOCHS  # the same run_id resumes
         _assert_refit_resumes([sys.executable, str(script), address, store_url, str(total)], env, tmp_path, total,

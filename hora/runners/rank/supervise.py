@@ -38,14 +38,32 @@ from hora.runners.spec import (
 log = logging.getLogger(__name__)
 
 
-class _LogPusher:
-    """Batches output lines and pushes them to the driver every 0.2 s."""
+def _driver_call_timeout() -> float:
+    """Seconds one call of a supervisor to its driver may take before it counts as unanswered:
+    a third of ``HORA_HEARTBEAT_TIMEOUT``, between 1 and 5 s (so a dead driver is seen in seconds)."""
+    return max(1.0, min(5.0, float(settings.get(ENV_HEARTBEAT_TIMEOUT)) / 3))
 
-    def __init__(self, client: KVClient, rank: int) -> None:
-        self.client = client
+
+class _LogPusher:
+    """Batches output lines and pushes them to the driver every 0.2 s.
+
+    It has its own connection, whose calls give up after :func:`_driver_call_timeout`: a
+    push to a dead driver must not hold the connection ``client`` (the supervisor's, whose
+    ``close`` waits for a running call) for ``HORA_RENDEZVOUS_TIMEOUT``, which kept the
+    engine's task (a Dask worker's thread) busy for a minute after the driver was lost. A
+    batch that could not be pushed is kept and pushed again (under the same sequence number)
+    with the next one.
+    """
+
+    def __init__(self, client: KVClient, rank: int, timeout: float | None = None) -> None:
+        self.client = client.with_timeout(_driver_call_timeout() if timeout is None else timeout)
         self.rank = rank
         self.buffer: list[tuple[str, str]] = []
         self.lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._pending: tuple[int, list[tuple[str, str]]] | None = None  # (seq, lines) not pushed yet
+        self._failing = False
+        self._abandoned = False
         self.seq = itertools.count()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"hora-logs-rank{rank}", daemon=True)
@@ -55,23 +73,45 @@ class _LogPusher:
         with self.lock:
             self.buffer.append((stream, line))
 
-    def flush(self) -> None:
-        with self.lock:
-            batch, self.buffer = self.buffer, []
-        if batch:
+    def flush(self) -> bool:
+        """Push what is buffered; False when the driver did not take it (it is kept)."""
+        with self._flushing:
+            with self.lock:
+                if self.buffer:
+                    if self._pending is None:
+                        self._pending = (next(self.seq), self.buffer)
+                    else:  # lines of an earlier, unpushed batch go first, under its number
+                        self._pending = (self._pending[0], self._pending[1] + self.buffer)
+                    self.buffer = []
+                pending = self._pending
+            if pending is None:
+                return True
             try:
-                self.client.set(keys.log_key(self.rank, next(self.seq)), pickle.dumps(batch))
+                self.client.set(keys.log_key(self.rank, pending[0]), pickle.dumps(pending[1]))
             except HoraError as exc:
-                log.warning("rank %d: could not forward %d output line(s) to the driver: %s", self.rank, len(batch), exc)
+                if not self._failing:  # once per outage
+                    self._failing = True
+                    log.warning("rank %d: could not forward %d output line(s) to the driver: %s", self.rank,
+                                len(pending[1]), exc)
+                return False
+            self._pending, self._failing = None, False
+            return True
 
     def _loop(self) -> None:
         while not self.stopped.wait(0.2):
             self.flush()
+        if self._abandoned:
+            self.client.close()
 
-    def close(self) -> None:
+    def close(self, flush: bool = True) -> None:
+        """Stop pushing; ``flush``: push what is left first. Without it (the driver is gone)
+        this returns at once: a push under way ends within its timeout, then the thread ends."""
+        self._abandoned = not flush
         self.stopped.set()
-        self.thread.join(timeout=5)
-        self.flush()
+        if flush:
+            self.thread.join(timeout=5)
+            self.flush()
+            self.client.close()
 
 
 def worker_argv(result: str, python: str | None = None) -> list[str]:
@@ -163,7 +203,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
 
     client = KVClient(spec.driver_addr, spec.secret)
     lost_after = float(settings.get(ENV_HEARTBEAT_TIMEOUT))
-    check = client.with_timeout(max(1.0, min(5.0, lost_after / 3)))  # gives up in seconds on a dead driver
+    check = client.with_timeout(_driver_call_timeout())  # gives up in seconds on a dead driver
     driver_lost = False
     pusher = _LogPusher(client, ctx.rank)
     launcher = ProcessLauncher(pusher.add)
@@ -219,12 +259,10 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
         )
     finally:
         launcher.terminate(grace)
-        if not driver_lost:  # nobody to push to or tell otherwise
-            pusher.close()
+        pusher.close(flush=not driver_lost)  # nobody to push to or tell otherwise
+        if not driver_lost:
             with contextlib.suppress(HoraError):
                 check.set(keys.rank_key(keys.EXITED, ctx.rank), b"1")
-        else:
-            pusher.stopped.set()
         check.close()
         client.close()
         with contextlib.suppress(OSError):
