@@ -5,9 +5,18 @@ Every test of a file runs in one process, as with ``--dist loadfile`` (a module'
 built once), and the files that use the Spark servers of tests/spark_clusters.py (a Spark
 Connect server; the standalone cluster: a master and two workers, three JVMs, 20-50 s of CPU
 to start) all run in one process, so those session fixtures start once per run instead of once
-in each process, and two sets of JVMs never compete for the two cores. A file uses them if its
-text names one of :data:`SERVER_FIXTURES` (as a test's argument or in
-``request.getfixturevalue("...")``). Serially (no ``-n``) this does nothing.
+in each process, and two sets of JVMs never compete for the two cores. A file uses them if one of
+its tests or fixtures takes one of :data:`SERVER_FIXTURES` as an argument, or the file names one
+in a string (``request.getfixturevalue("connect_spark")``, ``usefixtures``); a helper function's
+parameter of the same name (tests/runners/test_lost_driver.py starts a cluster of its own) does
+not count. Serially (no ``-n``) this does nothing.
+
+The work units go out longest first (:data:`SECONDS`, each file's seconds in a serial run; a unit
+of several files, their sum; a file not in it, :data:`UNKNOWN_SECONDS`), so that the last unit a
+process takes is a short one and neither process idles long at the end while the other finishes
+a long file. xdist's own order is by number of tests, which put the long files of one to five
+tests (the examples, the docs, Ray) last. ``python -m tests.xdist_groups JUNIT_XML`` rewrites
+:data:`SECONDS_FILE` from a run's ``--junitxml``.
 
 A scheduler rather than ``--dist loadgroup``: xdist 3.8 marks a group by appending ``@group``
 to the item's ``_nodeid``, which pytest 9 no longer reads, so ``xdist_group`` marks are ignored.
@@ -15,25 +24,50 @@ to the item's ``_nodeid``, which pytest 9 no longer reads, so ``xdist_group`` ma
 
 from __future__ import annotations
 
+import ast
 import functools
-import re
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 #: the session fixtures that start JVM servers (tests/spark_clusters.py)
 SERVER_FIXTURES = ("connect_server", "connect_spark", "any_spark", "standalone_cluster", "standalone_connect")
 SERVERS_GROUP = "spark-servers"
+#: each test file's seconds (setup + call + teardown of its tests) in a serial run
+SECONDS_FILE = Path(__file__).with_name("file_seconds.json")
+#: the weight of a file :data:`SECONDS_FILE` does not list (a new one)
+UNKNOWN_SECONDS = 5.0
 
-_NAMES = re.compile(r"\b(%s)\b" % "|".join(SERVER_FIXTURES))
+
+def _is_fixture(node: ast.AST) -> bool:
+    for dec in getattr(node, "decorator_list", []):
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if isinstance(target, ast.Attribute) and target.attr == "fixture":
+            return True
+        if isinstance(target, ast.Name) and target.id == "fixture":
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=None)
 def uses_servers(path: Path) -> bool:
-    """Whether the test file at ``path`` names a fixture of :data:`SERVER_FIXTURES`."""
+    """Whether the test file at ``path`` uses a fixture of :data:`SERVER_FIXTURES` (see the module's doc)."""
     try:
-        return bool(_NAMES.search(path.read_text()))
-    except OSError:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError):
         return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in SERVER_FIXTURES:
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                node.name.startswith("test") or _is_fixture(node)):
+            args = node.args
+            if any(a.arg in SERVER_FIXTURES for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]):
+                return True
+    return False
 
 
 def group_of(rootpath: Path, nodeid: str) -> str:
@@ -42,11 +76,71 @@ def group_of(rootpath: Path, nodeid: str) -> str:
     return SERVERS_GROUP if uses_servers(rootpath / file) else file
 
 
+@functools.lru_cache(maxsize=None)
+def file_seconds() -> dict[str, float]:
+    """:data:`SECONDS_FILE` (empty when missing or unreadable: every unit weighs the same)."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(SECONDS_FILE.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def unit_seconds(rootpath: Path, unit: str, nodeids: Any) -> float:
+    """The expected seconds of a work unit: its file's, or the sum of its files' (the servers group)."""
+    files = {n.split("::", 1)[0] for n in nodeids} if unit == SERVERS_GROUP else {unit}
+    known = file_seconds()
+    return sum(known.get(f, UNKNOWN_SECONDS) for f in files)
+
+
+def longest_first(rootpath: Path, units: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``(unit, nodeids)`` pairs ordered by :func:`unit_seconds`, longest first (ties: as given)."""
+    return sorted(units, key=lambda kv: -unit_seconds(rootpath, kv[0], kv[1]))
+
+
 def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class FileGroupScheduling(LoadScopeScheduling):
+        _longest_first = False
+
         def _split_scope(self, nodeid: str) -> str:
             return group_of(Path(config.rootpath), nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._longest_first:  # the first assignment: the whole queue is known, order it once
+                self._longest_first = True
+                units = longest_first(Path(config.rootpath), list(self.workqueue.items()))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
     return FileGroupScheduling(config, log)
+
+
+def seconds_from_junit(path: str) -> dict[str, float]:
+    """Each test file's seconds in a pytest ``--junitxml`` report (its testcases' ``time``)."""
+    out: dict[str, float] = defaultdict(float)
+    for case in ET.parse(path).getroot().iter("testcase"):
+        module = case.get("classname", "")
+        parts = module.split(".")
+        # classname is the module path with dots, plus the class for tests in a class
+        for cut in range(len(parts), 0, -1):
+            candidate = "/".join(parts[:cut]) + ".py"
+            if (Path(__file__).parent.parent / candidate).exists():
+                out[candidate] += float(case.get("time", 0) or 0)
+                break
+    return dict(out)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m tests.xdist_groups JUNIT_XML  (rewrites tests/file_seconds.json)", file=sys.stderr)
+        return 2
+    seconds = seconds_from_junit(argv[0])
+    SECONDS_FILE.write_text(json.dumps({k: round(v, 1) for k, v in sorted(seconds.items())}, indent=0) + "\n")
+    print(f"{SECONDS_FILE}: {len(seconds)} files, {sum(seconds.values()):.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
