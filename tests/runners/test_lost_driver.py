@@ -112,6 +112,43 @@ def _assert_dask_threads_free(address: str, workers: list[int], killed_at: float
         assert len(addrs) == len(workers) and len({f.result() for f in futures}) == len(workers)  # each worker ran one
 
 
+@pytest.mark.timeout(60)
+def test_a_supervisors_log_pusher_gives_up_on_a_dead_driver_in_seconds_and_keeps_its_lines():
+    # the unit behind the Dask test's free threads: a push to a driver that is not there gives up
+    # within the pusher's timeout, never holds the supervisor's own connection (whose close() the
+    # task's end waits for), and the lines it could not push reach a driver that answers again, in order
+    import pickle
+
+    from hora.native import keys
+    from hora.native.rendezvous import KVClient, RendezvousServer
+    from hora.runners.rank.supervise import _LogPusher
+
+    secret, port = b"k" * 32, _free_port()
+    client = KVClient(f"127.0.0.1:{port}", secret)  # nothing listens there yet
+    pusher = _LogPusher(client, rank=3, timeout=1.0)
+    server = None
+    try:
+        pusher.add(3, "stdout", "first")
+        start = time.monotonic()
+        assert pusher.flush() is False
+        assert time.monotonic() - start < 5  # two 1 s tries at most (its thread's, then this one), not 60 s
+        start = time.monotonic()
+        client.close()  # the pusher's thread is retrying meanwhile, on a connection of its own
+        assert time.monotonic() - start < 1
+        server = RendezvousServer(secret, port=port)
+        server.start()
+        pusher.add(3, "stderr", "second")
+        pusher.close()
+        found = sorted(server.keys(f"{keys.LOG}3/"))
+        assert found == [keys.log_key(3, i) for i in range(len(found))]
+        lines = [line for value in server.wait(found, 5) for line in pickle.loads(value)]
+        assert lines == [("stdout", "first"), ("stderr", "second")]
+    finally:
+        pusher.close(flush=False)
+        if server is not None:
+            server.stop()
+
+
 #: epochs the refit trains after the last checkpoint: one proves it resumes and continues
 REFIT_EPOCHS = 1
 
