@@ -315,23 +315,10 @@ def test_dask_predict_predict_proba_classes_and_save_load(dask_client, store, tm
 # ---------------------------------------------------------------------------------------------
 # Keras and Lightning (local processes): the same task rules
 # ---------------------------------------------------------------------------------------------
-def test_keras_sparse_crossentropy_is_a_classifier(store):
-    keras = pytest.importorskip("keras")
-    from hora.dask import KerasEstimator
-
-    pdf = _features(three_classes(n=120))
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(3, activation="softmax")])
-    fitted = KerasEstimator(num_proc=1, store=store, model=model, optimizer="adam",
-                            loss="sparse_categorical_crossentropy", feature_cols=["features"], label_cols=["y"],
-                            batch_size=16, epochs=2, random_seed=0, verbose=0).fit(pdf)
-    assert fitted.task_ == "classification" and fitted.classes_.tolist() == [0, 1, 2]
-    proba = fitted.predict_proba(pdf)
-    # a softmax output is already probabilities: they come back as the model gives them
-    np.testing.assert_allclose(proba, fitted.model_.predict(np.stack(pdf["features"]), verbose=0), rtol=1e-4,
-                               atol=1e-6)
-    np.testing.assert_array_equal(fitted.predict(pdf).to_numpy(), proba.argmax(1))
+# A Keras model with sparse_categorical_crossentropy and a softmax output is a classifier whose predict_proba is
+# the model's own output and predict its argmax: tests/tensorflow/test_estimators.py::test_dask_fit_transform_predict
+# (task_, classes_, predict_proba, predict, on 2 ranks); loss_task of the Keras losses:
+# test_task_inferred_from_keras_losses.
 
 
 def test_lightning_task_attribute(store):

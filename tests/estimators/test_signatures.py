@@ -113,7 +113,8 @@ def test_mypy_reports_a_misspelt_keyword_and_a_wrong_type(tmp_path):
     config.write_text("[mypy]\n[mypy-torch.*,pyspark.*,numpy.*,matplotlib.*,filelock.*,PIL.*,optree.*,pandas.*,"
                       "dask.*,keras.*,tensorflow.*,lightning.*,pyarrow.*,fsspec.*]\nfollow_imports = skip\n")
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(config), "--follow-imports=silent", "--no-error-summary", "--show-column-numbers",
+        [sys.executable, "-m", "mypy", "--config-file", str(config), "--follow-imports=silent", "--no-error-summary",
+         "--show-column-numbers",
          "--cache-dir", str(tmp_path / "cache"), str(script)],
         cwd=REPO, capture_output=True, text=True, timeout=280,
     )

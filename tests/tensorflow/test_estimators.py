@@ -139,6 +139,7 @@ def test_dask_fit_transform_predict(dask_fit):
 
     est, model, pdf, ddf, x, y = dask_fit
     assert isinstance(model, DaskKerasModel)
+    assert model.task_ == "classification" and model.classes_.tolist() == list(range(10))
     assert len(model.history_) == 3 and model.history_[-1]["loss"] < model.history_[0]["loss"]
     assert any(type(layer).__name__ == "ScaledDense" for layer in model.model_.layers)
     out = model.transform(ddf).compute()
