@@ -24,12 +24,16 @@ and ``sys.path`` folders' mtimes) answers ``stale`` after an install or an edit,
 client starts a fresh one. One server per key and owner: the process that asked for it, or,
 in a Spark task, the executor (:func:`owner_pid`), so every Python worker of the executor
 uses it; at most :data:`MAX_SERVERS` started by one process (the oldest is asked to quit).
+A Spark executor's server is keyed by its application and host instead of the executor
+(:class:`Owner`): it outlives a lost executor and serves the one started in its place.
 Starting is serialized across processes by a lock file beside the socket, so a server that
 :func:`prestart` is starting (a fit does that while it materializes its data) is waited
 for, not started twice.
 
-Lifetime: the server exits when its owner is gone (a pidfd), after ``HORA_WARM_IDLE_TIMEOUT``
-seconds without children, or when asked; a child dies with the server (PR_SET_PDEATHSIG)
+Lifetime: the server exits when its owner is gone (a pidfd; a Spark executor's server passes
+to the application's next executor on the host when one starts within
+:data:`~hora.runners.rank.warm.server.ORPHAN_WAIT` seconds, and ends with the executors'
+keeper), after ``HORA_WARM_IDLE_TIMEOUT`` seconds without children, or when asked; a child dies with the server (PR_SET_PDEATHSIG)
 and with its supervisor (the server kills its process group when the supervisor's
 connection closes). ``HORA_WARM_WORKERS=0`` turns all of it off.
 """
@@ -37,6 +41,7 @@ connection closes). ``HORA_WARM_WORKERS=0`` turns all of it off.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -68,7 +73,12 @@ KEYED_HORA = (settings.ENV_LOG_LEVEL, ENV_PRELOAD, ENV_IDLE)
 #: next in the same process and no import reads them (pytest sets ``PYTEST_CURRENT_TEST`` for
 #: every test phase: keyed, a test suite's local runs would start a server per test). A rank
 #: still gets them: its whole environment is the request's.
-UNKEYED = ("PYTEST_CURRENT_TEST",)
+#: A Spark executor's Python workers also carry variables that differ between the executors of
+#: one application on one host (their log URLs and block-manager folders) or between their
+#: daemons (the worker factory's secret): keyed, the executor that replaces a lost one would
+#: not find the server its predecessor left (see :class:`Owner`).
+UNKEYED = ("PYTEST_CURRENT_TEST", "PYTHON_WORKER_FACTORY_SECRET", "SPARK_LOG_URL_STDERR", "SPARK_LOG_URL_STDOUT",
+           "SPARK_LOCAL_DIRS")
 MAX_SERVERS = 2  # per owner process: each holds torch's ~300 MiB
 READY_TIMEOUT = 120.0  # seconds a new server may take to import its modules
 ANSWER_TIMEOUT = 10.0  # seconds a running server may take to answer a request
@@ -110,8 +120,11 @@ def _runtime_dir() -> str:
     return path
 
 
-def socket_path(key: str, owner: int) -> str:
-    """Where the server of ``key`` owned by process ``owner`` listens."""
+def socket_path(key: str, owner: int | str) -> str:
+    """Where the server of ``key`` owned by process ``owner`` (or by the Spark application and
+    host ``owner`` names, :attr:`Owner.app`) listens."""
+    if isinstance(owner, str):
+        owner = "app" + hashlib.sha256(owner.encode()).hexdigest()[:12]  # a host name may be long: ~107 bytes
     return os.path.join(_runtime_dir(), f"{key}-{owner}.sock")
 
 
@@ -123,9 +136,39 @@ def _cmdline_and_parent(pid: int) -> tuple[list[bytes], int]:
     return cmdline, int(stat[stat.rindex(b")") + 2:].split()[1])  # the field after the state: ppid
 
 
-def owner_pid() -> int:
-    """The process whose life a server started from here follows: this process, or, in a
-    Python worker of a Spark executor (forked by pyspark's daemon), the executor's JVM.
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """Whom a server started from here serves and follows.
+
+    Attributes:
+        pid: the process whose life the server follows (:func:`owner_pid`).
+        app: for a Spark executor's JVM, ``"<application id>@<executor host>"`` (its
+            ``--app-id`` and ``--hostname``): the server is then found by that name, not by
+            the pid, and outlives its executor: when the executor dies (a lost executor: the
+            cluster manager starts another one for the same application on the same host),
+            the server kills that executor's ranks and passes to the replacement
+            (:data:`hora.runners.rank.warm.server.ORPHAN_WAIT`), so the relaunched ranks fork
+            with torch imported instead of waiting for a new server's imports. None elsewhere.
+        keeper: the executor's parent (the standalone Worker, a YARN container's launcher):
+            the server ends at once with it. None without ``app``.
+    """
+
+    pid: int
+    app: str | None = None
+    keeper: int | None = None
+
+
+def _arg(argv: list[bytes], name: bytes) -> str | None:
+    """The value after ``name`` in a command line, or None."""
+    try:
+        return argv[argv.index(name) + 1].decode()
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def owner() -> Owner:
+    """The :class:`Owner` of a server started from here: this process, or, in a Python worker
+    of a Spark executor (forked by pyspark's daemon), the executor's JVM.
 
     Spark runs each task in whichever of its Python workers is free, and may keep more than
     one daemon per executor (one per worker-factory key), so a server owned by a worker or
@@ -136,11 +179,29 @@ def owner_pid() -> int:
     try:
         parent, daemon_parent = _cmdline_and_parent(os.getppid())
         if b"pyspark.daemon" not in parent[:4]:
-            return os.getpid()
-        executor, _ = _cmdline_and_parent(daemon_parent)
+            return Owner(os.getpid())
+        executor, keeper = _cmdline_and_parent(daemon_parent)
     except (OSError, ValueError, IndexError):
-        return os.getpid()
-    return daemon_parent if executor and os.path.basename(executor[0]) == b"java" else os.getppid()
+        return Owner(os.getpid())
+    if not executor or os.path.basename(executor[0]) != b"java":
+        return Owner(os.getppid())
+    app, host = _arg(executor, b"--app-id"), _arg(executor, b"--hostname")
+    if app and host:  # an executor (standalone, YARN, Kubernetes); a local master's driver JVM has neither
+        return Owner(daemon_parent, f"{app}@{host}", keeper)
+    return Owner(daemon_parent)
+
+
+def owner_pid() -> int:
+    """The process whose life a server started from here follows (:func:`owner`)."""
+    return owner().pid
+
+
+def _server_path(python: str, cwd: str, skey: Mapping[str, str]) -> tuple[str, Owner]:
+    """Where the server for this request listens, and its owner. A Spark executor's server is
+    keyed by its application and host instead of the executor's own folder (the cwd), so the
+    executor that replaces a lost one finds it (the child still runs in its own cwd)."""
+    who = owner()
+    return socket_path(server_key(python, who.app or cwd, skey), who.app or who.pid), who
 
 
 @contextlib.contextmanager
@@ -277,11 +338,11 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
     cwd = os.path.abspath(cwd or os.getcwd())
     skey = {**env, **(import_env or {})}
     try:
-        path = socket_path(server_key(python, cwd, skey), owner_pid())
+        path, who = _server_path(python, cwd, skey)
         with _lock:
             _reap()
             try:
-                return _request(path, module, args, env, cwd, stdin)
+                return _request(path, module, args, env, cwd, stdin, who.pid)
             except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
                 _retire(path)  # stale, ending (its idle time ran out), never started, or starting
             failed_at = _failed.get(path)
@@ -289,20 +350,20 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
                 return None  # warned when it failed
             with _starting(path, READY_TIMEOUT):
                 try:  # another process (a prestart) may have started it while this one waited
-                    return _request(path, module, args, env, cwd, stdin)
+                    return _request(path, module, args, env, cwd, stdin, who.pid)
                 except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
                     _retire(path)
-                _start_checked(python, path, cwd, server_environ(skey))
-            return _request(path, module, args, env, cwd, stdin)
+                _start_checked(python, path, cwd, server_environ(skey), who)
+            return _request(path, module, args, env, cwd, stdin, who.pid)
     except (OSError, WarmUnavailable, _Stale, ValueError, KeyError) as exc:
         log.warning("no warm rank process (%s); starting a plain one", exc)
         return None
 
 
-def _start_checked(python: str, path: str, cwd: str, env: dict[str, str]) -> None:
+def _start_checked(python: str, path: str, cwd: str, env: dict[str, str], who: Owner) -> None:
     """:func:`_start_server`, remembering a failure (not retried for :data:`RETRY_AFTER` s)."""
     try:
-        _start_server(python, path, cwd, env)
+        _start_server(python, path, cwd, env, who)
     except BaseException:
         _failed[path] = time.monotonic()
         raise
@@ -337,7 +398,7 @@ def prestart(python: str, env: Mapping[str, str], cwd: str | None = None,
     cwd = os.path.abspath(cwd or os.getcwd())
     skey = {**env, **(import_env or {})}
     try:
-        path = socket_path(server_key(python, cwd, skey), owner_pid())
+        path, who = _server_path(python, cwd, skey)
     except (OSError, WarmUnavailable) as exc:
         log.debug("no warm server prestart: %s", exc)
         return None
@@ -351,7 +412,7 @@ def prestart(python: str, env: Mapping[str, str], cwd: str | None = None,
                 with _starting(path, READY_TIMEOUT):
                     if not _serving(path):
                         _retire(path)
-                        _start_checked(python, path, cwd, server_environ(skey))
+                        _start_checked(python, path, cwd, server_environ(skey), who)
         except (OSError, WarmUnavailable, ValueError, KeyError) as exc:
             log.warning("could not start a warm rank server ahead of the ranks: %s", exc)
 
@@ -396,7 +457,7 @@ def _answer(conn: socket.socket, timeout: float) -> dict[str, Any]:
 
 
 def _request(path: str, module: str, args: list[str], env: Mapping[str, str], cwd: str,
-             want_stdin: bool) -> WarmProcess:
+             want_stdin: bool, owner: int | None = None) -> WarmProcess:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(ANSWER_TIMEOUT)
     try:
@@ -409,7 +470,10 @@ def _request(path: str, module: str, args: list[str], env: Mapping[str, str], cw
     ours = [pipes[0][1] if pipes[0] else None, pipes[1][0], pipes[2][0]]
     try:
         try:
-            _send(conn, {"op": "spawn", "module": module, "args": args, "env": dict(env), "cwd": cwd}, theirs)
+            request = {"op": "spawn", "module": module, "args": args, "env": dict(env), "cwd": cwd}
+            if owner is not None:  # the child dies with this owner (a server may serve several)
+                request["owner"] = owner
+            _send(conn, request, theirs)
             reply = _answer(conn, ANSWER_TIMEOUT)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise _Gone(f"the warm server closed the connection: {exc}") from None
@@ -435,8 +499,8 @@ def _request(path: str, module: str, args: list[str], env: Mapping[str, str], cw
                        os.fdopen(ours[1], "rb"), os.fdopen(ours[2], "rb"))
 
 
-def _start_server(python: str, path: str, cwd: str, env: dict[str, str]) -> None:
-    """Start a server for ``path`` and wait until it listens.
+def _start_server(python: str, path: str, cwd: str, env: dict[str, str], who: Owner | None = None) -> None:
+    """Start a server for ``path``, owned by ``who`` (default: :func:`owner`), and wait until it listens.
 
     Raises:
         WarmUnavailable: it exited, or did not listen within :data:`READY_TIMEOUT` seconds.
@@ -446,13 +510,15 @@ def _start_server(python: str, path: str, cwd: str, env: dict[str, str]) -> None
         _ask_quit(old)
         _retire(old)
     idle = settings.get(ENV_IDLE, env)
+    who = who or owner()
+    adopt = [f"--app={who.app}", f"--keeper={who.keeper or 0}"] if who.app else []
     logfile = path[: -len(".sock")] + ".log"
     read_fd, write_fd = os.pipe()
     try:
         with open(logfile, "wb") as err:
             proc = subprocess.Popen(
-                [python, "-m", "hora.runners.rank.warm.server", path, str(owner_pid()), str(idle), str(write_fd),
-                 "." * TITLE_ROOM],
+                [python, "-m", "hora.runners.rank.warm.server", path, str(who.pid), str(idle), str(write_fd),
+                 *adopt, "." * TITLE_ROOM],
                 env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 pass_fds=(write_fd,), close_fds=True, start_new_session=True,
             )
@@ -496,5 +562,5 @@ def stop_servers() -> None:
         _reap()
 
 
-__all__ = ["WarmProcess", "WarmUnavailable", "spawn", "enabled", "server_key", "server_environ", "socket_path",
+__all__ = ["Owner", "WarmProcess", "WarmUnavailable", "spawn", "enabled", "server_key", "server_environ", "socket_path",
            "stop_servers", "ENV_WARM", "ENV_IDLE", "ENV_PRELOAD"]

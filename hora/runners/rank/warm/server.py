@@ -1,4 +1,4 @@
-"""The warm server: ``python -m hora.runners.rank.warm.server SOCKET OWNER_PID IDLE READY_FD [ROOM]``.
+"""The warm server: ``python -m hora.runners.rank.warm.server SOCKET OWNER_PID IDLE READY_FD [--app=APP@HOST --keeper=PID] [ROOM]``.
 
 Started by :func:`hora.runners.rank.warm.client.spawn` (see :mod:`hora.runners.rank.warm.client` for the design).
 It stays a child of its starter (so a rank's ancestors are its supervisor's, as a plain
@@ -12,7 +12,14 @@ listening socket, the owner's pidfd, and each child's pidfd and supervisor conne
   ``python -m MODULE ARGS`` on the passed fds, environment and cwd; the answer is its pid,
   and ``{"exit": code}`` follows when the child is reaped;
 * a supervisor whose connection closes takes its child with it (SIGKILL to the group);
-* the owner's end, a ``quit`` request, or ``IDLE`` seconds without a child end the server.
+* an owner's end takes the children it asked for with it (a request names its owner; a
+  server may serve several: the executors of one Spark application on one host);
+* the last owner's end, a ``quit`` request, or ``IDLE`` seconds without a child end the server;
+  except, with ``--app`` (a Spark executor's server, :class:`hora.runners.rank.warm.client.Owner`),
+  after its last owner's end the server looks for an executor JVM of the same application
+  and host (the one the cluster manager starts in place of a lost one) for up to
+  :data:`ORPHAN_WAIT` seconds and passes to it; it ends at once when ``--keeper`` (the
+  executor's parent, the standalone Worker) ends.
 """
 
 from __future__ import annotations
@@ -51,6 +58,14 @@ _LEN = struct.Struct("!I")
 _PEERCRED = struct.Struct("3i")
 REQUEST_TIMEOUT = 10.0
 MAX_REQUEST = 16 << 20
+#: seconds a Spark executor's server waits for the executor that replaces its lost one (the
+#: standalone Worker forks it within a second of the loss; a JVM start on a loaded host is slow,
+#: but its process exists early); without one it ends (the application ended)
+ORPHAN_WAIT = 60.0
+ORPHAN_POLL = 0.25  # seconds between two looks for that executor
+#: the directory this server started in (``sys.path[0]`` of ``python -m``): a child that runs in
+#: another cwd (a replacement executor's) gets its own there instead
+_START_CWD = os.getcwd()
 
 
 @dataclass
@@ -58,6 +73,32 @@ class _Child:
     pid: int
     pidfd: int
     conn: socket.socket | None
+    owner: int = 0  # the pid of the owner it dies with
+
+
+def _app_executor(app: str, exclude: set[int]) -> int | None:
+    """The pid of a live executor JVM of this user whose command line names the application and
+    host of ``app`` (``"<app id>@<host>"``), other than ``exclude``; None when there is none."""
+    app_id, _, host = app.rpartition("@")
+    uid = os.getuid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in exclude:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if not argv or os.path.basename(argv[0]) != b"java":
+            continue
+        try:
+            if argv[argv.index(b"--app-id") + 1].decode() == app_id and argv[argv.index(b"--hostname") + 1].decode() == host:
+                return int(name)
+        except (ValueError, IndexError, UnicodeDecodeError):
+            continue
+    return None
 
 
 def _code_stamp() -> str:
@@ -98,11 +139,17 @@ def _preload(names: str) -> list[str]:
 class Server:
     """The listening socket, the owner and the children (see the module docstring)."""
 
-    def __init__(self, path: str, owner_fd: int, idle: float, title: list[str]) -> None:
+    def __init__(self, path: str, owner_fd: int, idle: float, title: list[str], owner: int = 0,
+                 app: str | None = None, keeper_fd: int | None = None) -> None:
         self.path = path
         self.title = title
         self.idle = idle
-        self.owner_fd = owner_fd
+        self.owner_fd = owner_fd  # the first owner's pidfd
+        self.owners: dict[int, int] = {owner_fd: owner}  # pidfd -> pid of every live owner
+        self.app = app
+        self.keeper_fd = keeper_fd
+        self.orphaned: float | None = None  # when the last owner ended (an app's server waits for the next)
+        self.lost_owners: set[int] = set()
         self.stamp = _code_stamp()
         tmp = f"{path}.{os.getpid()}.tmp"
         with contextlib.suppress(FileNotFoundError):
@@ -116,6 +163,8 @@ class Server:
         self.by_conn: dict[int, _Child] = {}
         self.poller = select.poll()
         self.poller.register(self.owner_fd, select.POLLIN)
+        if keeper_fd is not None:
+            self.poller.register(keeper_fd, select.POLLIN)
         self.poller.register(self.listener.fileno(), select.POLLIN)
         self.last_active = time.monotonic()
         self.fresh: set[int] = set()  # fds registered while the current batch of events is handled
@@ -125,14 +174,20 @@ class Server:
         while True:
             if not self.children and (self.listener is None or time.monotonic() - self.last_active > self.idle):
                 return
+            if self.orphaned is not None and not self._find_owner():
+                return
             self.fresh = set()
-            for fd, _events in self.poller.poll(1000):
+            for fd, _events in self.poller.poll(1000 if self.orphaned is None else ORPHAN_POLL * 1000):
                 if fd in self.fresh:  # registered during this batch: an event polled before is another fd's
                     continue
-                if fd == self.owner_fd:
-                    log.info("warm server: its owner is gone; exiting")
+                if fd == self.keeper_fd:
+                    log.info("warm server: its executors' keeper is gone; exiting")
                     self._kill_all()
                     return
+                if fd in self.owners:
+                    if not self._owner_gone(fd):
+                        return
+                    continue
                 if self.listener is not None and fd == self.listener.fileno():
                     self._accept()
                 elif fd in self.by_conn:
@@ -152,6 +207,58 @@ class Server:
         self.poller.unregister(self.listener.fileno())
         self.listener.close()
         self.listener = None
+
+    def _owner_gone(self, fd: int) -> bool:
+        """An owner ended: kill the children it asked for; False when the server ends now (its
+        last owner, and no application whose next executor it could pass to)."""
+        pid = self.owners.pop(fd)
+        self.poller.unregister(fd)
+        os.close(fd)
+        self.lost_owners.add(pid)
+        for child in self.children.values():
+            if child.owner == pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)
+        if self.owners:
+            log.info("warm server: its owner %d is gone; killed its ranks", pid)
+            return True
+        if self.app is None:
+            log.info("warm server: its owner is gone; exiting")
+            self._kill_all()
+            return False
+        log.info("warm server: its owner %d (an executor of %s) is gone; killed its ranks, waiting up to %gs for "
+                 "the executor that replaces it", pid, self.app, ORPHAN_WAIT)
+        self.orphaned = time.monotonic()
+        return True
+
+    def _adopt(self, pid: int) -> bool:
+        """Follow ``pid`` as an owner too; False when it is not running."""
+        if pid in self.owners.values():
+            return True
+        try:
+            fd = os.pidfd_open(pid)
+        except (OSError, ValueError, OverflowError):
+            return False
+        self.owners[fd] = pid
+        self.poller.register(fd, select.POLLIN)
+        self.fresh.add(fd)
+        if self.orphaned is not None:
+            log.info("warm server: %d took over after %.1fs", pid, time.monotonic() - self.orphaned)
+        self.orphaned = None
+        return True
+
+    def _find_owner(self) -> bool:
+        """An ownerless application server: adopt the application's executor on this host if one
+        runs; False when none came within :data:`ORPHAN_WAIT` seconds (its ranks are killed)."""
+        assert self.app is not None and self.orphaned is not None
+        pid = _app_executor(self.app, self.lost_owners)
+        if pid is not None and self._adopt(pid):
+            return True
+        if time.monotonic() - self.orphaned < ORPHAN_WAIT:
+            return True
+        log.info("warm server: no executor of %s came within %gs; exiting", self.app, ORPHAN_WAIT)
+        self._kill_all()
+        return False
 
     def _kill_all(self) -> None:
         for child in list(self.children.values()):
@@ -230,8 +337,15 @@ class Server:
             names = ", ".join(t.name for t in threading.enumerate())
             _reply(conn, {"error": f"the server has threads ({names}): it cannot fork safely"})
             return False
+        owner = request.get("owner")
+        if owner is None:  # a client that names none: the first live owner's
+            owner = next(iter(self.owners.values()), None)
+        if owner is None or not self._adopt(owner):
+            _reply(conn, {"error": f"its owner {owner} is not running"})
+            return False
         conn.settimeout(None)
-        closing = [self.owner_fd, *(c.pidfd for c in self.children.values())]
+        closing = [*self.owners, *([self.keeper_fd] if self.keeper_fd is not None else []),
+                   *(c.pidfd for c in self.children.values())]
         socks = [s for s in (self.listener, *(c.conn for c in self.children.values())) if s is not None]
         # the child's command line, in place before the fork: ps never shows it as the server
         set_cmdline([sys.executable, "-m", request["module"], *request["args"]])
@@ -239,7 +353,7 @@ class Server:
         if pid == 0:  # the child never returns
             _child_main(request, fds, closing, [*socks, conn], os.getppid())
         set_cmdline(self.title)
-        child = _Child(pid, os.pidfd_open(pid), conn)
+        child = _Child(pid, os.pidfd_open(pid), conn, owner)
         self.children[pid] = child
         self.by_conn[conn.fileno()] = child
         self.poller.register(child.pidfd, select.POLLIN)
@@ -301,6 +415,9 @@ def _parse_request(body: bytes) -> dict[str, Any]:
             raise BadRequest("a spawn request whose env is not a mapping of strings")
         if not isinstance(request.get("cwd"), str):
             raise BadRequest("a spawn request whose cwd is not a string")
+        owner = request.get("owner")
+        if owner is not None and (isinstance(owner, bool) or not isinstance(owner, int) or owner <= 0):
+            raise BadRequest("a spawn request whose owner is not a pid")
     return request
 
 
@@ -330,6 +447,8 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         signal.signal(signal.SIGINT, signal.default_int_handler)
         logging.getLogger("hora.runners.rank.warm.server").handlers.clear()
         os.chdir(request["cwd"])
+        if sys.path and sys.path[0] == _START_CWD:  # what `python -m` in the child's cwd would have there
+            sys.path[0] = os.getcwd()
         os.environ.clear()
         os.environ.update(request["env"])
         random.seed()
@@ -385,6 +504,8 @@ def _exit_code(value: Any) -> int:
 def main(argv: list[str]) -> int:
     """Preload, listen, say ``ready`` on the fd, serve."""
     path, owner, idle, ready_fd = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
+    options = dict(a[2:].split("=", 1) for a in argv[4:] if a.startswith("--") and "=" in a)
+    app, keeper = options.get("app") or None, int(options.get("keeper") or 0)
     title = [sys.executable, "-m", "hora.runners.rank.warm.server", path, str(owner)]
     set_cmdline(title)  # without the room for the children's
     handler = logging.StreamHandler(sys.stderr)
@@ -401,9 +522,10 @@ def main(argv: list[str]) -> int:
             from hora.runners.rank.warm.client import ENV_PRELOAD
 
             owner_fd = os.pidfd_open(owner)  # before the imports: the owner's pid is not reused meanwhile
+            keeper_fd = os.pidfd_open(keeper) if app and keeper > 1 else None
             failed = _preload(settings.get(ENV_PRELOAD))
             gc.freeze()  # the preloaded objects: no child's collections walk (and copy) them
-            server = Server(path, owner_fd, idle, title)
+            server = Server(path, owner_fd, idle, title, owner, app, keeper_fd)
         except Exception as exc:
             os.write(ready_fd, f"error {type(exc).__name__}: {exc}\n".encode())
             raise
