@@ -1,5 +1,5 @@
 """Classification as MLlib and scikit-learn expect it (issue 26, item 1): the task inferred from the loss,
-rawPrediction / probability / prediction on Spark with the real MLlib evaluators and CrossValidator,
+rawPrediction / probability / prediction on Spark with the real MLlib evaluators (CrossValidator: test_spark_face.py),
 predict / predict_proba / classes_ on Dask, persisted tasks, and a classifier's bad labels refused on
 the driver."""
 
@@ -178,7 +178,7 @@ def test_binary_single_logit_on_local_processes(store):
 
 
 # ---------------------------------------------------------------------------------------------
-# Spark local[2]: MLlib's columns, evaluators, CrossValidator over a Pipeline, save / load
+# Spark local[2]: MLlib's columns, evaluators, a Pipeline, save / load
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def spark_frame(spark):
@@ -249,20 +249,10 @@ def test_spark_binary_area_under_roc_and_mllib_names(spark, store):
     np.testing.assert_allclose(proba.sum(1), 1.0)
 
 
-@pytest.mark.spark
-def test_spark_cross_validator_over_pipeline(spark_frame, store):
-    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
-
-    pipe = _pipeline(store, epochs=2)
-    est = pipe.getStages()[-1]
-    grid = ParamGridBuilder().addGrid(est.learning_rate, [1e-6, 0.05]).build()
-    cv = CrossValidator(estimator=pipe, estimatorParamMaps=grid, numFolds=2, seed=7,
-                        evaluator=MulticlassClassificationEvaluator(metricName="f1"))
-    cv_model = cv.fit(spark_frame)
-    assert len(cv_model.avgMetrics) == 2
-    assert cv_model.avgMetrics[1] > cv_model.avgMetrics[0]  # a learning rate of 1e-6 does not learn in 2 epochs
-    assert cv_model.bestModel.transform(spark_frame).select("prediction").distinct().count() > 1
+# CrossValidator over a Pipeline with hora's stage last (the grid's learning rates reaching the nested stage, the
+# better one winning, the best model predicting): tests/estimators/test_spark_face.py::
+# test_cross_validator_grid_over_batch_size_epochs_lr, on classic and Connect; MLlib's multiclass evaluator on a
+# fitted Pipeline's classifier columns: test_spark_pipeline_classifier_columns_evaluator_and_save_load.
 
 
 @pytest.mark.spark

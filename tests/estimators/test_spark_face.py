@@ -150,15 +150,18 @@ def test_pipeline_after_assembler_and_scaler_save_load(session, tmp_path, store)
 
 
 def test_cross_validator_grid_over_batch_size_epochs_lr(session, store):
+    """CrossValidator over a Pipeline whose last stage is hora's: the grid's params reach the nested stage."""
+    from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import RegressionEvaluator
     from pyspark.ml.feature import VectorAssembler
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
-    df = VectorAssembler(inputCols=list("abcd"), outputCol="features").transform(_frame(session, n=192, seed=2))
+    df = _frame(session, n=192, seed=2)
     est = _estimator(store, validation=None, lr_scaling="none")
+    pipe = Pipeline(stages=[VectorAssembler(inputCols=list("abcd"), outputCol="features"), est])
     grid = (ParamGridBuilder().addGrid(est.batch_size, [64]).addGrid(est.epochs, [1])
             .addGrid(est.learning_rate, [1e-5, 0.05]).build())
-    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, numFolds=2, seed=7,
+    cv = CrossValidator(estimator=pipe, estimatorParamMaps=grid, numFolds=2, seed=7,
                         evaluator=RegressionEvaluator(labelCol="y", predictionCol="prediction", metricName="rmse"))
     cv_model = cv.fit(df)
     assert len(cv_model.avgMetrics) == 2
