@@ -237,10 +237,11 @@ spark.stop()
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_spark_standalone_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path):
-    # a cluster of its own: the session's standalone cluster has its cores held by the Connect server's app
+    # a cluster of its own: the session's standalone cluster has its cores held by the Connect server's app;
+    # one 2-core worker (both ranks in its one executor): two JVMs and one executor per app fewer than two workers
     from tests.spark_clusters import StandaloneCluster
 
-    cluster = StandaloneCluster(tmp_path / "cluster").start()
+    cluster = StandaloneCluster(tmp_path / "cluster", worker_hosts=("127.0.0.1",)).start()
     try:
         _spark_lost_driver(cluster, tmp_path)
     finally:
