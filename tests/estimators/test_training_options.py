@@ -264,70 +264,64 @@ def test_bad_options_fail_on_the_driver(store):
     assert not store.exists("runs")
 
 
-_SCALER_SCRIPT = r'''
-import numpy as np, torch
-import hora.torch as hvd
-from hora.estimators.torch import TorchSession
+@pytest.fixture
+def hvd_single():
+    """``hora.torch`` initialized as a one-rank job in this process (no child interpreter to start);
+    shut down afterwards."""
+    import os
 
-hvd.init()
-batch = {"x": np.random.default_rng(0).normal(size=(8, 4)).astype("float32"),
-         "y": np.array([0, 1] * 4, dtype="float64")}
-weights = []
-for scaler in (None, torch.amp.GradScaler("cpu", init_scale=1024.0)):
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
-    session = TorchSession(hvd=hvd, model=model, optimizer=opt, losses=[torch.nn.CrossEntropyLoss()], metrics=[],
-                           feature_keys=("x",), label_cols=("y",), loss_weights=[1.0], scaler=scaler)
-    for step in range(3):
-        session.train_step(batch, step)
-    weights.append(model.weight.detach().clone())
-    if scaler is not None:
-        assert scaler.get_scale() == 1024.0, scaler.get_scale()  # finite gradients: the scale stays
-assert torch.allclose(weights[0], weights[1], rtol=1e-5, atol=1e-7), (weights[0] - weights[1]).abs().max()
-print("same steps")
-'''
+    import hora.torch as hvd
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("HORA_")}
+    hvd.init()
+    try:
+        yield hvd
+    finally:
+        hvd.shutdown()
+        os.environ.update(saved)
 
 
-def test_grad_scaler_step_unscales_before_stepping():
+def test_grad_scaler_step_unscales_before_stepping(hvd_single):
     """The '16-mixed' step (scaled backward, synchronize, unscale, skip_synchronize step) with a CPU
     GradScaler standing in for the GPU's: the same weights as the plain step."""
-    import subprocess
-    import sys
+    from hora.estimators.torch import TorchSession
 
-    done = subprocess.run([sys.executable, "-c", _SCALER_SCRIPT], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "same steps" in done.stdout, done.stderr[-3000:]
-
-
-_WINDOW_SCRIPT = r'''
-import numpy as np, torch
-import hora.torch as hvd
-from hora.estimators.torch import TorchSession
-
-hvd.init()
-batch = {"x": np.ones((4, 4), dtype="float32"), "y": np.array([0, 1, 0, 1], dtype="float64")}
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 2)
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=model.named_parameters(),
-                               backward_passes_per_step=2)
-session = TorchSession(hvd=hvd, model=model, optimizer=opt, losses=[torch.nn.CrossEntropyLoss()], metrics=[],
-                       feature_keys=("x",), label_cols=("y",), loss_weights=[1.0], backward_passes_per_step=2,
-                       scheduler=torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5), scheduler_interval="step")
-for step in range(3):
-    session.train_step(batch, step)
-session.finish_epoch(3)
-assert session.scheduler.last_epoch == 2 and opt.param_groups[0]["lr"] == 0.25, (
-    session.scheduler.last_epoch, opt.param_groups[0]["lr"])
-print("two optimizer steps, two scheduler steps")
-'''
+    hvd = hvd_single
+    batch = {"x": np.random.default_rng(0).normal(size=(8, 4)).astype("float32"),
+             "y": np.array([0, 1] * 4, dtype="float64")}
+    weights = []
+    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=1024.0)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        session = TorchSession(hvd=hvd, model=model, optimizer=opt, losses=[torch.nn.CrossEntropyLoss()], metrics=[],
+                               feature_keys=("x",), label_cols=("y",), loss_weights=[1.0], scaler=scaler)
+        for step in range(3):
+            session.train_step(batch, step)
+        weights.append(model.weight.detach().clone())
+        if scaler is not None:
+            assert scaler.get_scale() == 1024.0, scaler.get_scale()  # finite gradients: the scale stays
+    assert torch.allclose(weights[0], weights[1], rtol=1e-5, atol=1e-7), (weights[0] - weights[1]).abs().max()
 
 
-def test_a_step_scheduler_steps_with_each_optimizer_step_of_accumulated_windows():
+def test_a_step_scheduler_steps_with_each_optimizer_step_of_accumulated_windows(hvd_single):
     """backward_passes_per_step=2 over 3 batches: a full window and the epoch's partial one, each one
     optimizer step and one scheduler step."""
-    import subprocess
-    import sys
+    from hora.estimators.torch import TorchSession
 
-    done = subprocess.run([sys.executable, "-c", _WINDOW_SCRIPT], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "two scheduler steps" in done.stdout, done.stderr[-3000:]
+    hvd = hvd_single
+    batch = {"x": np.ones((4, 4), dtype="float32"), "y": np.array([0, 1, 0, 1], dtype="float64")}
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters(), backward_passes_per_step=2)
+    session = TorchSession(hvd=hvd, model=model, optimizer=opt, losses=[torch.nn.CrossEntropyLoss()], metrics=[],
+                           feature_keys=("x",), label_cols=("y",), loss_weights=[1.0], backward_passes_per_step=2,
+                           scheduler=torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5), scheduler_interval="step")
+    for step in range(3):
+        session.train_step(batch, step)
+    session.finish_epoch(3)
+    # two optimizer steps, two scheduler steps
+    assert session.scheduler.last_epoch == 2 and opt.param_groups[0]["lr"] == 0.25, (
+        session.scheduler.last_epoch, opt.param_groups[0]["lr"])
