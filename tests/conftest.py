@@ -24,6 +24,11 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# Every Spark JVM of the run (drivers, executors: tests/spark_conf/spark-defaults.conf; the standalone
+# master and workers: SPARK_DAEMON_JAVA_OPTS) compiles with C1 only and collects serially: half the JVM
+# CPU for the short jobs of a test, on 2 cores shared by two test processes.
+os.environ.setdefault("SPARK_CONF_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark_conf"))
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @pytest.fixture(scope="session")
