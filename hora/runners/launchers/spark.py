@@ -87,21 +87,29 @@ _prestarts: dict[str, set[str]] = {}  # session id -> the tags of its prestart j
 _prestarts_lock = threading.Lock()
 
 
+_prestarts_cancelled: set[str] = set()  # tags already cancelled once (logged once)
+
+
 def _cancel_prestarts(spark: Any, run_id: str) -> None:
     """Cancel the session's prestart jobs that have not ended (:meth:`SparkLauncher.prestart`).
 
     Their use is over once a training stage is submitted (its tasks start their servers
     themselves); one still waiting for task slots (a fit whose data was materialized before
     takes every core at once) would otherwise wait out the whole stage and take the cores a
-    relaunch after a lost rank needs first."""
+    relaunch after a lost rank needs first. Called again while the stage runs
+    (:meth:`SparkJob.poll`): a prestart thread may submit its job just after a cancel, which
+    only reaches the jobs that exist; each ends its tag's entry when its job returns."""
     with _prestarts_lock:
-        tags = _prestarts.pop(_spark.session_key(spark), set())
+        tags = set(_prestarts.get(_spark.session_key(spark), ()))
     for tag in tags:
         try:
             _spark.cancel_jobs(spark, tag)
-            log.debug("run %s: cancelled the prestart job %s, no longer needed", run_id, tag)
         except Exception as exc:  # it ends by itself; only a relaunch may wait for it
             log.debug("could not cancel the prestart job %s: %s", tag, exc)
+            continue
+        if tag not in _prestarts_cancelled:
+            _prestarts_cancelled.add(tag)
+            log.debug("run %s: cancelled the prestart job %s, no longer needed", run_id, tag)
 
 
 def _is_loopback(host: str) -> bool:
@@ -297,6 +305,8 @@ class SparkJob(Job):
 
     def poll(self) -> list[Any] | None:
         if self._thread.is_alive():
+            if _prestarts:  # one submitted after the stage's own cancel (see _cancel_prestarts)
+                _cancel_prestarts(self.spark, self.spec.run_id)
             return None
         if self._error is not None:
             self._sync_mirror()  # the ranks' own failure reports first
@@ -572,7 +582,11 @@ class SparkLauncher(Launcher):
                 log.debug("could not start the warm rank servers ahead of the ranks: %s", exc)
             finally:
                 with _prestarts_lock:
-                    _prestarts.get(session, set()).discard(tag)
+                    left = _prestarts.get(session, set())
+                    left.discard(tag)
+                    if not left:
+                        _prestarts.pop(session, None)
+                    _prestarts_cancelled.discard(tag)
 
         with _prestarts_lock:
             _prestarts.setdefault(session, set()).add(tag)
