@@ -83,33 +83,6 @@ ENV_DRIVER_CHANNEL = "HORA_DRIVER_CHANNEL"
 CHANNELS = ("auto", "direct", "store")
 REACH_TIMEOUT = 5.0  # seconds a probe task tries to connect to the client's service
 _reach_cache: dict[tuple[str, str], str] = {}  # (session id, advertised host) -> "" or why unreachable
-_prestarts: dict[str, set[str]] = {}  # session id -> the tags of its prestart jobs not yet done
-_prestarts_lock = threading.Lock()
-
-
-_prestarts_cancelled: set[str] = set()  # tags already cancelled once (logged once)
-
-
-def _cancel_prestarts(spark: Any, run_id: str) -> None:
-    """Cancel the session's prestart jobs that have not ended (:meth:`SparkLauncher.prestart`).
-
-    Their use is over once a training stage is submitted (its tasks start their servers
-    themselves); one still waiting for task slots (a fit whose data was materialized before
-    takes every core at once) would otherwise wait out the whole stage and take the cores a
-    relaunch after a lost rank needs first. Called again while the stage runs
-    (:meth:`SparkJob.poll`): a prestart thread may submit its job just after a cancel, which
-    only reaches the jobs that exist; each ends its tag's entry when its job returns."""
-    with _prestarts_lock:
-        tags = set(_prestarts.get(_spark.session_key(spark), ()))
-    for tag in tags:
-        try:
-            _spark.cancel_jobs(spark, tag)
-        except Exception as exc:  # it ends by itself; only a relaunch may wait for it
-            log.debug("could not cancel the prestart job %s: %s", tag, exc)
-            continue
-        if tag not in _prestarts_cancelled:
-            _prestarts_cancelled.add(tag)
-            log.debug("run %s: cancelled the prestart job %s, no longer needed", run_id, tag)
 
 
 def _is_loopback(host: str) -> bool:
@@ -294,7 +267,6 @@ class SparkJob(Job):
             n = self.spec.num_proc
             task = functools.partial(_barrier_task, self.spec, self.launcher.advertise, self.channel)
             task.__name__ = self.description  # type: ignore[attr-defined]  # the UDF's name in the Spark UI
-            _cancel_prestarts(self.spark, self.spec.run_id)
             with _spark.job_scope(self.spark, self.tag, self.description), _spark.console_progress_paused(self.spark):
                 frame = self.spark.range(0, n, 1, numPartitions=n)
                 stage = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=self.launcher.profile())
@@ -305,8 +277,6 @@ class SparkJob(Job):
 
     def poll(self) -> list[Any] | None:
         if self._thread.is_alive():
-            if _prestarts:  # one submitted after the stage's own cancel (see _cancel_prestarts)
-                _cancel_prestarts(self.spark, self.spec.run_id)
             return None
         if self._error is not None:
             self._sync_mirror()  # the ranks' own failure reports first
@@ -569,27 +539,16 @@ class SparkLauncher(Launcher):
             return
         task = functools.partial(_prestart_task, dict(env))
         task.__name__ = "hora: start the ranks' warm servers"  # type: ignore[attr-defined]
-        session = _spark.session_key(self.spark)
-        tag = f"hora-prestart-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
 
         def job() -> None:
             try:
-                with _spark.job_scope(self.spark, tag, "hora: start the ranks' warm servers"):
+                with _spark.job_scope(self.spark, f"hora-prestart-{os.getpid()}-{threading.get_ident()}",
+                                      "hora: start the ranks' warm servers"):
                     frame = self.spark.range(0, num_proc, 1, numPartitions=num_proc)
                     started = sum(bool(r["started"]) for r in frame.mapInArrow(task, "started boolean").collect())
                 log.debug("started %d warm rank server(s) ahead of the ranks", started)
-            except Exception as exc:  # the ranks then start their servers themselves (or a training stage cancelled it)
+            except Exception as exc:  # the ranks then start their servers themselves
                 log.debug("could not start the warm rank servers ahead of the ranks: %s", exc)
-            finally:
-                with _prestarts_lock:
-                    left = _prestarts.get(session, set())
-                    left.discard(tag)
-                    if not left:
-                        _prestarts.pop(session, None)
-                    _prestarts_cancelled.discard(tag)
-
-        with _prestarts_lock:
-            _prestarts.setdefault(session, set()).add(tag)
 
         threading.Thread(target=job, name="hora-spark-prestart", daemon=True).start()
 

@@ -2,7 +2,9 @@
 
 Started by :func:`hora.runners.rank.warm.client.spawn` (see :mod:`hora.runners.rank.warm.client` for the design).
 It stays a child of its starter (so a rank's ancestors are its supervisor's, as a plain
-subprocess's are: tests and tools walk up from a rank to its Spark executor), imports
+subprocess's are: tests and tools walk up from a rank to its Spark executor; not for the
+ranks of a replacement executor that a Spark executor's server adopted, whose starter is
+gone: walk up from ``HORA_SUPERVISOR_PID`` instead), imports
 ``HORA_WARM_PRELOAD`` (torch, torch._dynamo, hora's op layer: no torch op runs, so no
 thread pool exists), binds ``SOCKET`` and writes ``ready <pid>`` to ``READY_FD``. Then one
 thread (a fork is only safe with no other Python thread: checked before each) polls the
