@@ -209,7 +209,8 @@ _DECLARED: tuple[Setting, ...] = (
        "local estimator fits) fork from a warm server of the launching process that has imported torch "
        "(0: a fresh python per rank; HORA_WARM_WORKERS=0 turns every warm rank off)", "launch"),
     _s("HORA_WARM_IDLE_TIMEOUT", default=300.0, doc="seconds a warm rank server lives without a rank (it also "
-       "ends with the process that started it)", group="launch", **_SECONDS),
+       "ends with the process that started it; a Spark executor's server passes to the executor that replaces "
+       "a lost one, for up to 60 s)", group="launch", **_SECONDS),
     _s("HORA_WARM_PRELOAD", "str", "torch,torch._dynamo,hora.native,hora.torch", "the modules a warm rank "
        "server imports before it forks ranks (comma list; none that starts a thread at import)", "launch"),
     _s("HORA_RAY_PLACEMENT_TIMEOUT", default=100.0, doc="seconds Ray gets to place the job's bundles",
