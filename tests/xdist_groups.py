@@ -11,12 +11,12 @@ in a string (``request.getfixturevalue("connect_spark")``, ``usefixtures``); a h
 parameter of the same name (tests/runners/test_lost_driver.py starts a cluster of its own) does
 not count. Serially (no ``-n``) this does nothing.
 
-The work units go out longest first (:data:`SECONDS`, each file's seconds in a serial run; a unit
+The work units go out longest first (:data:`SECONDS_FILE`, each file's seconds in a recent run; a unit
 of several files, their sum; a file not in it, :data:`UNKNOWN_SECONDS`), so that the last unit a
 process takes is a short one and neither process idles long at the end while the other finishes
 a long file. xdist's own order is by number of tests, which put the long files of one to five
 tests (the examples, the docs, Ray) last. ``python -m tests.xdist_groups JUNIT_XML`` rewrites
-:data:`SECONDS_FILE` from a run's ``--junitxml``.
+:data:`SECONDS_FILE` from a run's ``--junitxml`` (``PYTEST_ADDOPTS=--junitxml=FILE make test``).
 
 A scheduler rather than ``--dist loadgroup``: xdist 3.8 marks a group by appending ``@group``
 to the item's ``_nodeid``, which pytest 9 no longer reads, so ``xdist_group`` marks are ignored.
@@ -36,7 +36,7 @@ from typing import Any
 #: the session fixtures that start JVM servers (tests/spark_clusters.py)
 SERVER_FIXTURES = ("connect_server", "connect_spark", "any_spark", "standalone_cluster", "standalone_connect")
 SERVERS_GROUP = "spark-servers"
-#: each test file's seconds (setup + call + teardown of its tests) in a serial run
+#: each test file's seconds (setup + call + teardown of its tests) in a recent run (only their ratios matter)
 SECONDS_FILE = Path(__file__).with_name("file_seconds.json")
 #: the weight of a file :data:`SECONDS_FILE` does not list (a new one)
 UNKNOWN_SECONDS = 5.0
