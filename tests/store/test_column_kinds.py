@@ -154,7 +154,7 @@ def test_decode_image_short_png_path_gives_pillows_pixels_and_leaves_the_rest_to
     from PIL import Image
 
     from hora.store import decode_image
-    from hora.store.columns import _decode_png
+    from hora.store.images import _decode_png
 
     rng = np.random.default_rng(0)
     smooth = np.add.outer(np.arange(20), np.arange(30)).astype(np.uint8)  # filters other than None

@@ -1,4 +1,4 @@
-"""The default image decoder on a whole batch of plain PNGs (hora.store.columns.decode_png_batch): Pillow's
+"""The default image decoder on a whole batch of plain PNGs (hora.store.images.decode_png_batch): Pillow's
 pixels, one writable (rows, H, W, C) array, and every other row left to decode_image as before."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from hora.errors import DataError
 from hora.store import ColumnOps, ColumnSpec, decode_image
-from hora.store.columns import decode_png_batch
+from hora.store.images import decode_png_batch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -178,7 +178,7 @@ def test_a_row_with_an_unknown_filter_type_or_cut_pixel_data_is_left_alone_and_t
     """A scanline filter byte PNG does not define (5) would make Pillow fail the whole tall image; cut
     pixel data makes zlib fail: those rows come back not decoded (zeros), every other row decoded, on the
     batch path itself (not its fallback of one Pillow decoder per image)."""
-    from hora.store import columns
+    from hora.store import images as images_module
 
     def no_fallback(*args):
         raise AssertionError("the batch path fell back to a decoder per image")
@@ -197,7 +197,7 @@ def test_a_row_with_an_unknown_filter_type_or_cut_pixel_data_is_left_alone_and_t
     crc = struct.pack(">I", zlib.crc32(b"IDAT" + data) & 0xFFFFFFFF)
     rows[4] = good[:idat - 4] + struct.pack(">I", len(data)) + b"IDAT" + data + crc + good[idat + 4 + n + 4:]
     with monkeypatch.context() as patch:
-        patch.setattr(columns, "_decode_png_rows", no_fallback)
+        patch.setattr(images_module, "_decode_png_rows", no_fallback)
         out, decoded = decode_png_batch(rows)
     assert decoded.tolist() == [True, False, True, True, False, True]
     assert not out[1].any() and not out[4].any()
