@@ -268,17 +268,11 @@ def test_bad_options_fail_on_the_driver(store):
 def hvd_single():
     """``hora.torch`` initialized as a one-rank job in this process (no child interpreter to start);
     shut down afterwards."""
-    import os
-
     import hora.torch as hvd
+    from tests.single_rank import one_rank_job
 
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("HORA_")}
-    hvd.init()
-    try:
+    with one_rank_job(hvd):
         yield hvd
-    finally:
-        hvd.shutdown()
-        os.environ.update(saved)
 
 
 def test_grad_scaler_step_unscales_before_stepping(hvd_single):

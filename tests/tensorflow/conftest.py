@@ -16,14 +16,10 @@ pytest.importorskip("keras")
 def hora_single():
     """``hora.native`` initialized as a one-rank job in this process; shut down afterwards."""
     import hora.native as hn
+    from tests.single_rank import one_rank_job
 
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("HORA_")}
-    hn.init()
-    try:
+    with one_rank_job(hn):
         yield hn
-    finally:
-        hn.shutdown()
-        os.environ.update(saved)
 
 
 def digits_frame(n: int | None = None):
