@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 def _file(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
-    xg.uses_servers.cache_clear()
+    xg.uses_fixtures.cache_clear()
     return path
 
 
@@ -59,3 +59,13 @@ def test_the_committed_seconds_name_test_files_that_exist():
     assert len(seconds) > 50
     present = [f for f in seconds if (root / f).exists()]
     assert len(present) >= 0.9 * len(seconds), sorted(set(seconds) - set(present))
+
+
+def test_the_files_that_use_the_ssh_server_share_one_unit():
+    """The sshd fixture writes and restores ~/.ssh: its files must not run in two processes at once."""
+    root = Path(xg.__file__).parent.parent
+    users = ["tests/ssh/test_ssh_launch.py", "tests/ssh/test_ssh_faults_in_series.py", "tests/elastic/test_elastic_ssh.py"]
+    assert {xg.group_of(root, f + "::t") for f in users} == {xg.SSH_GROUP}
+    assert xg.group_of(root, "tests/elastic/test_rounds.py::t") == "tests/elastic/test_rounds.py"
+    assert xg.unit_seconds(root, xg.SSH_GROUP, [f + "::t" for f in users]) == sum(
+        xg.file_seconds().get(f, xg.UNKNOWN_SECONDS) for f in users)

@@ -5,7 +5,9 @@ Every test of a file runs in one process, as with ``--dist loadfile`` (a module'
 built once), and the files that use the Spark servers of tests/spark_clusters.py (a Spark
 Connect server; the standalone cluster: a master and two workers, three JVMs, 20-50 s of CPU
 to start) all run in one process, so those session fixtures start once per run instead of once
-in each process, and two sets of JVMs never compete for the two cores. A file uses them if one of
+in each process, and two sets of JVMs never compete for the two cores. The files that use the
+throwaway OpenSSH server (the ``sshd`` fixture, which writes and restores ``~/.ssh``) share one
+process too, for the same reason and because two restores of one folder undo each other. A file uses them if one of
 its tests or fixtures takes one of :data:`SERVER_FIXTURES` as an argument, or the file names one
 in a string (``request.getfixturevalue("connect_spark")``, ``usefixtures``); a helper function's
 parameter of the same name (tests/runners/test_lost_driver.py starts a cluster of its own) does
@@ -36,6 +38,11 @@ from typing import Any
 #: the session fixtures that start JVM servers (tests/spark_clusters.py)
 SERVER_FIXTURES = ("connect_server", "connect_spark", "any_spark", "standalone_cluster", "standalone_connect")
 SERVERS_GROUP = "spark-servers"
+#: the session fixture that starts a throwaway OpenSSH server and writes the user's ~/.ssh (its key,
+#: known hosts, config; tests/ssh/sshd.py), restoring the folder at the end: two processes with one each
+#: would restore it under each other (seen: one process removed ~/.ssh, which the other's restore read)
+SSH_FIXTURES = ("sshd",)
+SSH_GROUP = "ssh-hosts"
 #: each test file's seconds (setup + call + teardown of its tests) in a recent run (only their ratios matter)
 SECONDS_FILE = Path(__file__).with_name("file_seconds.json")
 #: the weight of a file :data:`SECONDS_FILE` does not list (a new one)
@@ -53,27 +60,37 @@ def _is_fixture(node: ast.AST) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def uses_servers(path: Path) -> bool:
-    """Whether the test file at ``path`` uses a fixture of :data:`SERVER_FIXTURES` (see the module's doc)."""
+def uses_fixtures(path: Path, names: tuple[str, ...]) -> bool:
+    """Whether the test file at ``path`` uses a fixture of ``names``: a test or fixture takes one as an
+    argument, or a string names one (see the module's doc)."""
     try:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError, ValueError):
         return False
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and node.value in SERVER_FIXTURES:
+        if isinstance(node, ast.Constant) and node.value in names:
             return True
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
                 node.name.startswith("test") or _is_fixture(node)):
             args = node.args
-            if any(a.arg in SERVER_FIXTURES for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]):
+            if any(a.arg in names for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]):
                 return True
     return False
 
 
+def uses_servers(path: Path) -> bool:
+    """Whether the test file at ``path`` uses a fixture of :data:`SERVER_FIXTURES`."""
+    return uses_fixtures(path, SERVER_FIXTURES)
+
+
 def group_of(rootpath: Path, nodeid: str) -> str:
-    """The work unit of the test ``nodeid``: :data:`SERVERS_GROUP` or its file."""
+    """The work unit of the test ``nodeid``: :data:`SERVERS_GROUP`, :data:`SSH_GROUP` or its file."""
     file = nodeid.split("::", 1)[0]
-    return SERVERS_GROUP if uses_servers(rootpath / file) else file
+    if uses_servers(rootpath / file):
+        return SERVERS_GROUP
+    if uses_fixtures(rootpath / file, SSH_FIXTURES):
+        return SSH_GROUP
+    return file
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,7 +104,7 @@ def file_seconds() -> dict[str, float]:
 
 def unit_seconds(rootpath: Path, unit: str, nodeids: Any) -> float:
     """The expected seconds of a work unit: its file's, or the sum of its files' (the servers group)."""
-    files = {n.split("::", 1)[0] for n in nodeids} if unit == SERVERS_GROUP else {unit}
+    files = {n.split("::", 1)[0] for n in nodeids} if unit in (SERVERS_GROUP, SSH_GROUP) else {unit}
     known = file_seconds()
     return sum(known.get(f, UNKNOWN_SECONDS) for f in files)
 

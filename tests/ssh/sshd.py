@@ -84,6 +84,7 @@ def _restore(folder: Path, snapshot: dict[str, bytes] | None) -> None:
         if folder.is_dir():
             shutil.rmtree(folder, ignore_errors=True)
         return
+    folder.mkdir(mode=0o700, exist_ok=True)  # (removed meanwhile: its files come back below)
     for p in folder.iterdir():
         if p.is_file() and p.name not in snapshot:
             p.unlink()
