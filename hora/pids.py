@@ -60,4 +60,13 @@ def exit_process(code: int) -> None:
     os._exit(code)
 
 
-__all__ = ["pid_alive", "die_with_parent", "exit_process"]
+def cmdline_arg(argv: list[bytes], name: bytes) -> str | None:
+    """The value after ``name`` in a command line read from ``/proc/<pid>/cmdline`` (split at
+    NUL bytes), or None when it is not there."""
+    try:
+        return argv[argv.index(name) + 1].decode()
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+
+__all__ = ["pid_alive", "die_with_parent", "exit_process", "cmdline_arg"]

@@ -61,6 +61,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from hora import settings
+from hora.pids import cmdline_arg
 
 log = logging.getLogger(__name__)
 
@@ -158,14 +159,6 @@ class Owner:
     keeper: int | None = None
 
 
-def _arg(argv: list[bytes], name: bytes) -> str | None:
-    """The value after ``name`` in a command line, or None."""
-    try:
-        return argv[argv.index(name) + 1].decode()
-    except (ValueError, IndexError, UnicodeDecodeError):
-        return None
-
-
 def owner() -> Owner:
     """The :class:`Owner` of a server started from here: this process, or, in a Python worker
     of a Spark executor (forked by pyspark's daemon), the executor's JVM.
@@ -185,7 +178,7 @@ def owner() -> Owner:
         return Owner(os.getpid())
     if not executor or os.path.basename(executor[0]) != b"java":
         return Owner(os.getppid())
-    app, host = _arg(executor, b"--app-id"), _arg(executor, b"--hostname")
+    app, host = cmdline_arg(executor, b"--app-id"), cmdline_arg(executor, b"--hostname")
     if app and host:  # an executor (standalone, YARN, Kubernetes); a local master's driver JVM has neither
         return Owner(daemon_parent, f"{app}@{host}", keeper)
     return Owner(daemon_parent)

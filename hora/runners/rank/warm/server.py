@@ -47,7 +47,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from hora.pids import die_with_parent, exit_process
+from hora.pids import cmdline_arg, die_with_parent, exit_process
 
 log = logging.getLogger("hora.runners.rank.warm.server")
 
@@ -93,13 +93,9 @@ def _app_executor(app: str, exclude: set[int]) -> int | None:
                 argv = fh.read().split(b"\0")
         except OSError:
             continue
-        if not argv or os.path.basename(argv[0]) != b"java":
-            continue
-        try:
-            if argv[argv.index(b"--app-id") + 1].decode() == app_id and argv[argv.index(b"--hostname") + 1].decode() == host:
-                return int(name)
-        except (ValueError, IndexError, UnicodeDecodeError):
-            continue
+        if argv and os.path.basename(argv[0]) == b"java" and \
+                (cmdline_arg(argv, b"--app-id"), cmdline_arg(argv, b"--hostname")) == (app_id, host):
+            return int(name)
     return None
 
 
