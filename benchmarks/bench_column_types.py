@@ -15,6 +15,8 @@ is a ratio of two runs made in the same process, one after the other.
   memory. The three fits are run back to back ``--repeat`` times (the load of a shared machine
   changes between triples more than within one); each triple gives ratios, the table shows the
   triple of the median PNG ratio and the median of every triple's ratio, with the load of each.
+* **decode**: the CPU of decoding an epoch's PNG batches with the batch decoder against one
+  Pillow decoder per image (the path before it), alternated passes, the best of each.
 * **sequence**: token-id rows of lengths drawn from a log-normal (median ~40, cut at 512),
   batched by the reader with ``ColumnOps``: padded per batch to its longest row, against
   padded to the longest row of the data set (pad-everything-to-max). Padded tokens per epoch, and
@@ -151,6 +153,37 @@ def bench_image(n: int, epochs: int, batch: int, repeat: int = 2) -> list[str]:
     out += ["", "The goal (>= 0.9x) is judged on the first row: images decoded every epoch, behind the step. "
             "The cached row decodes once and then trains from memory like the baseline."]
     return out
+
+
+def bench_decode(n: int, batch: int, passes: int = 15) -> list[str]:
+    """CPU (``time.thread_time``) of decoding the PNG batches of an epoch: the batch decoder
+    (``decode_png_batch``: zlib per image, Pillow's unfiltering once per batch) against one Pillow
+    decoder per image (``_decode_png_rows``, the batch path before, still its fallback), in
+    alternated passes over the same batches; the best pass of each."""
+    from hora.store.images import _decode_png_rows, _png_parts, decode_png_batch
+
+    pngs, arrays, _ = _digits_pngs(n)
+    batches = [pngs[i:i + batch] for i in range(0, n, batch)]
+    head = _png_parts(pngs[0])[0]
+
+    def per_image(values):
+        return _decode_png_rows([_png_parts(v) for v in values], head, len(values))
+
+    best = {"batch": float("inf"), "per image": float("inf")}
+    for _ in range(passes):
+        for name, fn in (("batch", decode_png_batch), ("per image", per_image)):
+            t0 = time.thread_time()
+            for values in batches:
+                fn(values)
+            best[name] = min(best[name], time.thread_time() - t0)
+    out, _ = decode_png_batch(batches[0])
+    assert np.array_equal(out, per_image(batches[0])[0]) and np.array_equal(out, arrays[:batch])  # the same pixels
+    ms = {k: v / len(batches) * 1e3 for k, v in best.items()}
+    return [f"| decoding {n:,} 28x28 PNGs in batches of {batch} (best of {passes} alternated passes) | "
+            "CPU ms per batch | x per image |", "|---|---:|---:|",
+            f"| one Pillow decoder per image (before) | {ms['per image']:.3f} | 1.00 |",
+            f"| the batch decoder: zlib per image, Pillow's unfiltering once | {ms['batch']:.3f} | "
+            f"**{ms['batch'] / ms['per image']:.2f}** |"]
 
 
 # --------------------------------------------------------------------------------------
@@ -317,13 +350,15 @@ def main() -> None:
     parser.add_argument("--sparse-rows", type=int, default=1_000_000)
     parser.add_argument("--sparse-dim", type=int, default=1 << 18)
     parser.add_argument("--sparse-nnz", type=int, default=50)
-    parser.add_argument("--only", choices=("image", "sequence", "sparse"))
+    parser.add_argument("--only", choices=("image", "decode", "sequence", "sparse"))
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     print(f"bench_column_types.py, {started:%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.1f}, "
           f"{os.cpu_count()} cores\n")
     if args.only in (None, "image"):
         print("\n".join(bench_image(args.images, args.epochs, args.batch, args.repeat)) + "\n", flush=True)
+    if args.only in (None, "decode"):
+        print("\n".join(bench_decode(args.images, args.batch)) + "\n", flush=True)
     if args.only in (None, "sequence"):
         print("\n".join(bench_sequence(args.sequences, args.batch)) + "\n", flush=True)
     if args.only in (None, "sparse"):
