@@ -37,6 +37,9 @@ def test_the_extras_pin_nothing_exactly_and_leave_runtimes_their_builds():
     assert not any(r.startswith("tensorflow-cpu") for r in extras["tensorflow"]), "a GPU TensorFlow must satisfy it"
     assert not any(r.startswith("mpich") for r in extras["mpi"]), "the cluster's MPI must do"
     assert any(r.startswith("mpich") for r in extras["dev"]), "the tests still get MPICH"
+    # the default image decoder's Pillow is declared (it came only through matplotlib before)
+    assert any(r.lower().startswith("pillow") for r in extras["images"])
+    assert any("images" in r for r in extras["all"] if r.startswith("hora["))
     # this repository's own installs stay pinned
     assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text(encoding="utf-8").split()
 

@@ -217,7 +217,7 @@ def decode_image(data: bytes) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError as exc:  # pragma: no cover - Pillow is a dependency of the image path
-        raise ConfigError("decoding images needs Pillow: pip install pillow (or pass decode_fn)") from exc
+        raise ConfigError('decoding images needs Pillow: pip install "hora[images]" (or pass decode_fn)') from exc
     arr = _decode_png(data)
     if arr is not None:
         return arr
