@@ -71,7 +71,9 @@ def _digits_pngs(n: int, seed: int = 0) -> tuple[list[bytes], np.ndarray, np.nda
     return pngs, arrays, digits.target[pick].astype(np.int64)
 
 
-def _cnn():
+def _cnn(threads: int = 0):
+    """The digits CNN; ``threads``: its process's intra-op threads, set at its first forward pass
+    (on the rank, where the estimator runs it; 0 leaves torch's default, one per core)."""
     import torch
 
     torch.manual_seed(0)
@@ -79,18 +81,21 @@ def _cnn():
     class Net(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
+            self.threads = threads
             self.body = torch.nn.Sequential(
                 torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                 torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                 torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 10))
 
         def forward(self, x):  # x: (N, 28, 28, 1) uint8 -> (N, 1, 28, 28) floats
+            if self.threads and torch.get_num_threads() != self.threads:
+                torch.set_num_threads(self.threads)
             return self.body(x.permute(0, 3, 1, 2).float() / 255.0)
 
     return Net()
 
 
-def bench_image(n: int, epochs: int, batch: int, repeat: int = 2) -> list[str]:
+def bench_image(n: int, epochs: int, batch: int, repeat: int = 2, threads: int = 0) -> list[str]:
     import torch
 
     from hora.dask import TorchEstimator
@@ -102,7 +107,7 @@ def bench_image(n: int, epochs: int, batch: int, repeat: int = 2) -> list[str]:
         store = Store.create(os.path.join(tmp, "store"))
 
         def fit(df, col, **kw):
-            net = _cnn()
+            net = _cnn(threads)
             est = TorchEstimator(num_proc=1, store=store, model=net, optimizer=torch.optim.SGD(net.parameters(), 0.05),
                                  loss=torch.nn.CrossEntropyLoss(), feature_cols=[col], label_cols=["y"],
                                  batch_size=batch, epochs=epochs, verbose=0, random_seed=0, **kw)
@@ -122,7 +127,7 @@ def bench_image(n: int, epochs: int, batch: int, repeat: int = 2) -> list[str]:
         ratios = {k: [r[0] / a[0] for r, a in zip(runs[k], runs["arrays"])] for k in ("png", "png_cached")}
         mid = int(np.argsort(ratios["png"])[len(ratios["png"]) // 2])  # the triple with the median PNG ratio
         # the same model in a plain loop over the decoded arrays in memory
-        net = _cnn()
+        net = _cnn(threads)
         opt = torch.optim.SGD(net.parameters(), 0.05)
         loss_fn = torch.nn.CrossEntropyLoss()
         xt, yt = torch.from_numpy(arrays), torch.from_numpy(y)
@@ -137,7 +142,8 @@ def bench_image(n: int, epochs: int, batch: int, repeat: int = 2) -> list[str]:
     names = {"png": "PNG bytes, decoded per epoch in the prefetch thread (**the goal's row**)",
              "png_cached": "PNG bytes, inmemory_cache_all (decoded once, in the first epoch)",
              "arrays": "decoded uint8 arrays, inmemory_cache_all (the baseline)"}
-    out += [f"| image column, 1 rank CPU, {n:,} images, triple {mid + 1} of {repeat} (the median PNG ratio) | "
+    step_threads = f"{threads} intra-op thread{'s' if threads > 1 else ''}" if threads else f"torch's default threads ({torch.get_num_threads()})"
+    out += [f"| image column, 1 rank CPU ({step_threads}), {n:,} images, triple {mid + 1} of {repeat} (the median PNG ratio) | "
             "rows/s (median epoch after the first) | vs decoded arrays | median of all triples | last-epoch loss |",
             "|---|---:|---:|---:|---:|"]
     for kind in kinds:
@@ -350,13 +356,16 @@ def main() -> None:
     parser.add_argument("--sparse-rows", type=int, default=1_000_000)
     parser.add_argument("--sparse-dim", type=int, default=1 << 18)
     parser.add_argument("--sparse-nnz", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="the image fits' intra-op threads on the rank (0: torch's default, one per core; "
+                             "1 on 2 cores leaves a core to the reader's decoding, as a GPU step does)")
     parser.add_argument("--only", choices=("image", "decode", "sequence", "sparse"))
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     print(f"bench_column_types.py, {started:%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.1f}, "
           f"{os.cpu_count()} cores\n")
     if args.only in (None, "image"):
-        print("\n".join(bench_image(args.images, args.epochs, args.batch, args.repeat)) + "\n", flush=True)
+        print("\n".join(bench_image(args.images, args.epochs, args.batch, args.repeat, args.threads)) + "\n", flush=True)
     if args.only in (None, "decode"):
         print("\n".join(bench_decode(args.images, args.batch)) + "\n", flush=True)
     if args.only in (None, "sequence"):
