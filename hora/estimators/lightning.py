@@ -197,6 +197,10 @@ class LightningSession(TrainingSession):
 
         config = spec.config
         hn.init()
+        if not config.use_gpu:
+            from hora.estimators.devices import set_rank_threads
+
+            set_rank_threads(hn.local_size())  # its share of the host's cores, not all of them
         torch.manual_seed(config.seed)
         np.random.seed(config.seed % (2**32))
         payload = thaw(spec.payload)

@@ -118,6 +118,10 @@ class TorchSession(TrainingSession):
         config = spec.config
         if not hvd.is_initialized():
             hvd.init()
+        if not config.use_gpu:
+            from hora.estimators.devices import set_rank_threads
+
+            set_rank_threads(hvd.local_size())  # its share of the host's cores, not all of them
         torch.manual_seed(config.seed)
         np.random.seed(config.seed % (2**32))
         payload = thaw(spec.payload)

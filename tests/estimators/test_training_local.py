@@ -113,3 +113,40 @@ def test_feature_group_with_and_without_transformation_fn_and_the_step_profile(s
     assert plain.history[-1]["loss"] != doubled.history[-1]["loss"]
     again = fit()
     assert again.history[-1]["loss"] == plain.history[-1]["loss"]  # same seed, same rows: the same fit
+
+
+class _ThreadsNet(torch.nn.Module):
+    """An MLP that keeps, in a buffer that comes back with the fitted weights, the torch threads of the
+    process its last forward pass ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp()
+        self.register_buffer("threads", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        self.threads.fill_(torch.get_num_threads())
+        return self.body(x)
+
+
+def test_each_cpu_rank_uses_its_share_of_the_hosts_cores(reg_pandas, store, monkeypatch):
+    import os
+
+    # torch's default (every core in every rank) ran 2 ranks on 2 cores at a third of the speed
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (the test session sets it to 1)
+    monkeypatch.delenv("HORA_RANK_THREADS", raising=False)
+    net = _ThreadsNet()
+    model = _est(store, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.01), epochs=1,
+                 validation=None).fit(reg_pandas)
+    assert int(model.model_.threads) == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def test_rank_threads_follow_the_setting_then_omp_num_threads_then_the_cores(monkeypatch):
+    from hora.estimators.devices import rank_threads
+
+    assert rank_threads(2, {}, cores=16) == 8
+    assert rank_threads(3, {}, cores=16) == 5
+    assert rank_threads(4, {}, cores=2) == 1  # more ranks than cores: one each
+    assert rank_threads(2, {"OMP_NUM_THREADS": "4"}, cores=16) is None  # the user's or the cluster's choice
+    assert rank_threads(2, {"OMP_NUM_THREADS": "4", "HORA_RANK_THREADS": "3"}, cores=16) == 3
+    assert rank_threads(1, {"HORA_RANK_THREADS": "0"}, cores=2) == 2  # 0: automatic
