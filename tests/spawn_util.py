@@ -23,6 +23,13 @@ import is 6 s of CPU per rank). A server holds exactly the modules of the call i
 when a call asks for another list the server is restarted, so the ranks of torch-only
 tests never have TensorFlow imported (code that checks ``sys.modules`` behaves as in a
 real rank).
+
+Calls of 2 ranks are served by a pool of 2 warm processes that live for the whole session
+(:mod:`tests.rank_pool`): each call still gets its own rendezvous server and environment,
+and the pool is retired (a fresh pair forked on the next call) after a call that failed
+or left anything behind that a later test could see. ``pool=False`` (or ``fresh=True``,
+or another ``preload``) gives the call ranks of its own, as a test that kills, stops or
+crashes ranks needs.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Any
 
 from hora.errors import WorkerFailedError
 from hora.native.rendezvous import RendezvousServer, WorkerEnv, make_secret
+from tests import rank_pool
 
 #: what the fork server imports once (``__main__``: the test runner's script, which each
 #: rank would otherwise import again); a module that fails to import is skipped by it
@@ -60,7 +68,9 @@ def _context(fresh: bool, preload: tuple[str, ...]) -> Any:
     wanted = list(dict.fromkeys(PRELOAD + tuple(preload)))
     if _server_preload is not None and wanted != _server_preload:
         # another list: stop the server (it exits when its last client closes), the next
-        # Process.start() starts one that imports exactly ``wanted``
+        # Process.start() starts one that imports exactly ``wanted``; the pool's ranks go
+        # first (they came from the old server, which reports their exit)
+        rank_pool.shutdown("the fork server restarts with another preload")
         forkserver._forkserver._stop()
     ctx.set_forkserver_preload(wanted)  # used when the server starts
     _server_preload = wanted
@@ -96,11 +106,14 @@ def run_ranks(
     backend: str = "gloo",
     fresh: bool = False,
     preload: tuple[str, ...] = (),
+    pool: bool = True,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``size`` processes; return results in rank order.
 
     Ranks are forked from the warm fork server (which has also imported ``preload``), or
-    spawned as new interpreters when ``fresh`` (see the module's docstring).
+    spawned as new interpreters when ``fresh`` (see the module's docstring); a call of 2
+    ranks runs on the session's pool of warm ranks unless ``pool`` is false, ``fresh`` is
+    set or ``preload`` is given.
 
     Raises:
         WorkerFailedError: a rank raised (carries its traceback) or died, or the job
@@ -110,9 +123,11 @@ def run_ranks(
     secret = make_secret()
     server = RendezvousServer(secret, host="127.0.0.1")
     server.start()
-    results = ctx.Queue()
+    pooled = pool and not fresh and not preload and size == rank_pool.SIZE and rank_pool.enabled()
+    results = None if pooled else ctx.Queue()
     procs = []
     try:
+        envs = []
         for rank in range(size):
             wenv = dict(os.environ)
             wenv.update(WorkerEnv.local(rank, size, server.addr, secret, job_id="test", backend=backend,
@@ -120,6 +135,10 @@ def run_ranks(
             wenv.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
             wenv.update(env or {})
             wenv.update((rank_env or {}).get(rank, {}))
+            envs.append(wenv)
+        if pooled:
+            return rank_pool.run(ctx, fn, envs, args, dict(kwargs or {}), timeout)
+        for rank, wenv in enumerate(envs):
             p = ctx.Process(target=_child, args=(fn, rank, wenv, args, dict(kwargs or {}), results), daemon=True)
             p.start()
             procs.append(p)

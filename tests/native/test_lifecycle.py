@@ -67,8 +67,9 @@ def test_a_rank_that_shut_down_fails_the_ops_that_need_it_and_the_next_init_star
 
 @pytest.mark.timeout(150)
 def test_shutdown_waits_for_its_engine_thread_stuck_in_shared_memory_before_releasing_it():
+    # pool=False: rank 1 is stopped (SIGSTOP) mid-collective, not for a warm rank to survive
     r0, r1 = run_ranks(W.shutdown_while_peer_is_stopped, 2, args=(2.0,),
-                       env={"HORA_SHUTDOWN_TIMEOUT": "2"}, timeout=140)
+                       env={"HORA_SHUTDOWN_TIMEOUT": "2"}, timeout=140, pool=False)
     assert r0["handle_failed"], r0
     assert r0["shutdown_s"] < 10, r0
     assert r1["stuck"] == "CollectiveError", r1
