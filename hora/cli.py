@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-failures", type=_number("--max-failures", int, 0, False), default=0, metavar="N",
                      help="relaunch every rank up to N times when a rank is killed by a signal or a host is lost "
                           "(not when the program fails); ranks see HORA_ATTEMPT=1,2,... (default 0)")
+    run.add_argument("--warm", action="store_true", default=None,
+                     help="fork the ranks on this machine whose command is this python (python SCRIPT or python -m "
+                          "MODULE) from a server that has imported torch and hora (HORA_WARM_PRELOAD) instead of "
+                          "starting each as a fresh interpreter (default: HORA_WARM_COMMANDS, off)")
     run.add_argument("--output-filename", metavar="DIR", default=None,
                      help="also write each rank's output to DIR/rank.<r>/stdout and stderr")
     run.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
@@ -252,6 +256,7 @@ def command_config(args: argparse.Namespace):
             remote_python=args.remote_python,
             verbose=args.verbose,
             max_failures=args.max_failures,
+            warm=args.warm,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

@@ -208,6 +208,9 @@ _DECLARED: tuple[Setting, ...] = (
     _s("HORA_WARM_LOCAL", "bool", True, "local function ranks (hora.runners.run(backend='local'), hora.run, "
        "local estimator fits) fork from a warm server of the launching process that has imported torch "
        "(0: a fresh python per rank; HORA_WARM_WORKERS=0 turns every warm rank off)", "launch"),
+    _s("HORA_WARM_COMMANDS", "bool", False, "hora run forks the ranks on this machine whose command is this "
+       "interpreter (`python SCRIPT ARGS` or `python -m MODULE ARGS`) from a warm server that has imported "
+       "HORA_WARM_PRELOAD; a rank that cannot be forked starts as a fresh process", "launch"),
     _s("HORA_WARM_IDLE_TIMEOUT", default=300.0, doc="seconds a warm rank server lives without a rank (it also "
        "ends with the process that started it; a Spark executor's server passes to the executor that replaces "
        "a lost one, for up to 60 s)", group="launch", **_SECONDS),

@@ -58,6 +58,8 @@ class CommandConfig:
         verbose: print the hosts and commands.
         max_failures: relaunch every rank up to this many times after a retriable
             failure (``--max-failures``; see :mod:`hora.runners.driver.recovery`).
+        warm: fork the ranks on this machine whose command is this interpreter from a warm
+            server (``--warm``; None: ``HORA_WARM_COMMANDS``); see :func:`warm_command_env`.
     """
 
     command: tuple[str, ...]
@@ -76,6 +78,7 @@ class CommandConfig:
     remote_python: str | None = None
     verbose: bool = False
     max_failures: int = 0
+    warm: bool | None = None
 
     def __post_init__(self) -> None:
         check_max_failures(self.max_failures, "--max-failures")
@@ -121,6 +124,22 @@ def command_environment(cfg: CommandConfig, plan: HostPlan, service_addr: str, r
     env[ENV_DRIVER_ADDR] = service_addr
     env[ENV_RUN_ID] = run_id
     return env
+
+
+def warm_command_env(cfg: CommandConfig, env: Mapping[str, str]) -> dict[str, str] | None:
+    """The variables that key the warm server of ``cfg``'s ranks on this machine (those of
+    ``env``, a rank's environment, outside ``HORA_*``), or None when they start as fresh
+    processes: ``--warm``/``HORA_WARM_COMMANDS`` is off, warm ranks are off
+    (``HORA_WARM_WORKERS=0``, not Linux), or the command is not this interpreter running a
+    script or a module (:func:`hora.runners.rank.warm.client.forkable_command`)."""
+    from hora.runners.rank.warm import client as warm
+
+    merged = {**os.environ, **env}
+    wanted = cfg.warm if cfg.warm is not None else settings.get(warm.ENV_COMMANDS, merged)
+    if not wanted or cfg.mpi or not warm.enabled(merged) or \
+            not warm.forkable_command(cfg.command, path=merged.get("PATH")):
+        return None
+    return {k: v for k, v in env.items() if not k.startswith("HORA_")}
 
 
 class CommandRun:
@@ -173,7 +192,8 @@ class CommandRun:
             rendezvous_addr=self.service.addr, secret=self.secret, job_id=self.run_id, backend=self.cfg.collective,
             start_timeout=self.cfg.start_timeout,
         ).to_environ())
-        return RankProcess(slot.rank, self.cfg.command, env)
+        warm = None if remote else warm_command_env(self.cfg, env)
+        return RankProcess(slot.rank, self.cfg.command, env, warm=warm, warm_command=warm is not None)
 
     def start(self) -> None:
         """Reach the hosts and start every rank.
@@ -243,4 +263,4 @@ class CommandRun:
             self.service.close()
 
 
-__all__ = ["CommandConfig", "CommandRun", "command_environment"]
+__all__ = ["CommandConfig", "CommandRun", "command_environment", "warm_command_env"]

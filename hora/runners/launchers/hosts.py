@@ -76,6 +76,8 @@ class RankProcess:
         warm: fork the rank (``python -m hora.runners.rank.main``) on this machine from a warm
             server (:mod:`hora.runners.rank.warm.client`); the mapping holds the run's variables
             the rank sets before its imports (part of the server's key). None: a fresh process.
+        warm_command: with ``warm``, ``argv`` is a ``hora run`` command (``python SCRIPT ...``
+            or ``python -m MODULE ...``) forked with a fresh interpreter's semantics.
     """
 
     rank: int
@@ -84,6 +86,7 @@ class RankProcess:
     stdin: bytes | None = dataclasses.field(default=None, repr=False)
     result_path: str | None = None
     warm: Mapping[str, str] | None = dataclasses.field(default=None, repr=False)
+    warm_command: bool = False
 
 
 #: ``(slot, address its host advertises, the host is remote) -> RankProcess``
@@ -315,7 +318,7 @@ class HostsJob(Job):
                 continue
             rp = self._procs[s.rank]
             proc = self._local.start(s.rank, rp.argv, rp.env, stdin_data=rp.stdin, die_with_parent=True,
-                                     warm=rp.warm)
+                                     warm=rp.warm, warm_command=rp.warm_command)
             threading.Thread(target=self._watch_local, args=(s.rank, proc), name=f"hora-wait-{s.rank}",
                              daemon=True).start()
 

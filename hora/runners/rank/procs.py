@@ -69,6 +69,7 @@ class ProcessLauncher:
         cwd: str | None = None,
         die_with_parent: bool = False,
         warm: Mapping[str, str] | None = None,
+        warm_command: bool = False,
     ) -> subprocess.Popen | WarmProcess:
         """Start ``argv`` as rank ``rank`` in a new session with exactly ``env``.
 
@@ -78,6 +79,8 @@ class ProcessLauncher:
         (:mod:`hora.runners.rank.warm.client`); the mapping holds the variables the rank sets before its
         imports (part of the server's key). A warm rank also dies with this process. When no
         server can start or answer, a plain subprocess starts (a logged warning).
+        ``warm_command``: ``argv`` is a ``hora run`` command (``python SCRIPT ...`` too), forked
+        with a fresh interpreter's semantics (:func:`hora.runners.rank.warm.client.spawn`).
 
         Raises:
             ConfigError: the program cannot be started (not found, not executable).
@@ -88,7 +91,8 @@ class ProcessLauncher:
         if warm is not None:
             from hora.runners.rank.warm import client as warm_mod
 
-            proc = warm_mod.spawn(argv, env, cwd, import_env=warm, stdin=stdin_data is not None)
+            proc = warm_mod.spawn(argv, env, cwd, import_env=warm, stdin=stdin_data is not None,
+                                  command=warm_command)
         if proc is None:
             proc = self._popen(rank, argv, env, stdin_data, cwd, die_with_parent)
             if die_with_parent:

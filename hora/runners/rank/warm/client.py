@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 ENV_WARM = "HORA_WARM_WORKERS"
 ENV_IDLE = "HORA_WARM_IDLE_TIMEOUT"
 ENV_PRELOAD = "HORA_WARM_PRELOAD"
+ENV_COMMANDS = "HORA_WARM_COMMANDS"
 #: the HORA_* variables a server's key keeps: read at import (``import hora``) or by the server itself
 KEYED_HORA = (settings.ENV_LOG_LEVEL, ENV_PRELOAD, ENV_IDLE)
 #: variables outside ``HORA_*`` that a server's key leaves out: they change from one call to the
@@ -189,11 +191,20 @@ def owner_pid() -> int:
     return owner().pid
 
 
-def _server_path(python: str, cwd: str, skey: Mapping[str, str]) -> tuple[str, Owner]:
-    """Where the server for this request listens, and its owner. A Spark executor's server is
-    keyed by its application and host instead of the executor's own folder (the cwd), so the
-    executor that replaces a lost one finds it (the child still runs in its own cwd)."""
-    who = owner()
+def command_owner() -> Owner:
+    """The owner of a ``hora run`` command rank's server: the process that started ``hora
+    run`` (a shell, a test runner), so that its next ``hora run`` forks from the same server
+    with everything imported; this process when it has no parent but init."""
+    parent = os.getppid()
+    return Owner(parent) if parent > 1 else Owner(os.getpid())
+
+
+def _server_path(python: str, cwd: str, skey: Mapping[str, str], who: Owner | None = None) -> tuple[str, Owner]:
+    """Where the server for this request listens, and its owner (default :func:`owner`). A
+    Spark executor's server is keyed by its application and host instead of the executor's own
+    folder (the cwd), so the executor that replaces a lost one finds it (the child still runs
+    in its own cwd)."""
+    who = who or owner()
     return socket_path(server_key(python, who.app or cwd, skey), who.app or who.pid), who
 
 
@@ -316,26 +327,58 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
     return sys.platform.startswith("linux") and bool(settings.get(ENV_WARM, environ)) and hasattr(os, "pidfd_open")
 
 
+def forkable_command(argv: Sequence[str], cwd: str | None = None, path: str | None = None) -> bool:
+    """Whether a ``hora run`` command can fork from a warm server of this interpreter: it is
+    ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` where ``python`` (a path, or a name
+    looked up on ``path``, default ``PATH``) is :data:`sys.executable` itself or another name
+    for it in the same folder (``python3`` in a virtualenv's ``bin``), and ``SCRIPT`` is a file.
+    Not: another interpreter, ``python -c``, interpreter options, a shell command."""
+    if len(argv) < 2 or argv[1] in ("-", ""):
+        return False
+    found = shutil.which(argv[0], path=path)
+    if found is None:
+        return False
+    found, ours = os.path.abspath(found), os.path.abspath(sys.executable)
+    if found != ours and (os.path.dirname(found) != os.path.dirname(ours)
+                          or os.path.realpath(found) != os.path.realpath(ours)):
+        return False
+    if argv[1] == "-m":
+        return len(argv) >= 3 and bool(argv[2]) and not argv[2].startswith("-")
+    if argv[1].startswith("-"):
+        return False
+    return os.path.isfile(os.path.join(cwd or os.getcwd(), argv[1]))
+
+
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
-          import_env: Mapping[str, str] | None = None, stdin: bool = True) -> WarmProcess | None:
-    """Start ``argv`` (``python -m MODULE ARGS...``) as a child of a warm server, or None
-    (logged as a warning) when no server can start or answer: the caller then starts a
-    plain subprocess.
+          import_env: Mapping[str, str] | None = None, stdin: bool = True,
+          command: bool = False) -> WarmProcess | None:
+    """Start ``argv`` (``python -m MODULE ARGS...``; with ``command``, also ``python SCRIPT
+    ARGS``: a ``hora run`` command rank, see :func:`forkable_command`) as a child of a warm
+    server, or None (logged as a warning) when no server can start or answer: the caller then
+    starts a plain subprocess.
 
     ``env`` is the child's whole environment; ``import_env``: variables the rank sets before
     its imports (the run's own), which therefore belong to the server's key too.
     """
-    if len(argv) < 3 or argv[1] != "-m":
-        raise ValueError(f"a warm rank runs 'python -m MODULE ...', not {list(argv)!r}")
-    python, module, args = argv[0], argv[2], list(argv[3:])
     cwd = os.path.abspath(cwd or os.getcwd())
+    target: dict[str, Any]
+    if len(argv) >= 3 and argv[1] == "-m":
+        python, target, args = argv[0], {"module": argv[2]}, list(argv[3:])
+    elif command and len(argv) >= 2 and not argv[1].startswith("-"):
+        python, args = argv[0], list(argv[2:])
+        target = {"script": os.path.abspath(os.path.join(cwd, argv[1])), "argv0": argv[1]}
+    else:
+        raise ValueError(f"a warm rank runs 'python -m MODULE ...', not {list(argv)!r}")
+    if command:
+        target["command"] = True
+        python = sys.executable  # the command's python is this one (forkable_command)
     skey = {**env, **(import_env or {})}
     try:
-        path, who = _server_path(python, cwd, skey)
+        path, who = _server_path(python, cwd, skey, command_owner() if command else None)
         with _lock:
             _reap()
             try:
-                return _request(path, module, args, env, cwd, stdin, who.pid)
+                return _request(path, target, args, env, cwd, stdin, who.pid)
             except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
                 _retire(path)  # stale, ending (its idle time ran out), never started, or starting
             failed_at = _failed.get(path)
@@ -343,11 +386,11 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
                 return None  # warned when it failed
             with _starting(path, READY_TIMEOUT):
                 try:  # another process (a prestart) may have started it while this one waited
-                    return _request(path, module, args, env, cwd, stdin, who.pid)
+                    return _request(path, target, args, env, cwd, stdin, who.pid)
                 except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
                     _retire(path)
                 _start_checked(python, path, cwd, server_environ(skey), who)
-            return _request(path, module, args, env, cwd, stdin, who.pid)
+            return _request(path, target, args, env, cwd, stdin, who.pid)
     except (OSError, WarmUnavailable, _Stale, ValueError, KeyError) as exc:
         log.warning("no warm rank process (%s); starting a plain one", exc)
         return None
@@ -449,8 +492,12 @@ def _answer(conn: socket.socket, timeout: float) -> dict[str, Any]:
     return json.loads(line)
 
 
-def _request(path: str, module: str, args: list[str], env: Mapping[str, str], cwd: str,
+def _request(path: str, target: str | Mapping[str, Any], args: list[str], env: Mapping[str, str], cwd: str,
              want_stdin: bool, owner: int | None = None) -> WarmProcess:
+    """Ask the server at ``path`` to fork ``target``: a module name, ``{"module": NAME}``, or
+    ``{"script": PATH, "argv0": ARG}``, with ``"command": True`` for a command rank."""
+    if isinstance(target, str):
+        target = {"module": target}
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(ANSWER_TIMEOUT)
     try:
@@ -463,7 +510,7 @@ def _request(path: str, module: str, args: list[str], env: Mapping[str, str], cw
     ours = [pipes[0][1] if pipes[0] else None, pipes[1][0], pipes[2][0]]
     try:
         try:
-            request = {"op": "spawn", "module": module, "args": args, "env": dict(env), "cwd": cwd}
+            request = {"op": "spawn", **target, "args": args, "env": dict(env), "cwd": cwd}
             if owner is not None:  # the child dies with this owner (a server may serve several)
                 request["owner"] = owner
             _send(conn, request, theirs)
@@ -488,7 +535,8 @@ def _request(path: str, module: str, args: list[str], env: Mapping[str, str], cw
             raise _Stale("the warm server's code changed")
         raise WarmUnavailable(f"the warm server refused: {reply.get('error')}")
     stdin = os.fdopen(ours[0], "wb") if ours[0] is not None else None
-    return WarmProcess([sys.executable, "-m", module, *args], int(reply["pid"]), conn, stdin,
+    shown = ["-m", target["module"]] if "module" in target else [target["argv0"]]
+    return WarmProcess([sys.executable, *shown, *args], int(reply["pid"]), conn, stdin,
                        os.fdopen(ours[1], "rb"), os.fdopen(ours[2], "rb"))
 
 
@@ -555,5 +603,5 @@ def stop_servers() -> None:
         _reap()
 
 
-__all__ = ["Owner", "WarmProcess", "WarmUnavailable", "spawn", "enabled", "server_key", "server_environ", "socket_path",
-           "stop_servers", "ENV_WARM", "ENV_IDLE", "ENV_PRELOAD"]
+__all__ = ["Owner", "command_owner", "WarmProcess", "WarmUnavailable", "spawn", "forkable_command", "enabled", "server_key", "server_environ", "socket_path",
+           "stop_servers", "ENV_WARM", "ENV_IDLE", "ENV_PRELOAD", "ENV_COMMANDS"]

@@ -26,11 +26,14 @@ listening socket, the owner's pidfd, and each child's pidfd and supervisor conne
 
 from __future__ import annotations
 
+import atexit
+import builtins
 import contextlib
 import ctypes
 import gc
 import hashlib
 import importlib
+import io
 import json
 import logging
 import os
@@ -44,6 +47,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,7 +350,8 @@ class Server:
                    *(c.pidfd for c in self.children.values())]
         socks = [s for s in (self.listener, *(c.conn for c in self.children.values())) if s is not None]
         # the child's command line, in place before the fork: ps never shows it as the server
-        set_cmdline([sys.executable, "-m", request["module"], *request["args"]])
+        shown = [request["argv0"]] if "script" in request else ["-m", request["module"]]
+        set_cmdline([sys.executable, *shown, *request["args"]])
         pid = os.fork()
         if pid == 0:  # the child never returns
             _child_main(request, fds, closing, [*socks, conn], os.getppid())
@@ -391,7 +396,10 @@ class BadRequest(ValueError):
 
 def _parse_request(body: bytes) -> dict[str, Any]:
     """The request in ``body``: a JSON object with a string ``op``; a ``spawn`` names a
-    ``module`` (str), ``args`` (list of str), ``env`` (str -> str) and ``cwd`` (str).
+    ``module`` (str) or a ``script`` (an absolute path, with ``argv0``: the path as the
+    command gave it), ``args`` (list of str), ``env`` (str -> str) and ``cwd`` (str), and
+    optionally ``command`` (bool: a ``hora run`` command rank, :func:`_run_command`) and
+    ``owner`` (a pid).
 
     Raises:
         BadRequest: anything else.
@@ -403,8 +411,16 @@ def _parse_request(body: bytes) -> dict[str, Any]:
     if not isinstance(request, dict) or not isinstance(request.get("op"), str):
         raise BadRequest("a request that is not an object with a string 'op'")
     if request["op"] == "spawn":
-        if not isinstance(request.get("module"), str) or not request["module"]:
+        script = request.get("script")
+        if script is not None:  # a command rank's ``python SCRIPT ARGS``: an absolute path, and no module
+            if not isinstance(script, str) or not os.path.isabs(script) or "module" in request:
+                raise BadRequest("a spawn request whose script is not an absolute path (or that names a module too)")
+            if not isinstance(request.get("argv0"), str) or request.get("command") is not True:
+                raise BadRequest("a spawn request with a script but no argv0 string, or not a command")
+        elif not isinstance(request.get("module"), str) or not request["module"]:
             raise BadRequest("a spawn request without a module name")
+        if not isinstance(request.get("command", False), bool):
+            raise BadRequest("a spawn request whose command flag is not a bool")
         args = request.get("args")
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise BadRequest("a spawn request whose args are not a list of strings")
@@ -452,6 +468,8 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         random.seed()
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
+        if request.get("command"):
+            _run_command(request)  # never returns
         sys.argv = [request["module"], *request["args"]]
         if request["module"] == RANK_ENTRY:
             # preloaded above: runpy would execute a second copy of it (and warn that it is
@@ -467,6 +485,85 @@ def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], s
         code = 1
     finally:
         exit_process(code)
+
+
+def _command_stdio(env: dict[str, str]) -> None:
+    """Fresh ``sys.stdin``/``stdout``/``stderr`` on fds 0-2, buffered as a new interpreter
+    with ``env`` would make them (``PYTHONUNBUFFERED``: write-through; a terminal: line
+    buffered; stderr: line buffered, ``backslashreplace``), not as the server's were."""
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    encoding = env.get("PYTHONIOENCODING", "").split(":")[0] or None
+
+    def stream(fd: int, mode: str, errors: str | None) -> io.TextIOWrapper:
+        raw = io.FileIO(fd, mode, closefd=False)
+        tty = raw.isatty()
+        buffer: Any = raw if unbuffered and mode == "wb" else (
+            io.BufferedReader(raw) if mode == "rb" else io.BufferedWriter(raw))
+        return io.TextIOWrapper(buffer, encoding=encoding, errors=errors,
+                                line_buffering=mode == "wb" and (tty or fd == 2), write_through=unbuffered)
+
+    sys.stdin = sys.__stdin__ = stream(0, "rb", None)
+    sys.stdout = sys.__stdout__ = stream(1, "wb", None)
+    sys.stderr = sys.__stderr__ = stream(2, "wb", "backslashreplace")
+
+
+def _run_command(request: dict[str, Any]) -> None:
+    """Run a ``hora run`` command rank (``python SCRIPT ARGS`` or ``python -m MODULE ARGS``) as
+    that fresh interpreter would, and end the process: ``__main__`` is the script (its
+    ``__file__`` absolute, ``sys.argv[0]`` as given, ``sys.path[0]`` its folder) or the module
+    run by :func:`runpy.run_module`; an uncaught exception goes through ``sys.excepthook``
+    with the server's frames left out (exit code 1), a ``KeyboardInterrupt`` ends the process
+    by SIGINT, ``SystemExit`` gives its code; atexit handlers run and stdio is flushed
+    (:func:`hora.pids.exit_process`)."""
+    _command_stdio(request["env"])
+    script = request.get("script")
+    try:
+        if script is not None:
+            sys.argv = [request["argv0"], *request["args"]]
+            if sys.path:
+                sys.path[0] = os.path.dirname(os.path.realpath(script))
+            main = types.ModuleType("__main__")
+            main.__dict__.update(__file__=script, __cached__=None, __builtins__=builtins, __loader__=None)
+            sys.modules["__main__"] = main
+            with io.open_code(script) as fh:
+                code = compile(fh.read(), script, "exec")
+            exec(code, main.__dict__)
+        else:
+            sys.argv = [request["module"], *request["args"]]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException as exc:
+        tb = exc.__traceback__  # from the first frame of the user's code, as the interpreter shows it
+        while tb is not None and tb.tb_next is not None and _server_frame(tb.tb_frame.f_code.co_filename, script):
+            tb = tb.tb_next
+        with contextlib.suppress(BaseException):
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # (3.12's hook prints exc.__traceback__)
+        if isinstance(exc, KeyboardInterrupt):  # as the interpreter: it ends by the signal
+            exit_process_by_signal(signal.SIGINT)
+        code = 1
+    exit_process(code)
+
+
+def _server_frame(filename: str, script: str | None) -> bool:
+    """Whether a traceback frame in ``filename`` is the server's own (or runpy's) before the
+    user's ``script`` (None: a module) runs."""
+    if script is not None:
+        return filename != script
+    return filename == __file__ or filename == runpy.__file__ or filename.endswith("runpy>")
+
+
+def exit_process_by_signal(sig: int) -> None:
+    """Run the atexit handlers, flush stdio and end this process by ``sig`` (its default action)."""
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    os._exit(128 + sig)
 
 
 def set_cmdline(argv: list[str]) -> bool:
