@@ -18,7 +18,11 @@ SEMANTICS = """
     print("cwd", os.getcwd())
     print("env", os.environ.get("CLIW_VAR"))
     print("torch", "torch" in sys.modules)
+    print("group", os.getpgid(0) == os.getpid())  # its own process group, as a rank started cold
     print("tail", end="")  # left in the buffer: flushed at exit
+    if sys.argv[1] == "term":
+        import signal
+        os.kill(os.getpid(), signal.SIGTERM)  # SIGTERM's default action: the process ends by it
     if sys.argv[1] == "raise":
         raise RuntimeError("boom from the script")
     sys.exit(int(sys.argv[1]))
@@ -38,16 +42,21 @@ def test_a_warm_command_rank_sees_what_a_fresh_python_would(tmp_path):
         assert out[:6] == ["name __main__", f"file {script}", "argv ['../sem.py', '3']", f"path0 {tmp_path}",
                            f"cwd {work}", "env hello"], res.stdout
         assert out[6] == "torch True", "the rank did not fork from the warm server (torch preloaded)"
-        assert out[7] == "tailatexit ran", res.stdout  # atexit ran, and the unflushed tail came out first
+        assert out[7] == "group True", res.stdout
+        assert out[8] == "tailatexit ran", res.stdout  # atexit ran, and the unflushed tail came out first
 
     res = hora("run", "-np", "1", "--warm", sys.executable, script, "raise", cwd=str(tmp_path),
                env={"HORA_WARM_IDLE_TIMEOUT": "30"})
     assert res.returncode == 1, res.stderr
     tb = [line.split(":", 1)[1] for line in res.stdout.splitlines() + res.stderr.splitlines()
           if line.startswith("[0]<stderr>:")]
-    assert tb[0] == "Traceback (most recent call last):" and f'File "{script}", line 13, in <module>' in tb[1], tb
+    assert tb[0] == "Traceback (most recent call last):" and f'File "{script}", line 17, in <module>' in tb[1], tb
     assert tb[-1] == "RuntimeError: boom from the script", tb
     assert not any("server.py" in line or "runpy" in line for line in tb), tb  # the server's frames are not the user's
+
+    res = hora("run", "-np", "1", "--warm", sys.executable, script, "term", cwd=str(tmp_path),
+               env={"HORA_WARM_IDLE_TIMEOUT": "30"})
+    assert res.returncode == 128 + 15 and "failed with signal 15 (SIGTERM)" in res.stderr, res.stderr
 
 
 @pytest.mark.timeout(120)
