@@ -17,7 +17,7 @@ listening socket, the owner's pidfd, and each child's pidfd and supervisor conne
 * an owner's end takes the children it asked for with it (a request names its owner; a
   server may serve several: the executors of one Spark application on one host);
 * the last owner's end, a ``quit`` request, or ``IDLE`` seconds without a child end the server;
-  except, with ``--app`` (a Spark executor's server, :class:`hora.runners.rank.warm.client.Owner`),
+  except, with ``--app`` (a Spark executor's server, :class:`hora.runners.rank.warm.owner.Owner`),
   after its last owner's end the server looks for an executor JVM of the same application
   and host (the one the cluster manager starts in place of a lost one) for up to
   :data:`ORPHAN_WAIT` seconds and passes to it; it ends at once when ``--keeper`` (the
@@ -26,19 +26,14 @@ listening socket, the owner's pidfd, and each child's pidfd and supervisor conne
 
 from __future__ import annotations
 
-import atexit
-import builtins
 import contextlib
 import ctypes
 import gc
 import hashlib
 import importlib
-import io
 import json
 import logging
 import os
-import random
-import runpy
 import select
 import signal
 import socket
@@ -46,19 +41,17 @@ import struct
 import sys
 import threading
 import time
-import traceback
-import types
 from dataclasses import dataclass
 from typing import Any
 
-from hora.pids import cmdline_arg, die_with_parent, exit_process
+from hora.pids import cmdline_arg
+from hora.runners.rank.warm.child import RANK_ENTRY, _child_main
 
 log = logging.getLogger("hora.runners.rank.warm.server")
 
 #: the rank entry every launcher runs (``python -m``); preloaded by name, and run through its
 #: ``main(argv)`` rather than runpy (a second copy would run, with a warning). By name only:
 #: the server runs modules, it does not import the rank's code itself.
-RANK_ENTRY = "hora.runners.rank.main"
 
 _LEN = struct.Struct("!I")
 _PEERCRED = struct.Struct("3i")
@@ -71,7 +64,6 @@ ORPHAN_WAIT = 60.0
 ORPHAN_POLL = 0.25  # seconds between two looks for that executor
 #: the directory this server started in (``sys.path[0]`` of ``python -m``): a child that runs in
 #: another cwd (a replacement executor's) gets its own there instead
-_START_CWD = os.getcwd()
 
 
 @dataclass
@@ -398,7 +390,7 @@ def _parse_request(body: bytes) -> dict[str, Any]:
     """The request in ``body``: a JSON object with a string ``op``; a ``spawn`` names a
     ``module`` (str) or a ``script`` (an absolute path, with ``argv0``: the path as the
     command gave it), ``args`` (list of str), ``env`` (str -> str) and ``cwd`` (str), and
-    optionally ``command`` (bool: a ``hora run`` command rank, :func:`_run_command`) and
+    optionally ``command`` (bool: a ``hora run`` command rank, :func:`hora.runners.rank.warm.child._run_command`) and
     ``owner`` (a pid).
 
     Raises:
@@ -435,137 +427,6 @@ def _parse_request(body: bytes) -> dict[str, Any]:
     return request
 
 
-# ------------------------------------------------------------------------------------------
-# the child, between fork and the rank's code
-# ------------------------------------------------------------------------------------------
-def _child_main(request: dict[str, Any], fds: list[int], close_fds: list[int], socks: list[socket.socket],
-                server_pid: int) -> None:
-    code = 1
-    try:
-        os.setsid()  # its own session and process group, as start_new_session
-        die_with_parent()
-        if os.getppid() != server_pid:
-            os._exit(143)  # the server died before PR_SET_PDEATHSIG took effect
-        for fd in close_fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        for s in socks:
-            s.close()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        for fd in fds:
-            if fd > 2:
-                os.close(fd)
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        logging.getLogger("hora.runners.rank.warm.server").handlers.clear()
-        os.chdir(request["cwd"])
-        if sys.path and sys.path[0] == _START_CWD:  # what `python -m` in the child's cwd would have there
-            sys.path[0] = os.getcwd()
-        os.environ.clear()
-        os.environ.update(request["env"])
-        random.seed()
-        if "numpy" in sys.modules:
-            sys.modules["numpy"].random.seed()
-        if request.get("command"):
-            _run_command(request)  # never returns
-        sys.argv = [request["module"], *request["args"]]
-        if request["module"] == RANK_ENTRY:
-            # preloaded above: runpy would execute a second copy of it (and warn that it is
-            # already in sys.modules); run the imported module's entry point instead
-            code = _exit_code(sys.modules[RANK_ENTRY].main(request["args"]))
-        else:
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-            code = 0
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    finally:
-        exit_process(code)
-
-
-def _command_stdio(env: dict[str, str]) -> None:
-    """Fresh ``sys.stdin``/``stdout``/``stderr`` on fds 0-2, buffered as a new interpreter
-    with ``env`` would make them (``PYTHONUNBUFFERED``: write-through; a terminal: line
-    buffered; stderr: line buffered, ``backslashreplace``), not as the server's were."""
-    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-    encoding = env.get("PYTHONIOENCODING", "").split(":")[0] or None
-
-    def stream(fd: int, mode: str, errors: str | None) -> io.TextIOWrapper:
-        raw = io.FileIO(fd, mode, closefd=False)
-        tty = raw.isatty()
-        buffer: Any = raw if unbuffered and mode == "wb" else (
-            io.BufferedReader(raw) if mode == "rb" else io.BufferedWriter(raw))
-        return io.TextIOWrapper(buffer, encoding=encoding, errors=errors,
-                                line_buffering=mode == "wb" and (tty or fd == 2), write_through=unbuffered)
-
-    sys.stdin = sys.__stdin__ = stream(0, "rb", None)
-    sys.stdout = sys.__stdout__ = stream(1, "wb", None)
-    sys.stderr = sys.__stderr__ = stream(2, "wb", "backslashreplace")
-
-
-def _run_command(request: dict[str, Any]) -> None:
-    """Run a ``hora run`` command rank (``python SCRIPT ARGS`` or ``python -m MODULE ARGS``) as
-    that fresh interpreter would, and end the process: ``__main__`` is the script (its
-    ``__file__`` absolute, ``sys.argv[0]`` as given, ``sys.path[0]`` its folder) or the module
-    run by :func:`runpy.run_module`; an uncaught exception goes through ``sys.excepthook``
-    with the server's frames left out (exit code 1), a ``KeyboardInterrupt`` ends the process
-    by SIGINT, ``SystemExit`` gives its code; atexit handlers run and stdio is flushed
-    (:func:`hora.pids.exit_process`)."""
-    _command_stdio(request["env"])
-    script = request.get("script")
-    try:
-        if script is not None:
-            sys.argv = [request["argv0"], *request["args"]]
-            if sys.path:
-                sys.path[0] = os.path.dirname(os.path.realpath(script))
-            main = types.ModuleType("__main__")
-            main.__dict__.update(__file__=script, __cached__=None, __builtins__=builtins, __loader__=None)
-            sys.modules["__main__"] = main
-            with io.open_code(script) as fh:
-                code = compile(fh.read(), script, "exec")
-            exec(code, main.__dict__)
-        else:
-            sys.argv = [request["module"], *request["args"]]
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    except BaseException as exc:
-        tb = exc.__traceback__  # from the first frame of the user's code, as the interpreter shows it
-        while tb is not None and tb.tb_next is not None and _server_frame(tb.tb_frame.f_code.co_filename, script):
-            tb = tb.tb_next
-        with contextlib.suppress(BaseException):
-            sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # (3.12's hook prints exc.__traceback__)
-        if isinstance(exc, KeyboardInterrupt):  # as the interpreter: it ends by the signal
-            exit_process_by_signal(signal.SIGINT)
-        code = 1
-    exit_process(code)
-
-
-def _server_frame(filename: str, script: str | None) -> bool:
-    """Whether a traceback frame in ``filename`` is the server's own (or runpy's) before the
-    user's ``script`` (None: a module) runs."""
-    if script is not None:
-        return filename != script
-    return filename == __file__ or filename == runpy.__file__ or filename.endswith("runpy>")
-
-
-def exit_process_by_signal(sig: int) -> None:
-    """Run the atexit handlers, flush stdio and end this process by ``sig`` (its default action)."""
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    signal.signal(sig, signal.SIG_DFL)
-    os.kill(os.getpid(), sig)
-    os._exit(128 + sig)
-
-
 def set_cmdline(argv: list[str]) -> bool:
     """Make ``ps`` and ``/proc/<pid>/cmdline`` show ``argv`` (as ``setproctitle`` does):
     write it over this process's own argument area, which
@@ -583,17 +444,6 @@ def set_cmdline(argv: list[str]) -> bool:
         return False
     ctypes.memmove(start, data.ljust(end - start - 1, b"\0") + b" ", end - start)
     return True
-
-
-def _exit_code(value: Any) -> int:
-    """The exit status of ``SystemExit(value)``, as the interpreter makes it."""
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value & 0xFF
-    with contextlib.suppress(BaseException):
-        sys.stderr.write(f"{value}\n")
-    return 1
 
 
 def main(argv: list[str]) -> int:
