@@ -256,8 +256,9 @@ _DECLARED: tuple[Setting, ...] = (
        "it sleeps until they come (0: sleep at once)", "engine", minimum=0, maximum=1_000_000, unit="us"),
     _s("HORA_BUCKET_CAP_MB", "float", 25.0, "DistributedOptimizer's gradient bucket size (0: one op per "
        "gradient)", "engine", minimum=0.0, unit="MiB"),
-    _s("HORA_RANK_THREADS", "int", 0, "torch intra-op threads of each estimator rank (0: its share of the host's "
-       "cores, cores // ranks on the host, unless OMP_NUM_THREADS is set, as Dask, Ray and Spark set it)", "engine",
+    _s("HORA_RANK_THREADS", "int", 0, "torch threads of each CPU rank of an estimator, and OMP_NUM_THREADS of "
+       "hora run's ranks on this machine (0: the rank's share of the host's cores, cores // ranks on the host, "
+       "unless OMP_NUM_THREADS is set, as Dask, Ray and Spark set it)", "engine",
        minimum=0),
     _s("HORA_GPU_SHARING", "bool", False, "with use_gpu, let more ranks than GPUs share a host's GPUs (logged; "
        "NCCL refuses two ranks on one device) instead of failing", "engine"),

@@ -1,5 +1,5 @@
 """Which CUDA device a rank uses, the driver-side check that ``use_gpu=True`` can be honoured, and
-how many CPU threads a rank's torch uses (:func:`rank_threads`).
+how many CPU threads a rank's torch uses (:func:`set_rank_threads`).
 
 The mapping is a pure function (:func:`pick_device_index`) so that it is testable without a GPU:
 the Spark task's GPU addresses win (they are physical ids, translated through ``CUDA_VISIBLE_DEVICES``),
@@ -17,43 +17,16 @@ from typing import Any
 
 from hora import settings
 from hora.errors import ConfigError
+from hora.threads import host_cores, rank_threads
 
 log = logging.getLogger(__name__)
 
 ENV_GPU_SHARING = "HORA_GPU_SHARING"
-ENV_RANK_THREADS = "HORA_RANK_THREADS"
-
-
-def host_cores() -> int:
-    """The cores this process may run on (its CPU affinity: a container's or a task's share)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def rank_threads(local_size: int, environ: Any = None, cores: int | None = None) -> int | None:
-    """The torch intra-op threads of a rank that shares its host with ``local_size - 1`` others, or
-    None to leave torch's own choice.
-
-    ``HORA_RANK_THREADS`` when set above 0; else None when ``OMP_NUM_THREADS`` is set (the user's
-    choice, or the cluster's: a Dask nanny sets 1, Ray a task's CPUs, Spark the executor's cores);
-    else the rank's share of the host's cores, ``cores // local_size`` (at least 1). torch's own
-    default is every core for every process: ``local_size`` ranks on a host would run
-    ``local_size`` times as many compute threads as cores, whose OpenMP threads spin while they
-    wait for each other (a 2-rank CNN fit on 2 cores: 2.9x the rows/s with 1 thread a rank).
-    """
-    env = os.environ if environ is None else environ
-    chosen = settings.get(ENV_RANK_THREADS, env)
-    if chosen:
-        return int(chosen)
-    if str(env.get("OMP_NUM_THREADS", "")).strip():
-        return None
-    return max(1, (host_cores() if cores is None else cores) // max(1, int(local_size)))
 
 
 def set_rank_threads(local_size: int) -> int:
-    """Apply :func:`rank_threads` to this process's torch; the threads it now uses."""
+    """Apply :func:`hora.threads.rank_threads` to this process's torch (its share of the host's
+    cores unless ``OMP_NUM_THREADS`` or ``HORA_RANK_THREADS`` says otherwise); the threads it now uses."""
     import torch
 
     threads = rank_threads(local_size)

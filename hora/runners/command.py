@@ -6,7 +6,8 @@ dataclass built by the CLI from its flags), watches them with the one monitor
 Each rank gets the environment of a job: the launcher's own on this machine, the
 forwarded variables on other hosts (:func:`hora.runners.launchers.hosts.forward_environment`),
 the engine settings of the flags, ``-x`` variables, and the ``HORA_*`` contract with
-the launcher's rendezvous service (``HORA_DRIVER_ADDR`` for ``hora.runners.report``).
+the launcher's rendezvous service (``HORA_DRIVER_ADDR`` for ``hora.runners.report``). A rank on
+this machine without ``OMP_NUM_THREADS`` gets its share of the cores (:func:`hora.threads.rank_threads`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hora.runners.launchers.mpi import MpiJob
 from hora.runners.driver.recovery import Attempts, check_max_failures
 from hora.runners.spec import ENV_ATTEMPT, ENV_DRIVER_ADDR, ENV_RUN_ID, ENV_SUPERVISOR_PID, new_run_id
 from hora.runners.rank.ssh import SshOptions
+from hora.threads import rank_threads
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +194,10 @@ class CommandRun:
             rendezvous_addr=self.service.addr, secret=self.secret, job_id=self.run_id, backend=self.cfg.collective,
             start_timeout=self.cfg.start_timeout,
         ).to_environ())
+        if not remote:  # its share of this host's cores, as torchrun does (a remote host's are its own)
+            threads = rank_threads(slot.placement.local_size, env)
+            if threads is not None:
+                env["OMP_NUM_THREADS"] = str(threads)
         warm = None if remote else warm_command_env(self.cfg, env)
         return RankProcess(slot.rank, self.cfg.command, env, warm=warm, warm_command=warm is not None)
 

@@ -342,3 +342,18 @@ def test_mpi_chunks_are_joined_into_whole_lines_per_rank():
         (1, "half [1] with brackets and the rest"),
         (1, f"{S}x{E}not a marker"),
     ]
+
+
+@pytest.mark.timeout(120)
+def test_each_local_rank_gets_its_share_of_the_cores_unless_omp_num_threads_is_set(tmp_path):
+    script = write_script(tmp_path, "threads.py", """
+        import os
+        print("threads", os.environ["OMP_NUM_THREADS"])
+    """)
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    res = hora("run", "-np", "2", sys.executable, script, env={"OMP_NUM_THREADS": ""})  # (the suite sets 1)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count(f"<stdout>:threads {share}\n") == 2, res.stdout
+    res = hora("run", "-np", "2", "-x", "OMP_NUM_THREADS=3", sys.executable, script)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("<stdout>:threads 3\n") == 2, res.stdout

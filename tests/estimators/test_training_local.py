@@ -142,7 +142,7 @@ def test_each_cpu_rank_uses_its_share_of_the_hosts_cores(reg_pandas, store, monk
 
 
 def test_rank_threads_follow_the_setting_then_omp_num_threads_then_the_cores(monkeypatch):
-    from hora.estimators.devices import rank_threads
+    from hora.threads import rank_threads
 
     assert rank_threads(2, {}, cores=16) == 8
     assert rank_threads(3, {}, cores=16) == 5
