@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(180)
 def test_torch_synthetic_example_under_hora_run():
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    # ranks forked from a warm server (hora run --warm) that has torch imported: issue 27 item 5
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HORA_WARM_COMMANDS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "hora", "run", "-np", "2",
          sys.executable, str(ROOT / "examples" / "torch_synthetic.py"), "--epochs", "4"],
