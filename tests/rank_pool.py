@@ -25,8 +25,9 @@ in doubt it retires: a retired pool costs one fork per rank, as without a pool.
 
 ``TESTS_RANK_POOL=0`` turns the pool off (every call forks ranks of its own).
 
-The processes are daemonic children of the test process and also exit when their pipe
-to it closes, so nothing outlives the session; :func:`shutdown` (registered with
+The processes are daemonic, exit when their pipe to the test process closes and are
+killed when the fork server (which exits with the test process) dies, so nothing outlives
+the session; :func:`shutdown` (registered with
 ``atexit``) retires the pool explicitly.
 """
 
@@ -160,6 +161,9 @@ def _set_random_states(states: tuple) -> None:
 
 def _pool_main(conn: mpc.Connection) -> None:
     """A pool rank's loop: one call per message until the pipe closes."""
+    from hora.pids import die_with_parent
+
+    die_with_parent()  # the fork server, which exits with the test process: no call outlives a killed session
     randoms = _random_states()  # the fork server's, as a fresh fork would start with
     first = True
     while True:
