@@ -246,6 +246,8 @@ atexit.register(shutdown)
 
 
 def _start(ctx: Any) -> list[_Rank]:
+    if _ranks and not all(r.proc.is_alive() for r in _ranks):
+        shutdown("a pool rank died between calls")
     if not _ranks:
         try:
             for _ in range(SIZE):

@@ -140,3 +140,14 @@ def test_a_timeout_kills_both_pool_ranks_and_names_the_one_that_never_finished()
     with pytest.raises(WorkerFailedError, match=r"ranks \[1\] did not finish within 2s"):
         run_ranks(_slow_rank_1, 2, args=(60.0,), timeout=2)
     assert rank_pool.pids() == [] and all(_gone(p) for p in before)
+
+
+@needs_pool
+def test_a_pool_rank_that_died_between_calls_is_replaced_before_the_next_call():
+    first = run_ranks(_pid, 2, timeout=60)
+    os.kill(first[1], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not _gone(first[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    again = run_ranks(_pid, 2, timeout=60)
+    assert not set(again) & set(first) and _gone(first[0])
