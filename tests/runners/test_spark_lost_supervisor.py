@@ -114,3 +114,30 @@ def test_the_teardown_waits_for_the_silence_of_ranks_whose_supervisor_spark_lost
     finally:
         rank_client.close()
         service.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_heartbeats_several_times_within_the_silence_that_counts_it_stopped():
+    """The silence that proves a rank stopped (its supervisor lost) holds 4 beats of its watchdog:
+    a live rank never looks silent for one late beat, and the proof comes 0.75-1 s after it died
+    (was 1-2 s at one beat a second)."""
+    from hora.native import keys
+    from hora.native.rendezvous import KVClient
+    from hora.runners.driver.service import DriverService
+    from hora.runners.launchers.spark import SILENT_AFTER
+    from hora.runners.rank.main import BEAT_INTERVAL, _Watchdog
+
+    assert SILENT_AFTER >= 4 * BEAT_INTERVAL and SILENT_AFTER <= 1.0
+    service = DriverService(b"s" * 32, 1, "beats", verbose=0)
+    client = KVClient(service.addr, b"s" * 32, timeout=10.0)
+    watchdog = _Watchdog(client, 0, None)
+    try:
+        watchdog.start()
+        time.sleep(1.6)
+        beats = int(client.add(keys.rank_key(keys.HEARTBEAT, 0), 0))
+        assert beats >= 4, beats  # one a second before
+    finally:
+        watchdog.stopped.set()
+        watchdog.join(timeout=5)
+        client.close()
+        service.close()

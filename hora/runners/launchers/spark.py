@@ -61,7 +61,6 @@ from hora.runners.driver.store_channel import StoreChannel, StoreMirror, StoreRe
 from hora.runners.spec import (
     ENV_ADVERTISE_ADDR,
     ENV_TERMINATE_GRACE,
-    HEARTBEAT_INTERVAL,
     LaunchSpec,
     RankContext,
 )
@@ -75,8 +74,9 @@ _LOCAL_CLUSTER_RE = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\
 RESULT_SCHEMA = "rank int, seq int, chunk binary"
 CHUNK_BYTES = 1 << 20
 #: seconds without a heartbeat after which a rank whose supervisor Spark lost counts as stopped
-#: (its watchdog beats every HEARTBEAT_INTERVAL, 1 s, and ends the rank when its supervisor is gone)
-SILENT_AFTER = 2 * HEARTBEAT_INTERVAL
+#: (its watchdog beats every ``BEAT_INTERVAL`` of :mod:`hora.runners.rank.main`, 0.25 s, and ends
+#: the rank when its supervisor is gone): 4 beats
+SILENT_AFTER = 1.0
 
 #: How the ranks report to the client: "auto" (probe on Connect), "direct" (TCP) or "store".
 ENV_DRIVER_CHANNEL = "HORA_DRIVER_CHANNEL"

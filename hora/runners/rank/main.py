@@ -58,6 +58,11 @@ RESULT_CHUNK = 64 * 1024 * 1024  # bytes per key of a result posted to the drive
 #: wall-clock times (``time.time()``) of this rank's start-up, read by ``fn`` (the estimators report them):
 #: ``payload_loaded`` (spec read, ``fn`` unpickled: imports done), ``native_init`` (rendezvous done)
 PHASES: dict[str, float] = {}
+#: seconds between two heartbeats of a rank (and checks that its supervisor lives); the driver's
+#: abort key is read every HEARTBEAT_INTERVAL. A Spark rank whose supervisor Spark lost counts as
+#: stopped after 4 beats of silence (``SILENT_AFTER`` in :mod:`hora.runners.launchers.spark`):
+#: at 1 s a beat that proof cost a lost Python worker or executor 1-2 s before its relaunch.
+BEAT_INTERVAL = 0.25
 
 # ------------------------------------------------------------------------------------------
 # report(): metrics to the driver's progress bar
@@ -144,13 +149,17 @@ class _Watchdog(threading.Thread):
 
     def run(self) -> None:
         last_ok = time.monotonic()
-        while not self.stopped.wait(HEARTBEAT_INTERVAL):
+        next_abort_check = 0.0
+        while not self.stopped.wait(BEAT_INTERVAL):
             if self.parent_pid is not None and not supervisor_alive(self.parent_pid):
                 log.error("rank %d: its supervisor (pid %d) is gone; exiting", self.rank, self.parent_pid)
                 os._exit(EXIT_ABORTED)
             try:
                 self.client.add(keys.rank_key(keys.HEARTBEAT, self.rank), 1)
-                aborted = bool(self.client.keys(keys.ABORT))
+                aborted = False
+                if time.monotonic() >= next_abort_check:
+                    aborted = bool(self.client.keys(keys.ABORT))
+                    next_abort_check = time.monotonic() + HEARTBEAT_INTERVAL
                 last_ok = time.monotonic()
             except HoraError:
                 if time.monotonic() - last_ok > self.lost_after:
