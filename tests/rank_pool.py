@@ -179,12 +179,6 @@ def _pool_main(conn: mpc.Connection) -> None:
             os.environ.clear()
             os.environ.update(env)
             _set_random_states(randoms)
-            # each call is a new job (its own rendezvous server, whose generation counter
-            # starts at 0) under the same job id: forget the generations this process
-            # joined in earlier calls, as a fresh process has none
-            from hora.native import backends
-
-            backends._LAST_GENERATION.clear()
             before = _snapshot()
             import hora
 

@@ -121,6 +121,10 @@ def run_ranks(
     """
     ctx = _context(fresh, preload)
     secret = make_secret()
+    # a job id of its own: a pooled rank (tests/rank_pool.py) that joined earlier jobs in the same
+    # process meets this one's ranks as a fresh process would (the engine keeps the generations a
+    # process joined per job id)
+    job_id = f"test-{os.urandom(4).hex()}"
     server = RendezvousServer(secret, host="127.0.0.1")
     server.start()
     pooled = pool and not fresh and not preload and size == rank_pool.SIZE and rank_pool.enabled()
@@ -130,7 +134,7 @@ def run_ranks(
         envs = []
         for rank in range(size):
             wenv = dict(os.environ)
-            wenv.update(WorkerEnv.local(rank, size, server.addr, secret, job_id="test", backend=backend,
+            wenv.update(WorkerEnv.local(rank, size, server.addr, secret, job_id=job_id, backend=backend,
                                         start_timeout=min(timeout, 60.0)).to_environ())
             wenv.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
             wenv.update(env or {})
