@@ -38,7 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SLOT_POLL_INTERVAL = 0.5
+#: seconds between two looks at the cluster while a relaunch waits for slots (a lost Spark executor
+#: replaced, a Dask worker back): the relaunch follows the replacement within this
+SLOT_POLL_INTERVAL = 0.1
 
 
 def check_max_failures(value: object, name: str = "max_failures") -> int:
