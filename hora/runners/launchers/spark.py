@@ -83,52 +83,6 @@ ENV_DRIVER_CHANNEL = "HORA_DRIVER_CHANNEL"
 CHANNELS = ("auto", "direct", "store")
 REACH_TIMEOUT = 5.0  # seconds a probe task tries to connect to the client's service
 _reach_cache: dict[tuple[str, str], str] = {}  # (session id, advertised host) -> "" or why unreachable
-_prestarts: dict[str, set[str]] = {}  # session id -> the tags of its prestart jobs not yet returned
-_prestarts_lock = threading.Lock()
-
-
-def _tasks_begun(spark: Any, tag: str) -> bool | None:
-    """Whether a task of a job tagged ``tag`` has begun (running, done or failed); None where
-    this cannot be told (Spark Connect, or the tracker failed)."""
-    if _spark.is_connect(spark):
-        return None
-    try:
-        sc = spark.sparkContext
-        tracker = sc.statusTracker()
-        for job_id in list(sc._jsc.sc().statusTracker().getJobIdsForTag(tag)):
-            job = tracker.getJobInfo(int(job_id))
-            for stage_id in (job.stageIds if job is not None else ()):
-                stage = tracker.getStageInfo(stage_id)
-                if stage is not None and (stage.numActiveTasks or stage.numCompletedTasks or stage.numFailedTasks):
-                    return True
-        return False
-    except Exception as exc:  # the context is stopping
-        log.debug("could not read the tasks of the Spark jobs tagged %s: %s", tag, exc)
-        return None
-
-
-def _cancel_pending_prestarts(spark: Any, run_id: str) -> None:
-    """Cancel the session's prestart jobs (:meth:`SparkLauncher.prestart`) none of whose tasks has
-    begun: once a training stage is submitted its tasks start their servers themselves, and a
-    prestart job still waiting for task slots (a fit whose data was materialized before takes
-    every core at once) would wait out the whole stage, then take first the cores that a
-    relaunch after a lost rank needs. A prestart job with a task begun is left to end: cancelling
-    it kills the Python worker that is starting the executor's warm server. Called when the stage
-    is submitted and on each poll while it runs (a prestart job may be submitted after)."""
-    with _prestarts_lock:
-        tags = set(_prestarts.get(_spark.session_key(spark), ()))
-    for tag in tags:
-        if _tasks_begun(spark, tag) is not False:
-            continue
-        with _prestarts_lock:  # the job may have returned meanwhile
-            if tag not in _prestarts.get(_spark.session_key(spark), ()):
-                continue
-        try:
-            _spark.cancel_jobs(spark, tag)
-        except Exception as exc:  # it ends by itself; only a relaunch may wait for it
-            log.debug("could not cancel the prestart job %s: %s", tag, exc)
-            continue
-        log.debug("run %s: cancelled the prestart job %s, still waiting for task slots", run_id, tag)
 
 
 def _is_loopback(host: str) -> bool:
@@ -313,7 +267,6 @@ class SparkJob(Job):
             n = self.spec.num_proc
             task = functools.partial(_barrier_task, self.spec, self.launcher.advertise, self.channel)
             task.__name__ = self.description  # type: ignore[attr-defined]  # the UDF's name in the Spark UI
-            _cancel_pending_prestarts(self.spark, self.spec.run_id)
             with _spark.job_scope(self.spark, self.tag, self.description), _spark.console_progress_paused(self.spark):
                 frame = self.spark.range(0, n, 1, numPartitions=n)
                 stage = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True, profile=self.launcher.profile())
@@ -324,8 +277,6 @@ class SparkJob(Job):
 
     def poll(self) -> list[Any] | None:
         if self._thread.is_alive():
-            if _prestarts:  # one submitted after the stage's own check (see _cancel_pending_prestarts)
-                _cancel_pending_prestarts(self.spark, self.spec.run_id)
             return None
         if self._error is not None:
             self._sync_mirror()  # the ranks' own failure reports first
@@ -588,26 +539,16 @@ class SparkLauncher(Launcher):
             return
         task = functools.partial(_prestart_task, dict(env))
         task.__name__ = "hora: start the ranks' warm servers"  # type: ignore[attr-defined]
-        session = _spark.session_key(self.spark)
-        tag = f"hora-prestart-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
 
         def job() -> None:
             try:
-                with _spark.job_scope(self.spark, tag, "hora: start the ranks' warm servers"):
+                with _spark.job_scope(self.spark, f"hora-prestart-{os.getpid()}-{threading.get_ident()}",
+                                      "hora: start the ranks' warm servers"):
                     frame = self.spark.range(0, num_proc, 1, numPartitions=num_proc)
                     started = sum(bool(r["started"]) for r in frame.mapInArrow(task, "started boolean").collect())
                 log.debug("started %d warm rank server(s) ahead of the ranks", started)
-            except Exception as exc:  # the ranks then start their servers themselves (or it was cancelled, pending)
+            except Exception as exc:  # the ranks then start their servers themselves
                 log.debug("could not start the warm rank servers ahead of the ranks: %s", exc)
-            finally:
-                with _prestarts_lock:
-                    left = _prestarts.get(session, set())
-                    left.discard(tag)
-                    if not left:
-                        _prestarts.pop(session, None)
-
-        with _prestarts_lock:
-            _prestarts.setdefault(session, set()).add(tag)
 
         threading.Thread(target=job, name="hora-spark-prestart", daemon=True).start()
 
