@@ -172,32 +172,33 @@ class WarmProcess:
     """
 
     def __init__(self, args: Sequence[str], pid: int, conn: socket.socket, stdin: IO[bytes] | None,
-                 stdout: IO[bytes], stderr: IO[bytes]) -> None:
+                 stdout: IO[bytes], stderr: IO[bytes], received: bytes = b"") -> None:
         self.args = list(args)
         self.pid = pid
         self.returncode: int | None = None
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self._conn = conn
-        self._buf = b""
+        self._buf = received  # what the server sent after the pid: its exit line, when the child ended at once
         self._lock = threading.Lock()
 
     def _read(self, timeout: float) -> None:
         with self._lock:
             if self.returncode is not None:
                 return
-            try:
-                ready, _, _ = select.select([self._conn], [], [], max(0.0, timeout))
-                if not ready:
-                    return
-                chunk = self._conn.recv(4096)
-            except OSError:  # reset: as a closed connection
-                chunk = b""
-            self._buf += chunk
-            if b"\n" in self._buf:
+            if b"\n" not in self._buf:  # (the exit line may have come with the pid: _answer_and_rest)
+                try:
+                    ready, _, _ = select.select([self._conn], [], [], max(0.0, timeout))
+                    if not ready:
+                        return
+                    chunk = self._conn.recv(4096)
+                except OSError:  # reset: as a closed connection
+                    chunk = b""
+                if not chunk:
+                    log.warning("the warm server of pid %d went away; counting it as killed", self.pid)
+                    self.returncode = -signal.SIGKILL
+                self._buf += chunk
+            if self.returncode is None and b"\n" in self._buf:
                 self.returncode = int(json.loads(self._buf.split(b"\n", 1)[0])["exit"])
-            elif not chunk:
-                log.warning("the warm server of pid %d went away; counting it as killed", self.pid)
-                self.returncode = -signal.SIGKILL
             if self.returncode is not None:
                 self._conn.close()
 
@@ -405,6 +406,16 @@ def _send(conn: socket.socket, message: dict[str, Any], fds: Sequence[int] = ())
 
 
 def _answer(conn: socket.socket, timeout: float) -> dict[str, Any]:
+    reply, rest = _answer_and_rest(conn, timeout)
+    if rest:
+        raise WarmUnavailable("the warm server answered out of turn")
+    return reply
+
+
+def _answer_and_rest(conn: socket.socket, timeout: float) -> tuple[dict[str, Any], bytes]:
+    """The server's next answer, and whatever it sent after it: a spawned child that exits at once
+    has its ``{"exit": ...}`` line sent right behind the ``{"pid": ...}`` one, and a loaded client
+    reads both in one ``recv`` (the rest is the :class:`WarmProcess`'s)."""
     conn.settimeout(timeout)
     buf = b""
     try:
@@ -418,9 +429,7 @@ def _answer(conn: socket.socket, timeout: float) -> dict[str, Any]:
     finally:
         conn.settimeout(None)
     line, rest = buf.split(b"\n", 1)
-    if rest:
-        raise WarmUnavailable("the warm server answered out of turn")
-    return json.loads(line)
+    return json.loads(line), rest
 
 
 def _request(path: str, target: str | Mapping[str, Any], args: list[str], env: Mapping[str, str], cwd: str,
@@ -445,7 +454,7 @@ def _request(path: str, target: str | Mapping[str, Any], args: list[str], env: M
             if owner is not None:  # the child dies with this owner (a server may serve several)
                 request["owner"] = owner
             _send(conn, request, theirs)
-            reply = _answer(conn, ANSWER_TIMEOUT)
+            reply, rest = _answer_and_rest(conn, ANSWER_TIMEOUT)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise _Gone(f"the warm server closed the connection: {exc}") from None
     except BaseException:
@@ -468,7 +477,7 @@ def _request(path: str, target: str | Mapping[str, Any], args: list[str], env: M
     stdin = os.fdopen(ours[0], "wb") if ours[0] is not None else None
     shown = ["-m", target["module"]] if "module" in target else [target["argv0"]]
     return WarmProcess([sys.executable, *shown, *args], int(reply["pid"]), conn, stdin,
-                       os.fdopen(ours[1], "rb"), os.fdopen(ours[2], "rb"))
+                       os.fdopen(ours[1], "rb"), os.fdopen(ours[2], "rb"), rest)
 
 
 def _start_server(python: str, path: str, cwd: str, env: dict[str, str], who: Owner | None = None) -> None:
