@@ -8,8 +8,8 @@ fresh fork gets: its own rendezvous server and ``HORA_*`` variables, ``os.enviro
 cleared and set to the call's environment, hora's log level applied again, and the
 random generators (Python's, numpy's, torch's) put back to the state the fork server
 left them in (two ranks forked from one server draw the same numbers, which some tests
-rely on), and the job generations the process joined forgotten (each call is a new job
-under the same job id ``test``; see ``hora.native.backends.join_generation``).
+rely on); each call is a job with an id of its own (``run_ranks``), so the generations a
+process joined in earlier jobs (``hora.native.backends.join_generation``) do not matter.
 
 A process serves the next call only if the call left nothing behind that a later test
 could see; the pool is *retired* (both processes killed, a fresh pair forked on the next

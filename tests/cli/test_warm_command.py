@@ -25,6 +25,8 @@ SEMANTICS = """
         os.kill(os.getpid(), signal.SIGTERM)  # SIGTERM's default action: the process ends by it
     if sys.argv[1] == "raise":
         raise RuntimeError("boom from the script")
+    if sys.argv[1] == "interrupt":
+        raise KeyboardInterrupt  # the interpreter runs atexit, then ends by SIGINT
     sys.exit(int(sys.argv[1]))
 """
 
@@ -57,6 +59,11 @@ def test_a_warm_command_rank_sees_what_a_fresh_python_would(tmp_path):
     res = hora("run", "-np", "1", "--warm", sys.executable, script, "term", cwd=str(tmp_path),
                env={"HORA_WARM_IDLE_TIMEOUT": "30"})
     assert res.returncode == 128 + 15 and "failed with signal 15 (SIGTERM)" in res.stderr, res.stderr
+
+    res = hora("run", "-np", "1", "--warm", sys.executable, script, "interrupt", cwd=str(tmp_path),
+               env={"HORA_WARM_IDLE_TIMEOUT": "30"})
+    assert res.returncode == 128 + 2 and "failed with signal 2 (SIGINT)" in res.stderr, res.stderr
+    assert "[0]<stdout>:tailatexit ran" in res.stdout, res.stdout
 
 
 @pytest.mark.timeout(120)

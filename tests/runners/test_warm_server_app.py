@@ -30,7 +30,7 @@ def _fake_executor(app: str = APP, host: str = HOST) -> subprocess.Popen:
 
 
 def _spawn(path: str, owner: int, cwd: str) -> tuple[warm.WarmProcess, dict]:
-    proc = warm._request(path, "tests.runners.warm_child", ["sleep"], _env(**LIGHT), cwd, True, owner)
+    proc = warm._request(path, {"module": "tests.runners.warm_child"}, ["sleep"], _env(**LIGHT), cwd, True, owner)
     assert proc.stdin is not None
     proc.stdin.write(b"x\n")
     proc.stdin.close()

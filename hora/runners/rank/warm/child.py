@@ -6,7 +6,6 @@ a fresh ``python`` would run it (:func:`_run_command`), and its exit status as t
 
 from __future__ import annotations
 
-import atexit
 import builtins
 import contextlib
 import io
@@ -23,7 +22,8 @@ from typing import Any
 
 from hora.pids import die_with_parent, exit_process
 
-#: the rank entry a warm server preloads (``python -m hora.runners.rank.main``)
+#: the rank entry every launcher runs (``python -m``); the server preloads it by name, and a child
+#: runs it through its ``main(argv)`` rather than runpy (a second copy would run, with a warning)
 RANK_ENTRY = "hora.runners.rank.main"
 #: the server's cwd at its start, sys.path[0] of ``python -m`` there
 _START_CWD = os.getcwd()
@@ -132,7 +132,7 @@ def _run_command(request: dict[str, Any]) -> None:
         with contextlib.suppress(BaseException):
             sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # (3.12's hook prints exc.__traceback__)
         if isinstance(exc, KeyboardInterrupt):  # as the interpreter: it ends by the signal
-            exit_process_by_signal(signal.SIGINT)
+            exit_process(1, by_signal=signal.SIGINT)
         code = 1
     exit_process(code)
 
@@ -143,18 +143,6 @@ def _server_frame(filename: str, script: str | None) -> bool:
     if script is not None:
         return filename != script
     return filename == __file__ or filename == runpy.__file__ or filename.endswith("runpy>")
-
-
-def exit_process_by_signal(sig: int) -> None:
-    """Run the atexit handlers, flush stdio and end this process by ``sig`` (its default action)."""
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    signal.signal(sig, signal.SIG_DFL)
-    os.kill(os.getpid(), sig)
-    os._exit(128 + sig)
 
 
 def _exit_code(value: Any) -> int:

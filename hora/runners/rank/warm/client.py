@@ -432,12 +432,10 @@ def _answer_and_rest(conn: socket.socket, timeout: float) -> tuple[dict[str, Any
     return json.loads(line), rest
 
 
-def _request(path: str, target: str | Mapping[str, Any], args: list[str], env: Mapping[str, str], cwd: str,
+def _request(path: str, target: Mapping[str, Any], args: list[str], env: Mapping[str, str], cwd: str,
              want_stdin: bool, owner: int | None = None) -> WarmProcess:
-    """Ask the server at ``path`` to fork ``target``: a module name, ``{"module": NAME}``, or
-    ``{"script": PATH, "argv0": ARG}``, with ``"command": True`` for a command rank."""
-    if isinstance(target, str):
-        target = {"module": target}
+    """Ask the server at ``path`` to fork ``target``: ``{"module": NAME}`` or ``{"script": PATH,
+    "argv0": ARG}``, with ``"command": True`` for a command rank."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(ANSWER_TIMEOUT)
     try:

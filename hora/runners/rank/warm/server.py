@@ -49,10 +49,6 @@ from hora.runners.rank.warm.child import RANK_ENTRY, _child_main
 
 log = logging.getLogger("hora.runners.rank.warm.server")
 
-#: the rank entry every launcher runs (``python -m``); preloaded by name, and run through its
-#: ``main(argv)`` rather than runpy (a second copy would run, with a warning). By name only:
-#: the server runs modules, it does not import the rank's code itself.
-
 _LEN = struct.Struct("!I")
 _PEERCRED = struct.Struct("3i")
 REQUEST_TIMEOUT = 10.0
