@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -149,18 +149,37 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
     return opts
 
 
-def _prestart(opts: dict[str, Any], spark: Any, client: Any) -> None:
-    """Let the launcher prepare the ranks' hosts now (:meth:`hora.runners.Launcher.prestart`),
-    overlapped with the store check and the materialization; never fails the fit."""
+def _prestart(opts: dict[str, Any], spark: Any, client: Any) -> Callable[[], None] | None:
+    """Let the launcher prepare the ranks' hosts (:meth:`hora.runners.Launcher.prestart`),
+    overlapped with the store check and the materialization; never fails the fit.
+
+    Returns:
+        None when it was started now; for a launcher whose prestart takes the task slots
+        (Spark: a short job, which a training stage started right after it waits for), the
+        callable that starts it, for :func:`hora.store.materialize` to call only when it
+        writes the data: before a run whose data is reused it would only delay the ranks.
+    """
     from hora import runners
 
     launcher = opts["launcher"]
     if not isinstance(launcher, (str, runners.Launcher)):
-        return
+        return None
     try:
-        runners.resolve_launcher(launcher, spark=spark, client=client).prestart(opts["num_proc"], opts["env"])
+        resolved = runners.resolve_launcher(launcher, spark=spark, client=client)
     except Exception as exc:
         logger.debug("no prestart of the ranks' hosts: %s", exc)
+        return None
+
+    def start() -> None:
+        try:
+            resolved.prestart(opts["num_proc"], opts["env"])
+        except Exception as exc:
+            logger.debug("no prestart of the ranks' hosts: %s", exc)
+
+    if resolved.prestart_takes_slots:
+        return start
+    start()
+    return None
 
 
 def _check_store_reach(launcher: Any, store: Any) -> None:
@@ -216,7 +235,7 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     checked, head = prepare_task(df, config, framework)
     opts = _launch_options(config, engine, spark, client)
     num_proc = opts["num_proc"]
-    _prestart(opts, spark, client)  # the ranks' warm servers import torch while the data is materialized
+    prestart = _prestart(opts, spark, client)  # the ranks' warm servers import torch while the data is materialized
     timings = {"prepare_s": time.monotonic() - t_prepare}
     run_id = config.run_id or new_run_id()
     store = config.store
@@ -238,7 +257,8 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         info = materialize(df, store, feature_cols=features.columns, label_cols=list(config.label_cols),
                            sample_weight_col=config.sample_weight_col, validation=config.validation,
                            num_proc=num_proc * (config.partitions_per_process or 1), seed=config.seed,
-                           label_nan=config.label_nan, compress_sparse_cols=bool(config.compress_sparse_cols))
+                           label_nan=config.label_nan, compress_sparse_cols=bool(config.compress_sparse_cols),
+                           before_write=prestart)
         logger.info("dataset %s (%d train rows, %d val rows) %s in %.1f s", info.fingerprint, info.train_rows,
                     info.val_rows, "reused" if info.reused else "materialized", time.monotonic() - t0)
         if head is not None:  # a classifier's labels: class indices, checked before any worker starts

@@ -101,6 +101,12 @@ class Launcher(abc.ABC):
 
     name = "launcher"
 
+    #: True when :meth:`prestart` takes the cluster's task slots for a while (Spark: a short
+    #: job), so a run started right after it waits for them: the estimators then prestart only
+    #: when there is work to overlap it with (the data is being written), not before a run
+    #: whose data is already materialized.
+    prestart_takes_slots: bool = False
+
     @abc.abstractmethod
     def default_num_proc(self) -> int:
         """The number of ranks when ``num_proc`` is not given."""

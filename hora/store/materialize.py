@@ -37,7 +37,7 @@ import math
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hora.errors import ConfigError, DataError
 from hora.store.commit import assemble, commit, ensure_min_files, load_dataset_info
@@ -107,6 +107,7 @@ def materialize(
     rows_per_row_group: int | None = None,
     overwrite: bool = False,
     compress_sparse_cols: bool = False,
+    before_write: Callable[[], None] | None = None,
 ) -> DatasetInfo:
     """Write the needed columns of ``df`` to ``store`` as train/val Parquet, or reuse a committed copy.
 
@@ -132,6 +133,8 @@ def materialize(
         compress_sparse_cols: store Spark ML vector columns as ``indices`` (int32) and
             ``values`` (``vector_dtype``) per row, so the store's size follows the non-zeros
             (a ``"sparse"`` column); default: stored as dense arrays.
+        before_write: called once when the data is about to be written (not when a committed
+            copy is reused), e.g. to start work that the writing hides; must not raise.
 
     Returns:
         the :class:`DatasetInfo` (``info.reused`` tells whether it was found committed).
@@ -197,6 +200,8 @@ def materialize(
             logger.info("materialize: reusing committed dataset %s (%d train / %d val rows)",
                         store.url_for(found.dataset_dir), found.train_rows, found.val_rows)
             return replace(found, reused=True)
+    if before_write is not None:
+        before_write()
 
     attempt = uuid.uuid4().hex[:12]
     lease = Lease(store, fp, attempt)

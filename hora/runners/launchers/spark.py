@@ -380,6 +380,7 @@ class SparkLauncher(Launcher):
     """
 
     name = "spark"
+    prestart_takes_slots = True  # its job's tasks hold the slots the training stage needs
 
     def __init__(self, spark: Any = None, *, task_cpus: int | None = None, use_gpu: bool = False,
                  channel: str | None = None) -> None:
