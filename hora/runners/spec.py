@@ -129,6 +129,9 @@ class LaunchSpec:
             functions from the driver's modules unpickle there.
         attempt: which launch of the run this is (1 = the first; a relaunch after a lost
             rank counts up); ranks see it as ``HORA_ATTEMPT``.
+        beat_interval: seconds between two heartbeats of each rank (default ``HEARTBEAT_INTERVAL``);
+            a launcher whose proof that a lost rank stopped is that rank's silence asks for
+            shorter ones (Spark: 0.25 s).
     """
 
     payload: bytes = dataclasses.field(repr=False)
@@ -144,6 +147,7 @@ class LaunchSpec:
     init_native: bool = True
     sys_path: tuple[str, ...] = ()
     attempt: int = 1
+    beat_interval: float = HEARTBEAT_INTERVAL
 
     def __post_init__(self) -> None:
         if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
@@ -155,6 +159,8 @@ class LaunchSpec:
             raise ConfigError("the job secret must be at least 16 bytes")
         if ":" not in self.driver_addr:
             raise ConfigError(f"driver address {self.driver_addr!r} is not host:port")
+        if not 0 < self.beat_interval <= HEARTBEAT_INTERVAL:
+            raise ConfigError(f"beat_interval must be > 0 and <= {HEARTBEAT_INTERVAL} s, got {self.beat_interval!r}")
         if not self.start_timeout > 0:
             raise ConfigError(f"start_timeout must be > 0 seconds, got {self.start_timeout!r}")
         if self.collective_backend not in settings.BACKENDS:

@@ -124,13 +124,13 @@ def test_a_rank_heartbeats_several_times_within_the_silence_that_counts_it_stopp
     from hora.native import keys
     from hora.native.rendezvous import KVClient
     from hora.runners.driver.service import DriverService
-    from hora.runners.launchers.spark import SILENT_AFTER
-    from hora.runners.rank.main import BEAT_INTERVAL, _Watchdog
+    from hora.runners.launchers.spark import BEAT_INTERVAL, SILENT_AFTER
+    from hora.runners.rank.main import _Watchdog
 
     assert SILENT_AFTER >= 4 * BEAT_INTERVAL and SILENT_AFTER <= 1.0
     service = DriverService(b"s" * 32, 1, "beats", verbose=0)
     client = KVClient(service.addr, b"s" * 32, timeout=10.0)
-    watchdog = _Watchdog(client, 0, None)
+    watchdog = _Watchdog(client, 0, None, BEAT_INTERVAL)
     try:
         watchdog.start()
         # the beats a silence of SILENT_AFTER must miss (waited for, not timed: a loaded host delays them)
@@ -146,3 +146,72 @@ def test_a_rank_heartbeats_several_times_within_the_silence_that_counts_it_stopp
         watchdog.join(timeout=5)
         client.close()
         service.close()
+
+
+def _beat_interval() -> float:
+    import threading
+
+    (watchdog,) = [t for t in threading.enumerate() if t.name == "hora-watchdog"]
+    return watchdog.beat_interval
+
+
+@pytest.mark.timeout(300)
+def test_only_spark_ranks_beat_four_times_a_second(spark):
+    """Spark's proof that a lost rank stopped is its silence, so its ranks beat every 0.25 s; the
+    ranks of the other launchers beat once a second (4x fewer requests on a large job's driver)."""
+    from hora.runners.launchers.spark import BEAT_INTERVAL
+    from hora.runners.spec import HEARTBEAT_INTERVAL
+
+    assert hr.run(_beat_interval, backend="spark", spark=spark, num_proc=2, run_id="spark-beats", verbose=0,
+                  start_timeout=120) == [BEAT_INTERVAL] * 2
+    assert hr.run(_beat_interval, backend="local", num_proc=2, run_id="local-beats", verbose=0) == \
+        [HEARTBEAT_INTERVAL] * 2
+
+
+@pytest.mark.timeout(60)
+def test_a_watchdog_beats_no_faster_than_its_interval_while_it_checks_its_supervisor_more_often():
+    """Beats come every ``beat_interval`` (here 0.5 s), not every supervisor check (0.25 s): the
+    time between the first and the third beat seen is at least two intervals, less the polling
+    slack (a loaded host only makes it longer). The supervisor check still ends the rank."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from hora.native import keys
+    from hora.native.rendezvous import KVClient
+    from hora.runners.driver.service import DriverService
+    from hora.runners.rank.main import _Watchdog
+
+    service = DriverService(b"s" * 32, 1, "slow-beats", verbose=0)
+    client = KVClient(service.addr, b"s" * 32, timeout=10.0)
+    watchdog = _Watchdog(client, 0, None, 0.5)
+    try:
+        watchdog.start()
+        seen: dict[int, float] = {}
+        deadline = time.monotonic() + 30
+        while len(seen) < 3 and time.monotonic() < deadline:
+            beats = int(client.add(keys.rank_key(keys.HEARTBEAT, 0), 0))
+            if beats >= 1 and beats not in seen and beats <= 3:
+                seen[beats] = time.monotonic()
+            time.sleep(0.02)
+        assert sorted(seen) == [1, 2, 3], seen
+        assert seen[3] - seen[1] >= 2 * 0.5 - 0.1, seen
+    finally:
+        watchdog.stopped.set()
+        watchdog.join(timeout=5)
+        client.close()
+        service.close()
+    # a rank whose supervisor is gone exits at the next supervisor check, whatever its beat interval
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        from hora.native.rendezvous import KVClient
+        from hora.runners.driver.service import DriverService
+        from hora.runners.rank.main import _Watchdog
+        service = DriverService(b"s" * 32, 1, "orphan", verbose=0)
+        dog = _Watchdog(KVClient(service.addr, b"s" * 32, timeout=10.0), 0, 2**22 + 7, 1.0)  # no such pid
+        dog.start()
+        time.sleep(30)
+        sys.exit(0)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=45)
+    assert proc.returncode != 0 and "its supervisor (pid 4194311) is gone" in proc.stderr, proc.stderr[-2000:]

@@ -73,9 +73,11 @@ _LOCAL_CLUSTER_RE = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\
 #: The stage's result: each rank's pickled value, cut into chunks of at most CHUNK_BYTES.
 RESULT_SCHEMA = "rank int, seq int, chunk binary"
 CHUNK_BYTES = 1 << 20
+#: seconds between two heartbeats of a Spark rank (``LaunchSpec.beat_interval``; 1 s elsewhere)
+BEAT_INTERVAL = 0.25
 #: seconds without a heartbeat after which a rank whose supervisor Spark lost counts as stopped
-#: (its watchdog beats every ``BEAT_INTERVAL`` of :mod:`hora.runners.rank.main`, 0.25 s, and ends
-#: the rank when its supervisor is gone): 4 beats
+#: (its watchdog beats every BEAT_INTERVAL and ends the rank within 0.25 s of its supervisor's
+#: death, :mod:`hora.runners.rank.main`): 4 beats
 SILENT_AFTER = 1.0
 
 #: How the ranks report to the client: "auto" (probe on Connect), "direct" (TCP) or "store".
@@ -250,7 +252,7 @@ class SparkJob(Job):
                  channel: StoreChannel | None = None) -> None:
         self.launcher = launcher
         self.spark = launcher.spark
-        self.spec = spec
+        self.spec = spec = dataclasses.replace(spec, beat_interval=BEAT_INTERVAL)  # for the silence proof
         self.service = service
         self.channel = channel
         self.mirror = StoreMirror(service.server, channel, spec.secret) if channel is not None else None

@@ -58,11 +58,11 @@ RESULT_CHUNK = 64 * 1024 * 1024  # bytes per key of a result posted to the drive
 #: wall-clock times (``time.time()``) of this rank's start-up, read by ``fn`` (the estimators report them):
 #: ``payload_loaded`` (spec read, ``fn`` unpickled: imports done), ``native_init`` (rendezvous done)
 PHASES: dict[str, float] = {}
-#: seconds between two heartbeats of a rank (and checks that its supervisor lives); the driver's
-#: abort key is read every HEARTBEAT_INTERVAL. A Spark rank whose supervisor Spark lost counts as
-#: stopped after 4 beats of silence (``SILENT_AFTER`` in :mod:`hora.runners.launchers.spark`):
-#: at 1 s a beat that proof cost a lost Python worker or executor 1-2 s before its relaunch.
-BEAT_INTERVAL = 0.25
+#: seconds between two checks that a rank's supervisor lives (a rank whose supervisor died exits
+#: within this). Its heartbeats go every ``LaunchSpec.beat_interval`` (1 s; Spark asks for 0.25 s:
+#: a Spark rank whose supervisor Spark lost counts as stopped after 4 beats of silence, ``SILENT_AFTER``
+#: in :mod:`hora.runners.launchers.spark`), and the driver's abort key is read every HEARTBEAT_INTERVAL.
+SUPERVISOR_CHECK = 0.25
 
 # ------------------------------------------------------------------------------------------
 # report(): metrics to the driver's progress bar
@@ -135,10 +135,12 @@ def supervisor_alive(pid: int) -> bool:
 class _Watchdog(threading.Thread):
     """Heartbeats to the driver; exits the process on abort, parent death or a lost driver."""
 
-    def __init__(self, client: KVClient, rank: int, parent_pid: int | None) -> None:
+    def __init__(self, client: KVClient, rank: int, parent_pid: int | None,
+                 beat_interval: float = HEARTBEAT_INTERVAL) -> None:
         super().__init__(name="hora-watchdog", daemon=True)
         self.rank = rank
         self.parent_pid = parent_pid
+        self.beat_interval = beat_interval
         self.lost_after = float(settings.get(ENV_HEARTBEAT_TIMEOUT))
         # Its own connection with a short timeout: a heartbeat to a dead driver gives up in seconds
         # (the shared client's connect retries for HORA_RENDEZVOUS_TIMEOUT, 60 s, and its lock may be
@@ -149,11 +151,14 @@ class _Watchdog(threading.Thread):
 
     def run(self) -> None:
         last_ok = time.monotonic()
-        next_abort_check = 0.0
-        while not self.stopped.wait(BEAT_INTERVAL):
+        next_abort_check = next_beat = 0.0
+        while not self.stopped.wait(min(SUPERVISOR_CHECK, self.beat_interval)):
             if self.parent_pid is not None and not supervisor_alive(self.parent_pid):
                 log.error("rank %d: its supervisor (pid %d) is gone; exiting", self.rank, self.parent_pid)
                 os._exit(EXIT_ABORTED)
+            if time.monotonic() < next_beat:
+                continue
+            next_beat = time.monotonic() + self.beat_interval
             try:
                 self.client.add(keys.rank_key(keys.HEARTBEAT, self.rank), 1)
                 aborted = False
@@ -294,7 +299,7 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
         client = KVClient(spec.driver_addr, spec.secret)
         client.set(keys.rank_key(keys.STARTED, rank), host.encode())
         PHASES["registered"] = time.time()
-        watchdog = _Watchdog(client, rank, int(parent) if parent else None)
+        watchdog = _Watchdog(client, rank, int(parent) if parent else None, spec.beat_interval)
         watchdog.start()
         _set_reporter(client, rank)
         import cloudpickle
