@@ -170,7 +170,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
 
 
 @FUZZ
-@given(request=st.dictionaries(st.sampled_from(["op", "module", "args", "env", "cwd"]), _json, max_size=5)
+@given(request=st.dictionaries(st.sampled_from(["op", "module", "args", "env", "cwd", "exit_report"]), _json, max_size=6)
        | _json, op=st.sampled_from(["spawn", "quit", "x"]))
 def test_a_spawn_request_of_any_shape_is_validated(request, op):
     if isinstance(request, dict) and "op" in request:
@@ -185,6 +185,19 @@ def test_a_spawn_request_of_any_shape_is_validated(request, op):
         assert all(isinstance(a, str) for a in parsed["args"])
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in parsed["env"].items())
         assert isinstance(parsed["cwd"], str)
+        assert parsed.get("exit_report") is None or warm_server._valid_report(parsed["exit_report"])
+
+
+@FUZZ
+@given(report=st.dictionaries(st.sampled_from(["addr", "secret", "key", "x"]),
+                              _json | st.text(alphabet="0123456789abcdef:.²", max_size=12), max_size=4))
+def test_an_exit_report_of_any_shape_is_valid_or_refused_never_an_error(report):
+    """What the server keeps to tell a driver that a rank it killed exited: addr host:port, a hex
+    secret, a key; anything else is a refusal (a BadRequest), never an exception of its own."""
+    if warm_server._valid_report(report):
+        host, _, port = report["addr"].rpartition(":")
+        assert host and 0 < int(port) < 65536 and isinstance(bytes.fromhex(report["secret"]), bytes)
+        assert isinstance(report["key"], str) and report["key"]
 
 
 @FUZZ

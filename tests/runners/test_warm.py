@@ -151,6 +151,55 @@ def test_a_server_ends_with_its_owner_after_its_idle_time_and_when_its_code_chan
     assert not os.path.exists(warm.socket_path(warm.server_key(sys.executable, REPO, env), os.getpid()))
 
 
+_SUPERVISOR = textwrap.dedent("""
+    import json, os, sys
+    from hora.runners.rank.warm import client as warm
+    addr, secret, command = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    def report(rank):
+        return {"addr": addr, "secret": secret, "key": "runner/exited/%d" % rank}
+    def argv(*action):
+        if command:  # a ``hora run`` command rank: its server's owner is this process's parent
+            return [sys.executable, os.path.join("tests", "runners", "warm_child.py"), *action]
+        return [sys.executable, "-m", "tests.runners.warm_child", *action]
+    done = warm.spawn(argv("exit", "0"), dict(os.environ), stdin=False, command=command, exit_report=report(1))
+    assert done.wait(60) == 0
+    p = warm.spawn(argv("sleep"), dict(os.environ), stdin=False, command=command, exit_report=report(0))
+    print(json.dumps({"server": [s.pid for s in warm._servers.values()], "child": p.pid}), flush=True)
+    sys.stdin.read()
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", [False, True], ids=["its-owner-and-supervisor-killed", "its-supervisor-killed"])
+def test_a_rank_that_the_server_ends_is_reported_exited_to_its_driver(servers, command):
+    """A supervisor SIGKILLed (a Spark task's Python worker; or with it the server's owner, an executor)
+    cannot say that its rank's processes stopped: the server that kills the rank says it, to the driver
+    service its spawn request named; a rank that ends by itself is reported by its supervisor, not
+    the server."""
+    from hora.runners.driver.service import DriverService
+
+    secret = b"s" * 32
+    service = DriverService(secret, 2, "exit-report", verbose=0)
+    supervisor = subprocess.Popen([sys.executable, "-c", _SUPERVISOR, service.addr, secret.hex(), "1" if command else "0"],
+                                  env=_env(HORA_WARM_IDLE_TIMEOUT="3", **LIGHT), cwd=REPO, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+    started: dict = {}
+    try:
+        started = json.loads(supervisor.stdout.readline())
+        assert service.exited() == set()  # the rank that exited by itself: not the server's to report
+        supervisor.kill()
+        supervisor.wait(10)
+        deadline = time.monotonic() + 30
+        while service.exited() != {0} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert service.exited() == {0}, "no report of the killed rank (0), or one of the rank that exited itself (1)"
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        service.close()
+    assert not _gone([started["child"], *started["server"]]), "the rank or its server outlived the test"
+
+
 @pytest.mark.timeout(60)
 def test_a_server_that_cannot_start_means_a_plain_subprocess(tmp_path, caplog, servers):
     fake = tmp_path / "python"

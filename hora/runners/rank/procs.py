@@ -70,6 +70,7 @@ class ProcessLauncher:
         die_with_parent: bool = False,
         warm: Mapping[str, str] | None = None,
         warm_command: bool = False,
+        exit_report: Mapping[str, str] | None = None,
     ) -> subprocess.Popen | WarmProcess:
         """Start ``argv`` as rank ``rank`` in a new session with exactly ``env``.
 
@@ -81,6 +82,8 @@ class ProcessLauncher:
         server can start or answer, a plain subprocess starts (a logged warning).
         ``warm_command``: ``argv`` is a ``hora run`` command (``python SCRIPT ...`` too), forked
         with a fresh interpreter's semantics (:func:`hora.runners.rank.warm.client.spawn`).
+        ``exit_report``: where the warm server posts that the rank exited when it ends the rank
+        itself (this process gone): ``{"addr", "secret" (hex), "key"}`` of a driver service.
 
         Raises:
             ConfigError: the program cannot be started (not found, not executable).
@@ -92,7 +95,7 @@ class ProcessLauncher:
             from hora.runners.rank.warm import client as warm_mod
 
             proc = warm_mod.spawn(argv, env, cwd, import_env=warm, stdin=stdin_data is not None,
-                                  command=warm_command)
+                                  command=warm_command, exit_report=exit_report)
         if proc is None:
             proc = self._popen(rank, argv, env, stdin_data, cwd, die_with_parent)
             if die_with_parent:

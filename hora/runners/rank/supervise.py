@@ -213,7 +213,11 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
     try:
         python = settings.get(ENV_WORKER_PYTHON, spec.env_dict)  # hora.spark.run(executable=...)
         launcher.start(ctx.rank, worker_argv(result_path, python), worker_process_env(),
-                       stdin_data=pickle.dumps((spec, ctx)), warm=_warm_key_env(spec))
+                       stdin_data=pickle.dumps((spec, ctx)), warm=_warm_key_env(spec),
+                       # this supervisor killed (a Spark task's Python worker): the server that then
+                       # ends the rank says so, as this supervisor would have (keys.EXITED)
+                       exit_report={"addr": spec.driver_addr, "secret": spec.secret.hex(),
+                                    "key": keys.rank_key(keys.EXITED, ctx.rank)})
         last_abort_check = 0.0
         driver_seen, unreachable = time.monotonic(), False
         while True:

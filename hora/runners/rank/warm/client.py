@@ -283,7 +283,7 @@ def forkable_command(argv: Sequence[str], cwd: str | None = None, path: str | No
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
           import_env: Mapping[str, str] | None = None, stdin: bool = True,
-          command: bool = False) -> WarmProcess | None:
+          command: bool = False, exit_report: Mapping[str, str] | None = None) -> WarmProcess | None:
     """Start ``argv`` (``python -m MODULE ARGS...``; with ``command``, also ``python SCRIPT
     ARGS``: a ``hora run`` command rank, see :func:`forkable_command`) as a child of a warm
     server, or None (logged as a warning) when no server can start or answer: the caller then
@@ -291,6 +291,9 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
 
     ``env`` is the child's whole environment; ``import_env``: variables the rank sets before
     its imports (the run's own), which therefore belong to the server's key too.
+    ``exit_report``: ``{"addr", "secret" (hex), "key"}``: when the server ends the child itself
+    (its supervisor, this process, or its owner gone), it sets ``key`` to ``b"1"`` in the driver
+    service at ``addr`` (the word this process can no longer send).
     """
     cwd = os.path.abspath(cwd or os.getcwd())
     target: dict[str, Any]
@@ -310,7 +313,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
         with _lock:
             _reap()
             try:
-                return _request(path, target, args, env, cwd, stdin, who.pid)
+                return _request(path, target, args, env, cwd, stdin, who.pid, exit_report)
             except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
                 _retire(path)  # stale, ending (its idle time ran out), never started, or starting
             failed_at = _failed.get(path)
@@ -318,11 +321,11 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
                 return None  # warned when it failed
             with _starting(path, READY_TIMEOUT):
                 try:  # another process (a prestart) may have started it while this one waited
-                    return _request(path, target, args, env, cwd, stdin, who.pid)
+                    return _request(path, target, args, env, cwd, stdin, who.pid, exit_report)
                 except (_Stale, _Gone, FileNotFoundError, ConnectionRefusedError):
                     _retire(path)
                 _start_checked(python, path, cwd, server_environ(skey), who)
-            return _request(path, target, args, env, cwd, stdin, who.pid)
+            return _request(path, target, args, env, cwd, stdin, who.pid, exit_report)
     except (OSError, WarmUnavailable, _Stale, ValueError, KeyError) as exc:
         log.warning("no warm rank process (%s); starting a plain one", exc)
         return None
@@ -433,7 +436,7 @@ def _answer_and_rest(conn: socket.socket, timeout: float) -> tuple[dict[str, Any
 
 
 def _request(path: str, target: Mapping[str, Any], args: list[str], env: Mapping[str, str], cwd: str,
-             want_stdin: bool, owner: int | None = None) -> WarmProcess:
+             want_stdin: bool, owner: int | None = None, exit_report: Mapping[str, str] | None = None) -> WarmProcess:
     """Ask the server at ``path`` to fork ``target``: ``{"module": NAME}`` or ``{"script": PATH,
     "argv0": ARG}``, with ``"command": True`` for a command rank."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -451,6 +454,8 @@ def _request(path: str, target: Mapping[str, Any], args: list[str], env: Mapping
             request = {"op": "spawn", **target, "args": args, "env": dict(env), "cwd": cwd}
             if owner is not None:  # the child dies with this owner (a server may serve several)
                 request["owner"] = owner
+            if exit_report is not None:
+                request["exit_report"] = dict(exit_report)
             _send(conn, request, theirs)
             reply, rest = _answer_and_rest(conn, ANSWER_TIMEOUT)
         except (BrokenPipeError, ConnectionResetError) as exc:

@@ -14,6 +14,9 @@ listening socket, the owner's pidfd, and each child's pidfd and supervisor conne
   ``python -m MODULE ARGS`` on the passed fds, environment and cwd; the answer is its pid,
   and ``{"exit": code}`` follows when the child is reaped;
 * a supervisor whose connection closes takes its child with it (SIGKILL to the group);
+  a child the server ended itself (its supervisor or its owner gone), once reaped, is reported
+  exited to the driver service its request named (``exit_report``: the word a Spark task's
+  killed Python worker can no longer send, so the driver need not wait for the rank's silence);
 * an owner's end takes the children it asked for with it (a request names its owner; a
   server may serve several: the executors of one Spark application on one host);
 * the last owner's end, a ``quit`` request, or ``IDLE`` seconds without a child end the server;
@@ -68,6 +71,31 @@ class _Child:
     pidfd: int
     conn: socket.socket | None
     owner: int = 0  # the pid of the owner it dies with
+    report: dict[str, str] | None = None  # the request's exit_report
+    killed: bool = False  # the server ended it (its supervisor or owner gone)
+
+
+#: seconds the server's one thread gives a report of a killed child's exit (a driver on this
+#: host answers in milliseconds; one that is gone costs the other clients this wait at most)
+REPORT_TIMEOUT = 1.0
+
+
+def _report_exit(child: _Child) -> None:
+    """Tell the child's driver service that its rank exited (``exit_report``), if the server
+    ended the child; best effort, within :data:`REPORT_TIMEOUT`."""
+    if child.report is None or not child.killed:
+        return
+    from hora.native.rendezvous import KVClient
+
+    try:
+        client = KVClient(child.report["addr"], bytes.fromhex(child.report["secret"]), timeout=REPORT_TIMEOUT)
+        try:
+            client.set(child.report["key"], b"1")
+        finally:
+            client.close()
+        log.info("warm server: reported the exit of pid %d (%s)", child.pid, child.report["key"])
+    except Exception as exc:  # the driver may be gone too
+        log.info("warm server: could not report the exit of pid %d: %s", child.pid, exc)
 
 
 def _app_executor(app: str, exclude: set[int]) -> int | None:
@@ -207,6 +235,7 @@ class Server:
         self.lost_owners.add(pid)
         for child in self.children.values():
             if child.owner == pid:
+                child.killed = True
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(child.pid, signal.SIGKILL)
         if self.owners:
@@ -252,10 +281,12 @@ class Server:
 
     def _kill_all(self) -> None:
         for child in list(self.children.values()):
+            child.killed = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(child.pid, 0)
+            _report_exit(child)
 
     def _supervisor_gone(self, child: _Child) -> None:
         assert child.conn is not None
@@ -264,6 +295,7 @@ class Server:
         child.conn.close()
         child.conn = None
         log.info("warm server: the supervisor of pid %d is gone; killing its group", child.pid)
+        child.killed = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signal.SIGKILL)
 
@@ -274,6 +306,7 @@ class Server:
         os.close(child.pidfd)
         del self.children[child.pid]
         self.last_active = time.monotonic()
+        _report_exit(child)
         if child.conn is not None:
             self.poller.unregister(child.conn.fileno())
             del self.by_conn[child.conn.fileno()]
@@ -344,7 +377,7 @@ class Server:
         if pid == 0:  # the child never returns
             _child_main(request, fds, closing, [*socks, conn], os.getppid())
         set_cmdline(self.title)
-        child = _Child(pid, os.pidfd_open(pid), conn, owner)
+        child = _Child(pid, os.pidfd_open(pid), conn, owner, request.get("exit_report"))
         self.children[pid] = child
         self.by_conn[conn.fileno()] = child
         self.poller.register(child.pidfd, select.POLLIN)
@@ -382,12 +415,25 @@ class BadRequest(ValueError):
     """A request to the warm server that is not one it serves (not JSON, or a wrong shape)."""
 
 
+def _valid_report(report: Any) -> bool:
+    if not isinstance(report, dict) or set(report) != {"addr", "secret", "key"}:
+        return False
+    if not all(isinstance(v, str) and v for v in report.values()) or ":" not in report["addr"]:
+        return False
+    try:
+        bytes.fromhex(report["secret"])
+    except ValueError:
+        return False
+    host, _, port = report["addr"].rpartition(":")
+    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536
+
+
 def _parse_request(body: bytes) -> dict[str, Any]:
     """The request in ``body``: a JSON object with a string ``op``; a ``spawn`` names a
     ``module`` (str) or a ``script`` (an absolute path, with ``argv0``: the path as the
     command gave it), ``args`` (list of str), ``env`` (str -> str) and ``cwd`` (str), and
-    optionally ``command`` (bool: a ``hora run`` command rank, :func:`hora.runners.rank.warm.child._run_command`) and
-    ``owner`` (a pid).
+    optionally ``command`` (bool: a ``hora run`` command rank, :func:`hora.runners.rank.warm.child._run_command`),
+    ``owner`` (a pid) and ``exit_report`` (``{"addr": "host:port", "secret": hex, "key": str}``).
 
     Raises:
         BadRequest: anything else.
@@ -420,6 +466,9 @@ def _parse_request(body: bytes) -> dict[str, Any]:
         owner = request.get("owner")
         if owner is not None and (isinstance(owner, bool) or not isinstance(owner, int) or owner <= 0):
             raise BadRequest("a spawn request whose owner is not a pid")
+        report = request.get("exit_report")
+        if report is not None and not _valid_report(report):
+            raise BadRequest("a spawn request whose exit_report is not {addr: 'host:port', secret: hex, key: str}")
     return request
 
 
