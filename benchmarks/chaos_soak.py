@@ -297,8 +297,13 @@ def _dask(work: Path, args: argparse.Namespace) -> dict:
 
     import hora.dask as face
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                      local_directory=str(work / "dask")) as cluster, Client(cluster):
+    # A LocalCluster closes a worker's nanny for good when no worker of that name is back
+    # `distributed.deploy.lost-worker-timeout` (15 s) after a removal, and the check of one removal
+    # also fires during a later restart of the same name: the third kill of a worker in ~15 s
+    # left the cluster with one worker (a soak failure that was the harness's, not hora's).
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                         local_directory=str(work / "dask")) as cluster, Client(cluster):
         with dask.config.set({"dataframe.convert-string": False}):
             df = dd.from_pandas(_frame(args.rows), npartitions=2)
         return scenario("dask", face, None, df, work, args)  # the default client: this cluster's

@@ -69,13 +69,18 @@ def spark(spark_event_dir):
 def dask_client():
     """The one Dask LocalCluster of the run (2 worker processes, 1 thread each) and its Client."""
     pytest.importorskip("distributed")
+    import dask
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address=":0", silence_logs=40,
-    )
-    client = Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
+    # Tests kill its workers (their nannies start new ones): a LocalCluster closes a nanny for good
+    # when no worker of its name is back `lost-worker-timeout` (15 s) after a removal, and the check
+    # of an earlier removal also fires during a later restart of the same name.
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address=":0", silence_logs=40,
+        )
+        client = Client(cluster)
+        yield client
+        client.close()
+        cluster.close()
