@@ -33,11 +33,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     import hora.runners as hr
     import hora.spark as face
-    from benchmarks.chaos_soak import _fit, _frame
+    from benchmarks.chaos_soak import _fit, _frame, spark_session
     from hora.runners.launchers.spark import SparkLauncher
     from hora.store import Store
     from tests.spark_clusters import StandaloneCluster
@@ -47,9 +45,7 @@ def main() -> None:
         work = Path(tmp)
         cluster = StandaloneCluster(work / "spark").start()
         try:
-            spark = (SparkSession.builder.master(cluster.url).appName("hora-bench-prestart")
-                     .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-                     .config("spark.ui.enabled", "false").config("spark.executor.memory", "768m").getOrCreate())
+            spark = spark_session(cluster, "hora-bench-prestart")
             try:
                 pdf = _frame(256)
                 df = spark.createDataFrame(pdf.assign(features=[r.tolist() for r in pdf["features"]]))

@@ -309,9 +309,17 @@ def _dask(work: Path, args: argparse.Namespace) -> dict:
         return scenario("dask", face, None, df, work, args)  # the default client: this cluster's
 
 
-def _spark(work: Path, args: argparse.Namespace) -> dict:
+def spark_session(cluster: Any, app: str) -> Any:
+    """A classic SparkSession on ``cluster`` (a ``tests.spark_clusters.StandaloneCluster``), as the
+    soak's and the Spark benchmarks that share its cluster use it."""
     from pyspark.sql import SparkSession
 
+    return (SparkSession.builder.master(cluster.url).appName(app)
+            .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false").config("spark.executor.memory", "768m").getOrCreate())
+
+
+def _spark(work: Path, args: argparse.Namespace) -> dict:
     import hora.runners as hr
     import hora.spark as face
     from tests.spark_clusters import StandaloneCluster
@@ -319,9 +327,7 @@ def _spark(work: Path, args: argparse.Namespace) -> dict:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     cluster = StandaloneCluster(work / "spark").start()
     try:
-        spark = (SparkSession.builder.master(cluster.url).appName("hora-chaos-soak")
-                 .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-                 .config("spark.ui.enabled", "false").config("spark.executor.memory", "768m").getOrCreate())
+        spark = spark_session(cluster, "hora-chaos-soak")
         try:
             pdf = _frame(args.rows)
             df = spark.createDataFrame(pdf.assign(features=[r.tolist() for r in pdf["features"]]))

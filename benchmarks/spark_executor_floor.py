@@ -60,16 +60,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
-    from pyspark.sql import SparkSession
-
+    from benchmarks.chaos_soak import spark_session
     from tests.spark_clusters import StandaloneCluster
 
     with tempfile.TemporaryDirectory(prefix="hora-spark-floor-") as tmp:
         cluster = StandaloneCluster(Path(tmp) / "spark").start()
         try:
-            spark = (SparkSession.builder.master(cluster.url).appName("hora-spark-floor")
-                     .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-                     .config("spark.ui.enabled", "false").config("spark.executor.memory", "768m").getOrCreate())
+            spark = spark_session(cluster, "hora-spark-floor")
             profile = ResourceProfileBuilder().require(TaskResourceRequests().cpus(2)).build
 
             def stage() -> float:
