@@ -76,8 +76,9 @@ class _Child:
 
 
 #: seconds the server's one thread gives a report of a killed child's exit (a driver on this
-#: host answers in milliseconds; one that is gone costs the other clients this wait at most)
-REPORT_TIMEOUT = 1.0
+#: host answers in milliseconds; one that is gone, whose refused connects are retried until
+#: this deadline, costs the server's other clients this wait at most)
+REPORT_TIMEOUT = 0.3
 
 
 def _report_exit(child: _Child) -> None:
