@@ -38,7 +38,7 @@ def main() -> None:
     from benchmarks.chaos_soak import _fit, _frame, spark_session
     from hora.runners.launchers.spark import SparkLauncher
     from hora.store import Store
-    from tests.spark_clusters import StandaloneCluster
+    from _common.spark import StandaloneCluster
 
     times: dict[str, list[float]] = {"prestart job (before)": [], "no job (now)": []}
     with tempfile.TemporaryDirectory(prefix="hora-bench-prestart-") as tmp:

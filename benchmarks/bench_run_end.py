@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _native_common import load_now, machine_note, table  # noqa: E402
+from _common import load_now, machine_note, table  # noqa: E402
 
 OLD = {"shutdown_poll": 0.2, "check_poll": 0.1}
 NEW = {"shutdown_poll": 0.05, "check_poll": 0.05}

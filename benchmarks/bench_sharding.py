@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _native_common import load_now, machine_note, run_local, table  # noqa: E402
+from _common import load_now, machine_note, run_local, table  # noqa: E402
 
 STRATEGIES = ("hora", "zero1", "zero2", "ddp", "fsdp")
 PHASES = ("build", "forward", "backward", "step")

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from hora.dask import TorchEstimator  # noqa: E402
 from hora.store import Store  # noqa: E402
-from tests.store.faulty_proxy import FaultyProxy  # noqa: E402
+from _common.s3_faults import FaultyProxy  # noqa: E402
 
 BUCKET = "hora-bench"
 

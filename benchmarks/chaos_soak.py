@@ -58,7 +58,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from hora.estimators.callbacks import Callback  # noqa: E402
-from tests.runners.helpers import hora_worker_processes, rank_processes_in  # noqa: E402
+from _common.processes import hora_worker_processes, rank_processes_in  # noqa: E402
 
 TARGETS = {"dask": ("rank", "supervisor"), "spark": ("rank", "supervisor", "executor"), "ssh": ("rank", "supervisor")}
 
@@ -322,7 +322,7 @@ def spark_session(cluster: Any, app: str) -> Any:
 def _spark(work: Path, args: argparse.Namespace) -> dict:
     import hora.runners as hr
     import hora.spark as face
-    from tests.spark_clusters import StandaloneCluster
+    from _common.spark import StandaloneCluster
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     cluster = StandaloneCluster(work / "spark").start()
@@ -342,7 +342,7 @@ def _ssh(work: Path, args: argparse.Namespace) -> dict:
     import hora.dask as face
     from hora.runners import HostsLauncher
     from hora.runners.rank.ssh import SshOptions
-    from tests.ssh.sshd import running_sshd
+    from _common.sshd import running_sshd
 
     (work / "sshd").mkdir()
     with running_sshd(work / "sshd") as sshd:

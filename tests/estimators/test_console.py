@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_data
 
 EPOCH_LINE = re.compile(r"^epoch (\d)/3: loss=(\S+) val_loss=(\S+) .*\| [\d.]+ s, \d+ rows/s$")
 
@@ -77,7 +77,7 @@ def test_dask_fit_console_off_a_terminal(dask_client, store, capfd):
 SCRIPT = textwrap.dedent("""
     import json, os, sys
     import pandas as pd, torch
-    from tests.estimators.conftest import mlp, regression_data
+    from tests.estimators.frames import mlp, regression_data
     from hora.store import Store
 
     x, y = regression_data(n=300)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hora.errors import ConfigError
-from tests.estimators.conftest import mlp
+from tests.estimators.frames import mlp
 from tests.estimators.test_driver_checks import _est, _nothing_launched
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ssh.sshd import SshdUnavailable, running_sshd
+from benchmarks._common.sshd import SshdUnavailable, running_sshd
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_data
 from tests.estimators.test_faults_in_series import SlowSteps
 from tests.runners.helpers import rank_processes_in
 
