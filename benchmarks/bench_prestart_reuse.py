@@ -1,4 +1,4 @@
-"""A Spark fit whose data is already materialized: no prestart job (hora's rule since stop 40) against
+"""A Spark fit whose data is already materialized: no prestart job (what hora does now) against
 the prestart job every fit ran before (the baseline), alternated in the same run.
 
 Run: ``.venv/bin/python benchmarks/bench_prestart_reuse.py [--pairs 5] [--epochs 1]``. Prints a markdown

@@ -1,4 +1,4 @@
-"""Sharded training strategies against replicated training, same run (issue #28, "Speed and memory").
+"""Sharded training strategies against replicated training, same run: speed and memory.
 
     python benchmarks/bench_sharding.py [--np 2] [--memory-np 4] [--steps 20] [--dim 768] [--layers 12]
                                         [--vocab 40000] [--seq 64] [--batch 2] [--device cpu|cuda]

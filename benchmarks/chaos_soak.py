@@ -1,4 +1,4 @@
-"""Faults in series (issue 29, items 2 and 5): one long fit per scenario while a seeded chaos
+"""Faults in series: one long fit per scenario while a seeded chaos
 thread SIGKILLs the job's processes from outside, one after another.
 
 Run: ``.venv/bin/python benchmarks/chaos_soak.py [--scenarios dask,spark,ssh] [--faults 10] [--epochs 30]``

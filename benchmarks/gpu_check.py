@@ -1,4 +1,4 @@
-"""GPU check for hora (issue 30): one table, written as JSON, non-zero exit if a required check fails.
+"""GPU check for hora: one table, written as JSON, non-zero exit if a required check fails.
 
     python benchmarks/gpu_check.py --device cuda --out gpu_check.json   # on the GPU machine (< 6 minutes)
     python benchmarks/gpu_check.py --device cpu --out /tmp/gpu_check.json  # anywhere: small sizes, same paths
@@ -321,7 +321,7 @@ def check_lightning_fsdp(device: str, n: int) -> Any:
 
 def skipped_rows() -> None:
     row("estimator throughput (use_gpu=True, ResNet 32x32x3, vs in-GPU ceiling and DataLoader loop)", "skip",
-        "not implemented yet: written without GPU access in this session (issue 30 follow-up)", required=False)
+        "not implemented yet: this row needs a GPU to be written against", required=False)
 
 
 def main() -> int:

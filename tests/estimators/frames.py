@@ -204,7 +204,7 @@ def lightning_data_module(n: int = 64):
     return Images()
 
 
-# the column types of issue 26 (tests/estimators/test_column_types.py, tests/ray): image bytes, token ids, words
+# the column types of tests/estimators/test_column_types.py and tests/ray: image bytes, token ids, words
 def column_png(value: int, rng) -> bytes:
     import io
 

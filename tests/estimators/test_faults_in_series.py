@@ -1,4 +1,4 @@
-"""Faults in series, injected from outside (issue 29 item 2, the short variant): a chaos thread
+"""Faults in series, injected from outside (the short variant of ``benchmarks/chaos_soak.py``): a chaos thread
 SIGKILLs a rank, then the executor JVM of a relaunched rank, then a rank again, all in ONE fit
 on a real Spark standalone cluster (master + two workers); ``fit(max_failures=5)`` completes
 with every epoch once and no rank process of the job is left."""

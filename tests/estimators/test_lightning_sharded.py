@@ -1,4 +1,4 @@
-"""LightningEstimator with Lightning's own sharded strategies on hora's ranks (issue 28 item 3).
+"""LightningEstimator with Lightning's own sharded strategies on hora's ranks.
 
 ``ModelParallelStrategy`` (FSDP2's ``fully_shard`` in the module's ``configure_model``) runs on
 CPU ranks over Gloo; ``FSDPStrategy`` (torch's FSDP1) needs a GPU, and says so on the driver.

@@ -1,5 +1,5 @@
 """Errors hora recognises inside a Spark failure are raised without Spark's Java stack and chained
-tracebacks in front; the Spark error stays on ``exc.spark_error`` (issue 25, item 4)."""
+tracebacks in front; the Spark error stays on ``exc.spark_error``."""
 
 from __future__ import annotations
 
