@@ -310,7 +310,7 @@ def _dask(work: Path, args: argparse.Namespace) -> dict:
 
 
 def spark_session(cluster: Any, app: str) -> Any:
-    """A classic SparkSession on ``cluster`` (a ``tests.spark_clusters.StandaloneCluster``), as the
+    """A classic SparkSession on ``cluster`` (a ``_common.spark.StandaloneCluster``), as the
     soak's and the Spark benchmarks that share its cluster use it."""
     from pyspark.sql import SparkSession
 
