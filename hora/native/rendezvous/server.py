@@ -1,152 +1,447 @@
 """The rendezvous server: an authenticated key-value store the launcher runs for its ranks.
 
-It keeps a table of keys (set, add, delete, list by prefix, wait for keys) and serves
-it over signed frames (:mod:`.protocol`); a connection that fails the check, or sends
-anything malformed, is logged and dropped. The server never crashes because of a peer.
+It keeps a table of keys (set, add, delete, list by prefix, wait for keys; :mod:`.table`)
+and serves it over signed frames (:mod:`.protocol`) from one event loop: one thread, one
+``selectors`` selector, every connection non-blocking. A request is answered inline (the
+table's operations never block); a ``wait`` whose keys are missing parks the connection on
+those keys, and the write that completes them sends the answer. Thousands of ranks cost
+thousands of sockets, not thousands of threads.
+
+A connection that fails the HMAC check, or sends anything malformed, is logged (once per
+address and kind) and dropped; a frame begun must be complete within ``FRAME_TIMEOUT``;
+a connection that never sends a signed frame is closed after ``FRAME_TIMEOUT``, and at most
+:data:`MAX_UNSIGNED_PER_HOST` of those are held per address (a flood of silent connections
+is refused at the door, never a thread each). The server never crashes because of a peer.
+
+Requests (tuples, after the HMAC check): ``("set", key, value)``, ``("add", key, n)``,
+``("delete", key)``, ``("keys", prefix)``, ``("wait", keys, timeout)`` (an error naming the
+missing keys at the timeout), ``("watch", keys, timeout)`` (None at the timeout: a pushed
+signal such as the abort), ``("batch", [request, ...])`` (several writes in one frame: a
+process that speaks for several ranks), ``("ping",)``.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import heapq
+import hmac
+import itertools
 import logging
 import pickle
+import resource
+import selectors
 import socket
-import socketserver
-import struct
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from hora.errors import ConfigError, RendezvousError
-from hora.native.rendezvous.protocol import FRAME_TIMEOUT, FrameError, recv_frame, send_frame
+from hora.native.rendezvous.protocol import FRAME_TIMEOUT, HEADER, MAGIC, MAX_FRAME
+from hora.native.rendezvous.table import Table, Waiter, timeout_error
 
 log = logging.getLogger("hora.native.rendezvous")
 
-
-class _Table:
-    """The key-value table with blocking waits; shared by the server's handler threads."""
-
-    def __init__(self) -> None:
-        self._data: dict[str, bytes] = {}
-        self._cond = threading.Condition()
-
-    def set(self, key: str, value: bytes) -> None:
-        with self._cond:
-            self._data[key] = value
-            self._cond.notify_all()
-
-    def add(self, key: str, amount: int) -> int:
-        with self._cond:
-            value = int(self._data.get(key, b"0")) + amount
-            self._data[key] = str(value).encode()
-            self._cond.notify_all()
-            return value
-
-    def delete(self, key: str) -> bool:
-        with self._cond:
-            return self._data.pop(key, None) is not None
-
-    def keys(self, prefix: str) -> list[str]:
-        with self._cond:
-            return sorted(k for k in self._data if k.startswith(prefix))
-
-    def wait(self, keys: Sequence[str], timeout: float) -> list[bytes] | list[str]:
-        """Values of ``keys``; on timeout, raise RendezvousError naming the missing keys."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                missing = [k for k in keys if k not in self._data]
-                if not missing:
-                    return [self._data[k] for k in keys]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RendezvousError(
-                        f"timed out after {timeout:g}s waiting for key(s) {', '.join(missing)}"
-                    )
-                self._cond.wait(min(left, 1.0))
+#: the longest the loop sleeps without looking at its timers (frame timeouts, wait deadlines);
+#: ``stop`` wakes it at once through its wake-up socket
+SHUTDOWN_POLL_S = 0.05
+#: connections of one address that have not yet sent a signed frame (beyond: refused)
+MAX_UNSIGNED_PER_HOST = 1024
+#: connections accepted per turn of the loop before it reads what the accepted ones sent
+ACCEPT_BURST = 64
+#: requests of one batch
+MAX_BATCH = 100_000
+_WRITE_OPS = ("set", "add", "delete")
 
 
-class _Handler(socketserver.BaseRequestHandler):
-    server: _TCPServer
+class _Conn:
+    __slots__ = ("sock", "peer", "host", "inbuf", "out", "since", "signed", "waiter", "wait_op", "wait_timeout",
+                 "timer", "closed", "opened")
 
-    def handle(self) -> None:
-        sock: socket.socket = self.request
-        peer = "%s:%s" % self.client_address[:2]
-        secret = self.server.secret
-        table = self.server.table
-        while not self.server.closing:
+    def __init__(self, sock: socket.socket, peer: str, host: str, now: float) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.host = host
+        self.inbuf = bytearray()
+        self.out = bytearray()  # reply bytes the socket did not take yet
+        self.since: float | None = None  # when the frame being read began (None: between frames)
+        self.signed = False  # sent one signed frame
+        self.waiter: Waiter | None = None  # its parked wait/watch
+        self.wait_op = "wait"
+        self.wait_timeout = 0.0
+        self.timer: list | None = None
+        self.closed = False
+        self.opened = now
+
+
+class _Loop:
+    """The server's event loop (one thread)."""
+
+    def __init__(self, sock: socket.socket, secret: bytes, table: Table) -> None:
+        self.listener = sock
+        self.secret = secret
+        self.table = table
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ, None)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.closing = False
+        self.conns: set[_Conn] = set()
+        self.unsigned: collections.Counter[str] = collections.Counter()
+        self.timers: list[list] = []  # heap of [deadline, n, conn, kind]
+        self._count = itertools.count()
+        self.posted: collections.deque = collections.deque()  # callables from other threads
+        self.logged: set[tuple[str, str]] = set()
+        self.dropped: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.accept_paused_until = 0.0
+        self.last_turn = time.monotonic()
+        self.thread_id: int | None = None
+
+    # cross-thread -------------------------------------------------------------------------
+    def post(self, fn: Any) -> None:
+        """Run ``fn()`` on the loop's thread soon."""
+        self.posted.append(fn)
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # already awake, or closing
+
+    # logging ------------------------------------------------------------------------------
+    def _drop_log(self, host: str, kind: str, msg: str, *args: Any) -> None:
+        """Warn once per address and kind; later drops of the same kind are counted (DEBUG)."""
+        self.dropped[(host, kind)] += 1
+        if (host, kind) in self.logged:
+            log.debug(msg, *args)
+            return
+        self.logged.add((host, kind))
+        log.warning(msg + " (further such drops from this address are logged at DEBUG)", *args)
+
+    # the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        self.thread_id = threading.get_ident()
+        try:
+            while not self.closing:
+                timeout = SHUTDOWN_POLL_S
+                if self.timers:
+                    timeout = max(0.0, min(timeout, self.timers[0][0] - time.monotonic()))
+                for key, mask in self.sel.select(timeout):
+                    data = key.data
+                    if data is None:
+                        self._accept()
+                    elif data == "wake":
+                        self._drain_wake()
+                    else:
+                        if mask & selectors.EVENT_WRITE:
+                            self._flush(data)
+                        if mask & selectors.EVENT_READ and not data.closed:
+                            self._read(data)
+                while self.posted:
+                    self.posted.popleft()()
+                now = time.monotonic()
+                self.last_turn = now
+                self._expire(now)
+        finally:
+            for conn in list(self.conns):
+                self._close(conn)
+            self.sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _accept(self) -> None:
+        now = time.monotonic()
+        if now < self.accept_paused_until:
+            return
+        for _ in range(ACCEPT_BURST):
             try:
-                request = recv_frame(sock, secret, FRAME_TIMEOUT)
-            except ConnectionError:
+                sock, addr = self.listener.accept()
+            except BlockingIOError:
                 return
-            except (FrameError, pickle.UnpicklingError, EOFError, struct.error) as exc:
-                log.warning("rendezvous: dropping connection from %s: %s", peer, exc)
+            except OSError as exc:  # out of file descriptors: let the others be served meanwhile
+                self._drop_log("*", "accept", "rendezvous: cannot accept connections: %s", exc)
+                self.accept_paused_until = now + 0.1
                 return
+            host = str(addr[0])
+            if self.unsigned[host] >= MAX_UNSIGNED_PER_HOST:
+                self._drop_log(host, "flood", "rendezvous: refusing a connection from %s: %d connections of it "
+                               "have sent no signed frame yet", host, self.unsigned[host])
+                sock.close()
+                continue
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
-                return
-            except Exception as exc:  # garbage that passed HMAC cannot happen; be safe anyway
-                log.warning("rendezvous: dropping connection from %s: unreadable frame (%s)", peer, exc)
-                return
-            try:
-                reply = ("ok", self._dispatch(table, request))
-            except RendezvousError as exc:
-                reply = ("error", str(exc))
-            except Exception as exc:
-                log.warning("rendezvous: bad request from %s: %r", peer, exc)
-                reply = ("error", f"bad request: {exc!r}")
-            try:
-                send_frame(sock, secret, reply)
-            except OSError:
-                return
+                pass
+            conn = _Conn(sock, "%s:%s" % (addr[0], addr[1]), host, now)
+            self.unsigned[host] += 1
+            self.conns.add(conn)
+            self.sel.register(sock, selectors.EVENT_READ, conn)
+            self._set_timer(conn, now + FRAME_TIMEOUT, "idle")
 
-    @staticmethod
-    def _dispatch(table: _Table, request: Any) -> Any:
-        if not isinstance(request, tuple) or not request or not isinstance(request[0], str):
-            raise ValueError("request is not an (op, ...) tuple")
+    def _set_timer(self, conn: _Conn, deadline: float, kind: str) -> None:
+        if conn.timer is not None:
+            conn.timer[2] = None  # cancelled: skipped when it comes up
+        entry = [deadline, next(self._count), conn, kind]
+        conn.timer = entry
+        heapq.heappush(self.timers, entry)
+
+    def _expire(self, now: float) -> None:
+        timers = self.timers
+        while timers and timers[0][0] <= now:
+            _, _, conn, kind = heapq.heappop(timers)
+            if conn is None or conn.closed:
+                continue
+            conn.timer = None
+            if kind == "wait":
+                self._wait_timed_out(conn)
+            elif kind == "frame":
+                self._drop_log(conn.host, "stall", "rendezvous: dropping connection from %s: an incomplete frame "
+                               "(nothing more within %g s)", conn.peer, FRAME_TIMEOUT)
+                self._close(conn)
+            elif kind == "idle" and not conn.signed:
+                self._drop_log(conn.host, "silent", "rendezvous: dropping connection from %s: no signed frame "
+                               "within %g s", conn.peer, FRAME_TIMEOUT)
+                self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        if not conn.signed:
+            self.unsigned[conn.host] -= 1
+            if self.unsigned[conn.host] <= 0:
+                del self.unsigned[conn.host]
+        if conn.waiter is not None:
+            with self.table.lock:
+                self.table.cancel_locked(conn.waiter)
+            conn.waiter = None
+        if conn.timer is not None:
+            conn.timer[2] = None
+            conn.timer = None
+        self.conns.discard(conn)
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    # reading ------------------------------------------------------------------------------
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if not data:
+            self._close(conn)
+            return
+        conn.inbuf += data
+        self._frames(conn)
+
+    def _frames(self, conn: _Conn) -> None:
+        """Answer the complete frames in ``conn``'s buffer, in order (none while a wait is parked)."""
+        buf = conn.inbuf
+        size = HEADER.size
+        while buf and conn.waiter is None and not conn.closed:
+            if len(buf) < size:
+                self._frame_begun(conn)
+                return
+            magic, length, mac = HEADER.unpack_from(buf)
+            if magic != MAGIC:
+                self._reject(conn, f"bad frame magic {bytes(magic)!r}")
+                return
+            if length > MAX_FRAME:
+                self._reject(conn, f"frame of {length} bytes exceeds the {MAX_FRAME} byte limit")
+                return
+            end = size + length
+            if len(buf) < end:
+                self._frame_begun(conn)
+                return
+            body = bytes(buf[size:end])
+            del buf[:end]
+            if not hmac.compare_digest(mac, hmac.digest(self.secret, body, hashlib.sha256)):
+                self._reject(conn, "frame failed HMAC authentication (wrong job secret?)")
+                return
+            try:
+                request = pickle.loads(body)  # only after the HMAC check
+            except Exception as exc:  # signed garbage cannot happen; be safe anyway
+                self._reject(conn, f"unreadable frame ({exc})")
+                return
+            if not conn.signed:
+                conn.signed = True
+                self.unsigned[conn.host] -= 1
+                if self.unsigned[conn.host] <= 0:
+                    del self.unsigned[conn.host]
+            if conn.since is not None or conn.timer is not None:
+                conn.since = None
+                if conn.timer is not None:
+                    conn.timer[2] = None
+                    conn.timer = None
+            self._request(conn, request)
+
+    def _frame_begun(self, conn: _Conn) -> None:
+        if conn.since is None:
+            conn.since = time.monotonic()
+            self._set_timer(conn, conn.since + FRAME_TIMEOUT, "frame")
+
+    def _reject(self, conn: _Conn, why: str) -> None:
+        self._drop_log(conn.host, "frame", "rendezvous: dropping connection from %s: %s", conn.peer, why)
+        self._close(conn)
+
+    # answering ----------------------------------------------------------------------------
+    def _request(self, conn: _Conn, request: Any) -> None:
+        try:
+            if not isinstance(request, tuple) or not request or not isinstance(request[0], str):
+                raise ValueError("request is not an (op, ...) tuple")
+            op = request[0]
+            if op in ("wait", "watch"):
+                _, keys, timeout = request
+                self._park(conn, op, [str(k) for k in keys], float(timeout))
+                return
+            with self.table.lock:
+                value = self._dispatch_locked(request)
+            reply: tuple = ("ok", value)
+        except RendezvousError as exc:
+            reply = ("error", str(exc))
+        except Exception as exc:
+            log.warning("rendezvous: bad request from %s: %r", conn.peer, exc)
+            reply = ("error", f"bad request: {exc!r}")
+        self._send(conn, reply)
+
+    def _dispatch_locked(self, request: tuple) -> Any:
+        table = self.table
         op, args = request[0], request[1:]
-        if op == "set":
-            key, value = args
-            table.set(str(key), bytes(value))
-            return None
-        if op == "wait":
-            keys, timeout = args
-            return table.wait([str(k) for k in keys], float(timeout))
         if op == "add":
             key, amount = args
-            return table.add(str(key), int(amount))
+            return table.add_locked(str(key), int(amount))
+        if op == "set":
+            key, value = args
+            table.set_locked(str(key), bytes(value))
+            return None
+        if op == "batch":
+            (requests,) = args
+            if not isinstance(requests, list) or len(requests) > MAX_BATCH:
+                raise ValueError("a batch is a list of at most %d requests" % MAX_BATCH)
+            for r in requests:
+                if not isinstance(r, tuple) or not r or r[0] not in _WRITE_OPS:
+                    raise ValueError(f"a batch holds only {', '.join(_WRITE_OPS)} requests, not {r!r}")
+            return [self._dispatch_locked(r) for r in requests]
         if op == "delete":
-            return table.delete(str(args[0]))
+            return table.delete_locked(str(args[0]))
         if op == "keys":
-            return table.keys(str(args[0]))
+            return table.keys_locked(str(args[0]))
         if op == "ping":
             return "pong"
         raise ValueError(f"unknown op {op!r}")
 
+    def _park(self, conn: _Conn, op: str, keys: list[str], timeout: float) -> None:
+        def fire(values: list[bytes]) -> None:  # under the table's lock, on any thread
+            if threading.get_ident() == self.thread_id:
+                self._woken(conn, values)
+            else:
+                self.post(lambda: self._woken(conn, values))
 
-#: how often the serving thread looks for :meth:`RendezvousServer.stop`'s request between
-#: connections: ``stop`` (at the end of every run) waits up to this long (it was 0.2 s: a
-#: tenth of a second or more at the end of every ``hora run``, fit and test job); an idle
-#: wake-up is one ``select`` call (0.1 % of a core at 20 a second)
-SHUTDOWN_POLL_S = 0.05
+        waiter = Waiter(keys, fire)
+        with self.table.lock:
+            values = self.table.get_locked(keys)
+            if values is None:
+                self.table.add_waiter_locked(waiter)
+        if values is not None:
+            self._send(conn, ("ok", values))
+            return
+        conn.waiter, conn.wait_op, conn.wait_timeout = waiter, op, timeout
+        self._set_timer(conn, time.monotonic() + max(0.0, timeout), "wait")
+
+    def _woken(self, conn: _Conn, values: list[bytes]) -> None:
+        if conn.closed or conn.waiter is None:
+            return
+        conn.waiter = None
+        if conn.timer is not None:
+            conn.timer[2] = None
+            conn.timer = None
+        self._send(conn, ("ok", values))
+        self._frames(conn)  # requests that came while it waited
+
+    def _wait_timed_out(self, conn: _Conn) -> None:
+        waiter = conn.waiter
+        if waiter is None:
+            return
+        with self.table.lock:
+            if waiter.done:  # fired meanwhile: its answer is posted
+                return
+            missing = self.table.cancel_locked(waiter)
+        conn.waiter = None
+        if conn.wait_op == "watch":
+            self._send(conn, ("ok", None))
+        else:
+            self._send(conn, ("error", str(timeout_error(conn.wait_timeout, missing))))
+        self._frames(conn)
+
+    # writing ------------------------------------------------------------------------------
+    def _send(self, conn: _Conn, reply: tuple) -> None:
+        if conn.closed:
+            return
+        body = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        frame = HEADER.pack(MAGIC, len(body), hmac.digest(self.secret, body, hashlib.sha256)) + body
+        if conn.out:
+            conn.out += frame
+            return
+        try:
+            sent = conn.sock.send(frame)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(conn)
+            return
+        if sent < len(frame):
+            conn.out += frame[sent:]
+            self.sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        del conn.out[:sent]
+        if not conn.out:
+            self.sel.modify(conn.sock, selectors.EVENT_READ, conn)
 
 
-class _TCPServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, addr: tuple[str, int], secret: bytes, table: _Table) -> None:
-        self.secret = secret
-        self.table = table
-        self.closing = False
-        super().__init__(addr, _Handler)
+def _raise_fd_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit (a driver of thousands
+    of ranks holds a socket per connection); best effort."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass
 
 
 class RendezvousServer:
-    """An authenticated key-value store served over TCP from a background thread.
+    """An authenticated key-value store served over TCP from a background event loop.
 
     The launcher owns it: :meth:`start` binds (port 0 picks a free port, so there is no
     race), the launcher passes ``f"{host}:{port}"`` to workers, and :meth:`stop` closes it.
-    The launcher itself can use :meth:`set`, :meth:`wait` and :meth:`keys` directly.
+    The launcher itself can use :meth:`set`, :meth:`wait`, :meth:`keys` and
+    :meth:`changes` directly.
     """
 
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -154,16 +449,17 @@ class RendezvousServer:
             raise ConfigError("the rendezvous secret must not be empty")
         self._secret = secret
         self._bind = (host, port)
-        self._table = _Table()
-        self._server: _TCPServer | None = None
+        self._table = Table()
+        self._loop: _Loop | None = None
+        self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         """(host, port) the server listens on. Raises RendezvousError if not started."""
-        if self._server is None:
+        if self._sock is None:
             raise RendezvousError("rendezvous server is not started")
-        host, port = self._server.server_address[:2]
+        host, port = self._sock.getsockname()[:2]
         return host, port
 
     @property
@@ -173,28 +469,38 @@ class RendezvousServer:
         return f"{host}:{port}"
 
     def start(self) -> tuple[str, int]:
-        """Bind and serve in a daemon thread; returns (host, port)."""
-        if self._server is not None:
+        """Bind and serve from a daemon thread; returns (host, port)."""
+        if self._sock is not None:
             return self.address
-        self._server = _TCPServer(self._bind, self._secret, self._table)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S}, name="hora-rendezvous",
-            daemon=True,
-        )
+        _raise_fd_limit()
+        family = socket.AF_INET6 if ":" in self._bind[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(self._bind)
+            sock.listen(socket.SOMAXCONN)  # thousands of ranks connect at once
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self._loop = _Loop(sock, self._secret, self._table)
+        self._thread = threading.Thread(target=self._loop.run, name="hora-rendezvous", daemon=True)
         self._thread.start()
         log.debug("rendezvous server listening on %s", self.addr)
         return self.address
 
     def stop(self) -> None:
-        """Stop serving and close the socket (idempotent)."""
-        server, self._server = self._server, None
-        if server is None:
+        """Stop serving and close every connection and the socket (idempotent)."""
+        loop, sock, self._loop, self._sock = self._loop, self._sock, None, None
+        if loop is None:
             return
-        server.closing = True
-        server.shutdown()
-        server.server_close()
+        loop.closing = True
+        loop.post(lambda: None)
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if sock is not None:
+            sock.close()
 
     def __enter__(self) -> RendezvousServer:
         self.start()
@@ -203,15 +509,32 @@ class RendezvousServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def last_turn(self) -> float:
+        """``time.monotonic()`` when the event loop last finished a turn (a loop stuck in a
+        slow request leaves it behind; readers of heartbeats measure silence against it)."""
+        loop = self._loop
+        return loop.last_turn if loop is not None else time.monotonic()
+
     # direct (in-process) access for the launcher
     def set(self, key: str, value: bytes) -> None:
         self._table.set(key, value)
 
+    def add(self, key: str, amount: int = 1) -> int:
+        return self._table.add(key, amount)
+
     def wait(self, keys: Sequence[str], timeout: float) -> list[bytes]:
-        return self._table.wait(list(keys), timeout)  # type: ignore[return-value]
+        return self._table.wait(list(keys), timeout)
 
     def keys(self, prefix: str = "") -> list[str]:
         return self._table.keys(prefix)
 
+    def delete(self, key: str) -> bool:
+        return self._table.delete(key)
 
-__all__ = ["RendezvousServer"]
+    def changes(self, since: int) -> tuple[int, list[tuple[str, bytes | None]]]:
+        """What was written or deleted after sequence number ``since`` (:meth:`Table.changes`)."""
+        return self._table.changes(since)
+
+
+__all__ = ["RendezvousServer", "SHUTDOWN_POLL_S"]
