@@ -278,7 +278,7 @@ class DriverService:
         """
         view = self._view
         view.refresh()
-        now = min(time.monotonic(), self.server.last_turn + 1.0)
+        now = min(time.monotonic(), self.server.last_turn + 0.25)
         with view.lock:
             beat_at = view.beat_at
             return sorted(r for r in view.started if r not in ignore and now - beat_at.get(r, now) > timeout)
