@@ -61,7 +61,7 @@ PHASES: dict[str, float] = {}
 #: seconds between two checks that a rank's supervisor lives (a rank whose supervisor died exits
 #: within this). Its heartbeats go every ``LaunchSpec.beat_interval`` (1 s; Spark asks for 0.25 s:
 #: a Spark rank whose supervisor Spark lost counts as stopped after 4 beats of silence, ``SILENT_AFTER``
-#: in :mod:`hora.runners.launchers.spark`), and the driver's abort key is read every HEARTBEAT_INTERVAL.
+#: in :mod:`hora.runners.launchers.spark`); the driver's abort is pushed (:mod:`hora.runners.rank.beats`).
 SUPERVISOR_CHECK = 0.25
 
 # ------------------------------------------------------------------------------------------
@@ -172,6 +172,14 @@ class _Watchdog(threading.Thread):
 
     def run(self) -> None:
         self.abort_watch.start()
+        try:
+            self._beat()
+        finally:  # the watchdog stopped: so does its watch (a driver closed after this is no news)
+            self.abort_watch.stop()
+            self.beater.flush()  # the metrics reported since the last beat
+            self.client.close()
+
+    def _beat(self) -> None:
         last_ok = time.monotonic()
         next_beat = 0.0
         while not self.stopped.wait(min(SUPERVISOR_CHECK, self.beat_interval)):
@@ -188,12 +196,6 @@ class _Watchdog(threading.Thread):
                 if time.monotonic() - max(last_ok, self.abort_watch.last_contact) > self.lost_after:
                     log.error("rank %d: lost the driver for %.0fs; exiting", self.rank, self.lost_after)
                     os._exit(EXIT_ABORTED)
-
-    def close(self) -> None:
-        """After the thread ended: stop the abort watch, send the last metrics, close."""
-        self.abort_watch.stop()
-        self.beater.flush()
-        self.client.close()
 
 
 def _native_module() -> Any:
@@ -365,7 +367,6 @@ def _stop(watchdog: _Watchdog | None, client: KVClient | None) -> None:
             log.warning("rank %d: the heartbeat thread did not stop within %.0fs", watchdog.rank,
                         HEARTBEAT_INTERVAL + 10)
             return
-        watchdog.close()
     if client is not None:
         with contextlib.suppress(Exception):
             client.close()
