@@ -11,7 +11,9 @@ and its task supervisor send on the launcher named by ``--launcher``:
 
 How the abort is watched and how a heartbeat is sent follows the code under test: polled
 (``keys("runner/abort")`` every second, a heartbeat ``add``) where the client has no pushed
-abort, else the pushed abort and the batched beat of :mod:`hora.runners.rank.beats`. So the
+abort, else the pushed abort and the one-way beat (metrics riding on it) of :mod:`hora.runners.rank.beats`; a one-way
+beat's latency is that of a ping sent after one beat in 16 on the same connection (answered
+after the beat, in order). So the
 same file measures the code before the event-driven control plane (run it with that code on
 ``PYTHONPATH``) and after it, under the same conditions.
 
@@ -226,7 +228,7 @@ def _pushed_rank(addr: str, secret: bytes, rank: int, launcher: str, stats: _Sta
         with stats.lock:
             stats.woke.append(time.monotonic())
         next_beat = next_second = time.monotonic()
-        seq = 0
+        seq = n_beats = 0
         while not stop.is_set() and not seen_at:
             now = time.monotonic()
             if now >= next_second:
@@ -237,7 +239,10 @@ def _pushed_rank(addr: str, secret: bytes, rank: int, launcher: str, stats: _Sta
                 next_beat = now + beat_every
                 b0 = time.monotonic()
                 beater.beat()
-                beats.append(time.monotonic() - b0)
+                n_beats += 1
+                if n_beats % 16 == 0:  # one-way: its arrival shown by a ping answered after it, in order
+                    beater.client.ping()
+                    beats.append(time.monotonic() - b0)
             stop.wait(max(0.0, min(next_beat, next_second) - time.monotonic()))
         for w in watches:
             w.join(timeout=5)
@@ -388,7 +393,7 @@ def main() -> None:
     import hora
 
     print(f"# {os.cpu_count()} CPUs, load {load_now()} at start; hora from {Path(hora.__file__).parent}; "
-          f"{a.launcher} ranks' traffic, {'pushed abort, batched beats' if pushed else 'polled abort'}; "
+          f"{a.launcher} ranks' traffic, {'pushed abort, one-way beats' if pushed else 'polled abort'}; "
           f"{a.procs} client processes; window {a.window:g} s", flush=True)
     rows = []
     header = ("ranks", "driver CPU", "beat p50 ms", "beat p99 ms", "wake p50 ms", "wake p99 ms",

@@ -39,9 +39,12 @@ def test_a_run_survives_a_service_stuck_longer_than_the_heartbeat_timeout(monkey
     stalled = threading.Event()
     original = server_mod._Loop._request
 
+    def is_beat(request: object) -> bool:
+        return (isinstance(request, tuple) and request[0] == "post"
+                and any(str(w[1]).startswith(keys.HEARTBEAT) for w in request[1]))
+
     def slow(self, conn, request):  # noqa: ANN001 - the loop's own signature
-        if (not stalled.is_set() and isinstance(request, tuple) and request[0] == "add"
-                and str(request[1]).startswith(keys.HEARTBEAT) and self.table.keys(keys.STARTED + "1")):
+        if not stalled.is_set() and is_beat(request) and self.table.keys(keys.STARTED + "1"):
             stalled.set()
             time.sleep(3.0)
         return original(self, conn, request)

@@ -115,6 +115,20 @@ class KVClient:
         one request, applied in order; their results. Not retried on a lost connection."""
         return self._call(("batch", list(requests)))
 
+    def post(self, requests: list[tuple]) -> None:
+        """Send writes as :meth:`batch` does, without waiting for (or getting) an answer: a
+        heartbeat costs the server one read. Raises RendezvousError when it cannot be sent
+        (the connection is dropped; the next call connects again); never retried."""
+        with self._lock:
+            if self._sock is None:
+                self._sock = self._connect(time.monotonic() + self.timeout)
+            try:
+                self._sock.settimeout(30.0)
+                send_frame(self._sock, self._secret, ("post", list(requests)))
+            except OSError as exc:
+                self.close_locked()
+                raise RendezvousError(f"lost the rendezvous server at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
+
     def add(self, key: str, amount: int = 1) -> int:
         """Atomically add ``amount`` to the integer at ``key`` (0 if absent); return the new value."""
         return self._call(("add", key, amount))

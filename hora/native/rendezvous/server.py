@@ -17,7 +17,8 @@ Requests (tuples, after the HMAC check): ``("set", key, value)``, ``("add", key,
 ``("delete", key)``, ``("keys", prefix)``, ``("wait", keys, timeout)`` (an error naming the
 missing keys at the timeout), ``("watch", keys, timeout)`` (None at the timeout: a pushed
 signal such as the abort), ``("batch", [request, ...])`` (several writes in one frame: a
-process that speaks for several ranks), ``("ping",)``.
+process that speaks for several ranks), ``("post", [request, ...])`` (a batch never answered:
+heartbeats cost the server one read, no write), ``("ping",)``.
 """
 
 from __future__ import annotations
@@ -312,6 +313,10 @@ class _Loop:
                 _, keys, timeout = request
                 self._park(conn, op, [str(k) for k in keys], float(timeout))
                 return
+            if op == "post":  # one-way writes (heartbeats): applied, never answered
+                with self.table.lock:
+                    self._dispatch_locked(("batch", *request[1:]))
+                return
             with self.table.lock:
                 value = self._dispatch_locked(request)
             reply: tuple = ("ok", value)
@@ -320,7 +325,8 @@ class _Loop:
         except Exception as exc:
             log.warning("rendezvous: bad request from %s: %r", conn.peer, exc)
             reply = ("error", f"bad request: {exc!r}")
-        self._send(conn, reply)
+        if request[0] != "post":
+            self._send(conn, reply)
 
     def _dispatch_locked(self, request: tuple) -> Any:
         table = self.table

@@ -52,19 +52,18 @@ class Beater:
             self._metrics = payload
 
     def beat(self) -> None:
-        """One heartbeat (and the pending metrics).
+        """One heartbeat (and the pending metrics), sent without waiting for an answer.
 
         Raises:
-            RendezvousError: the driver did not take it (the metrics are kept for the next beat).
+            RendezvousError: it could not be sent (the metrics are kept for the next beat).
         """
         with self._lock:
             payload, self._metrics = self._metrics, None
-        hb = ("add", keys.rank_key(keys.HEARTBEAT, self.rank), 1)
+        writes: list[tuple] = [("add", keys.rank_key(keys.HEARTBEAT, self.rank), 1)]
+        if payload is not None:
+            writes.append(("set", keys.rank_key(keys.METRICS, self.rank), payload))
         try:
-            if payload is None:
-                self.client.add(hb[1], 1)
-            else:
-                self.client.batch([hb, ("set", keys.rank_key(keys.METRICS, self.rank), payload)])
+            self.client.post(writes)  # one-way: the driver's silence is the abort watch's to judge
         except HoraError:
             if payload is not None:
                 with self._lock:
@@ -96,20 +95,25 @@ class AbortWatch(threading.Thread):
             be reached again within :data:`RECONNECT_S` (it is gone).
         name: names the thread.
         period: seconds a watch stays parked before it is renewed.
+        lost_after: seconds without an answer, once asking fails (no answer within ``period`` +
+            :data:`REPLY_SLACK`, or no connection), after which the driver counts as lost (a
+            driver cut off without closing); a slow answer is no failure.
     """
 
     def __init__(self, client: KVClient, on_abort: Callable[[], None], on_lost: Callable[[str], None], *,
-                 name: str = "", period: float = WATCH_PERIOD) -> None:
+                 name: str = "", period: float = WATCH_PERIOD, lost_after: float | None = None) -> None:
         super().__init__(name=f"hora-abort-watch-{name}", daemon=True)
         self._addr = client.address
         self._secret = client.secret
         self.on_abort = on_abort
         self.on_lost = on_lost
         self.period = period
+        self.lost_after = lost_after
         self.last_contact = time.monotonic()  # the last answer (or connect) of the driver
         self.lost: str | None = None
         self.aborted = False
         self.reconnecting = False  # the driver closed the connection; trying it again
+        self.failing = False  # the last ask got no answer (no connection, or none in time)
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -151,6 +155,14 @@ class AbortWatch(threading.Thread):
                 self._stopped.wait(0.2)
         return None
 
+    def _silent(self) -> bool:
+        """After a failed ask: whether the driver has not answered for ``lost_after`` s (then lost)."""
+        if self.lost_after is None or time.monotonic() - self.last_contact <= self.lost_after:
+            return False
+        self.lost = "silent"
+        self._fire(self.on_lost, f"no answer for {self.lost_after:g} s")
+        return True
+
     def run(self) -> None:
         try:
             self._watch()
@@ -165,12 +177,15 @@ class AbortWatch(threading.Thread):
             if self._sock is None:
                 sock = self._connect(RECONNECT_S if closed else self.period)
                 if sock is None:
+                    self.failing = True
                     if closed:
                         self.lost = "closed"
                         self.reconnecting = False
                         self._fire(self.on_lost, "the driver closed its connection and refuses new ones")
                         return
-                    continue  # unreachable: silence, judged by last_contact
+                    if self._silent():
+                        return
+                    continue
                 with self._lock:
                     if self._stopped.is_set():
                         sock.close()
@@ -188,10 +203,14 @@ class AbortWatch(threading.Thread):
                     sock.close()
                 self._sock = None
                 closed = self.reconnecting = not timed_out
+                self.failing = True
                 if not self._stopped.is_set():
                     log.debug("abort watch %s: %s", self.name, exc)
+                if timed_out and self._silent():
+                    return
                 continue
             self.last_contact = time.monotonic()
+            self.failing = False
             if status != "ok":
                 log.warning("abort watch %s: the driver answered %s", self.name, value)
                 self._stopped.wait(1.0)

@@ -159,7 +159,7 @@ class _Watchdog(threading.Thread):
         self.client = client.with_timeout(max(1.0, min(5.0, self.lost_after / 3)))
         self.beater = Beater(self.client, rank)
         self.abort_watch = AbortWatch(client, self._aborted, self._lost, name=f"rank{rank}",
-                                      period=min(10.0, max(1.0, self.lost_after / 3)))
+                                      period=min(10.0, max(1.0, self.lost_after / 3)), lost_after=self.lost_after)
         self.stopped = threading.Event()
 
     def _aborted(self) -> None:
@@ -193,7 +193,7 @@ class _Watchdog(threading.Thread):
                 self.beater.beat()
                 last_ok = time.monotonic()
             except HoraError:
-                if time.monotonic() - max(last_ok, self.abort_watch.last_contact) > self.lost_after:
+                if time.monotonic() - last_ok > self.lost_after:
                     log.error("rank %d: lost the driver for %.0fs; exiting", self.rank, self.lost_after)
                     os._exit(EXIT_ABORTED)
 

@@ -221,19 +221,18 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
                        exit_report={"addr": spec.driver_addr, "secret": spec.secret.hex(),
                                     "key": keys.rank_key(keys.EXITED, ctx.rank)})
         watch = AbortWatch(client, lambda: None, lambda reason: None, name=f"sup{ctx.rank}",
-                           period=min(10.0, max(1.0, lost_after / 3)))
+                           period=min(10.0, max(1.0, lost_after / 3)), lost_after=lost_after)
         watch.start()
         unreachable = False
         while True:
             code = launcher.poll()[ctx.rank]
             if code is not None:
                 break
-            silent = time.monotonic() - watch.last_contact
-            unreachable = watch.lost is not None or silent > watch.period + 5.0
-            if watch.lost is not None or silent > lost_after:  # the driver is gone: stop training for nobody
+            unreachable = watch.lost is not None or watch.failing
+            if watch.lost is not None:  # the driver is gone: stop training for nobody
                 driver_lost = True
                 launcher.terminate(grace)
-                why = ("it closed its connections" if watch.lost is not None
+                why = ("it closed its connections" if watch.lost == "closed"
                        else f"silent for {lost_after:.0f} s ({ENV_HEARTBEAT_TIMEOUT})")
                 raise WorkerFailedError(
                     f"rank {ctx.rank}: lost the driver of run {spec.run_id} ({why}); stopped the rank",
@@ -249,7 +248,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
         launcher.wait_output(ctx.rank)
         if code != 0:  # ended by its watchdog because the driver is gone? (the watch may be finding out)
             watch.settle()
-            unreachable = watch.lost is not None or time.monotonic() - watch.last_contact > watch.period + 5.0
+            unreachable = watch.lost is not None or watch.failing
         if code != 0 and unreachable:  # the rank's watchdog ended it: its driver is gone too
             driver_lost = True
             raise WorkerFailedError(f"rank {ctx.rank}: exited with {describe_exit(code)} after losing the driver of "
