@@ -145,6 +145,7 @@ class _Stats:
         self.aborted = array.array("d")  # absolute times at which a rank saw the abort
         self.errors = 0
         self.first_error = ""
+        self.sent = 0  # beats sent (one-way beats: not each timed)
 
 
 def _polled_rank(addr: str, secret: bytes, rank: int, launcher: str, stats: _Stats, stop: threading.Event,
@@ -159,6 +160,7 @@ def _polled_rank(addr: str, secret: bytes, rank: int, launcher: str, stats: _Sta
     dog = KVClient(addr, secret, timeout=5.0)  # the watchdog's
     sup = KVClient(addr, secret, timeout=5.0) if launcher == "spark" else None  # the supervisor's check
     beats: list[float] = []
+    sent = 0
     try:
         client.set(keys.rank_key(keys.STARTED, rank), b"sim")
         client.wait([GO_KEY], register_limit)
@@ -174,6 +176,7 @@ def _polled_rank(addr: str, secret: bytes, rank: int, launcher: str, stats: _Sta
                 b0 = time.monotonic()
                 dog.add(keys.rank_key(keys.HEARTBEAT, rank), 1)
                 beats.append(time.monotonic() - b0)
+                sent += 1
             if now >= next_second:
                 next_second = now + 1.0
                 seq += 1
@@ -193,72 +196,114 @@ def _polled_rank(addr: str, secret: bytes, rank: int, launcher: str, stats: _Sta
     finally:
         with stats.lock:
             stats.beats.extend(beats)
+            stats.sent += sent
         for c in (client, dog, sup):
             if c is not None:
                 c.close()
 
 
-def _pushed_rank(addr: str, secret: bytes, rank: int, launcher: str, stats: _Stats, stop: threading.Event,
-                 register_limit: float) -> None:
-    """One rank of the event-driven control plane: the watchdog's and the supervisor's pushed
-    abort watches, the watchdog's beat (with the latest metrics) as :mod:`hora.runners.rank.beats`
-    sends them."""
-    from hora.native import keys
-    from hora.native.rendezvous import KVClient
-    from hora.runners.rank import beats as rb
+class _PushedRanks:
+    """The ranks of one client process on the event-driven control plane: each rank registers
+    on its own connection, keeps its watchdog's (and, on Spark, its supervisor's) abort watch
+    parked on connections of their own, and beats (metrics riding on a beat once a second) on
+    its own connection, as :mod:`hora.runners.rank.beats` does. One thread sends the beats of
+    every rank of the process, each at its own interval and phase (the wire traffic of the
+    ranks; a thread per rank only to beat would measure this machine's thread switches)."""
 
-    beat_every = 0.25 if launcher == "spark" else 1.0
-    client = KVClient(addr, secret, timeout=register_limit)
-    seen_at: list[float] = []
+    def __init__(self, addr: str, secret: bytes, ranks: list[int], launcher: str, stats: _Stats,
+                 stop: threading.Event, register_limit: float) -> None:
+        from hora.native.rendezvous import KVClient
 
-    def on_abort() -> None:
-        if not seen_at:
-            seen_at.append(time.monotonic())
+        self.addr, self.secret, self.ranks, self.launcher = addr, secret, ranks, launcher
+        self.stats, self.stop, self.register_limit = stats, stop, register_limit
+        self.clients = {r: KVClient(addr, secret, timeout=register_limit) for r in ranks}
+        self.watches: list[Any] = []
+        self.registered: list[int] = []
+        self.lock = threading.Lock()
 
-    watches = [rb.AbortWatch(client, on_abort, on_lost=lambda reason: None, name=f"sim{rank}")]
-    if launcher == "spark":
-        watches.append(rb.AbortWatch(client, on_abort, on_lost=lambda reason: None, name=f"sim{rank}-sup"))
-    beater = rb.Beater(client.with_timeout(5.0), rank)
-    beats: list[float] = []
-    try:
-        client.set(keys.rank_key(keys.STARTED, rank), b"sim")
-        for w in watches:
-            w.start()
-        client.wait([GO_KEY], register_limit)
-        with stats.lock:
-            stats.woke.append(time.monotonic())
-        next_beat = next_second = time.monotonic()
-        seq = n_beats = 0
-        while not stop.is_set() and not seen_at:
+    def register(self, rank: int) -> None:
+        """A rank's start: ``started``, its abort watches parked, then the wait for the open key."""
+        from hora.native import keys
+        from hora.runners.rank import beats as rb
+
+        client = self.clients[rank]
+        seen_at: list[float] = []
+
+        def on_abort() -> None:
+            if not seen_at:
+                seen_at.append(time.monotonic())
+                with self.stats.lock:
+                    self.stats.aborted.append(seen_at[0])
+
+        try:
+            client.set(keys.rank_key(keys.STARTED, rank), b"sim")
+            watches = [rb.AbortWatch(client, on_abort, lambda reason: None, name=f"sim{rank}")]
+            if self.launcher == "spark":
+                watches.append(rb.AbortWatch(client, on_abort, lambda reason: None, name=f"sim{rank}-sup"))
+            for w in watches:
+                w.start()
+            client.wait([GO_KEY], self.register_limit)
+            with self.stats.lock:
+                self.stats.woke.append(time.monotonic())
+            with self.lock:
+                self.watches += watches
+                self.registered.append(rank)
+        except Exception as exc:  # noqa: BLE001 - counted and reported
+            with self.stats.lock:
+                self.stats.errors += 1
+                self.stats.first_error = self.stats.first_error or f"rank {rank}: {exc}"
+
+    def beat_all(self) -> None:
+        """Every registered rank's beats until the stop (or the abort, which ends the ranks)."""
+        import heapq
+
+        from hora.runners.rank import beats as rb
+
+        every = 0.25 if self.launcher == "spark" else 1.0
+        beaters: dict[int, Any] = {}
+        heap: list[tuple[float, int]] = []
+        beats: list[float] = []
+        count = seq = 0
+        next_metrics = time.monotonic() + 1.0
+        while not self.stop.is_set():
+            with self.lock:
+                fresh = [r for r in self.registered if r not in beaters]
             now = time.monotonic()
-            if now >= next_second:
-                next_second = now + 1.0
-                seq += 1
-                beater.metrics(pickle.dumps((seq, {"step": seq, "loss": 0.5})))
-            if now >= next_beat:
-                next_beat = now + beat_every
+            for i, r in enumerate(fresh):  # each rank's phase: when it registered
+                beaters[r] = rb.Beater(self.clients[r].with_timeout(5.0), r)
+                heapq.heappush(heap, (now + every * i / max(1, len(fresh)), r))
+            if now >= next_metrics:  # report() once a second: rides on each rank's next beat
+                next_metrics, seq = now + 1.0, seq + 1
+                payload = pickle.dumps((seq, {"step": seq, "loss": 0.5}))
+                for b in beaters.values():
+                    b.metrics(payload)
+            while heap and heap[0][0] <= time.monotonic() and not self.stop.is_set():
+                due, r = heapq.heappop(heap)
                 b0 = time.monotonic()
-                beater.beat()
-                n_beats += 1
-                if n_beats % 16 == 0:  # one-way: its arrival shown by a ping answered after it, in order
-                    beater.client.ping()
-                    beats.append(time.monotonic() - b0)
-            stop.wait(max(0.0, min(next_beat, next_second) - time.monotonic()))
-        for w in watches:
-            w.join(timeout=5)
-    except Exception as exc:  # noqa: BLE001 - counted and reported
-        with stats.lock:
-            stats.errors += 1
-            stats.first_error = stats.first_error or f"rank {rank}: {exc}"
-    finally:
-        with stats.lock:
-            stats.beats.extend(beats)
-            if seen_at:
-                stats.aborted.append(seen_at[0])
-        for w in watches:
+                try:
+                    beaters[r].beat()
+                    count += 1
+                    if count % 64 == 0:  # one-way: its arrival shown by a ping answered after it, in order
+                        beaters[r].client.ping()
+                        beats.append(time.monotonic() - b0)
+                except Exception as exc:  # noqa: BLE001 - counted and reported
+                    with self.stats.lock:
+                        self.stats.errors += 1
+                        self.stats.first_error = self.stats.first_error or f"rank {r}: {exc}"
+                heapq.heappush(heap, (max(due + every, time.monotonic()), r))
+            wake = heap[0][0] if heap else time.monotonic() + 0.05
+            self.stop.wait(max(0.0, min(wake, next_metrics) - time.monotonic()))
+        with self.stats.lock:
+            self.stats.beats.extend(beats)
+            self.stats.sent += count
+        for b in beaters.values():
+            b.close()
+
+    def close(self) -> None:
+        for w in self.watches:
             w.stop()
-        beater.close()
-        client.close()
+        for c in self.clients.values():
+            c.close()
 
 
 def _clients(addr: str, secret: bytes, ranks: list[int], launcher: str, pushed: bool, go: Any, stop: Any,
@@ -267,20 +312,26 @@ def _clients(addr: str, secret: bytes, ranks: list[int], launcher: str, pushed: 
     threading.stack_size(256 * 1024)
     stats = _Stats()
     halt = threading.Event()
-    target = _pushed_rank if pushed else _polled_rank
-    threads = [threading.Thread(target=target, args=(addr, secret, r, launcher, stats, halt, register_limit),
-                                daemon=True) for r in ranks]
+    group = _PushedRanks(addr, secret, ranks, launcher, stats, halt, register_limit) if pushed else None
+    if group is not None:
+        threads = [threading.Thread(target=group.register, args=(r,), daemon=True) for r in ranks]
+        threads.append(threading.Thread(target=group.beat_all, daemon=True))
+    else:
+        threads = [threading.Thread(target=_polled_rank, args=(addr, secret, r, launcher, stats, halt,
+                                                               register_limit), daemon=True) for r in ranks]
     go.wait()
     for t in threads:
         t.start()
     stop.wait()
     halt.set()
+    if group is not None:
+        group.close()
     deadline = time.monotonic() + 15
     for t in threads:
         t.join(timeout=max(0.0, deadline - time.monotonic()))
     with stats.lock:
         out.put((stats.beats.tobytes(), stats.woke.tobytes(), stats.aborted.tobytes(), stats.errors,
-                 stats.first_error, sum(t.is_alive() for t in threads)))
+                 stats.first_error, sum(t.is_alive() for t in threads), stats.sent))
 
 
 # ------------------------------------------------------------------------------------------
@@ -336,17 +387,17 @@ def run_one(n: int, procs: int, window: float, launcher: str, register_limit: fl
     beats: list[float] = []
     woke: list[float] = []
     aborted: list[float] = []
-    errors, first_error, stuck = 0, "", 0
+    errors, first_error, stuck, beats_sent = 0, "", 0, 0
     for _ in clients:
         try:
-            b, w, a, e, fe, s = out.get(timeout=60)
+            b, w, a, e, fe, s, sent = out.get(timeout=60)
         except Exception:  # noqa: BLE001 - a client process that never answered
             stuck += len(groups[0])
             continue
         beats += array.array("d", b).tolist()
         woke += array.array("d", w).tolist()
         aborted += array.array("d", a).tolist()
-        errors, first_error, stuck = errors + e, first_error or fe, stuck + s
+        errors, first_error, stuck, beats_sent = errors + e, first_error or fe, stuck + s, beats_sent + sent
     parent.send("stop")
     try:
         if parent.poll(30):
@@ -365,7 +416,7 @@ def run_one(n: int, procs: int, window: float, launcher: str, register_limit: fl
     go_set = result["go_set"]
     wake = [t - go_set for t in woke]
     abort = [t - result["abort"] for t in aborted]
-    beats_per_s = len(beats) / (window + 3.0)
+    beats_per_s = beats_sent / (window + 3.0)
     lost = result["lost"]
     note = f"{result['all_started'] - t_go:.2f}"
     extra = []
@@ -375,7 +426,8 @@ def run_one(n: int, procs: int, window: float, launcher: str, register_limit: fl
         extra.append(f"abort seen by {len(abort)} of {n}")
     return (n, f"{result['cpu'] * 100:.1f}%", _ms(_pct(beats, 0.5)), _ms(_pct(beats, 0.99)),
             _ms(_pct(wake, 0.5)), _ms(_pct(wake, 0.99)), note, f"{_ms(_pct(abort, 0.5))} / {_ms(_pct(abort, 0.99))}",
-            f"{len(lost)}" + (f" ({'; '.join(extra)})" if extra else ""), f"{beats_per_s:.0f}", load)
+            f"{len(lost)}" + (f" ({'; '.join(extra)})" if extra else ""),
+            f"{beats_per_s:.0f} ({n * (4 if launcher == 'spark' else 1)})", load)
 
 
 def main() -> None:
@@ -397,7 +449,7 @@ def main() -> None:
           f"{a.procs} client processes; window {a.window:g} s", flush=True)
     rows = []
     header = ("ranks", "driver CPU", "beat p50 ms", "beat p99 ms", "wake p50 ms", "wake p99 ms",
-              "all registered s", "abort seen p50 / p99 ms", "wrongly lost", "beats/s served", "load 1/5/15")
+              "all registered s", "abort seen p50 / p99 ms", "wrongly lost", "beats/s sent (of)", "load 1/5/15")
     for n in (int(x) for x in a.ranks.split(",")):
         row = run_one(n, a.procs, a.window, a.launcher, a.register_limit, pushed)
         rows.append(row)

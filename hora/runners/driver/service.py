@@ -55,7 +55,9 @@ class _View:
         self.done: set[int] = set()
         self.exited: set[int] = set()
         self.failed: dict[int, FailureReport | None] = {}
-        self.beat_at: dict[int, float] = {}  # when a rank's heartbeat last moved (or it started)
+        # when a rank's heartbeat last moved (or it started), oldest first: the silent ranks lead
+        self.beat_at: dict[int, float] = {}
+        self.hosts: dict[int, str] | None = None  # started, decoded (None: to rebuild)
         self.metrics: dict[int, bytes] = {}
         self.metrics_moved: set[int] = set()
         self.logs: dict[str, bytes] = {}  # output batches not yet printed
@@ -75,6 +77,7 @@ class _View:
                 if key.startswith(keys.HEARTBEAT):
                     rank = keys.rank_of(keys.HEARTBEAT, key)
                     if rank is not None:
+                        self.beat_at.pop(rank, None)
                         self.beat_at[rank] = now
                 elif key.startswith(keys.LOG):
                     if value is None:
@@ -90,6 +93,7 @@ class _View:
                     rank = keys.rank_of(keys.STARTED, key)
                     if rank is not None and value is not None:
                         self.started[rank] = value
+                        self.hosts = None
                         self.beat_at.setdefault(rank, now)
                 elif key.startswith(keys.DONE):
                     rank = keys.rank_of(keys.DONE, key)
@@ -248,7 +252,9 @@ class DriverService:
         view = self._view
         view.refresh()
         with view.lock:
-            return {r: v.decode(errors="replace") for r, v in view.started.items()}
+            if view.hosts is None:
+                view.hosts = {r: v.decode(errors="replace") for r, v in view.started.items()}
+            return dict(view.hosts)
 
     def done(self) -> set[int]:
         """Ranks whose ``fn`` returned."""
@@ -279,9 +285,15 @@ class DriverService:
         view = self._view
         view.refresh()
         now = min(time.monotonic(), self.server.last_turn + 0.25)
+        stale = []
         with view.lock:
-            beat_at = view.beat_at
-            return sorted(r for r in view.started if r not in ignore and now - beat_at.get(r, now) > timeout)
+            started = view.started
+            for rank, at in view.beat_at.items():  # oldest beat first: stop at the first recent one
+                if now - at <= timeout:
+                    break
+                if rank in started and rank not in ignore:
+                    stale.append(rank)
+        return sorted(stale)
 
     def exited(self) -> set[int]:
         """Ranks whose supervisor (Spark/Dask task) has stopped its processes."""
