@@ -17,7 +17,7 @@ import pytest
 
 from hora.native import keys
 from hora.native.rendezvous import KVClient, RendezvousServer, make_secret
-from hora.native.rendezvous import server as server_mod
+from hora.native.rendezvous import loop as loop_mod
 from hora.native.rendezvous.protocol import recv_frame, send_frame
 from hora.runners.driver.service import DriverService
 from hora.runners.rank.beats import AbortWatch
@@ -37,7 +37,7 @@ def test_a_run_survives_a_service_stuck_longer_than_the_heartbeat_timeout(monkey
 
     monkeypatch.setenv("HORA_HEARTBEAT_TIMEOUT", "2")
     stalled = threading.Event()
-    original = server_mod._Loop._request
+    original = loop_mod._Loop._request
 
     def is_beat(request: object) -> bool:
         return (isinstance(request, tuple) and request[0] == "post"
@@ -49,7 +49,7 @@ def test_a_run_survives_a_service_stuck_longer_than_the_heartbeat_timeout(monkey
             time.sleep(3.0)
         return original(self, conn, request)
 
-    monkeypatch.setattr(server_mod._Loop, "_request", slow)
+    monkeypatch.setattr(loop_mod._Loop, "_request", slow)
     assert hr.run(_beating, args=(6.0,), num_proc=2, backend="local", run_id="slow-service", verbose=0) == [0, 1]
     assert stalled.is_set(), "the delay was never injected"
 
@@ -65,7 +65,8 @@ def test_the_abort_is_pushed_to_every_watch_before_any_could_poll():
         for w in watches:
             w.start()
         deadline = time.monotonic() + 30
-        while service.server._loop is not None and sum(c.waiter is not None for c in list(service.server._loop.conns)) < 8:
+        loop = service.server._loop
+        while loop is not None and sum(c.waiter is not None for c in list(loop.conns)) < 8:
             assert time.monotonic() < deadline, "the watches never parked"
             time.sleep(0.02)
         service.abort()
@@ -126,7 +127,7 @@ def _signed_ping(address: tuple[str, int], secret: bytes, source: str) -> object
 
 
 def test_a_flood_of_silent_connections_is_refused_and_logged_once(monkeypatch, caplog):
-    monkeypatch.setattr(server_mod, "MAX_UNSIGNED_PER_HOST", 20)
+    monkeypatch.setattr(loop_mod, "MAX_UNSIGNED_PER_HOST", 20)
     secret = make_secret()
     silent: list[socket.socket] = []
     with RendezvousServer(secret) as server, caplog.at_level(logging.WARNING, logger="hora.native.rendezvous"):

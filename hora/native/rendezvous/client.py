@@ -127,7 +127,8 @@ class KVClient:
                 send_frame(self._sock, self._secret, ("post", list(requests)))
             except OSError as exc:
                 self.close_locked()
-                raise RendezvousError(f"lost the rendezvous server at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
+                host, port = self._addr
+                raise RendezvousError(f"lost the rendezvous server at {host}:{port}: {exc}") from exc
 
     def add(self, key: str, amount: int = 1) -> int:
         """Atomically add ``amount`` to the integer at ``key`` (0 if absent); return the new value."""
