@@ -39,6 +39,8 @@ import multiprocessing as mp
 import os
 import pickle
 import resource
+import selectors
+import socket
 import statistics
 import sys
 import threading
@@ -203,82 +205,109 @@ def _polled_rank(addr: str, secret: bytes, rank: int, launcher: str, stats: _Sta
 
 
 class _PushedRanks:
-    """The ranks of one client process on the event-driven control plane: each rank registers
-    on its own connection, keeps its watchdog's (and, on Spark, its supervisor's) abort watch
-    parked on connections of their own, and beats (metrics riding on a beat once a second) on
-    its own connection, as :mod:`hora.runners.rank.beats` does. One thread sends the beats of
-    every rank of the process, each at its own interval and phase (the wire traffic of the
-    ranks; a thread per rank only to beat would measure this machine's thread switches)."""
+    """The ranks of one client process on the event-driven control plane, on one event loop:
+    each rank sends what a rank of :mod:`hora.runners.rank.beats` sends, on connections of its
+    own: ``started`` and the wait for the open key on the rank's connection, its watchdog's
+    (and, on Spark, its supervisor's) abort watch parked on one connection each and renewed
+    every :data:`~hora.runners.rank.beats.WATCH_PERIOD`, and one-way beats from a real
+    :class:`~hora.runners.rank.beats.Beater` (metrics riding on one beat a second) on the
+    watchdog's connection. One thread per process drives them all: 4,096 ranks as 12,288
+    threads are more than this machine's two cores schedule, and would measure that."""
 
     def __init__(self, addr: str, secret: bytes, ranks: list[int], launcher: str, stats: _Stats,
                  stop: threading.Event, register_limit: float) -> None:
-        from hora.native.rendezvous import KVClient
+        host, _, port = addr.rpartition(":")
+        self.addr, self.address, self.secret = addr, (host, int(port)), secret
+        self.ranks, self.launcher, self.stats, self.stop = ranks, launcher, stats, stop
+        self.register_limit = register_limit
+        self.sel = selectors.DefaultSelector()
+        self.socks: list[socket.socket] = []
+        self.aborted: set[int] = set()
 
-        self.addr, self.secret, self.ranks, self.launcher = addr, secret, ranks, launcher
-        self.stats, self.stop, self.register_limit = stats, stop, register_limit
-        self.clients = {r: KVClient(addr, secret, timeout=register_limit) for r in ranks}
-        self.watches: list[Any] = []
-        self.registered: list[int] = []
-        self.lock = threading.Lock()
+    def _open(self, rank: int, role: str) -> socket.socket:
+        sock = socket.create_connection(self.address, timeout=60)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sel.register(sock, selectors.EVENT_READ, [bytearray(), role, rank])
+        self.socks.append(sock)
+        return sock
 
-    def register(self, rank: int) -> None:
-        """A rank's start: ``started``, its abort watches parked, then the wait for the open key."""
-        from hora.native import keys
-        from hora.runners.rank import beats as rb
+    def _replies(self, sock: socket.socket, state: list) -> list[Any]:
+        from hora.native.rendezvous.protocol import HEADER, sign
 
-        client = self.clients[rank]
-        seen_at: list[float] = []
+        data = sock.recv(1 << 16)
+        if not data:
+            self.sel.unregister(sock)
+            return []
+        buf, out = state[0], []
+        buf += data
+        while len(buf) >= HEADER.size:
+            _, length, mac = HEADER.unpack_from(buf)
+            if len(buf) < HEADER.size + length:
+                break
+            body = bytes(buf[HEADER.size:HEADER.size + length])
+            del buf[:HEADER.size + length]
+            if mac != sign(self.secret, body):
+                raise RuntimeError("a reply failed its HMAC check")
+            out.append(pickle.loads(body))
+        return out
 
-        def on_abort() -> None:
-            if not seen_at:
-                seen_at.append(time.monotonic())
-                with self.stats.lock:
-                    self.stats.aborted.append(seen_at[0])
+    def _error(self, rank: int, what: Any) -> None:
+        with self.stats.lock:
+            self.stats.errors += 1
+            self.stats.first_error = self.stats.first_error or f"rank {rank}: {what}"
 
-        try:
-            client.set(keys.rank_key(keys.STARTED, rank), b"sim")
-            watches = [rb.AbortWatch(client, on_abort, lambda reason: None, name=f"sim{rank}")]
-            if self.launcher == "spark":
-                watches.append(rb.AbortWatch(client, on_abort, lambda reason: None, name=f"sim{rank}-sup"))
-            for w in watches:
-                w.start()
-            client.wait([GO_KEY], self.register_limit)
-            with self.stats.lock:
-                self.stats.woke.append(time.monotonic())
-            with self.lock:
-                self.watches += watches
-                self.registered.append(rank)
-        except Exception as exc:  # noqa: BLE001 - counted and reported
-            with self.stats.lock:
-                self.stats.errors += 1
-                self.stats.first_error = self.stats.first_error or f"rank {rank}: {exc}"
-
-    def beat_all(self) -> None:
-        """Every registered rank's beats until the stop (or the abort, which ends the ranks)."""
+    def run(self) -> None:
         import heapq
 
+        from hora.native import keys
+        from hora.native.rendezvous import KVClient
+        from hora.native.rendezvous.protocol import send_frame
         from hora.runners.rank import beats as rb
 
+        watch = ("watch", [keys.ABORT], rb.WATCH_PERIOD)
         every = 0.25 if self.launcher == "spark" else 1.0
+        for r in self.ranks:
+            send_frame(self._open(r, "rank"), self.secret, ("set", keys.rank_key(keys.STARTED, r), b"sim"))
+        phase = dict.fromkeys(self.ranks, "started")
         beaters: dict[int, Any] = {}
         heap: list[tuple[float, int]] = []
         beats: list[float] = []
         count = seq = 0
         next_metrics = time.monotonic() + 1.0
         while not self.stop.is_set():
-            with self.lock:
-                fresh = [r for r in self.registered if r not in beaters]
+            wake = min(heap[0][0] if heap else time.monotonic() + 0.05, next_metrics)
+            for key, _ in self.sel.select(max(0.0, min(0.05, wake - time.monotonic()))):
+                sock, state = key.fileobj, key.data
+                role, r = state[1], state[2]
+                for status, value in self._replies(sock, state):  # type: ignore[arg-type]
+                    if status != "ok":
+                        self._error(r, value)
+                    elif role == "rank" and phase[r] == "started":
+                        phase[r] = "waiting"
+                        send_frame(sock, self.secret, ("wait", [GO_KEY], self.register_limit))  # type: ignore[arg-type]
+                        for _ in (("watchdog", "supervisor") if self.launcher == "spark" else ("watchdog",)):
+                            send_frame(self._open(r, "watch"), self.secret, watch)
+                    elif role == "rank":
+                        with self.stats.lock:
+                            self.stats.woke.append(time.monotonic())
+                        beaters[r] = rb.Beater(KVClient(self.addr, self.secret, timeout=5.0), r)
+                        heapq.heappush(heap, (time.monotonic() + every * (r % 97) / 97, r))
+                    elif value is None:  # a watch's period ended: renewed
+                        send_frame(sock, self.secret, watch)  # type: ignore[arg-type]
+                    elif r not in self.aborted:
+                        self.aborted.add(r)
+                        with self.stats.lock:
+                            self.stats.aborted.append(time.monotonic())
             now = time.monotonic()
-            for i, r in enumerate(fresh):  # each rank's phase: when it registered
-                beaters[r] = rb.Beater(self.clients[r].with_timeout(5.0), r)
-                heapq.heappush(heap, (now + every * i / max(1, len(fresh)), r))
             if now >= next_metrics:  # report() once a second: rides on each rank's next beat
                 next_metrics, seq = now + 1.0, seq + 1
                 payload = pickle.dumps((seq, {"step": seq, "loss": 0.5}))
                 for b in beaters.values():
                     b.metrics(payload)
-            while heap and heap[0][0] <= time.monotonic() and not self.stop.is_set():
+            while heap and heap[0][0] <= time.monotonic():
                 due, r = heapq.heappop(heap)
+                if r in self.aborted:
+                    continue  # an aborted rank exits
                 b0 = time.monotonic()
                 try:
                     beaters[r].beat()
@@ -287,23 +316,15 @@ class _PushedRanks:
                         beaters[r].client.ping()
                         beats.append(time.monotonic() - b0)
                 except Exception as exc:  # noqa: BLE001 - counted and reported
-                    with self.stats.lock:
-                        self.stats.errors += 1
-                        self.stats.first_error = self.stats.first_error or f"rank {r}: {exc}"
+                    self._error(r, exc)
                 heapq.heappush(heap, (max(due + every, time.monotonic()), r))
-            wake = heap[0][0] if heap else time.monotonic() + 0.05
-            self.stop.wait(max(0.0, min(wake, next_metrics) - time.monotonic()))
         with self.stats.lock:
             self.stats.beats.extend(beats)
             self.stats.sent += count
         for b in beaters.values():
             b.close()
-
-    def close(self) -> None:
-        for w in self.watches:
-            w.stop()
-        for c in self.clients.values():
-            c.close()
+        for sock in self.socks:
+            sock.close()
 
 
 def _clients(addr: str, secret: bytes, ranks: list[int], launcher: str, pushed: bool, go: Any, stop: Any,
@@ -314,8 +335,7 @@ def _clients(addr: str, secret: bytes, ranks: list[int], launcher: str, pushed: 
     halt = threading.Event()
     group = _PushedRanks(addr, secret, ranks, launcher, stats, halt, register_limit) if pushed else None
     if group is not None:
-        threads = [threading.Thread(target=group.register, args=(r,), daemon=True) for r in ranks]
-        threads.append(threading.Thread(target=group.beat_all, daemon=True))
+        threads = [threading.Thread(target=group.run, daemon=True)]
     else:
         threads = [threading.Thread(target=_polled_rank, args=(addr, secret, r, launcher, stats, halt,
                                                                register_limit), daemon=True) for r in ranks]
@@ -324,8 +344,6 @@ def _clients(addr: str, secret: bytes, ranks: list[int], launcher: str, pushed: 
         t.start()
     stop.wait()
     halt.set()
-    if group is not None:
-        group.close()
     deadline = time.monotonic() + 15
     for t in threads:
         t.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -416,7 +434,7 @@ def run_one(n: int, procs: int, window: float, launcher: str, register_limit: fl
     go_set = result["go_set"]
     wake = [t - go_set for t in woke]
     abort = [t - result["abort"] for t in aborted]
-    beats_per_s = beats_sent / (window + 3.0)
+    beats_per_s = beats_sent / window  # the ranks beat from their wake to the abort (about the window)
     lost = result["lost"]
     note = f"{result['all_started'] - t_go:.2f}"
     extra = []
