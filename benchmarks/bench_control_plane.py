@@ -11,10 +11,10 @@ and its task supervisor send on the launcher named by ``--launcher``:
 
 How the abort is watched and how a heartbeat is sent follows the code under test: polled
 (``keys("runner/abort")`` every second, a heartbeat ``add``) where the client has no pushed
-abort, else the pushed abort and the one-way beat (metrics riding on it) of :mod:`hora.runners.rank.beats`; a one-way
-beat's latency is that of a ping sent after one beat in 16 on the same connection (answered
-after the beat, in order). So the
-same file measures the code before the event-driven control plane (run it with that code on
+abort, else the pushed abort and the one-way beat (metrics riding on it) of
+:mod:`hora.runners.rank.beats`; a one-way beat's latency is that of a ping sent after some
+beats (about 16 a second per client process) on the same connection, answered after the beat,
+in order. So the same file measures the code before the event-driven control plane (run it with that code on
 ``PYTHONPATH``) and after it, under the same conditions.
 
 Per N it prints: the driver's CPU (of one core) over the window, heartbeat round trip p50/p99,
@@ -136,6 +136,14 @@ def _driver(n: int, secret: bytes, conn: Any) -> None:
             return
 
 
+def _frame(secret: bytes, obj: Any) -> bytes:
+    """The bytes :func:`~hora.native.rendezvous.protocol.send_frame` sends for ``obj``."""
+    from hora.native.rendezvous.protocol import HEADER, MAGIC, sign
+
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(MAGIC, len(body), sign(secret, body)) + body
+
+
 # ------------------------------------------------------------------------------------------
 # the simulated ranks
 # ------------------------------------------------------------------------------------------
@@ -209,10 +217,10 @@ class _PushedRanks:
     each rank sends what a rank of :mod:`hora.runners.rank.beats` sends, on connections of its
     own: ``started`` and the wait for the open key on the rank's connection, its watchdog's
     (and, on Spark, its supervisor's) abort watch parked on one connection each and renewed
-    every :data:`~hora.runners.rank.beats.WATCH_PERIOD`, and one-way beats from a real
-    :class:`~hora.runners.rank.beats.Beater` (metrics riding on one beat a second) on the
-    watchdog's connection. One thread per process drives them all: 4,096 ranks as 12,288
-    threads are more than this machine's two cores schedule, and would measure that."""
+    every :data:`~hora.runners.rank.beats.WATCH_PERIOD`, and one-way beats on the
+    watchdog's connection, byte for byte the frames of :class:`~hora.runners.rank.beats.Beater`
+    (metrics riding on one beat a second). One thread per process drives them all: 4,096 ranks
+    as 12,288 threads are more than this machine's two cores schedule, and would measure that."""
 
     def __init__(self, addr: str, secret: bytes, ranks: list[int], launcher: str, stats: _Stats,
                  stop: threading.Event, register_limit: float) -> None:
@@ -227,14 +235,19 @@ class _PushedRanks:
     def _open(self, rank: int, role: str) -> socket.socket:
         sock = socket.create_connection(self.address, timeout=60)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sel.register(sock, selectors.EVENT_READ, [bytearray(), role, rank])
+        if role != "beats":  # (the beats' connection answers only the sampling pings, read at once)
+            self.sel.register(sock, selectors.EVENT_READ, [bytearray(), role, rank])
         self.socks.append(sock)
         return sock
 
     def _replies(self, sock: socket.socket, state: list) -> list[Any]:
         from hora.native.rendezvous.protocol import HEADER, sign
 
-        data = sock.recv(1 << 16)
+        try:
+            data = sock.recv(1 << 16)
+        except ConnectionError as exc:
+            data = b""
+            self._error(state[2], exc)
         if not data:
             self.sel.unregister(sock)
             return []
@@ -257,19 +270,32 @@ class _PushedRanks:
             self.stats.first_error = self.stats.first_error or f"rank {rank}: {what}"
 
     def run(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # noqa: BLE001 - the whole process's ranks stop: reported
+            import traceback
+
+            self._error(-1, f"the client loop failed: {traceback.format_exc(limit=3)}")
+            raise
+
+    def _run(self) -> None:
         import heapq
 
         from hora.native import keys
-        from hora.native.rendezvous import KVClient
-        from hora.native.rendezvous.protocol import send_frame
+        from hora.native.rendezvous.protocol import recv_frame, send_frame
         from hora.runners.rank import beats as rb
 
         watch = ("watch", [keys.ABORT], rb.WATCH_PERIOD)
         every = 0.25 if self.launcher == "spark" else 1.0
+        sample = max(16, len(self.ranks) // 4)  # about 16 timed beats a second per process
+        hb = {r: ("add", keys.rank_key(keys.HEARTBEAT, r), 1) for r in self.ranks}
+        plain = {r: _frame(self.secret, ("post", [hb[r]])) for r in self.ranks}
+        with_metrics: set[int] = set()
+        payload = b""
         for r in self.ranks:
             send_frame(self._open(r, "rank"), self.secret, ("set", keys.rank_key(keys.STARTED, r), b"sim"))
         phase = dict.fromkeys(self.ranks, "started")
-        beaters: dict[int, Any] = {}
+        beaters: dict[int, socket.socket] = {}  # each rank's watchdog connection (its beats)
         heap: list[tuple[float, int]] = []
         beats: list[float] = []
         count = seq = 0
@@ -285,13 +311,16 @@ class _PushedRanks:
                     elif role == "rank" and phase[r] == "started":
                         phase[r] = "waiting"
                         send_frame(sock, self.secret, ("wait", [GO_KEY], self.register_limit))  # type: ignore[arg-type]
-                        for _ in (("watchdog", "supervisor") if self.launcher == "spark" else ("watchdog",)):
-                            send_frame(self._open(r, "watch"), self.secret, watch)
                     elif role == "rank":
                         with self.stats.lock:
                             self.stats.woke.append(time.monotonic())
-                        beaters[r] = rb.Beater(KVClient(self.addr, self.secret, timeout=5.0), r)
-                        heapq.heappush(heap, (time.monotonic() + every * (r % 97) / 97, r))
+                        # (its watches open now, after the wake is timed: a process opening 2,048
+                        # connections one by one would otherwise read the wake late)
+                        for _ in (("watchdog", "supervisor") if self.launcher == "spark" else ("watchdog",)):
+                            send_frame(self._open(r, "watch"), self.secret, watch)
+                        beaters[r] = self._open(r, "beats")
+                        beaters[r].sendall(plain[r])  # its first beat at once, as a KVClient's connect is
+                        heapq.heappush(heap, (time.monotonic() + every * (1 + (r % 97) / 97), r))
                     elif value is None:  # a watch's period ended: renewed
                         send_frame(sock, self.secret, watch)  # type: ignore[arg-type]
                     elif r not in self.aborted:
@@ -302,18 +331,24 @@ class _PushedRanks:
             if now >= next_metrics:  # report() once a second: rides on each rank's next beat
                 next_metrics, seq = now + 1.0, seq + 1
                 payload = pickle.dumps((seq, {"step": seq, "loss": 0.5}))
-                for b in beaters.values():
-                    b.metrics(payload)
-            while heap and heap[0][0] <= time.monotonic():
+                with_metrics = set(beaters)
+            turn_end = time.monotonic() + 0.01  # then read replies again: a late beat, never a deaf rank
+            while heap and heap[0][0] <= time.monotonic() < turn_end:
                 due, r = heapq.heappop(heap)
                 if r in self.aborted:
                     continue  # an aborted rank exits
                 b0 = time.monotonic()
                 try:
-                    beaters[r].beat()
+                    if r in with_metrics:  # the frame Beater.beat() sends with metrics pending
+                        with_metrics.discard(r)
+                        send_frame(beaters[r], self.secret, ("post", [hb[r], ("set", keys.rank_key(keys.METRICS, r),
+                                                                               payload)]))
+                    else:  # the frame Beater.beat() sends: the same bytes every time
+                        beaters[r].sendall(plain[r])
                     count += 1
-                    if count % 64 == 0:  # one-way: its arrival shown by a ping answered after it, in order
-                        beaters[r].client.ping()
+                    if count % sample == 0:  # one-way: its arrival shown by a ping answered after it, in order
+                        send_frame(beaters[r], self.secret, ("ping",))
+                        recv_frame(beaters[r], self.secret)
                         beats.append(time.monotonic() - b0)
                 except Exception as exc:  # noqa: BLE001 - counted and reported
                     self._error(r, exc)
@@ -321,8 +356,6 @@ class _PushedRanks:
         with self.stats.lock:
             self.stats.beats.extend(beats)
             self.stats.sent += count
-        for b in beaters.values():
-            b.close()
         for sock in self.socks:
             sock.close()
 
