@@ -161,3 +161,35 @@ def test_a_flood_of_silent_connections_is_refused_and_logged_once(monkeypatch, c
             except (ConnectionError, OSError):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
+
+
+def test_the_change_log_and_per_key_waiters():
+    """The driver reads what changed since its last look; a wait on several keys is answered
+    once all are set (a key deleted meanwhile is waited for again), over a real connection."""
+    secret = make_secret()
+    with RendezvousServer(secret) as server:
+        client = KVClient(server.addr, secret, timeout=10)
+        try:
+            seq0, _ = server.changes(0)
+            client.set("a", b"1")
+            client.add("hb/0", 1)
+            client.add("hb/0", 1)
+            seq1, changed = server.changes(seq0)
+            assert changed == [("a", b"1"), ("hb/0", b"2")]  # each key once, in the order of its last change
+            assert client.delete("a")
+            assert server.changes(seq1)[1] == [("a", None)]
+            got: list[list[bytes]] = []
+            waiter = threading.Thread(target=lambda: got.append(KVClient(server.addr, secret).wait(["x", "y"], 20)))
+            waiter.start()
+            client.set("x", b"X")
+            server.delete("x")  # seen by the waiter, then gone: it waits for x again
+            client.set("y", b"Y")
+            time.sleep(0.2)
+            assert got == []
+            client.set("x", b"X2")
+            waiter.join(20)
+            assert got == [[b"X2", b"Y"]]
+            assert client.watch(["never"], 0.2) is None  # a watch ends in None, a wait in an error
+            assert client.post([("add", "hb/1", 1)]) is None and client.add("hb/1", 0) == 1
+        finally:
+            client.close()
