@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _native_common import load_now, table  # noqa: E402
+from _common import load_now, table  # noqa: E402
 
 GO_KEY = "bench/open"  # the key every simulated rank waits on once registered (set by the driver)
 
