@@ -113,12 +113,20 @@ class _Loop:
                     elif data == "wake":
                         self._drain_wake()
                     else:
-                        if mask & selectors.EVENT_WRITE:
-                            self._flush(data)
-                        if mask & selectors.EVENT_READ and not data.closed:
-                            self._read(data)
+                        try:
+                            if mask & selectors.EVENT_WRITE:
+                                self._flush(data)
+                            if mask & selectors.EVENT_READ and not data.closed:
+                                self._read(data)
+                        except Exception:  # never the loop's end because of one peer
+                            log.warning("rendezvous: dropping connection from %s after an error", data.peer,
+                                        exc_info=True)
+                            self._close(data)
                 while self.posted:
-                    self.posted.popleft()()
+                    try:
+                        self.posted.popleft()()
+                    except Exception:
+                        log.warning("rendezvous: a wake-up failed", exc_info=True)
                 now = time.monotonic()
                 self.last_turn = now
                 self._expire(now)
@@ -303,7 +311,7 @@ class _Loop:
         except Exception as exc:
             log.warning("rendezvous: bad request from %s: %r", conn.peer, exc)
             reply = ("error", f"bad request: {exc!r}")
-        if request[0] != "post":
+        if not (isinstance(request, tuple) and request[:1] == ("post",)):  # one-way writes get no answer
             self._send(conn, reply)
 
     def _dispatch_locked(self, request: tuple) -> Any:
