@@ -193,3 +193,17 @@ def test_the_change_log_and_per_key_waiters():
             assert client.post([("add", "hb/1", 1)]) is None and client.add("hb/1", 0) == 1
         finally:
             client.close()
+
+
+@pytest.mark.parametrize("request_", [42, (), None, ("post", 5), ("post", [("wait", "x")]), ("batch", [("keys", "")]),
+                                      ("wait", 5, 1), ("watch", ["k"], "soon")])
+def test_a_signed_request_of_any_shape_is_refused_and_the_loop_serves_on(request_):
+    secret = make_secret()
+    with RendezvousServer(secret) as server:
+        with socket.create_connection(server.address, timeout=10) as sock:
+            send_frame(sock, secret, request_)
+            send_frame(sock, secret, ("ping",))
+            answer = recv_frame(sock, secret)
+            if answer != ("ok", "pong"):  # the bad request's error came first (a one-way post has none)
+                assert answer[0] == "error" and recv_frame(sock, secret) == ("ok", "pong")
+        assert KVClient(server.addr, secret, timeout=10).ping()
