@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from hora.errors import RendezvousError
-from hora.native.rendezvous.protocol import FRAME_TIMEOUT, HEADER, MAGIC, MAX_FRAME
+from hora.native.rendezvous.protocol import FRAME_TIMEOUT, HEADER, MAGIC, MAX_FRAME, check_magic
 from hora.native.rendezvous.table import Table, Waiter, timeout_error
 
 log = logging.getLogger("hora.native.rendezvous")
@@ -248,8 +248,9 @@ class _Loop:
                 self._frame_begun(conn)
                 return
             magic, length, mac = HEADER.unpack_from(buf)
-            if magic != MAGIC:
-                self._reject(conn, f"bad frame magic {bytes(magic)!r}")
+            refused = check_magic(bytes(magic))
+            if refused is not None:
+                self._reject(conn, refused)
                 return
             if length > MAX_FRAME:
                 self._reject(conn, f"frame of {length} bytes exceeds the {MAX_FRAME} byte limit")
