@@ -11,6 +11,12 @@ own retries are turned off in the storage options (``max_attempts=1``), so what 
 the job is hora's policy (s3fs keeps its own few retries of some calls). Prints one
 markdown table: fault rate | requests | faults injected | fit completes | seconds | time
 against no faults.
+
+``--dead``: instead, a Store on a dead endpoint (a loopback port nobody listens on), with
+the storage options a user writes (no retry settings of s3fs's or botocore's), and
+``HORA_STORE_RETRY_S`` set to ``--budget``: the seconds a write and a read take to fail,
+against that budget (the Store's budget must be the only one: s3fs's and botocore's own
+retries inside each of its attempts would multiply it).
 """
 
 from __future__ import annotations
@@ -71,12 +77,49 @@ def one(endpoint: str, fail: float, reset: float, pdf: pd.DataFrame, seed: int) 
             "faults": counts["failed"] + counts["reset"], "ok": ok, "seconds": seconds, "error": error}
 
 
+def dead_endpoint(budget: float) -> None:
+    """Time to the error of a write and of a read on a Store whose endpoint does not answer."""
+    import socket
+
+    from hora.errors import StoreError
+
+    os.environ["HORA_STORE_RETRY_S"] = str(budget)
+    with socket.socket() as probe:  # a free loopback port, closed again: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
+    store = Store.create(f"s3://{BUCKET}/dead", check_writable=False, **options)
+    rows = []
+    for what, op in (("write", lambda: store.write_bytes("runs/r/history.json", b"{}")),
+                     ("read", lambda: store.read_bytes("runs/r/history.json"))):
+        start = time.monotonic()
+        try:
+            op()
+            error = "no error"
+        except StoreError as exc:
+            error = str(exc).splitlines()[0][:100]
+        seconds = time.monotonic() - start
+        rows.append((what, seconds, error))
+        print(what, f"{seconds:.1f} s", error, flush=True)
+    print()
+    print("| operation on a dead endpoint | budget (HORA_STORE_RETRY_S) | seconds to the error | against the budget |")
+    print("|---|---:|---:|---:|")
+    for what, seconds, _ in rows:
+        print(f"| {what} | {budget:g} s | {seconds:.1f} | {seconds / budget:.2f} x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dead", action="store_true", help="time to the error on a dead endpoint (see above)")
+    ap.add_argument("--budget", type=float, default=20.0, help="HORA_STORE_RETRY_S for --dead")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.dead:
+        dead_endpoint(args.budget)
+        return
     from moto.server import ThreadedMotoServer
     import s3fs
 

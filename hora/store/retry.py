@@ -18,6 +18,10 @@ its own policy above them:
   transiently mid-file reopens the file and resumes at its offset, so a retried read
   never hands a short or empty buffer to its caller as data.
 
+The filesystems' own retries are set to one attempt (:func:`single_attempt`,
+:func:`single_attempt_options`: s3fs's, botocore's, gcsfs's), so the budget above is the
+only one: a dead endpoint fails after ``HORA_STORE_RETRY_S``, not after that times theirs.
+
 Retries are counted per kind of failure (:func:`retry_counts`) and logged once per kind
 and process at WARNING, then at DEBUG.
 """
@@ -202,6 +206,28 @@ def reset_counts() -> None:
         _counts.clear()
 
 
+def single_attempt_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for the fsspec filesystem of ``protocol`` with its HTTP client's own retries
+    set to one attempt, so that the Store's policy (:func:`call`) is the only retry budget:
+    botocore's (under s3fs) retry up to 5 attempts with backoff inside every attempt of the
+    Store's, which multiplied the time a dead endpoint takes to fail. A user's own
+    ``config_kwargs={"retries": ...}`` is kept."""
+    if protocol != "s3":
+        return dict(options)
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+    return {**options, "config_kwargs": config}
+
+
+def single_attempt(fs: Any) -> Any:
+    """``fs`` with the filesystem's own retry loop set to one attempt (s3fs's and gcsfs's
+    ``retries``: 5 and 6 attempts with backoff by default); the Store's policy retries instead.
+    Filesystems without one are returned as they are."""
+    if isinstance(getattr(type(fs), "retries", None), int):
+        fs.retries = 1
+    return fs
+
+
 def call(what: str, url: str, fn: Callable[..., T], *args: Any, budget: float | None = None,
          sleep: Callable[[float], None] | None = None, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)``, retrying transient failures within the retry budget.
@@ -349,5 +375,5 @@ class ResumableReader:
         self.close()
 
 
-__all__ = ["ENV_STORE_RETRY_S", "classify", "kind_of", "call", "budget_s", "limited", "retry_counts", "reset_counts",
+__all__ = ["ENV_STORE_RETRY_S", "single_attempt", "single_attempt_options", "classify", "kind_of", "call", "budget_s", "limited", "retry_counts", "reset_counts",
            "ResumableReader", "TRANSIENT", "PERMANENT"]

@@ -204,7 +204,9 @@ class Store:
             with self._fs_lock:
                 if self._fs is None:
                     try:
-                        self._fs = fsspec.filesystem(self.protocol, **self.storage_options)
+                        self._fs = retry.single_attempt(
+                            fsspec.filesystem(self.protocol, **retry.single_attempt_options(
+                                self.protocol, self.storage_options)))
                     except ImportError as exc:
                         package = _SCHEMES.get(self.protocol, (None, None))[1] or str(exc)
                         raise StoreError(
