@@ -97,7 +97,7 @@ def assemble(fp: str, store: Store, plan: WritePlan, stats: list[dict], kind: st
         for split in ("train", "val"):
             f = s["files"].get(split)
             if f:
-                files[split].append(FileInfo(path=f["path"], rows=f["rows"], row_groups=tuple(f["row_groups"])))
+                files[split].append(FileInfo.written(f))
     if not files["train"]:
         raise DataError("the training split is empty (every row went to validation or was dropped)")
     if want_val and not files["val"]:
@@ -204,7 +204,7 @@ def ensure_min_files(store: Store, plan: WritePlan, info: DatasetInfo, num_proc:
                         table = table.slice(take)
                         if written == target[idx]:
                             res = writer.close()
-                            out.append(FileInfo(path=res["path"], rows=res["rows"], row_groups=tuple(res["row_groups"])))
+                            out.append(FileInfo.written(res))
                             idx, written = idx + 1, 0
                             if idx < num_proc:
                                 writer = _new_writer(idx)

@@ -106,11 +106,15 @@ class FileInfo:
         path: path relative to the dataset folder (``train/part-00000-....parquet``).
         rows: number of rows.
         row_groups: rows in each row group, in file order (sums to ``rows``).
+        size: its bytes (None in datasets committed before hora recorded it).
+        checksum: the checksum of its bytes (:mod:`hora.store.integrity`; None likewise).
     """
 
     path: str
     rows: int
     row_groups: tuple[int, ...]
+    size: int | None = None
+    checksum: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "row_groups", tuple(int(r) for r in self.row_groups))
@@ -118,11 +122,22 @@ class FileInfo:
             raise StoreError(f"file {self.path}: row groups {self.row_groups} do not sum to {self.rows} rows")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "rows": self.rows, "row_groups": list(self.row_groups)}
+        d: dict[str, Any] = {"path": self.path, "rows": self.rows, "row_groups": list(self.row_groups)}
+        if self.checksum is not None:
+            d.update(size=self.size, checksum=self.checksum)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FileInfo":
-        return cls(path=d["path"], rows=int(d["rows"]), row_groups=tuple(d["row_groups"]))
+        size = d.get("size")
+        return cls(path=d["path"], rows=int(d["rows"]), row_groups=tuple(d["row_groups"]),
+                   size=None if size is None else int(size), checksum=d.get("checksum"))
+
+    @classmethod
+    def written(cls, res: dict[str, Any]) -> "FileInfo":
+        """From a writer's result (``path``, ``rows``, ``row_groups``, ``size``, ``checksum``)."""
+        return cls(path=res["path"], rows=res["rows"], row_groups=tuple(res["row_groups"]), size=res.get("size"),
+                   checksum=res.get("checksum"))
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
 import threading
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
@@ -43,7 +44,8 @@ import pyarrow.parquet as pq
 from hora import settings
 from hora.errors import ConfigError, DataError, StoreError
 from hora.store.arrow_arrays import column_to_numpy, group_spec, put_column, row_bytes_of, stack_members
-from hora.store.dataset import ColumnSpec, DatasetInfo
+from hora.store.dataset import ColumnSpec, DatasetInfo, FileInfo
+from hora.store.integrity import unverified, verify_file
 from hora.store.layout import SPLITS
 from hora.store.segments import Segment, plan_segments
 from hora.store.store import Store
@@ -92,6 +94,38 @@ def _stop_all_readers() -> None:
 def reader_timeout() -> float:
     """Seconds to wait for one batch (``HORA_READER_TIMEOUT`` or the default)."""
     return settings.get(ENV_READER_TIMEOUT)
+
+
+def _what(store: Store, path: str, info: DatasetInfo) -> str:
+    return f"Parquet file {store.url_for(path)} of dataset {info.fingerprint}"
+
+
+def open_verified(store: Store, path: str, fi: FileInfo, info: DatasetInfo) -> tuple[Any, pq.ParquetFile]:
+    """``(file handle or None, ParquetFile)`` of a dataset's file, its size checked against the
+    recorded one and every page it reads checked against its CRC (Parquet's page checksums).
+
+    Raises:
+        DataError: the file is missing or its size is not the committed one (names the file and dataset).
+        StoreError: the store cannot be read.
+    """
+    if fi.checksum is None:
+        unverified("Parquet file", store.url_for(path))
+    if store.is_local:
+        if fi.size is not None:
+            try:
+                size = os.path.getsize(path)
+            except FileNotFoundError:
+                raise DataError(f"{_what(store, path, info)} is missing from the store") from None
+            if size != fi.size:
+                raise DataError(f"{_what(store, path, info)} is damaged: {size} bytes where {fi.size} were committed "
+                                "(truncated or overwritten after its commit)")
+        return None, pq.ParquetFile(path, page_checksum_verification=True)
+    fh = store.open(path, "rb")
+    if fi.size is not None and fh.size() != fi.size:
+        fh.close()
+        raise DataError(f"{_what(store, path, info)} is damaged: {fh.size()} bytes where {fi.size} were committed "
+                        "(truncated or overwritten after its commit)")
+    return fh, pq.ParquetFile(fh, page_checksum_verification=True)
 
 
 class _Chunk(NamedTuple):
@@ -158,6 +192,7 @@ class Reader:
             self.specs[ROW_ID] = ColumnSpec("int64")
         self.files = info.file_paths(split)
         file_infos = info.split_files(split)
+        self.file_infos = file_infos
         self.file_names = [f.path for f in file_infos]
         self._group_rows = [(i, g, rows) for i, f in enumerate(file_infos) for g, rows in enumerate(f.row_groups)]
         self._group_start = {(i, g): int(sum(f.row_groups[:g])) for i, f in enumerate(file_infos)
@@ -200,25 +235,21 @@ class Reader:
                 if seg.file not in handles:
                     path = self.files[seg.file]
                     try:
-                        if self.store.is_local:
-                            fh = None
-                            pf = pq.ParquetFile(path)
-                        else:
-                            fh = self.store.open(path, "rb")
-                            pf = pq.ParquetFile(fh)
-                    except StoreError:
+                        fh, pf = open_verified(self.store, path, self.file_infos[seg.file], self.info)
+                    except (StoreError, DataError):
                         raise
                     except Exception as exc:
-                        raise StoreError(f"cannot open {self.store.url_for(path)}: {type(exc).__name__}: {exc}") from exc
+                        raise self._damaged(seg.file, StoreError(
+                            f"cannot open {self.store.url_for(path)}: {type(exc).__name__}: {exc}")) from exc
                     handles[seg.file] = (fh, pf)
                 pf = handles[seg.file][1]
                 try:
                     table = pf.read_row_group(seg.row_group, columns=self.stored, use_threads=True)
                 except Exception as exc:
-                    raise StoreError(
+                    raise self._damaged(seg.file, StoreError(
                         f"cannot read row group {seg.row_group} of {self.store.url_for(self.files[seg.file])}: "
                         f"{type(exc).__name__}: {exc}"
-                    ) from exc
+                    )) from exc
                 cut = slice(seg.start, seg.stop)
                 columns: dict[str, np.ndarray | tuple[np.ndarray, ...]] = {}
                 for c in self.columns:
@@ -234,6 +265,21 @@ class Reader:
             for fh, _ in handles.values():
                 if fh is not None:
                     fh.close()
+
+    def _damaged(self, file: int, error: Exception) -> Exception:
+        """The error to raise for a file Arrow failed to open or read: a DataError naming it when its
+        bytes no longer match their recorded checksum (read whole, once, only on this failure), else ``error``."""
+        what = _what(self.store, self.files[file], self.info)
+        fi = self.file_infos[file]
+        if fi.checksum is None:
+            return error
+        try:
+            verify_file(self.store, self.files[file], fi.checksum, fi.size, what)
+        except DataError as exc:
+            return exc
+        except StoreError:
+            return error
+        return error
 
     def _batches(self) -> Iterator[dict[str, np.ndarray]]:
         """The batches of this epoch, produced in the calling thread."""

@@ -522,8 +522,10 @@ class Store:
         Raises:
             StoreError: the write fails.
         """
+        from hora.store import integrity
+
         path = self.layout.checkpoint_path(run_id, epoch)
-        self.write_bytes(path, data)
+        integrity.save_checkpoint(self, path, data)  # with its checksum record
         logger.debug("saved checkpoint %s (%d bytes)", path, len(data))
         return path
 
@@ -537,11 +539,20 @@ class Store:
         return sorted(epochs)
 
     def latest_checkpoint(self, run_id: str) -> tuple[int, bytes] | None:
-        """``(epoch, bytes)`` of the newest checkpoint of a run, or None when there is none."""
-        epochs = self.list_checkpoints(run_id)
-        if not epochs:
-            return None
-        return epochs[-1], self.read_bytes(self.layout.checkpoint_path(run_id, epochs[-1]))
+        """``(epoch, bytes)`` of the newest checkpoint of a run whose bytes match their recorded
+        checksum, or None when there is none; a damaged newer one is skipped with a warning
+        naming it (a checkpoint without a record, written before hora recorded them, is read
+        unverified)."""
+        from hora.errors import DataError
+        from hora.store import integrity
+
+        for epoch in reversed(self.list_checkpoints(run_id)):
+            path = self.layout.checkpoint_path(run_id, epoch)
+            try:
+                return epoch, integrity.read_checkpoint(self, path, f"checkpoint {self.url_for(path)} of run {run_id}")
+            except DataError as exc:
+                logger.warning("%s; resuming from an earlier checkpoint", exc)
+        return None
 
 
 def _require(package: str, scheme: str, url: str) -> None:

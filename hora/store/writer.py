@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hora.errors import DataError
+from hora.store.integrity import HashingFile
 from hora.store.layout import join
 from hora.store.store import Store
 
@@ -160,6 +161,7 @@ class SplitWriter:
         self.rows_per_group: int | None = plan.rows_per_row_group
         self._writer: pq.ParquetWriter | None = None
         self._spool: str | None = None  # the local file a remote part is written to before its upload
+        self._sink: HashingFile | None = None  # the file the Parquet writer writes, checksummed
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -178,7 +180,7 @@ class SplitWriter:
         store = self.plan.store
         if store.is_local:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            where: Any = self.path
+            where: str = self.path
         else:
             # a remote file is spooled to a local temporary file and uploaded whole at close: the
             # upload is one retried Store operation (a transient failure mid-stream cannot lose the
@@ -186,8 +188,11 @@ class SplitWriter:
             fd, self._spool = tempfile.mkstemp(prefix="hora-part-", suffix=".parquet")
             os.close(fd)
             where = self._spool
-        self._writer = pq.ParquetWriter(where, schema, compression="snappy", use_dictionary=False,
-                                        write_statistics=False)
+        # the file's checksum is taken as its bytes are written (hora.store.integrity), and each
+        # page carries Parquet's own CRC, which the reader checks on every page it reads
+        self._sink = HashingFile(open(where, "wb"))
+        self._writer = pq.ParquetWriter(self._sink, schema, compression="snappy", use_dictionary=False,
+                                        write_statistics=False, write_page_checksum=True)
 
     def _flush(self, final: bool) -> None:
         if not self.pending:
@@ -215,18 +220,22 @@ class SplitWriter:
         if self._writer is None:
             return None
         self._writer.close()
+        self._sink.close()
         if self._spool is not None:
             try:
                 self.plan.store.upload(self._spool, self.path)
             finally:
                 os.unlink(self._spool)
                 self._spool = None
-        return {"path": self.rel, "rows": sum(self.row_groups), "row_groups": self.row_groups}
+        return {"path": self.rel, "rows": sum(self.row_groups), "row_groups": self.row_groups,
+                "size": self._sink.size, "checksum": self._sink.checksum}
 
     def abort(self) -> None:
         try:
             if self._writer is not None:
                 self._writer.close()
+            if self._sink is not None:
+                self._sink.close()
         except Exception:  # pragma: no cover
             pass
         if self._spool is not None:

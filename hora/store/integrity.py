@@ -1,0 +1,217 @@
+"""Checksums of what a Store commits, and their checks.
+
+Every Parquet file of a committed dataset and every checkpoint carries a checksum of its
+bytes (CRC-32, ``"crc32:1a2b3c4d"``; zlib's, in the standard library), computed while the
+bytes are written (:class:`HashingFile`), never by reading them back:
+
+* a dataset's files: their size and checksum are in the dataset's ``_metadata.json``,
+  which the commit marker names by its SHA-256; the files also carry Parquet's own page
+  CRCs, which the reader checks on every page it reads (no extra I/O);
+* a checkpoint ``epoch-000007.ckpt``: its size and checksum in ``epoch-000007.ckpt.sum``
+  next to it (:func:`save_checkpoint`), and the shards of a distributed checkpoint in its
+  folder's ``.hora-checksums.json`` (:mod:`hora.store.dcp_io`).
+
+A file whose bytes do not match raises :class:`~hora.errors.DataError` naming the file
+(:func:`check_bytes`, :func:`verify_file`). What was written before checksums existed has
+none: it is read unverified, which is said once per process in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import zlib
+from typing import IO, Any
+
+from hora.errors import DataError, StoreError
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM = "crc32"
+#: the suffix of a checkpoint's checksum record (``epoch-000007.ckpt.sum``)
+CHECKSUM_SUFFIX = ".sum"
+CHUNK_BYTES = 8 << 20
+
+_unverified_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+class Hasher:
+    """A running checksum of bytes (``update``), spelled ``"crc32:%08x"`` (:meth:`hexdigest`)."""
+
+    __slots__ = ("value", "size")
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.size = 0
+
+    def update(self, data: Any) -> None:
+        self.value = zlib.crc32(data, self.value)
+        self.size += memoryview(data).nbytes
+
+    def hexdigest(self) -> str:
+        return f"{ALGORITHM}:{self.value & 0xFFFFFFFF:08x}"
+
+
+def checksum_bytes(data: Any) -> str:
+    """The checksum of ``data`` (bytes-like)."""
+    h = Hasher()
+    h.update(data)
+    return h.hexdigest()
+
+
+class HashingFile:
+    """A binary file open for writing that checksums what goes through it (for writers that
+    take a file object: Parquet, torch.save). ``checksum`` and ``size`` after the last write."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self._fh = fh
+        self.hasher = Hasher()
+        self.closed = False
+        self.mode = "wb"
+
+    def write(self, data: Any) -> int:
+        self.hasher.update(data)
+        return self._fh.write(data)
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.hasher.size
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._fh.close()
+
+    @property
+    def checksum(self) -> str:
+        return self.hasher.hexdigest()
+
+    @property
+    def size(self) -> int:
+        return self.hasher.size
+
+    def __enter__(self) -> "HashingFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def unverified(kind: str, url: str) -> None:
+    """Say once per process and kind that a file without a recorded checksum is read unverified."""
+    with _said_lock:
+        if kind in _unverified_said:
+            return
+        _unverified_said.add(kind)
+    logger.info("%s %s has no recorded checksum (written before hora recorded them): read unverified; "
+                "further ones are not reported", kind, url)
+
+
+def check_bytes(data: bytes, expected: str | None, size: int | None, what: str) -> None:
+    """Check ``data`` against its recorded checksum and size (None: nothing recorded, no check).
+
+    Raises:
+        DataError: the bytes are fewer or more than recorded (a truncated file) or differ
+            (``what`` names the file and where it belongs).
+    """
+    if size is not None and len(data) != size:
+        raise DataError(f"{what} is damaged: {len(data)} bytes where {size} were committed (truncated or "
+                        "overwritten after its commit)")
+    if expected is not None:
+        got = checksum_bytes(data)
+        if got != expected:
+            raise DataError(f"{what} is damaged: its bytes have checksum {got}, {expected} was committed "
+                            "(changed after its commit)")
+
+
+def file_checksum(store: Any, path: str) -> tuple[str, int]:
+    """``(checksum, size)`` of a file in ``store``, read once in chunks (retried as the Store retries).
+
+    Raises:
+        StoreError: it cannot be read.
+    """
+    h = Hasher()
+    with store.open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(CHUNK_BYTES)
+            if not chunk:
+                break
+            h.update(chunk)
+    return h.hexdigest(), h.size
+
+
+def verify_file(store: Any, path: str, expected: str | None, size: int | None, what: str) -> None:
+    """Read a file of ``store`` whole and check it against its recorded checksum and size.
+
+    Raises:
+        DataError: it is missing, truncated or changed (``what`` names it).
+        StoreError: the store cannot be read.
+    """
+    if not store.exists(path):
+        raise DataError(f"{what} is missing from the store")
+    got, n = file_checksum(store, path)
+    if size is not None and n != size:
+        raise DataError(f"{what} is damaged: {n} bytes where {size} were committed (truncated or overwritten "
+                        "after its commit)")
+    if expected is not None and got != expected:
+        raise DataError(f"{what} is damaged: its bytes have checksum {got}, {expected} was committed "
+                        "(changed after its commit)")
+
+
+# checkpoints ------------------------------------------------------------------------------
+def checkpoint_record(data: bytes) -> bytes:
+    """The content of a checkpoint's checksum record."""
+    return json.dumps({"checksum": checksum_bytes(data), "size": len(data)}).encode("utf-8")
+
+
+def save_checkpoint(store: Any, path: str, data: bytes) -> None:
+    """Write a checkpoint and its checksum record (``path + ".sum"``), each atomically.
+
+    The old record goes first, so that a crash between the two writes leaves a checkpoint
+    without a record (read unverified), never a new checkpoint beside the old record.
+    """
+    store.rm(path + CHECKSUM_SUFFIX)
+    store.write_bytes(path, data)
+    store.write_bytes(path + CHECKSUM_SUFFIX, checkpoint_record(data))
+
+
+def read_checkpoint(store: Any, path: str, what: str) -> bytes:
+    """The bytes of a checkpoint, checked against its record when it has one.
+
+    Raises:
+        DataError: they do not match the record (truncated or changed), or the record is unreadable.
+        StoreError: the store cannot be read.
+    """
+    data = store.read_bytes(path)
+    record_path = path + CHECKSUM_SUFFIX
+    if not store.exists(record_path):
+        unverified("checkpoint", store.url_for(path))
+        return data
+    try:
+        record = json.loads(store.read_bytes(record_path))
+        expected, size = str(record["checksum"]), int(record["size"])
+    except (ValueError, KeyError, TypeError, StoreError) as exc:
+        raise DataError(f"{what}: its checksum record {store.url_for(record_path)} is unreadable "
+                        f"({type(exc).__name__}: {exc})") from exc
+    check_bytes(data, expected, size, what)
+    return data
+
+
+__all__ = ["ALGORITHM", "CHECKSUM_SUFFIX", "Hasher", "HashingFile", "checksum_bytes", "check_bytes", "file_checksum",
+           "verify_file", "unverified", "save_checkpoint", "read_checkpoint", "checkpoint_record"]
