@@ -156,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--env", action="store_true",
                        help="list every HORA_* setting with its current value and default instead")
 
+    st = sub.add_parser("store", help="work with a Store")
+    st_sub = st.add_subparsers(dest="store_cmd", metavar="{verify}")
+    ver = st_sub.add_parser("verify", help="check a store's datasets and checkpoints against their checksums; "
+                                          "exit code 1 when something is damaged")
+    ver.add_argument("url", help="the store's URL (file:///path, s3://bucket/prefix, ...)")
+
     tl = sub.add_parser("timeline", help="work with timelines written by --timeline-filename")
     tl_sub = tl.add_subparsers(dest="timeline_cmd", metavar="{summarize}")
     summ = tl_sub.add_parser("summarize", help="time per phase of a timeline file")
@@ -436,6 +442,28 @@ def timeline_command(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------
+# hora store
+# --------------------------------------------------------------------------------------
+def store_command(args: argparse.Namespace) -> int:
+    """``hora store verify URL``: print what is damaged; 0 when intact, 1 when damaged or unreadable."""
+    if args.store_cmd != "verify":
+        raise UsageError("usage: hora store verify URL")
+    from hora.store import Store
+    from hora.store.verify import verify_store
+
+    try:
+        report = verify_store(Store.create(args.url, check_writable=False))
+    except HoraError as exc:
+        sys.stderr.write(f"hora store verify: {exc}\n")
+        return 1
+    for damage in report.damaged:
+        print(f"DAMAGED {damage.where}: {damage.problem}")
+    print(f"{report.url}: {report.datasets} dataset(s), {report.runs} run(s); {report.checked} file(s) verified, "
+          f"{report.unverified} without a recorded checksum, {len(report.damaged)} damaged")
+    return 0 if report.ok else 1
+
+
+# --------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hora`` console script; returns the exit code."""
     parser = build_parser()
@@ -447,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return check_env_command() if args.env else check_command()
         if args.cmd == "timeline":
             return timeline_command(args)
+        if args.cmd == "store":
+            return store_command(args)
         parser.print_help()
         return EXIT_USAGE
     except UsageError as exc:
