@@ -256,13 +256,11 @@ def load_zero(opt: Any, strategy: str, store: Any, path: str) -> dict[str, Any] 
 
 
 def _fsspec_io(store: Any, path: str, write: bool) -> Any:
-    """DCP's storage writer / reader for ``path`` in ``store`` (its fsspec filesystem and options)."""
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    """DCP's storage writer / reader for ``path`` in ``store``: every file operation through the
+    Store (retried under its policy), every file checksummed (:mod:`hora.estimators.torch_dcp`)."""
+    from hora.estimators.torch_dcp import StoreReader, StoreWriter
 
-    url = store.url_for(path)
-    if write:
-        return FsspecWriter(url, single_file_per_rank=True, sync_files=False, **store.storage_options)
-    return FsspecReader(url, **store.storage_options)
+    return StoreWriter(store, path) if write else StoreReader(store, path)
 
 
 def _dcp_error(exc: BaseException, action: str, url: str) -> Exception:
@@ -275,7 +273,11 @@ def _dcp_error(exc: BaseException, action: str, url: str) -> Exception:
     from torch.distributed.checkpoint.api import CheckpointException
 
     from hora.errors import CollectiveError, StoreError
+    from hora.estimators.torch_dcp import data_error_in
 
+    damaged = data_error_in(exc)
+    if damaged is not None:  # a shard whose bytes do not match their checksum: names the file and run
+        return damaged
     what = f"{action} the distributed checkpoint {url} failed: {type(exc).__name__}: {exc}"
     if isinstance(exc, RuntimeError) and not isinstance(exc, CheckpointException):
         return CollectiveError(f"{what} (the ranks' exchange failed)")
@@ -356,18 +358,20 @@ def load_dcp_whole(store: Any, path: str) -> tuple[dict[str, Any], dict[str, Any
     Raises:
         StoreError: it cannot be read.
     """
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    from hora.errors import StoreError
 
     state: dict[str, Any] = {}
     try:  # what torch.distributed.checkpoint.format_utils.dcp_to_torch_save does, from any fsspec URL
         _load_state_dict(state, storage_reader=_fsspec_io(store, path, write=False),
                          planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-    except Exception as exc:
-        raise StoreError(f"reading the distributed checkpoint {store.url_for(path)} failed: "
-                         f"{type(exc).__name__}: {exc}") from exc
+    except (Exception, CheckpointException) as exc:
+        from hora.errors import StoreError
+        from hora.estimators.torch_dcp import data_error_in
+
+        raise data_error_in(exc) or StoreError(f"reading the distributed checkpoint {store.url_for(path)} failed: "
+                                               f"{type(exc).__name__}: {exc}") from exc
     return state["model"], _to_torch_format(state["optim"])
 
 

@@ -23,7 +23,7 @@ from hora.store.store import Store
 
 logger = logging.getLogger(__name__)
 
-#: the checksum record of a distributed checkpoint's folder (written by hora.store.dcp_io)
+#: the checksum record of a distributed checkpoint's folder (written by hora.estimators.torch_dcp)
 DCP_CHECKSUMS = ".hora-checksums.json"
 
 

@@ -118,7 +118,7 @@ def test_ddp_and_fsdp_train_as_hora_does_with_validation_and_fsdp_resumes_at_ano
     shards = [e.rstrip("/").rsplit("/", 1)[-1] for e in store.listdir(folder) if "dcp-" in e]
     assert len(shards) == 1 and re.fullmatch(r"dcp-e\d{6}-s000000-g000000004-a1", shards[0]), shards  # 4 steps
     files = sorted(e.rsplit("/", 1)[-1] for e in store.listdir(f"{folder}/{shards[0]}"))
-    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"], files
+    assert files == [".hora-checksums.json", ".metadata", "__0_0.distcp", "__1_0.distcp"], files
     committed = torch.load(io.BytesIO(store.latest_checkpoint("fsdp-resize")[1]), weights_only=False)
     assert committed["dcp"] == shards[0] and "model" not in committed and "optimizer" not in committed
     # another model's fit does not load it: the driver reads the shards' metadata, and names the difference
