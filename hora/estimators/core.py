@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hora.errors import ConfigError, WorkerFailedError
+from hora.errors import ConfigError, DataError, WorkerFailedError
 from hora.estimators.callbacks import Callback
 from hora.estimators.data import check_columns, dask_frame, engine_of, sample_numpy
 from hora.estimators.framework import CheckResult, Framework
@@ -205,8 +205,17 @@ def _run_workers(spec: TrainSpec, config: EstimatorConfig, opts: dict[str, Any])
         # a Horovod-style Backend of the user's: run(fn, args, env) -> one result per rank
         return list(given.run(train_worker, args=(spec,), env=opts["env"]))
     launch = dict(opts)
-    return runners.run(train_worker, args=(spec,), run_id=spec.run_id, store=spec.store,
-                       backend=launch.pop("launcher"), **launch)
+    try:
+        return runners.run(train_worker, args=(spec,), run_id=spec.run_id, store=spec.store,
+                           backend=launch.pop("launcher"), **launch)
+    except WorkerFailedError as exc:
+        if all(part in exc.message for part in _DAMAGED):  # a rank read a stored file whose bytes changed
+            raise DataError(f"run {spec.run_id}: {exc.message}") from exc
+        raise
+
+
+#: what a rank's failure says when a stored file no longer matches its checksum (hora.store.integrity)
+_DAMAGED = (" raised DataError: ", " is damaged: ")
 
 
 def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = None, client: Any = None) -> FitResult:

@@ -174,6 +174,32 @@ def verify_file(store: Any, path: str, expected: str | None, size: int | None, w
                         "(changed after its commit)")
 
 
+def check_sizes(store: Any, info: Any) -> None:
+    """Check that every file of a committed dataset (a ``DatasetInfo``) is there with its committed size:
+    the cheap check made before a committed dataset is reused (a stat or HEAD per file; the bytes
+    themselves are checked by the readers, page by page).
+
+    Raises:
+        DataError: a file is missing or truncated (names the file and the dataset).
+        StoreError: the store cannot be read.
+    """
+    for split in ("train", "val"):
+        for fi in info.split_files(split):
+            if fi.size is None:
+                continue
+            path = f"{info.dataset_dir}/{fi.path}"
+            what = f"Parquet file {store.url_for(path)} of dataset {info.fingerprint}"
+            try:
+                size = store.size(path)
+            except StoreError as exc:
+                if store.exists(path):
+                    raise
+                raise DataError(f"{what} is missing from the store") from exc
+            if size != fi.size:
+                raise DataError(f"{what} is damaged: {size} bytes where {fi.size} were committed (truncated or "
+                                "overwritten after its commit)")
+
+
 # checkpoints ------------------------------------------------------------------------------
 def checkpoint_record(data: bytes) -> bytes:
     """The content of a checkpoint's checksum record."""
@@ -214,4 +240,4 @@ def read_checkpoint(store: Any, path: str, what: str) -> bytes:
 
 
 __all__ = ["ALGORITHM", "CHECKSUM_SUFFIX", "Hasher", "HashingFile", "checksum_bytes", "check_bytes", "file_checksum",
-           "verify_file", "unverified", "save_checkpoint", "read_checkpoint", "checkpoint_record"]
+           "verify_file", "check_sizes", "unverified", "save_checkpoint", "read_checkpoint", "checkpoint_record"]

@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 
 from hora.errors import ConfigError, DataError
 from hora.store.commit import assemble, commit, ensure_min_files, load_dataset_info
+from hora.store.integrity import check_sizes
 from hora.store.dataset import FORMAT_VERSION, DatasetInfo
 from hora.store.lease import Lease
 from hora.store.sources import DaskSource, PandasSource, Source, check_label_kinds
@@ -197,6 +198,7 @@ def materialize(
     if not overwrite:
         found = load_dataset_info(store, fp)
         if found is not None:
+            check_sizes(store, found)  # a missing or truncated file: a DataError here, before any worker starts
             logger.info("materialize: reusing committed dataset %s (%d train / %d val rows)",
                         store.url_for(found.dataset_dir), found.train_rows, found.val_rows)
             return replace(found, reused=True)

@@ -239,17 +239,18 @@ class Reader:
                     except (StoreError, DataError):
                         raise
                     except Exception as exc:
-                        raise self._damaged(seg.file, StoreError(
-                            f"cannot open {self.store.url_for(path)}: {type(exc).__name__}: {exc}")) from exc
+                        error = self._damaged(seg.file, StoreError(
+                            f"cannot open {self.store.url_for(path)}: {type(exc).__name__}: {exc}"))
+                        raise error from (None if isinstance(error, DataError) else exc)
                     handles[seg.file] = (fh, pf)
                 pf = handles[seg.file][1]
                 try:
                     table = pf.read_row_group(seg.row_group, columns=self.stored, use_threads=True)
                 except Exception as exc:
-                    raise self._damaged(seg.file, StoreError(
+                    error = self._damaged(seg.file, StoreError(
                         f"cannot read row group {seg.row_group} of {self.store.url_for(self.files[seg.file])}: "
-                        f"{type(exc).__name__}: {exc}"
-                    )) from exc
+                        f"{type(exc).__name__}: {exc}"))
+                    raise error from (None if isinstance(error, DataError) else exc)  # (not Arrow's traceback)
                 cut = slice(seg.start, seg.stop)
                 columns: dict[str, np.ndarray | tuple[np.ndarray, ...]] = {}
                 for c in self.columns:

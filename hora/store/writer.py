@@ -30,6 +30,9 @@ from hora.store.store import Store
 TARGET_ROW_GROUP_BYTES = 8 << 20
 MIN_ROWS_PER_ROW_GROUP = 1024
 MAX_ROWS_PER_ROW_GROUP = 1 << 20
+#: Each written file's checksum and Parquet's page CRCs (hora.store.integrity); off only where
+#: benchmarks/bench_checksums.py measures what they cost
+CHECKSUMS = True
 
 
 # --------------------------------------------------------------------------------------
@@ -190,9 +193,10 @@ class SplitWriter:
             where = self._spool
         # the file's checksum is taken as its bytes are written (hora.store.integrity), and each
         # page carries Parquet's own CRC, which the reader checks on every page it reads
-        self._sink = HashingFile(open(where, "wb"))
-        self._writer = pq.ParquetWriter(self._sink, schema, compression="snappy", use_dictionary=False,
-                                        write_statistics=False, write_page_checksum=True)
+        if CHECKSUMS:
+            self._sink = HashingFile(open(where, "wb"))
+        self._writer = pq.ParquetWriter(self._sink if CHECKSUMS else where, schema, compression="snappy",
+                                        use_dictionary=False, write_statistics=False, write_page_checksum=CHECKSUMS)
 
     def _flush(self, final: bool) -> None:
         if not self.pending:
@@ -220,15 +224,16 @@ class SplitWriter:
         if self._writer is None:
             return None
         self._writer.close()
-        self._sink.close()
+        if self._sink is not None:
+            self._sink.close()
         if self._spool is not None:
             try:
                 self.plan.store.upload(self._spool, self.path)
             finally:
                 os.unlink(self._spool)
                 self._spool = None
-        return {"path": self.rel, "rows": sum(self.row_groups), "row_groups": self.row_groups,
-                "size": self._sink.size, "checksum": self._sink.checksum}
+        sums = {"size": self._sink.size, "checksum": self._sink.checksum} if self._sink is not None else {}
+        return {"path": self.rel, "rows": sum(self.row_groups), "row_groups": self.row_groups, **sums}
 
     def abort(self) -> None:
         try:
