@@ -176,8 +176,9 @@ class StoreWriter(FileSystemWriter):
         meta = self.fs.written.get(".metadata")
         if meta is not None:
             files[".metadata"] = meta
+        # (not flushed to a local disk on its own: lost in a power cut, the folder is read unverified)
         self.fs.store.write_bytes(join(self.path, DCP_CHECKSUMS),
-                                  json.dumps({"files": files}, sort_keys=True).encode("utf-8"))
+                                  json.dumps({"files": files}, sort_keys=True).encode("utf-8"), sync=False)
 
 
 class StoreReader(FileSystemReader):

@@ -303,11 +303,13 @@ class Store:
         full = self._resolve(path)
         return self._call("read", full, self.fs.cat_file, full)
 
-    def write_bytes(self, path: str, data: bytes) -> None:
+    def write_bytes(self, path: str, data: bytes, sync: bool = True) -> None:
         """Write a whole file atomically: readers see the old content or the new, never a part.
 
         Local and HDFS-like stores write a temporary sibling and rename it over the
         target; object stores (S3, GCS, Azure) and ``memory://`` do one single-object PUT.
+        ``sync=False``: a local file is not flushed to the disk before its rename (a small
+        record whose loss in a power cut is harmless).
 
         Raises:
             StoreError: the write fails.
@@ -323,8 +325,9 @@ class Store:
             def _fill(tmp: str) -> None:
                 with open(tmp, "wb") as fh:
                     fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                    if sync:
+                        fh.flush()
+                        os.fsync(fh.fileno())
 
             self._local_replace("write", full, _fill)
             return

@@ -1,0 +1,119 @@
+"""What the Store's checksums cost: materialization and checkpoint commits with and without them.
+
+Run: ``.venv/bin/python benchmarks/bench_checksums.py [--rows 400000] [--rounds 5] [--ckpt-mib 64]``.
+
+In one process, on a ``file://`` Store in a temporary folder, alternating with and without
+checksums (``--rounds`` each, the median reported):
+
+* materialize a pandas frame (``--rows`` rows: a 32-float feature array and a label) with
+  ``overwrite=True``: with each file's CRC-32 taken while it is written and Parquet's page
+  CRCs, against neither (``hora.store.writer.CHECKSUMS`` off);
+* commit a checkpoint of ``--ckpt-mib`` MiB: ``Store.save_checkpoint`` (the file and its
+  checksum record) against the plain atomic write it was before (``Store.write_bytes``);
+* save an FSDP-style distributed checkpoint of the same size in this process (torch's DCP,
+  one rank): hora's ``StoreWriter`` (each file checksummed while written, put in place
+  through the Store) against torch's ``FsspecWriter`` (what hora used before).
+
+Prints one markdown table: what | without checksums (s) | with (s) | ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def _frame(rows: int) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 32)).astype("float32")
+    return pd.DataFrame({"features": list(x), "y": (x[:, 0] > 0).astype("float64")})
+
+
+def _materialize(store, pdf: pd.DataFrame, checksums: bool) -> float:
+    from hora.store import materialize, writer
+
+    writer.CHECKSUMS = checksums
+    try:
+        start = time.perf_counter()
+        info = materialize(pdf, store, ["features"], ["y"], num_proc=4, overwrite=True)
+        seconds = time.perf_counter() - start
+    finally:
+        writer.CHECKSUMS = True
+    assert all((f.checksum is not None) == checksums for f in info.split_files("train"))
+    return seconds
+
+
+def _commit(store, data: bytes, checksums: bool, epoch: int) -> float:
+    start = time.perf_counter()
+    if checksums:
+        store.save_checkpoint("bench", epoch, data)
+    else:
+        store.write_bytes(store.layout.checkpoint_path("bench", epoch), data)
+    return time.perf_counter() - start
+
+
+def _dcp(store, state: dict, checksums: bool, n: int) -> float:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    from hora.estimators.torch_dcp import StoreWriter
+
+    path = f"{store.layout.checkpoint_dir('bench')}/dcp-{n}-{int(checksums)}"
+    writer = (StoreWriter(store, path) if checksums
+              else FsspecWriter(store.url_for(path), single_file_per_rank=True, sync_files=False))
+    start = time.perf_counter()
+    dcp.save(state, storage_writer=writer)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=400_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ckpt-mib", type=int, default=64)
+    args = ap.parse_args()
+    import torch
+
+    from hora.store import Store
+
+    pdf = _frame(args.rows)
+    n_floats = args.ckpt_mib * (1 << 20) // 4
+    state = {"model": {f"w{i}": torch.randn(n_floats // 8) for i in range(8)}}
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    times: dict[tuple[str, bool], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store.create(f"file://{tmp}/store")
+        _materialize(store, pdf, True)  # warm-up (imports, page cache)
+        _dcp(store, state, True, -1)
+        for r in range(args.rounds):
+            for checksums in ((False, True) if r % 2 == 0 else (True, False)):  # alternated
+                times.setdefault(("materialize", checksums), []).append(_materialize(store, pdf, checksums))
+                times.setdefault(("commit", checksums), []).append(_commit(store, data, checksums, r))
+                times.setdefault(("dcp", checksums), []).append(_dcp(store, state, checksums, r))
+    label = {"materialize": f"materialize {args.rows} rows x 33 columns (4 files)",
+             "commit": f"checkpoint commit, {len(data) >> 20} MiB (Store.save_checkpoint)",
+             "dcp": f"distributed checkpoint save, {len(data) >> 20} MiB (DCP, 1 rank)"}
+    print()
+    print(f"| {args.rounds} rounds each, alternated, median | without checksums (s) | with checksums (s) | ratio |")
+    print("|---|---:|---:|---:|")
+    for what in ("materialize", "commit", "dcp"):
+        off, on = statistics.median(times[(what, False)]), statistics.median(times[(what, True)])
+        print(f"| {label[what]} | {off:.3f} | {on:.3f} | {on / off:.3f} x |")
+
+
+if __name__ == "__main__":
+    main()
