@@ -6,9 +6,11 @@ An S3-protocol server (moto) on 127.0.0.1 behind a proxy that answers a share of
 requests ``503 SlowDown`` / ``500 InternalError`` and resets another share
 (``benchmarks/_common/s3_faults.py``). For each fault rate, in the same run: materialize a
 pandas frame to an ``s3://`` Store through the proxy, fit a ``TorchEstimator`` for 3
-epochs on 2 local ranks (their Store reads go through the proxy too), predict. botocore's
-own retries are turned off in the storage options (``max_attempts=1``), so what carries
-the job is hora's policy (s3fs keeps its own few retries of some calls). Prints one
+epochs on 2 local ranks (their Store reads go through the proxy too), predict; with
+``--strategy fsdp`` each epoch's checkpoint is torch's distributed checkpoint, every shard
+written through the Store. The storage options are a user's (no retry settings): the Store
+sets s3fs's and botocore's own retries to one attempt, so what carries the job is hora's
+policy alone. Prints one
 markdown table: fault rate | requests | faults injected | fit completes | seconds | time
 against no faults.
 
@@ -52,10 +54,10 @@ def _frame(rows: int) -> pd.DataFrame:
     return pd.DataFrame({"features": list(x), "y": (x @ np.linspace(-1, 1, 8)).astype("float32")})
 
 
-def one(endpoint: str, fail: float, reset: float, pdf: pd.DataFrame, seed: int) -> dict:
+def one(endpoint: str, fail: float, reset: float, pdf: pd.DataFrame, seed: int, strategy: str = "hora") -> dict:
     with FaultyProxy(endpoint, fail=fail, reset=reset, seed=seed) as proxy:
+        # the options a user writes: the Store sets s3fs's and botocore's own retries to one attempt
         options = {"key": "testing", "secret": "testing", "anon": False,
-                   "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}},
                    "client_kwargs": {"endpoint_url": proxy.endpoint, "region_name": "us-east-1"}}
         start = time.monotonic()
         ok, error = True, ""
@@ -65,7 +67,8 @@ def one(endpoint: str, fail: float, reset: float, pdf: pd.DataFrame, seed: int) 
             net = torch.nn.Linear(8, 1)
             est = TorchEstimator(num_proc=2, backend="local", store=store, model=net,
                                  optimizer=torch.optim.SGD(net.parameters(), lr=0.05), loss=torch.nn.MSELoss(),
-                                 feature_cols=["features"], label_cols=["y"], batch_size=256, epochs=3, verbose=0)
+                                 feature_cols=["features"], label_cols=["y"], batch_size=256, epochs=3, verbose=0,
+                                 strategy=strategy)
             model = est.fit(pdf)
             pred = model.predict(pdf.head(1000))
             assert len(pred) == 1000
@@ -113,6 +116,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--strategy", default="hora", help="the estimator's strategy (fsdp: torch's distributed "
+                                                       "checkpoint, written and read through the Store)")
     ap.add_argument("--dead", action="store_true", help="time to the error on a dead endpoint (see above)")
     ap.add_argument("--budget", type=float, default=20.0, help="HORA_STORE_RETRY_S for --dead")
     args = ap.parse_args()
@@ -133,7 +138,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory():
             for fail, reset in [(0.0, 0.0), (0.12, 0.03), (0.30, 0.05), (0.0, 0.0)]:
-                rows.append(one(endpoint, fail, reset, pdf, args.seed))
+                rows.append(one(endpoint, fail, reset, pdf, args.seed, args.strategy))
                 print(rows[-1], flush=True)
     finally:
         server.stop()
