@@ -13,7 +13,8 @@
 
 Checkpoints. ``"fsdp"`` writes torch's distributed checkpoint (DCP): every rank its own
 shards of the model and optimizer state, to the run's checkpoint folder in the Store
-(``dcp-e<epoch>-s<step>-g<global step>-a<attempt>/``, ``.metadata`` last, by rank 0), and the
+(``dcp-e<epoch>-s<step>-g<global step>-a<attempt>/``, ``.metadata`` and the files' checksums last,
+by rank 0; every file through the Store's retried operations, :mod:`hora.estimators.torch_dcp`), and the
 checkpoint rank 0 commits (the Store's atomic per-epoch file) holds the folder's name and the
 small rest (position, scheduler, scaler): no rank ever holds the whole state, and a folder no
 committed checkpoint names (a crash mid-write) is never read. A resume loads it at any number
