@@ -72,8 +72,9 @@ def one(endpoint: str, fail: float, reset: float, pdf: pd.DataFrame, seed: int, 
             model = est.fit(pdf)
             pred = model.predict(pdf.head(1000))
             assert len(pred) == 1000
-        except Exception as exc:  # reported in the table
+        except Exception as exc:  # reported in the table (whole on stderr)
             ok, error = False, f"{type(exc).__name__}: {str(exc)[:120]}"
+            print(f"fault rate {fail:.0%} + {reset:.0%}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         seconds = time.monotonic() - start
         counts = dict(proxy.counts)
     return {"fail": fail, "reset": reset, "requests": sum(counts.values()),

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import posixpath
+import re
 from dataclasses import dataclass, field
 
 from hora.errors import DataError, StoreError
@@ -25,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 #: the checksum record of a distributed checkpoint's folder (written by hora.estimators.torch_dcp)
 DCP_CHECKSUMS = ".hora-checksums.json"
+#: a ZeRO optimizer's shard file (hora.torch.sharded_state), with its own checksum record
+_ZERO_SHARD = re.compile(r"^shard-\d+-of-\d+\.pt$")
 
 
 @dataclass
@@ -99,34 +102,46 @@ def _check(store: Store, path: str, checksum: str | None, size: int | None, what
         report.damaged.append(Damage(store.url_for(path), str(exc)))
 
 
+def _run_files(store: Store, run_dir: str, entries: list[str], report: VerifyReport) -> None:
+    """Check the checkpoints (and ZeRO shards) among ``entries`` against their checksum records."""
+    for entry in entries:
+        name = posixpath.basename(entry)
+        if StoreLayout.parse_checkpoint_epoch(name) is None and not _ZERO_SHARD.match(name):
+            continue
+        try:
+            integrity.read_checkpoint(store, entry, f"checkpoint of run {posixpath.basename(run_dir)}")
+            if store.exists(entry + integrity.CHECKSUM_SUFFIX):
+                report.checked += 1
+            else:
+                report.unverified += 1
+        except DataError as exc:
+            report.damaged.append(Damage(store.url_for(entry), str(exc)))
+
+
 def _run(store: Store, run_dir: str, report: VerifyReport) -> None:
     ckpt_dir = join(run_dir, "checkpoints")
     entries = store.listdir(ckpt_dir)
     report.runs += 1
+    _run_files(store, run_dir, entries, report)
     for entry in entries:
-        name = posixpath.basename(entry)
-        if StoreLayout.parse_checkpoint_epoch(name) is not None:
-            try:
-                integrity.read_checkpoint(store, entry, f"checkpoint of run {posixpath.basename(run_dir)}")
-                if store.exists(entry + integrity.CHECKSUM_SUFFIX):
-                    report.checked += 1
-                else:
-                    report.unverified += 1
-            except DataError as exc:
-                report.damaged.append(Damage(store.url_for(entry), str(exc)))
-        elif store.isdir(entry):
-            record = join(entry, DCP_CHECKSUMS)
-            if not store.exists(record):
-                report.unverified += len(store.listdir(entry))
-                continue
-            try:
-                sums = json.loads(store.read_bytes(record))["files"]
-            except (StoreError, ValueError, KeyError, TypeError) as exc:
-                report.damaged.append(Damage(store.url_for(record), f"unreadable: {exc}"))
-                continue
-            for rel, rec in sorted(sums.items()):
-                _check(store, join(entry, rel), rec.get("checksum"), rec.get("size"),
-                       f"shard of run {posixpath.basename(run_dir)}", report)
+        if not store.isdir(entry):
+            continue
+        inside = store.listdir(entry)
+        record = join(entry, DCP_CHECKSUMS)
+        if record not in inside:
+            if any(_ZERO_SHARD.match(posixpath.basename(e)) for e in inside):
+                _run_files(store, run_dir, inside, report)  # a ZeRO optimizer's shards, each with its record
+            else:
+                report.unverified += len(inside)  # a distributed checkpoint written before hora recorded checksums
+            continue
+        try:
+            sums = json.loads(store.read_bytes(record))["files"]
+        except (StoreError, ValueError, KeyError, TypeError) as exc:
+            report.damaged.append(Damage(store.url_for(record), f"unreadable: {exc}"))
+            continue
+        for rel, rec in sorted(sums.items()):
+            _check(store, join(entry, rel), rec.get("checksum"), rec.get("size"),
+                   f"shard of run {posixpath.basename(run_dir)}", report)
 
 
 def verify_store(store: Store) -> VerifyReport:

@@ -163,8 +163,10 @@ def save_shard(opt: Any, path: str, store: Any = None) -> str:
     torch.save(shard_state_dict(opt), buf)
     name = _shard_name(opt._hora_me, len(opt._hora_ranks))
     if store is not None:
+        from hora.store import integrity
+
         target = f"{str(path).rstrip('/')}/{name}"
-        store.write_bytes(target, buf.getvalue())
+        integrity.save_checkpoint(store, target, buf.getvalue())  # with its checksum record
         return target
     folder = os.fspath(path)
     os.makedirs(folder, exist_ok=True)
@@ -188,6 +190,7 @@ def read_shards(path: str, store: Any = None) -> list[dict[str, Any]]:
 
     Raises:
         StoreError: no shard there, shards of two sizes, or some missing.
+        DataError: a shard in a Store no longer matches its checksum (names it).
     """
     folder = str(path).rstrip("/") if store is not None else os.fspath(path)
     try:
@@ -210,7 +213,10 @@ def read_shards(path: str, store: Any = None) -> list[dict[str, Any]]:
     shards = []
     for r in range(size):
         if store is not None:
-            data = store.read_bytes(f"{folder}/{files[r]}")
+            from hora.store import integrity
+
+            shard = f"{folder}/{files[r]}"
+            data = integrity.read_checkpoint(store, shard, f"optimizer shard {store.url_for(shard)}")
         else:
             with open(os.path.join(folder, files[r]), "rb") as fh:
                 data = fh.read()
