@@ -147,3 +147,26 @@ def test_an_fsdp_checkpoint_completes_on_an_s3_store_failing_30_percent_of_reque
         _damage_middle(store, f"{folders[-1]}/__1_0.distcp")
         with pytest.raises(DataError, match=r"__1_0.distcp of run f1 is damaged"):
             _est(store, strategy="fsdp", run_id="f1", epochs=2).fit(_frame())
+
+
+def test_a_store_written_before_checksums_keeps_loading_unverified_said_once(tmp_path, monkeypatch, caplog, capsys):
+    import logging
+
+    from hora.store import integrity, writer
+
+    monkeypatch.setattr(integrity, "_unverified_said", set())
+    store = Store.create(f"file://{tmp_path}/store")
+    monkeypatch.setattr(writer, "CHECKSUMS", False)  # files as hora wrote them before it recorded checksums
+    df = pd.DataFrame({"x": np.arange(2_000, dtype=np.float64), "y": np.zeros(2_000)})
+    info = materialize(df, store, ["x"], ["y"], num_proc=2)
+    assert all(f.checksum is None and f.size is None for f in info.split_files("train"))
+    store.write_bytes(store.layout.checkpoint_path("old", 0), b"checkpoint bytes")  # no record beside it
+    with caplog.at_level(logging.INFO, logger="hora.store.integrity"):
+        rows = sum(len(b["x"]) for r in range(2)
+                   for b in make_reader(store, info, "train", rank=r, size=2, batch_size=100, shuffle=False))
+        assert store.latest_checkpoint("old") == (0, b"checkpoint bytes")
+    assert rows == 2_000
+    said = [r.getMessage() for r in caplog.records if "no recorded checksum" in r.getMessage()]
+    assert len(said) == 2 and said[0].startswith("Parquet file") and said[1].startswith("checkpoint"), said
+    rc, out = _verify(store.url, capsys)
+    assert rc == 0 and "0 file(s) verified, 3 without a recorded checksum, 0 damaged" in out, out
