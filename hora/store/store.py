@@ -387,6 +387,10 @@ class Store:
     def makedirs(self, path: str) -> None:
         """Create a folder and its parents (a no-op on object stores without folders)."""
         full = self._resolve(path)
+        if self.protocol in ("s3", "gs", "abfs"):
+            # no folders to make; and s3fs's makedirs asks whether the bucket exists and, when that
+            # question meets a transient error, tries to create the bucket (a permanent failure)
+            return
         self._call("makedirs", full, self.fs.makedirs, full, exist_ok=True)
 
     def rm(self, path: str, recursive: bool = False, missing_ok: bool = True) -> None:
