@@ -142,15 +142,16 @@ class StoreWriter(FileSystemWriter):
 
     def __init__(self, store: Any, path: str) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=False, overwrite=True)
-        self.fs = StoreFileSystem(store)
-        self.path = path
+        self.store_fs = StoreFileSystem(store)
+        self.fs = self.store_fs  # type: ignore[assignment]  # (torch's writer calls only FileSystemBase's methods)
+        self.path = self.folder = path
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         fut = super().write_data(plan, planner)
         results = []
         for wr in fut.wait():
             info = wr.storage_data
-            rec = self.fs.written.get(info.relative_path, {})
+            rec = self.store_fs.written.get(info.relative_path, {})
             results.append(dataclasses.replace(wr, storage_data=_CheckedInfo(
                 info.relative_path, info.offset, info.length, info.transform_descriptors,
                 checksum=rec.get("checksum"), file_size=rec.get("size"))))
@@ -173,11 +174,11 @@ class StoreWriter(FileSystemWriter):
                 row.append(dataclasses.replace(wr, storage_data=info))
             plain.append(row)
         super().finish(metadata, plain)  # .metadata (torch's own format), written and renamed through the Store
-        meta = self.fs.written.get(".metadata")
+        meta = self.store_fs.written.get(".metadata")
         if meta is not None:
             files[".metadata"] = meta
         # (not flushed to a local disk on its own: lost in a power cut, the folder is read unverified)
-        self.fs.store.write_bytes(join(self.path, DCP_CHECKSUMS),
+        self.store_fs.store.write_bytes(join(self.folder, DCP_CHECKSUMS),
                                   json.dumps({"files": files}, sort_keys=True).encode("utf-8"), sync=False)
 
 
@@ -187,7 +188,7 @@ class StoreReader(FileSystemReader):
 
     def __init__(self, store: Any, path: str) -> None:
         super().__init__(path)
-        self.fs = StoreFileSystem(store)
+        self.fs = StoreFileSystem(store)  # type: ignore[assignment]  # (as in StoreWriter)
         self.path = path
 
 

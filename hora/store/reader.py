@@ -120,7 +120,7 @@ def open_verified(store: Store, path: str, fi: FileInfo, info: DatasetInfo) -> t
                 raise DataError(f"{_what(store, path, info)} is damaged: {size} bytes where {fi.size} were committed "
                                 "(truncated or overwritten after its commit)")
         return None, pq.ParquetFile(path, page_checksum_verification=True)
-    fh = store.open(path, "rb")
+    fh: Any = store.open(path, "rb")  # (a ResumableReader: it knows its size)
     if fi.size is not None and fh.size() != fi.size:
         fh.close()
         raise DataError(f"{_what(store, path, info)} is damaged: {fh.size()} bytes where {fi.size} were committed "

@@ -42,7 +42,8 @@ def _est(store, **kw):
 
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 2)
-    args = dict(num_proc=2, backend="local", store=store, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+    args = dict(num_proc=2, backend="local", store=store, model=net,
+                optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
                 loss=torch.nn.CrossEntropyLoss(), feature_cols=["features"], label_cols=["y"], batch_size=32,
                 epochs=2, verbose=0)
     args.update(kw)
@@ -89,7 +90,8 @@ def test_a_changed_or_truncated_parquet_file_is_a_data_error_naming_it_and_verif
     rc, out = _verify(store.url, capsys)
     assert rc == 1 and "2 damaged" in out, out
     damaged = [line for line in out.splitlines() if line.startswith("DAMAGED")]
-    assert sorted(line.split()[1].rstrip(":") for line in damaged) == sorted(store.url_for(p) for p in (changed, truncated))
+    named = sorted(line.split()[1].rstrip(":") for line in damaged)
+    assert named == sorted(store.url_for(p) for p in (changed, truncated))
 
 
 def test_fit_resumes_from_the_last_checkpoint_that_verifies_and_a_changed_shard_fails_the_refit(tmp_path, capsys):
