@@ -248,9 +248,8 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     timings = {"prepare_s": time.monotonic() - t_prepare}
     run_id = config.run_id or new_run_id()
     store = config.store
-    if config.run_id is not None and store.list_checkpoints(run_id):
-        latest = store.latest_checkpoint(run_id)
-        assert latest is not None
+    latest = store.latest_checkpoint(run_id) if config.run_id is not None else None  # (one that verifies)
+    if latest is not None:
         framework.codec.check_checkpoint(config, latest[1], f"the checkpoint of epoch {latest[0]} of run {run_id} "
                                                             f"in {store.url}")
         logger.info("run %s has checkpoints in %s: fit resumes from the last one", run_id, store.url)
