@@ -82,7 +82,30 @@ def one(endpoint: str, fail: float, reset: float, pdf: pd.DataFrame, seed: int, 
 
 
 def dead_endpoint(budget: float) -> None:
-    """Time to the error of a write and of a read on a Store whose endpoint does not answer."""
+    """Time to the error of a write and of a read on a Store whose endpoint does not answer: with the
+    filesystems' own retries left as they are (what hora did before: their attempts inside each of the
+    Store's) and set to one attempt (the Store's budget the only one), in the same run."""
+    from hora.store import retry
+
+    rows = []
+    keep = retry.single_attempt, retry.single_attempt_options
+    for inner in (True, False, True, False):
+        if inner:
+            retry.single_attempt, retry.single_attempt_options = (lambda fs: fs), (lambda protocol, o: dict(o))
+        try:
+            rows += [(inner, what, seconds) for what, seconds, _ in _dead_once(budget)]
+        finally:
+            retry.single_attempt, retry.single_attempt_options = keep
+    print()
+    print("| operation on a dead endpoint | s3fs/botocore retries | budget (HORA_STORE_RETRY_S) | seconds to the error "
+          "| against the budget |")
+    print("|---|---|---:|---:|---:|")
+    for inner, what, seconds in rows:
+        print(f"| {what} | {'their defaults (before)' if inner else 'one attempt (now)'} | {budget:g} s | "
+              f"{seconds:.1f} | {seconds / budget:.2f} x |")
+
+
+def _dead_once(budget: float) -> list[tuple[str, float, str]]:
     import socket
 
     from hora.errors import StoreError
@@ -93,7 +116,7 @@ def dead_endpoint(budget: float) -> None:
         port = probe.getsockname()[1]
     options = {"key": "testing", "secret": "testing",
                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
-    store = Store.create(f"s3://{BUCKET}/dead", check_writable=False, **options)
+    store = Store.create(f"s3://{BUCKET}/dead-{uuid.uuid4().hex[:6]}", check_writable=False, **options)
     rows = []
     for what, op in (("write", lambda: store.write_bytes("runs/r/history.json", b"{}")),
                      ("read", lambda: store.read_bytes("runs/r/history.json"))):
@@ -106,11 +129,7 @@ def dead_endpoint(budget: float) -> None:
         seconds = time.monotonic() - start
         rows.append((what, seconds, error))
         print(what, f"{seconds:.1f} s", error, flush=True)
-    print()
-    print("| operation on a dead endpoint | budget (HORA_STORE_RETRY_S) | seconds to the error | against the budget |")
-    print("|---|---:|---:|---:|")
-    for what, seconds, _ in rows:
-        print(f"| {what} | {budget:g} s | {seconds:.1f} | {seconds / budget:.2f} x |")
+    return rows
 
 
 def main() -> None:
