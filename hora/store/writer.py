@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hora.errors import DataError
-from hora.store.integrity import HashingFile
+from hora.store.integrity import local_file_checksum
 from hora.store.layout import join
 from hora.store.store import Store
 
@@ -164,7 +164,7 @@ class SplitWriter:
         self.rows_per_group: int | None = plan.rows_per_row_group
         self._writer: pq.ParquetWriter | None = None
         self._spool: str | None = None  # the local file a remote part is written to before its upload
-        self._sink: HashingFile | None = None  # the file the Parquet writer writes, checksummed
+        self._sums: dict[str, Any] = {}  # the written file's size and checksum (hora.store.integrity)
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -191,12 +191,10 @@ class SplitWriter:
             fd, self._spool = tempfile.mkstemp(prefix="hora-part-", suffix=".parquet")
             os.close(fd)
             where = self._spool
-        # the file's checksum is taken as its bytes are written (hora.store.integrity), and each
-        # page carries Parquet's own CRC, which the reader checks on every page it reads
-        if CHECKSUMS:
-            self._sink = HashingFile(open(where, "wb"))
-        self._writer = pq.ParquetWriter(self._sink if CHECKSUMS else where, schema, compression="snappy",
-                                        use_dictionary=False, write_statistics=False, write_page_checksum=CHECKSUMS)
+        # each page carries Parquet's own CRC, which the reader checks on every page it reads; the
+        # whole file's checksum is taken when it is closed (hora.store.integrity)
+        self._writer = pq.ParquetWriter(where, schema, compression="snappy", use_dictionary=False,
+                                        write_statistics=False, write_page_checksum=CHECKSUMS)
 
     def _flush(self, final: bool) -> None:
         if not self.pending:
@@ -224,23 +222,21 @@ class SplitWriter:
         if self._writer is None:
             return None
         self._writer.close()
-        if self._sink is not None:
-            self._sink.close()
+        if CHECKSUMS:  # before an upload: the bytes as written here, from the page cache
+            checksum, size = local_file_checksum(self._spool or self.path)
+            self._sums = {"size": size, "checksum": checksum}
         if self._spool is not None:
             try:
                 self.plan.store.upload(self._spool, self.path)
             finally:
                 os.unlink(self._spool)
                 self._spool = None
-        sums = {"size": self._sink.size, "checksum": self._sink.checksum} if self._sink is not None else {}
-        return {"path": self.rel, "rows": sum(self.row_groups), "row_groups": self.row_groups, **sums}
+        return {"path": self.rel, "rows": sum(self.row_groups), "row_groups": self.row_groups, **self._sums}
 
     def abort(self) -> None:
         try:
             if self._writer is not None:
                 self._writer.close()
-            if self._sink is not None:
-                self._sink.close()
         except Exception:  # pragma: no cover
             pass
         if self._spool is not None:
