@@ -6,7 +6,7 @@ Store's one retry policy (``HORA_STORE_RETRY_S``) like any other Store operation
 ``FsspecWriter`` wrote through the filesystem directly, and a transient S3 error failed the
 checkpoint. A shard file is written to a local temporary file, then put in place whole (one
 retried upload, or a rename on a local store): a failed attempt never leaves a part; its
-checksum is taken from the page cache before it moves. The coordinator records every file's
+checksum is taken as it is written. The coordinator records every file's
 size and checksum in the folder's
 ``.hora-checksums.json`` (:data:`hora.store.verify.DCP_CHECKSUMS`) after ``.metadata``; the
 reader checks each file it reads against it and raises :class:`~hora.errors.DataError` naming
@@ -65,16 +65,15 @@ class StoreFileSystem(FileSystemBase):
         else:  # spooled locally, then uploaded whole (one retried operation)
             fd, tmp = tempfile.mkstemp(prefix="hora-dcp-")
             os.close(fd)
-        sink = open(tmp, "wb")
+        sink = integrity.HashingFile(open(tmp, "wb"))  # (torch writes tensors in large writes: hashed alongside)
         try:
             yield sink  # type: ignore[misc]
             sink.close()
-            checksum, size = integrity.local_file_checksum(tmp)  # (from the page cache, before it moves)
             if store.is_local:
                 store.mv(tmp, path)
             else:
                 store.upload(tmp, path)
-            self.written[posixpath.basename(path)] = {"checksum": checksum, "size": size}
+            self.written[posixpath.basename(path)] = {"checksum": sink.checksum, "size": sink.size}
         finally:
             sink.close()
             with contextlib.suppress(FileNotFoundError):

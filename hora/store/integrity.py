@@ -4,7 +4,8 @@ Every Parquet file of a committed dataset and every checkpoint carries a checksu
 bytes (CRC-32, ``"crc32:1a2b3c4d"``; zlib's, in the standard library), computed where the
 bytes are written, before they leave the machine: a local file (a Parquet part, a spooled
 upload, a shard) right after it is closed, from the page cache (:func:`local_file_checksum`);
-a checkpoint's bytes while they are written (:func:`save_checkpoint`):
+a checkpoint's bytes and a distributed checkpoint's shards while they are written
+(:func:`save_checkpoint`, :class:`HashingFile`):
 
 * a dataset's files: their size and checksum are in the dataset's ``_metadata.json``,
   which the commit marker names by its SHA-256; the files also carry Parquet's own page
@@ -24,7 +25,7 @@ import json
 import logging
 import threading
 import zlib
-from typing import Any
+from typing import IO, Any
 
 from hora.errors import DataError, StoreError
 
@@ -61,6 +62,80 @@ def checksum_bytes(data: Any) -> str:
     h = Hasher()
     h.update(data)
     return h.hexdigest()
+
+
+#: writes at least this large are checksummed while a second thread writes them to the file
+OVERLAP_BYTES = 1 << 20
+
+
+class HashingFile:
+    """A binary file open for writing that checksums what goes through it (for writers that
+    take a file object: Parquet, torch.save). ``checksum`` and ``size`` after the last write.
+
+    A large write is handed to a helper thread while this one checksums it (both release the
+    GIL: the file write in the system call, zlib's CRC over large buffers); it returns when
+    both are done, so the caller may reuse its buffer as with any file."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self._fh = fh
+        self.hasher = Hasher()
+        self.closed = False
+        self.mode = "wb"
+        self._pool: Any = None
+
+    def write(self, data: Any) -> int:
+        if memoryview(data).nbytes < OVERLAP_BYTES:
+            self.hasher.update(data)
+            return self._fh.write(data)
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="hora-write")
+        written = self._pool.submit(self._fh.write, data)
+        try:
+            self.hasher.update(data)
+        finally:
+            n = written.result()
+        return n
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.hasher.size
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self._pool is not None:
+                self._pool.shutdown()
+            self._fh.close()
+
+    @property
+    def checksum(self) -> str:
+        return self.hasher.hexdigest()
+
+    @property
+    def size(self) -> int:
+        return self.hasher.size
+
+    def __enter__(self) -> "HashingFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def local_file_checksum(path: str) -> tuple[str, int]:
@@ -219,5 +294,5 @@ def read_checkpoint(store: Any, path: str, what: str) -> bytes:
     return data
 
 
-__all__ = ["ALGORITHM", "CHECKSUM_SUFFIX", "Hasher", "local_file_checksum", "checksum_bytes", "check_bytes", "file_checksum",
+__all__ = ["ALGORITHM", "CHECKSUM_SUFFIX", "Hasher", "HashingFile", "local_file_checksum", "checksum_bytes", "check_bytes", "file_checksum",
            "verify_file", "check_sizes", "unverified", "save_checkpoint", "read_checkpoint", "checkpoint_record"]
