@@ -126,7 +126,7 @@ def _files(store: Store) -> list[str]:
 @pytest.mark.timeout(400)
 def test_an_fsdp_checkpoint_completes_on_an_s3_store_failing_30_percent_of_requests(s3_endpoint, monkeypatch, capsys):
     from hora.store import retry
-    from tests.store.faulty_proxy import FaultyProxy
+    from benchmarks._common.s3_faults import FaultyProxy
 
     monkeypatch.setenv("HORA_STORE_RETRY_S", "60")
     monkeypatch.setattr(retry, "BACKOFF_BASE_S", 0.005)
