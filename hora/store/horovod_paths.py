@@ -17,7 +17,24 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from hora.store.layout import CHECKPOINT_PREFIX, CHECKPOINT_SUFFIX
+from hora.errors import ConfigError, DataError
+from hora.store.layout import CHECKPOINT_PREFIX, CHECKPOINT_SUFFIX, join
+
+#: the folder of the prepared-dataset index files (see :mod:`hora.store.prepared`)
+PREPARED = "prepared"
+
+
+def prepared_index_path(root: str, idx: int | None) -> str:
+    """The index file of prepared dataset ``idx`` below ``root`` (None: ``latest.json``, the last one).
+
+    Raises:
+        ConfigError: ``idx`` is not an int >= 0 or None.
+    """
+    if idx is None:
+        return join(root, PREPARED, "latest.json")
+    if isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
+        raise ConfigError(f"dataset_idx must be an int >= 0 or None, got {idx!r}")
+    return join(root, PREPARED, f"{idx}.json")
 
 
 class HorovodPaths:
@@ -29,6 +46,7 @@ class HorovodPaths:
     exists: Any
     read_bytes: Any
     write_bytes: Any
+    read_json: Any
     root: str
 
     def get_runs_path(self) -> str:
@@ -69,9 +87,7 @@ class HorovodPaths:
         Raises:
             DataError: no dataset was prepared under that index (names the store path).
         """
-        from hora.store import prepared
-
-        return self.url_for(self.layout.train_dir(prepared.find(self, idx).fingerprint))  # type: ignore[arg-type]
+        return self.url_for(self.layout.train_dir(self.prepared_fingerprint(idx)))
 
     def get_val_data_path(self, idx: int | None = None) -> str:
         """The URL of the validation split of the dataset prepared as index ``idx`` (None: the latest).
@@ -79,9 +95,25 @@ class HorovodPaths:
         Raises:
             DataError: no dataset was prepared under that index (names the store path).
         """
-        from hora.store import prepared
+        return self.url_for(self.layout.val_dir(self.prepared_fingerprint(idx)))
 
-        return self.url_for(self.layout.val_dir(prepared.find(self, idx).fingerprint))  # type: ignore[arg-type]
+    def prepared_fingerprint(self, idx: int | None = None) -> str:
+        """The fingerprint of the dataset prepared as index ``idx`` (None: the latest prepared or trained
+        on), as recorded by :func:`hora.store.prepared.record`.
+
+        Raises:
+            DataError: nothing was recorded under that index (names the index file's URL).
+            ConfigError: a bad ``idx``.
+        """
+        path = prepared_index_path(self.root, idx)
+        if not self.exists(path):
+            what = "dataset_idx=None (the latest)" if idx is None else f"dataset_idx={idx}"
+            raise DataError(f"no dataset was prepared in {self.url_for(self.root)} for {what}: {self.url_for(path)} "
+                            "does not exist; run util.prepare_data(...) or a fit on a DataFrame with this store first")
+        fingerprint = self.read_json(path).get("fingerprint")
+        if not isinstance(fingerprint, str):
+            raise DataError(f"{self.url_for(path)} names no dataset (no 'fingerprint'); prepare the data again")
+        return fingerprint
 
     def read(self, path: str) -> bytes:
         """The content of a file (Horovod's name for :meth:`read_bytes`)."""
@@ -107,4 +139,4 @@ class HorovodPaths:
     listdir: Any
 
 
-__all__ = ["HorovodPaths"]
+__all__ = ["HorovodPaths", "prepared_index_path", "PREPARED"]

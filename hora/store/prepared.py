@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import logging
 
-from hora.errors import ConfigError, DataError
+from hora.errors import DataError
 from hora.store.commit import load_dataset_info
 from hora.store.dataset import DatasetInfo
+from hora.store.horovod_paths import PREPARED, prepared_index_path
 from hora.store.layout import join
 from hora.store.store import Store
 
 logger = logging.getLogger(__name__)
-
-PREPARED = "prepared"
-LATEST = "latest"
 
 
 def index_path(store: Store, idx: int | None) -> str:
@@ -33,13 +31,7 @@ def index_path(store: Store, idx: int | None) -> str:
     Raises:
         ConfigError: ``idx`` is not an int >= 0 or None.
     """
-    if idx is None:
-        name = LATEST
-    elif isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
-        raise ConfigError(f"dataset_idx must be an int >= 0 or None, got {idx!r}")
-    else:
-        name = str(idx)
-    return join(store.root, PREPARED, f"{name}.json")
+    return prepared_index_path(store.root, idx)
 
 
 def next_index(store: Store) -> int:
@@ -73,16 +65,11 @@ def find(store: Store, idx: int | None = None) -> DatasetInfo:
             message names the store path).
         ConfigError: a bad ``idx``.
     """
-    path = index_path(store, idx)
-    what = "dataset_idx=None (the latest)" if idx is None else f"dataset_idx={idx}"
-    if not store.exists(path):
-        raise DataError(f"no dataset was prepared in {store.url} for {what}: {store.url_for(path)} does not exist; "
-                        "run util.prepare_data(...) or a fit on a DataFrame with this store first")
-    fingerprint = store.read_json(path).get("fingerprint")
-    info = load_dataset_info(store, fingerprint) if isinstance(fingerprint, str) else None
+    fingerprint = store.prepared_fingerprint(idx)
+    info = load_dataset_info(store, fingerprint)
     if info is None:
-        raise DataError(f"{store.url_for(path)} names dataset {fingerprint!r}, which is not committed in "
-                        f"{store.url_for(store.layout.datasets_dir())}; prepare the data again")
+        raise DataError(f"{store.url_for(index_path(store, idx))} names dataset {fingerprint!r}, which is not "
+                        f"committed in {store.url_for(store.layout.datasets_dir())}; prepare the data again")
     return info
 
 

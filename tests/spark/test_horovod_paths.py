@@ -79,7 +79,7 @@ def test_horovod_module_paths_import_and_internals_say_what_hora_does():
     from hora.runner.util.threads import in_thread
     from hora.spark.common import constants
     from hora.spark.common.backend import SparkBackend
-    from hora.spark.common.util import _get_metadata, prepare_data
+    from hora.spark.common.util import prepare_data, to_petastorm_fn
     from hora.spark.lightning.legacy import to_lightning_module
     from hora.spark.torch import remote
     from hora.spark.torch.estimator import EstimatorParams, TorchEstimator, TorchModel
@@ -92,8 +92,8 @@ def test_horovod_module_paths_import_and_internals_say_what_hora_does():
     assert constants.TOTAL_BUFFER_MEMORY_CAP_GIB == 4 and in_thread(lambda: None).join() is None
     with pytest.raises(NotImplementedError, match=r"remote._metric_cls is an internal of Horovod.*metrics"):
         remote._metric_cls()
-    with pytest.raises(NotImplementedError, match="_get_metadata"):
-        _get_metadata(None)
+    with pytest.raises(NotImplementedError, match="to_petastorm_fn.*plain Parquet"):
+        to_petastorm_fn(["features"], {})
     with pytest.raises(AttributeError):
         remote.not_a_horovod_name  # noqa: B018
 
@@ -163,10 +163,19 @@ def test_prepare_data_fit_on_parquet_resume_and_a_model_built_by_hand(spark, tmp
     with pytest.raises(ConfigError, match="reader_pool_type"):
         est.copy({est.reader_pool_type: "threads"}).fit_on_parquet()
 
+    from pyspark.sql.types import DoubleType
+
+    from hora.spark.common import constants
+
+    metadata = util._get_metadata(df)
+    assert metadata["features"] == {"spark_data_type": type(rows[0][0]), "is_sparse_vector_only": False, "shape": 2,
+                                    "intermediate_format": constants.ARRAY, "max_size": 2}
+    assert metadata["y"]["spark_data_type"] is DoubleType and metadata["y"]["intermediate_format"] == constants.NOCHANGE
     by_hand = hvd_spark.TorchModel(history=None, model=XOR(output_dim=2), input_shapes=[[2]],
                                    feature_columns=["features"], label_columns=["y"], optimizer=None,
-                                   _metadata={"y": {}})
+                                   _metadata=metadata)
     assert by_hand.getFeatureColumns() == ["features"] and by_hand.getLabelColumns() == ["y"]
+    assert by_hand._get_metadata() is metadata
     out = by_hand.transform(df.select("features", "y"))
     assert [type(f.dataType) for f in out.schema.fields][-1] is VectorUDT and out.columns[-1] == "y__output"
     got = np.array([r.y__output.toArray() for r in out.orderBy("y").collect()])

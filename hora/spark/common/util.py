@@ -10,7 +10,8 @@ The data is materialized as by a fit (:func:`hora.store.materialize`: committed 
 index in the store (:mod:`hora.store.prepared`), so ``fit_on_parquet(dataset_idx=idx)`` (or
 ``fit_on_parquet()`` for the latest) finds it again, in this program or a later one.
 
-Horovod's other helpers here (``_get_metadata``, ``to_petastorm_fn``, ...) were internals of its
+``_get_metadata(df)`` gives Horovod's per-column metadata, which a model built by hand takes as
+``_metadata=``. Horovod's other helpers here (``to_petastorm_fn``, ...) were internals of its
 petastorm data path; hora has none (:mod:`hora.horovod_internals`).
 """
 
@@ -90,12 +91,61 @@ def prepare_data(num_processes: int, store: Any, df: Any, label_columns: Sequenc
     yield idx
 
 
+def _get_metadata(df: Any) -> dict[str, dict[str, Any]]:
+    """Horovod's per-column metadata of a Spark DataFrame, for ``TorchModel(..., _metadata=...)`` /
+    ``KerasModel`` built by hand: ``{col: {"spark_data_type", "is_sparse_vector_only", "shape",
+    "intermediate_format", "max_size"}}``, from one pass over the rows (ML vectors: their size and
+    most non-zeros; arrays: their longest length; scalars: 1). A model built by hand keeps it
+    (``model._get_metadata()``); hora's own reader does not need it.
+
+    Raises:
+        DataError: ``df`` is not a Spark DataFrame.
+    """
+    from pyspark.ml.linalg import DenseVector, SparseVector
+    from pyspark.sql import DataFrame
+
+    from hora.spark.common import constants
+
+    if not isinstance(df, DataFrame):
+        raise DataError(f"_get_metadata takes a Spark DataFrame, got {type(df).__module__}.{type(df).__name__}")
+    names = list(df.columns)
+
+    def info(row: Any) -> list[tuple[frozenset, int, int]]:
+        out = []
+        for value in row:
+            if isinstance(value, SparseVector):
+                out.append((frozenset({"sparse"}), int(value.size), len(value.indices)))
+            elif isinstance(value, DenseVector):
+                out.append((frozenset({"dense"}), int(value.size), int(value.size)))
+            elif isinstance(value, (list, tuple)):
+                out.append((frozenset({"array"}), len(value), len(value)))
+            else:
+                out.append((frozenset({"scalar"}), 1, 1))
+        return out
+
+    def merge(a: list, b: list) -> list:
+        return [(ka | kb, max(sa, sb), max(ma, mb)) for (ka, sa, ma), (kb, sb, mb) in zip(a, b)]
+
+    empty = [(frozenset(), 0, 0)] * len(names)
+    seen = df.rdd.map(info).fold(empty, merge)
+    metadata = {}
+    for field, (kinds, shape, max_size) in zip(df.schema.fields, seen):
+        if "dense" in kinds:
+            kind, sparse_only, fmt = DenseVector, False, constants.ARRAY
+        elif "sparse" in kinds:
+            kind, sparse_only, fmt = SparseVector, True, constants.CUSTOM_SPARSE
+        else:
+            kind, sparse_only, fmt = type(field.dataType), False, constants.NOCHANGE
+        metadata[field.name] = {"spark_data_type": kind, "is_sparse_vector_only": sparse_only, "shape": shape,
+                                "intermediate_format": fmt, "max_size": max_size}
+    return metadata
+
+
 _NO_PETASTORM = ("hora stores plain Parquet and reads it with pyarrow (no petastorm rows, no per-column "
                  "intermediate formats); a prepared dataset's columns are in its _metadata.json "
                  "(hora.store.load_dataset_info)")
 
 __getattr__ = module_getattr(__name__, {
-    "_get_metadata": _NO_PETASTORM,
     "to_petastorm_fn": _NO_PETASTORM,
     "_has_vector_column": _NO_PETASTORM,
     "get_simple_meta_from_parquet": _NO_PETASTORM,
