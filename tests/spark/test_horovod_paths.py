@@ -181,3 +181,32 @@ def test_prepare_data_fit_on_parquet_resume_and_a_model_built_by_hand(spark, tmp
     got = np.array([r.y__output.toArray() for r in out.orderBy("y").collect()])
     expected = by_hand.getModel()(torch.tensor(np.array([r.features.toArray() for r in out.orderBy("y").collect()])))
     assert np.allclose(got, expected.detach().numpy(), atol=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_lightning_plain_module_with_the_default_logger(tmp_path):
+    """Horovod's legacy path (a torch module with optimizer= and loss=) and logger=None: a TensorBoard
+    logger in the run's logs folder, so LearningRateMonitor works."""
+    pytest.importorskip("lightning")
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    from hora.dask import LightningEstimator
+    from hora.store import LocalStore
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"features": list(rng.random((32, 2)).astype("float32")),
+                       "y": rng.integers(0, 2, 32).astype("float32"), "weight": rng.random(32).astype("float32")})
+    store = LocalStore(str(tmp_path / "store"))
+    model = XOR()
+    est = LightningEstimator(num_proc=1, store=store, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                             loss=F.binary_cross_entropy, feature_cols=["features"], label_cols=["y"],
+                             sample_weight_col="weight", batch_size=8, epochs=2, run_id="legacy", log_every_n_steps=1,
+                             callbacks=[LearningRateMonitor(logging_interval="step")], verbose=0)
+    fitted = est.fit(df)
+    assert [sorted(h) for h in fitted.history_] == [["epoch", "loss", "lr-SGD", "train_loss"]] * 2  # the monitor logs
+    assert fitted.model_.model.lin1.weight.shape == (8, 2)  # the wrapped module, trained
+    logs = store.get_logs_path("legacy")[len("file://"):]
+    events = [p for p in (tmp_path / "store").rglob("events.out.tfevents.*") if str(p).startswith(logs)]
+    assert events, f"no TensorBoard events in {logs}"
+    data = b"".join(p.read_bytes() for p in events)
+    assert b"lr-SGD" in data and b"train_loss" in data
