@@ -10,6 +10,8 @@
   ``KerasModel(..., custom_objects=)``) into the model's Params; such a model transforms as
   Horovod's did: one ``<label>__output`` column per label, multi-valued outputs as ML vectors,
   the per-row output shapes learned from a forward pass on the first rows it transforms.
+* :func:`vector_labels`: a model fitted on ML-vector labels writes its multi-valued predictions
+  as ML vectors, as Horovod's did (a one-hot ``label_vec`` gives a vector ``label_prob``).
 """
 
 from __future__ import annotations
@@ -148,6 +150,15 @@ def model_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     return out, kept
 
 
+def vector_labels(df: Any, label_cols: Sequence[str]) -> bool:
+    """Whether a label column of the Spark DataFrame ``df`` holds ML vectors (its predictions are then
+    ML vectors too, as in Horovod)."""
+    from pyspark.ml.linalg import VectorUDT
+
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    return any(isinstance(fields.get(c), VectorUDT) for c in label_cols)
+
+
 def rows_per_forward(arrays: Sequence[np.ndarray], input_shapes: Any) -> int | None:
     """Rows one forward pass must take when an ``input_shapes`` entry fixes the batch dimension
     (no ``-1``; Horovod's ``[[2]]`` takes one row of 2 values), else None (any number).
@@ -190,5 +201,6 @@ def infer_output_shapes(codec: Any, model: Any, df: Any, feature_cols: Any, inpu
     return [tuple(int(d) for d in o.shape[1:]) for o in outs]
 
 
-__all__ = ["HorovodEstimatorMethods", "HorovodModelMethods", "model_kwargs", "infer_output_shapes", "rows_per_forward",
+__all__ = ["HorovodEstimatorMethods", "HorovodModelMethods", "model_kwargs", "vector_labels", "infer_output_shapes",
+           "rows_per_forward",
            "CHECKPOINT_READERS"]

@@ -102,8 +102,8 @@ MODEL_PARAMS: dict[str, str] = {
     "raw_prediction_col": "a classifier's logits column (an ML vector), MLlib's rawPredictionCol",
     "inference_columns": "the fit's decode_fn, max_length, truncation and collate_fn, which transform applies "
                          "(None: the defaults)",
-    "vector_outputs": "multi-valued outputs as ML vectors instead of arrays (Horovod's; a model built with "
-                      "Horovod's keywords)",
+    "vector_outputs": "multi-valued outputs as ML vectors instead of arrays (as Horovod: a model fitted on ML "
+                      "vector labels, or built with Horovod's keywords)",
 }
 #: model Params saved pickled beside the JSON metadata (they hold functions)
 MODEL_PICKLED_PARAMS = frozenset({"inference_columns"})
@@ -266,7 +266,10 @@ class SparkEstimator(Estimator, _Persisted, horovod_face.HorovodEstimatorMethods
         except Exception as exc:
             explain_worker_failure(dataset.sparkSession, exc, self.framework)
             raise
-        return self.model_class._from_result(result, config)
+        model = self.model_class._from_result(result, config)
+        if horovod_face.vector_labels(dataset, config.label_cols):  # as Horovod: a vector label's prediction is one
+            model._set(vector_outputs=True)
+        return model
 
     # persistence ------------------------------------------------------------------------
     def _save_to(self, path: str, spark: Any) -> None:
