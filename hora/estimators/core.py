@@ -227,15 +227,15 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         df: a Spark, Dask or pandas DataFrame (pandas trains on local processes), or a Ray
             Dataset (trains on Ray actors unless ``config.backend`` says otherwise); None with
             ``dataset``.
+        config: the validated estimator configuration (of ``framework.config``).
+        framework: the framework descriptor.
+        spark, client: the SparkSession / distributed.Client to run on.
         dataset: a materialized :class:`~hora.store.DatasetInfo` in ``config.store`` to train on
             instead of ``df`` (``fit_on_parquet``): nothing is materialized; the ranks run on
             Spark when ``spark`` is given, else on local processes.
         load_checkpoint: reads ``(epoch, bytes)`` of a run's last checkpoint on the driver when the fit
             resumes one (default ``config.store.latest_checkpoint``; the Spark face passes its
             estimator's method, Horovod's ``_load_checkpoint``).
-        config: the validated estimator configuration (of ``framework.config``).
-        framework: the framework descriptor.
-        spark, client: the SparkSession / distributed.Client to run on.
 
     Raises:
         DataError, ConfigError: bad data or configuration (before anything starts).
