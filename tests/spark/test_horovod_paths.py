@@ -213,3 +213,27 @@ def test_lightning_plain_module_with_the_default_logger(tmp_path):
     assert events, f"no TensorBoard events in {logs}"
     data = b"".join(p.read_bytes() for p in events)
     assert b"lr-SGD" in data and b"train_loss" in data
+
+
+def test_reader_pool_type_process_reads_the_same_batches_in_worker_processes(tmp_path):
+    from hora.store import Store, make_reader, materialize
+    from hora.store.process_reader import ProcessPool
+
+    store = Store.create(str(tmp_path / "store"))
+    info = materialize(pd.DataFrame({"x": np.arange(200, dtype="float32"), "y": np.arange(200) % 3}), store,
+                       feature_cols=["x"], label_cols=["y"], num_proc=4)
+    pool = ProcessPool(2, "spawn")
+    try:
+        for rank in (0, 1):
+            plain = make_reader(store, info, rank=rank, size=2, batch_size=16, epoch=1, shuffle=True)
+            pooled = make_reader(store, info, rank=rank, size=2, batch_size=16, epoch=1, shuffle=True)
+            pooled.read_pool = pool
+            got, want = list(pooled), list(plain)
+            assert len(got) == len(want) == len(plain)
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a["x"], b["x"])
+        assert pool._executor is not None and len(pool._executor._processes) == 2  # read in worker processes
+    finally:
+        pool.close()
+    with pytest.raises(ConfigError, match="mp_start_method"):
+        ProcessPool(2, "vfork")
