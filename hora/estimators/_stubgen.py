@@ -87,19 +87,30 @@ def _all(names: list[str]) -> str:
     return "\n__all__ = [" + ", ".join(repr(n) for n in names) + "]\n"
 
 
+_PARAMS = "from hora.spark.common.params import EstimatorParams as EstimatorParams\n"
+
+
+def _package(name: str, names: list[str]) -> str:
+    """The stub of ``hora.spark.<name>``: what it re-exports from its ``estimator`` module."""
+    return HEADER + "".join(f"from hora.spark.{name}.estimator import {n} as {n}\n" for n in names) + _all(names)
+
+
 def stubs() -> dict[str, str]:
     """``{path relative to the hora package's parent: stub text}`` of every generated stub."""
     fw = _frameworks()
     spark = {
-        "hora/spark/torch.pyi": (HEADER + _TYPING + _SPARK_BASES
-                                 + spark_classes(fw["torch"], "TorchEstimator", "TorchModel")
-                                 + _all(["TorchEstimator", "TorchModel"])),
-        "hora/spark/keras.pyi": (HEADER + _TYPING + _SPARK_BASES
-                                 + spark_classes(fw["keras"], "KerasEstimator", "KerasModel")
-                                 + _all(["KerasEstimator", "KerasModel"])),
-        "hora/spark/lightning/estimator.pyi": (HEADER + _TYPING + _SPARK_BASES + "MIN_PL_VERSION: str\n\n"
+        "hora/spark/torch/estimator.pyi": (HEADER + _TYPING + _SPARK_BASES + _PARAMS
+                                           + spark_classes(fw["torch"], "TorchEstimator", "TorchModel")
+                                           + _all(["TorchEstimator", "TorchModel", "EstimatorParams"])),
+        "hora/spark/torch/__init__.pyi": _package("torch", ["TorchEstimator", "TorchModel", "EstimatorParams"]),
+        "hora/spark/keras/estimator.pyi": (HEADER + _TYPING + _SPARK_BASES + _PARAMS
+                                           + spark_classes(fw["keras"], "KerasEstimator", "KerasModel")
+                                           + _all(["KerasEstimator", "KerasModel", "EstimatorParams"])),
+        "hora/spark/keras/__init__.pyi": _package("keras", ["KerasEstimator", "KerasModel", "EstimatorParams"]),
+        "hora/spark/lightning/estimator.pyi": (HEADER + _TYPING + _SPARK_BASES + _PARAMS + "MIN_PL_VERSION: str\n\n"
                                                + spark_classes(fw["lightning"], "TorchEstimator", "TorchModel")
-                                               + _all(["TorchEstimator", "TorchModel", "MIN_PL_VERSION"])),
+                                               + _all(["TorchEstimator", "TorchModel", "EstimatorParams",
+                                                       "MIN_PL_VERSION"])),
         "hora/spark/lightning/__init__.pyi": (
             HEADER + "from hora.spark.lightning.estimator import MIN_PL_VERSION as MIN_PL_VERSION\n"
             "from hora.spark.lightning.estimator import TorchEstimator as TorchEstimator\n"
@@ -112,9 +123,10 @@ def stubs() -> dict[str, str]:
             "from hora.spark.lightning import LightningEstimator as LightningEstimator\n"
             "from hora.spark.lightning import LightningModel as LightningModel\n"
             "from hora.spark.runner import run as run\n"
+            "from hora.spark.runner import run_elastic as run_elastic\n"
             "from hora.spark.torch import TorchEstimator as TorchEstimator\n"
             "from hora.spark.torch import TorchModel as TorchModel\n"
-            + _all(["run", "TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "LightningEstimator",
+            + _all(["run", "run_elastic", "TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "LightningEstimator",
                     "LightningModel", "Callback", "EarlyStopping", "BestModelCheckpoint", "MLflowLogger"])),
     }
     dask = (HEADER + _TYPING + _CALLBACKS

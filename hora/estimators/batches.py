@@ -191,6 +191,10 @@ def rank_batches(
                                  shuffle_buffer_size=config.shuffle_buffer_size, columns=columns, groups=groups,
                                  row_ids=any(not s.is_dense for s in spec.dataset.columns.values()))
             reader.batch_fn = _reader_ops(spec, reader)  # decoding, padding: in the reader's prefetch thread
+            if getattr(config, "reader_pool_type", None) == "process":  # Horovod's: row groups read in processes
+                from hora.store.process_reader import shared
+
+                reader.read_pool = shared(config.mp_start_method)
             if cache is not None:
                 reader = cache[split] = CachedReader(reader)
         else:

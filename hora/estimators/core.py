@@ -20,7 +20,9 @@ import numpy as np
 
 from hora.errors import ConfigError, DataError, WorkerFailedError
 from hora.estimators.callbacks import Callback
-from hora.estimators.data import check_columns, dask_frame, engine_of, sample_numpy
+from hora.estimators.data import (
+    SAMPLE_ROWS, check_columns, dask_frame, engine_of, fixed_batch_shapes, sample_dataset, sample_numpy,
+)
 from hora.estimators.framework import CheckResult, Framework
 from hora.estimators.params import EstimatorConfig
 from hora.estimators.spec import TrainSpec, freeze
@@ -63,9 +65,13 @@ def prepare(df: Any, config: EstimatorConfig, framework: Framework) -> CheckResu
     return prepare_task(df, config, framework)[0]
 
 
-def prepare_task(df: Any, config: EstimatorConfig, framework: Framework) -> tuple[CheckResult, ClassifierHead | None]:
-    """Validate ``df`` and ``config`` on the driver, before anything is launched; with the fit's task
-    (:func:`hora.estimators.tasks.resolve_task`: a classifier's head, or None for outputs as they are).
+def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
+                 dataset: Any = None) -> tuple[CheckResult, ClassifierHead | None]:
+    """Validate ``df`` (or the materialized ``dataset``) and ``config`` on the driver, before anything
+    is launched; with the fit's task (:func:`hora.estimators.tasks.resolve_task`: a classifier's head,
+    or None for outputs as they are). The model is checked on a sample of the data as a rank's batch
+    has it: ``batch_size`` rows when an ``input_shapes`` entry fixes the batch dimension (no ``-1``,
+    Horovod's ``[[2]]`` with ``batch_size=1``), else a few rows.
 
     Raises:
         DataError: missing columns, empty DataFrame, string columns.
@@ -76,10 +82,14 @@ def prepare_task(df: Any, config: EstimatorConfig, framework: Framework) -> tupl
     roles = [("feature_cols", c) for c in features.columns] + [("label_cols", c) for c in config.label_cols]
     if config.sample_weight_col is not None:
         roles.append(("sample_weight_col", config.sample_weight_col))
-    if isinstance(config.validation, str):
-        roles.append(("validation", config.validation))
-    check_columns(df, roles)
-    sample = sample_numpy(df, features.columns + list(config.label_cols), config=config)  # as a rank's batch
+    rows = config.batch_size if fixed_batch_shapes(config.input_shapes) else SAMPLE_ROWS
+    if dataset is not None:
+        sample = sample_dataset(config.store, dataset, roles, rows, config)
+    else:
+        if isinstance(config.validation, str):
+            roles.append(("validation", config.validation))
+        check_columns(df, roles)
+        sample = sample_numpy(df, features.columns + list(config.label_cols), rows=rows, config=config)  # a batch
     features.check_sample(sample)
     stacked = features.stack(sample)
     checked = framework.codec.check(config, sample_for_check(config, framework.name, stacked))
@@ -218,15 +228,23 @@ def _run_workers(spec: TrainSpec, config: EstimatorConfig, opts: dict[str, Any])
 _DAMAGED = (" raised DataError: ", " is damaged: ")
 
 
-def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = None, client: Any = None) -> FitResult:
+def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = None, client: Any = None,
+        dataset: Any = None, load_checkpoint: Callable[[str], Any] | None = None) -> FitResult:
     """Train ``config.model`` on ``df`` and return the result.
 
     Args:
         df: a Spark, Dask or pandas DataFrame (pandas trains on local processes), or a Ray
-            Dataset (trains on Ray actors unless ``config.backend`` says otherwise).
+            Dataset (trains on Ray actors unless ``config.backend`` says otherwise); None with
+            ``dataset``.
         config: the validated estimator configuration (of ``framework.config``).
         framework: the framework descriptor.
         spark, client: the SparkSession / distributed.Client to run on.
+        dataset: a materialized :class:`~hora.store.DatasetInfo` in ``config.store`` to train on
+            instead of ``df`` (``fit_on_parquet``): nothing is materialized; the ranks run on
+            Spark when ``spark`` is given, else on local processes.
+        load_checkpoint: reads ``(epoch, bytes)`` of a run's last checkpoint on the driver when the fit
+            resumes one (default ``config.store.latest_checkpoint``; the Spark face passes its
+            estimator's method, Horovod's ``_load_checkpoint``).
 
     Raises:
         DataError, ConfigError: bad data or configuration (before anything starts).
@@ -234,21 +252,23 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         WorkerFailedError: a training worker failed (rank and remote traceback attached).
     """
     from hora.runners.spec import new_run_id
-    from hora.store import materialize
+    from hora.store import materialize, prepared
 
-    engine = engine_of(df)
+    engine = engine_of(df) if dataset is None else ("spark" if spark is not None else "pandas")
     features = config.features
     if engine == "dask":
         df = dask_frame(df, features.columns + list(config.label_cols))
     t_prepare = time.monotonic()
-    checked, head = prepare_task(df, config, framework)
+    checked, head = prepare_task(df, config, framework, dataset=dataset)
     opts = _launch_options(config, engine, spark, client)
     num_proc = opts["num_proc"]
     prestart = _prestart(opts, spark, client)  # the ranks' warm servers import torch while the data is materialized
     timings = {"prepare_s": time.monotonic() - t_prepare}
     run_id = config.run_id or new_run_id()
     store = config.store
-    latest = store.latest_checkpoint(run_id) if config.run_id is not None else None  # (one that verifies)
+    latest = None
+    if config.run_id is not None and store.list_checkpoints(run_id):
+        latest = (load_checkpoint or store.latest_checkpoint)(run_id)  # the newest one that verifies
     if latest is not None:
         framework.codec.check_checkpoint(config, latest[1], f"the checkpoint of epoch {latest[0]} of run {run_id} "
                                                             f"in {store.url}")
@@ -260,8 +280,8 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         from hora.runners.launchers.dask import check_workers_import_hora
 
         check_workers_import_hora(client)
-    info = None
-    if framework.codec.trains_on_frame(config):
+    info = dataset
+    if dataset is None and framework.codec.trains_on_frame(config):
         info = materialize(df, store, feature_cols=features.columns, label_cols=list(config.label_cols),
                            sample_weight_col=config.sample_weight_col, validation=config.validation,
                            num_proc=num_proc * (config.partitions_per_process or 1), seed=config.seed,
@@ -269,6 +289,8 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
                            before_write=prestart)
         logger.info("dataset %s (%d train rows, %d val rows) %s in %.1f s", info.fingerprint, info.train_rows,
                     info.val_rows, "reused" if info.reused else "materialized", time.monotonic() - t0)
+        prepared.record(store, info)  # fit_on_parquet() trains on it again
+    if info is not None:
         if head is not None:  # a classifier's labels: class indices, checked before any worker starts
             head = dataclasses.replace(head, seen=check_labels(store, info, config.label_cols[0], head.classes))
     timings["materialize_s"] = time.monotonic() - t0

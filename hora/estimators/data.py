@@ -319,6 +319,32 @@ def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS,
     return sample_batch(out, specs, config)
 
 
+def fixed_batch_shapes(input_shapes: Any) -> bool:
+    """Whether an ``input_shapes`` entry fixes the batch dimension (has no ``-1``): each batch is
+    reshaped to exactly that shape, as Horovod does, so a check must use ``batch_size`` rows."""
+    return bool(input_shapes) and any(-1 not in [int(d) for d in shape] for shape in input_shapes)
+
+
+def sample_dataset(store: Any, info: Any, roles: list[tuple[str, str]], rows: int, config: Any) -> dict[str, Any]:
+    """The first ``rows`` rows of a materialized dataset's train split as a rank's batch has them
+    (for the driver-side checks of ``fit_on_parquet``; see :func:`sample_batch`).
+
+    Raises:
+        DataError: a ``(role, column)`` the dataset does not hold (names it and the dataset's folder).
+    """
+    from hora.store import make_reader
+
+    missing = [(role, c) for role, c in roles if c not in info.columns]
+    if missing:
+        desc = ", ".join(f"{c!r} ({role})" for role, c in missing)
+        raise DataError(f"column(s) {desc} not in the prepared dataset "
+                        f"{store.url_for(store.layout.dataset_dir(info.fingerprint))}; it holds {sorted(info.columns)}")
+    columns = list(dict.fromkeys(c for _, c in roles))
+    reader = make_reader(store, info, "train", batch_size=rows, shuffle=False, prefetch=0, columns=columns)
+    batch = next(iter(reader))
+    return sample_batch(batch, {c: info.columns[c] for c in columns}, config)
+
+
 def sample_batch(sample: dict[str, np.ndarray], specs: dict[str, ColumnSpec], config: Any) -> dict[str, Any]:
     """``sample`` (columns as the reader gives them) as the model gets it on a rank: through the
     estimator's column operations (:func:`hora.estimators.columns.column_ops`), then, where a
@@ -390,4 +416,4 @@ def dask_frame(ddf: Any, columns: Sequence[str]) -> Any:
 
 
 __all__ = ["Features", "group_key", "hint_grouping", "engine_of", "check_columns", "series_to_numpy", "sample_numpy",
-           "sample_batch", "column_sample", "dask_frame", "SAMPLE_ROWS"]
+           "sample_batch", "column_sample", "dask_frame", "SAMPLE_ROWS", "fixed_batch_shapes", "sample_dataset"]

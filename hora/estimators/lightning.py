@@ -7,7 +7,10 @@ the shared parameters :class:`LightningConfig`'s: ``trainer_args`` (``max_epochs
 from ``epochs``; ``accumulate_grad_batches``, ``gradient_clip_val``, ``precision``, ...),
 Lightning callbacks in ``callbacks`` (with hora's), ``logger`` (TensorBoardLogger,
 CSVLogger, MLFlowLogger, one or a list), an optional ``data_module``, ``profiler``,
-``terminate_on_nan``, ``log_every_n_steps``.
+``terminate_on_nan``, ``log_every_n_steps``. Without ``logger`` it logs to a TensorBoardLogger in the
+run's logs folder of the store (``store.get_logs_path(run_id)``), as Horovod's did. A plain
+``torch.nn.Module`` given with ``optimizer=`` and ``loss=`` is trained through
+:func:`hora.lightning.plain_module.to_lightning_module` (Horovod's legacy path).
 
 Lightning's own loop trains, through :class:`hora.lightning.Strategy` (gradients averaged
 by hora's DistributedOptimizer), or through one of Lightning's sharded strategies given as
@@ -82,6 +85,7 @@ class LightningConfig(EstimatorConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._wrap_plain_module()
         owned = {"optimizer": "the module's configure_optimizers gives the optimizer",
                  "loss": "the module's training_step computes the loss",
                  "metrics": "log metrics with self.log in the module's steps",
@@ -97,11 +101,35 @@ class LightningConfig(EstimatorConfig):
         if not isinstance(self.terminate_on_nan, bool):
             raise ConfigError(f"terminate_on_nan must be True or False, got {self.terminate_on_nan!r}")
 
+    def _is_plain(self) -> bool:
+        """A plain torch module (not a LightningModule): Horovod's legacy path, given with optimizer= and loss=."""
+        return self.model is not None and not is_lightning_object(self.model)
+
+    def _wrap_plain_module(self) -> None:
+        """Wrap a plain torch module with its optimizer and loss as a LightningModule (Horovod's legacy path,
+        :func:`hora.lightning.plain_module.to_lightning_module`); the estimator's Params keep the plain module."""
+        if not self._is_plain():
+            return
+        import torch
+
+        if not isinstance(self.model, torch.nn.Module):
+            raise ConfigError(f"model must be a LightningModule, or a torch.nn.Module with optimizer= and loss=, got "
+                              f"{type(self.model).__name__}")
+        from hora.lightning._compat import flavor_name_of
+        from hora.lightning.plain_module import to_lightning_module
+
+        hints = [*(self.callbacks or []), *(self.logger if isinstance(self.logger, (list, tuple)) else [self.logger])]
+        package = next((flavor_name_of(h) for h in hints if h is not None and flavor_name_of(h)), None)
+        self.model = to_lightning_module(self.model, self.optimizer, self.loss, self.loss_weights,
+                                         self.features.keys, self.label_cols, self.sample_weight_col,
+                                         package=package)
+        self.optimizer = self.loss = self.loss_weights = None
+
     def needs_optimizer(self) -> bool:
-        return False
+        return self._is_plain()
 
     def needs_loss(self) -> bool:
-        return False
+        return self._is_plain()
 
     @classmethod
     def accepts_callback(cls, cb: Any) -> bool:
@@ -239,7 +267,8 @@ class LightningSession(TrainingSession):
                 self.module,
                 (lambda epoch: run.batches("train", epoch)) if on_frame else None,
                 (lambda epoch: run.batches("val", epoch)) if on_frame and spec.has_val else None,
-                trainer_args=self.trainer_args, callbacks=[*self.callbacks, starts], loggers=self.loggers,
+                trainer_args=self.trainer_args, callbacks=[*self.callbacks, starts],
+                loggers=self.loggers if self.loggers is not None else _default_logger(self.module, spec),
                 data_module=self.data_module, ckpt_bytes=latest[1] if latest is not None else None,
                 on_epoch_end=lambda ev: run.epoch_end(ev.epoch, dict(ev.metrics), lambda: ev.checkpoint),
                 on_batch_end=lambda be: run.batch_end(be.epoch, be.batch, be.loss),
@@ -288,6 +317,21 @@ class LightningSession(TrainingSession):
 
     def model_files(self) -> dict[str, bytes]:
         return LightningCodec().serialize(self.module)
+
+
+def _default_logger(module: Any, spec: Any) -> Any:
+    """Without ``logger=``, a TensorBoardLogger writing to the run's logs folder in the store (as Horovod's
+    estimator did), so that ``self.log`` and callbacks such as ``LearningRateMonitor`` have a logger."""
+    from hora.lightning._compat import flavor_of_module
+
+    store = spec.store
+    logs = store.layout.logs_dir(spec.run_id)
+    if store.is_local:
+        os.makedirs(logs, exist_ok=True)
+        save_dir = logs
+    else:
+        save_dir = store.url_for(logs)
+    return flavor_of_module(module).sub("loggers").TensorBoardLogger(save_dir=save_dir, name="", version="")
 
 
 def _check_sharded(config: Any) -> None:

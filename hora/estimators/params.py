@@ -237,10 +237,11 @@ class EstimatorConfig:
                                                  ignored=_IGNORED + "each rank reads in one background thread")
     val_reader_num_workers: int | None = param(None, "ignored (Horovod's petastorm knob)",
                                                ignored=_IGNORED + "each rank reads in one background thread")
-    reader_pool_type: str | None = param(None, "ignored (Horovod's petastorm knob)",
-                                         ignored=_IGNORED + "each rank reads in one background thread")
-    mp_start_method: str | None = param(None, "ignored (Horovod's petastorm knob)",
-                                        ignored=_IGNORED + "it starts no reader processes")
+    reader_pool_type: str | None = param(None, "where a rank reads and decodes its row groups: 'thread' (default: "
+                                         "one background thread; Parquet decoding runs outside the GIL) or "
+                                         "'process' (a pool of 2 worker processes per rank)")
+    mp_start_method: str | None = param(None, "how reader_pool_type='process' starts its processes: 'spawn' "
+                                        "(default), 'forkserver' or 'fork'")
     compress_sparse_cols: bool | None = param(None, "store Spark ML vector columns sparse (int32 indices + values "
                                               "per row: the store's size follows the non-zeros); default: dense")
     transformation_edit_fields: Any = param(None, "ignored (Horovod's petastorm knob)",
@@ -404,6 +405,11 @@ class EstimatorConfig:
         self.start_timeout = _positive_number("start_timeout", self.start_timeout)
         self.partitions_per_process = _positive_int("partitions_per_process", self.partitions_per_process)
         _flag("inmemory_cache_all", self.inmemory_cache_all)
+        if self.reader_pool_type not in (None, "thread", "process"):
+            raise ConfigError(f"reader_pool_type must be 'thread' or 'process', got {self.reader_pool_type!r}")
+        if self.mp_start_method not in (None, "spawn", "forkserver", "fork"):
+            raise ConfigError(f"mp_start_method must be 'spawn', 'forkserver' or 'fork' (how reader_pool_type="
+                              f"'process' starts its processes), got {self.mp_start_method!r}")
 
     def _check_columns_ops(self) -> None:
         """decode_fn, on_decode_error, max_length, truncation, sparse_format, collate_fn, compress_sparse_cols."""

@@ -29,14 +29,14 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 
 from hora import _spark
 from hora.errors import ConfigError, DataError, StoreError
-from hora.estimators import core, persistence
+from hora.estimators import core, horovod_face, persistence
 from hora.estimators.base import plot_history
 from hora.estimators.columns import inference_columns
 from hora.estimators.data import check_face
 from hora.estimators.framework import Framework
 from hora.estimators.params import (
-    EstimatorConfig, check_param_names, default_output_cols, json_params, mllib_aliases, param_defaults, param_docs,
-    param_signature, unsaved_params,
+    PARAM_DOCS, EstimatorConfig, check_param_names, default_output_cols, json_params, mllib_aliases, param_defaults,
+    param_docs, param_signature, unsaved_params,
 )
 from hora.estimators.spark_python import explain_worker_failure
 from hora.estimators.tasks import ClassifierCodec, ClassifierHead
@@ -81,8 +81,9 @@ def param_mixin(name: str, doc: str) -> type:
     return mixin
 
 
-for _name, _doc in param_docs(EstimatorConfig).items():  # the shared Params' mixins (HasBatchSize, ...)
-    param_mixin(_name, _doc)
+#: every shared Param (HasBatchSize, ...) in one class: Horovod's ``EstimatorParams``, a base of every estimator
+EstimatorParams = type("EstimatorParams", tuple(param_mixin(n, d) for n, d in param_docs(EstimatorConfig).items()), {
+    "__module__": __name__, "__doc__": "The Spark Params every hora Spark estimator shares (Horovod's EstimatorParams)."})
 
 #: the fitted model's Params (all JSON metadata; shared names reuse the estimator's mixin)
 MODEL_PARAMS: dict[str, str] = {
@@ -101,6 +102,8 @@ MODEL_PARAMS: dict[str, str] = {
     "raw_prediction_col": "a classifier's logits column (an ML vector), MLlib's rawPredictionCol",
     "inference_columns": "the fit's decode_fn, max_length, truncation and collate_fn, which transform applies "
                          "(None: the defaults)",
+    "vector_outputs": "multi-valued outputs as ML vectors instead of arrays (as Horovod: a model fitted on ML "
+                      "vector labels, or built with Horovod's keywords)",
 }
 #: model Params saved pickled beside the JSON metadata (they hold functions)
 MODEL_PICKLED_PARAMS = frozenset({"inference_columns"})
@@ -122,6 +125,15 @@ MODEL_PARAM_TYPES: dict[str, tuple[str, Any]] = {
     "probability_col": ("str", "probability"),
     "raw_prediction_col": ("str", "rawPrediction"),
     "inference_columns": ("dict[str, Any] | None", None),
+    "vector_outputs": ("bool", False),
+    # Horovod's keywords (hora.estimators.horovod_face.model_kwargs)
+    "feature_columns": ("Sequence[str] | None", None),
+    "label_columns": ("Sequence[str] | None", None),
+    "optimizer": ("Any", None),
+    "loss": ("Any", None),
+    "loss_constructors": ("Any", None),
+    "custom_objects": ("Any", None),
+    "_metadata": ("dict[str, Any] | None", None),
 }
 
 
@@ -203,7 +215,7 @@ def _split_params(instance: Params, names: Sequence[str], json_names: frozenset[
 # ---------------------------------------------------------------------------------------
 # the estimator
 # ---------------------------------------------------------------------------------------
-class SparkEstimator(Estimator, _Persisted):
+class SparkEstimator(Estimator, _Persisted, horovod_face.HorovodEstimatorMethods):
     """An MLlib Estimator over the shared core; :func:`build` makes one per framework.
 
     Raises (from ``fit``):
@@ -243,7 +255,8 @@ class SparkEstimator(Estimator, _Persisted):
         check_face(dataset, "hora.spark", f"{type(self).__name__}.fit")
         config = self._config()
         try:
-            result = core.fit(dataset, config, self.framework, spark=dataset.sparkSession)
+            result = core.fit(dataset, config, self.framework, spark=dataset.sparkSession,
+                              load_checkpoint=self._checkpoint_reader())
         except DataError:
             raise
         except ConfigError as exc:
@@ -253,7 +266,10 @@ class SparkEstimator(Estimator, _Persisted):
         except Exception as exc:
             explain_worker_failure(dataset.sparkSession, exc, self.framework)
             raise
-        return self.model_class._from_result(result, config)
+        model = self.model_class._from_result(result, config)
+        if horovod_face.vector_labels(dataset, config.label_cols):  # as Horovod: a vector label's prediction is one
+            model._set(vector_outputs=True)
+        return model
 
     # persistence ------------------------------------------------------------------------
     def _save_to(self, path: str, spark: Any) -> None:
@@ -277,7 +293,7 @@ class SparkEstimator(Estimator, _Persisted):
 # ---------------------------------------------------------------------------------------
 # the fitted model
 # ---------------------------------------------------------------------------------------
-class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
+class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods, *_MODEL_MIXINS):  # type: ignore[misc]
     """A fitted model as an MLlib ``Model``: ``transform`` runs batched inference on the executors.
 
     The trained framework model is :meth:`getModel`; ``getHistory()`` / ``history_`` hold
@@ -296,7 +312,8 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
         self._setDefault(output_cols=None, input_shapes=None, run_id=None, history=[], output_shapes=None,
                          batch_size=DEFAULT_PREDICT_BATCH, task="regression", classifier=None,
                          prediction_col="prediction", probability_col="probability",
-                         raw_prediction_col="rawPrediction", inference_columns=None)
+                         raw_prediction_col="rawPrediction", inference_columns=None, vector_outputs=False)
+        kwargs, self._horovod = horovod_face.model_kwargs(kwargs)  # Horovod's keywords
         self._model = kwargs.pop("model", None)
         #: seconds spent in each phase of the fit that produced this model (not persisted)
         self.fit_timings_: dict[str, float] = {}
@@ -342,19 +359,30 @@ class SparkModel(Model, _Persisted, *_MODEL_MIXINS):  # type: ignore[misc]
         check_face(dataset, "hora.spark", f"{type(self).__name__}.transform")
         if self._model is None:
             raise ConfigError(f"{type(self).__name__} holds no trained model")
+        if not self.getOrDefault("output_shapes") and self.getOrDefault("feature_cols") and self.getOrDefault("label_cols"):
+            # a model built by hand: its outputs' shapes from a forward pass on the first rows
+            self._set(output_shapes=[list(s) for s in horovod_face.infer_output_shapes(
+                self.framework.codec, self._model, dataset, self.getOrDefault("feature_cols"),
+                self.getOrDefault("input_shapes"), len(self.getOrDefault("label_cols")))])
         if not self.getOrDefault("output_shapes") or not self.getOrDefault("feature_cols"):
             raise ConfigError(
                 f"{type(self).__name__} needs feature_cols and output_shapes (per-row shape of each output) to transform"
             )
         head = ClassifierHead.from_meta(self.getOrDefault("classifier"))
         if head is None:
-            return spark_transform(
+            names = default_output_cols(self.getOrDefault("label_cols"), self.getOrDefault("output_cols"))
+            shapes = [tuple(s) for s in self.getOrDefault("output_shapes")]
+            out = spark_transform(
                 dataset, self.framework.codec, self._model_files(), self.getOrDefault("feature_cols"),
-                self.getOrDefault("input_shapes"),
-                default_output_cols(self.getOrDefault("label_cols"), self.getOrDefault("output_cols")),
-                [tuple(s) for s in self.getOrDefault("output_shapes")], int(self.getOrDefault("batch_size")),
+                self.getOrDefault("input_shapes"), names, shapes, int(self.getOrDefault("batch_size")),
                 columns=self.getOrDefault("inference_columns"),
             )
+            if self.getOrDefault("vector_outputs"):  # Horovod's: multi-valued outputs as ML vectors
+                to_vector, F = _array_to_vector(out), _spark.functions(out)
+                for name, shape in zip(names, shapes):
+                    if tuple(shape) not in ((), (1,)):
+                        out = out.withColumn(name, to_vector(F.col(f"`{name}`")))
+            return out
         codec = ClassifierCodec(self.framework.codec, head)
         raw, prob = self.getOrDefault("raw_prediction_col"), self.getOrDefault("probability_col")
         names = [raw, prob, self.getOrDefault("prediction_col")]
@@ -435,7 +463,8 @@ def build(framework: Framework, module: str, estimator_name: str, model_name: st
         "__doc__": f"A fitted {framework.name} model on Spark: getModel() is {framework.model_kind}. "
                    f"See hora.estimators.spark_face.SparkModel.",
     })
-    est_cls = type(estimator_name, (SparkEstimator, *[param_mixin(n, d) for n, d in docs.items()]), {
+    own = [param_mixin(n, d) for n, d in docs.items() if n not in PARAM_DOCS]  # the framework's own Params
+    est_cls = type(estimator_name, (SparkEstimator, EstimatorParams, *own), {
         "framework": framework, "model_class": model_cls, "__module__": module, "__qualname__": estimator_name,
         "__init__": est_init, "setParams": set_params,
         "__doc__": f"Train {framework.model_kind} data-parallel on a Spark DataFrame; fit returns a {model_name}.\n\n"
@@ -445,5 +474,5 @@ def build(framework: Framework, module: str, estimator_name: str, model_name: st
     return est_cls, model_cls
 
 
-__all__ = ["SparkEstimator", "SparkModel", "build", "param_mixin", "MODEL_PARAMS", "MODEL_PARAM_TYPES",
+__all__ = ["SparkEstimator", "SparkModel", "EstimatorParams", "build", "param_mixin", "MODEL_PARAMS", "MODEL_PARAM_TYPES",
            "model_signature"]

@@ -324,7 +324,12 @@ class TorchCodec(ModelCodec):
         model is moved there, each batch copied there, outputs returned on the CPU) or where the model is."""
         import torch
 
+        from hora.estimators.horovod_face import rows_per_forward
+
         n = len(inputs[0]) if inputs else 0
+        fixed = rows_per_forward(inputs, input_shapes) if n else None  # input_shapes without -1: Horovod's [[2]]
+        if fixed is not None:
+            batch_size = fixed
         if device is not None:
             model.to(device)
         model.eval()
@@ -334,7 +339,9 @@ class TorchCodec(ModelCodec):
                 outs = model(*to_inputs(model, [a[start:start + batch_size] for a in inputs], input_shapes,
                                         device=device))
                 outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
-                chunks.append([o.detach().cpu().double().numpy() for o in outs])
+                rows = min(batch_size, n - start)
+                chunks.append([o.detach().cpu().double().numpy().reshape((rows, -1) if fixed else o.shape)
+                               for o in outs])
         if not chunks:
             return []
         return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -331,11 +332,24 @@ def is_torchmetric(m: Any) -> bool:
 
 
 def per_row_loss_fn(fn: Any) -> Any:
-    """A copy of a loss module that returns per-row losses (``reduction="none"``)."""
+    """A copy of a loss module that returns per-row losses (``reduction="none"``); a loss function
+    taking a ``reduction`` keyword (``torch.nn.functional``'s) is called with ``reduction="none"``,
+    as Horovod calls it."""
     if hasattr(fn, "reduction"):
         fn = copy.copy(fn)
         fn.reduction = "none"
+    elif _takes_reduction(fn):
+        fn = functools.partial(fn, reduction="none")
     return fn
+
+
+def _takes_reduction(fn: Any) -> bool:
+    import inspect
+
+    try:
+        return "reduction" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
 
 
 def weighted(loss: Any, weights: Any) -> Any:

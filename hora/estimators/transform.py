@@ -28,6 +28,7 @@ import hashlib
 import logging
 import os
 import pickle
+import sys
 import tempfile
 import threading
 from typing import Any, Callable, Iterator, Sequence
@@ -259,6 +260,16 @@ def model_source(session: Any, model_files: dict[str, bytes]) -> Callable[[], di
     return _from_artifact
 
 
+def _add_driver_path(entries: Sequence[str]) -> None:
+    """Put the driver's ``sys.path`` folders that this process lacks (and that exist here) at the end of its
+    own, as the training ranks do (:mod:`hora.runners.rank.main`): a model whose class is defined in a
+    module of the driver's (a test file, a script's folder) unpickles on a Spark executor of the same host
+    or a shared file system."""
+    for entry in entries:
+        if entry not in sys.path and os.path.isdir(entry):
+            sys.path.append(entry)
+
+
 def spark_transform(
     df: Any,
     codec: Any,
@@ -311,6 +322,7 @@ def spark_transform(
     key = ("spark", _files_key(model_files))
     output_cols = list(output_cols)
     output_shapes = [tuple(s) for s in output_shapes]
+    driver_path = tuple(p for p in sys.path if isinstance(p, str) and p)
 
     def _predict(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -318,6 +330,7 @@ def spark_transform(
         from hora.estimators.columns import inference_arrays
         from hora.store.columns import arrow_objects, vector_batch
 
+        _add_driver_path(driver_path)  # the model's class may live in a module of the driver's (as for the ranks)
         model = _load_cached(key, lambda: codec.deserialize(load_files()))
         for batch in batches:
             n = batch.num_rows

@@ -12,7 +12,8 @@
 
 Horovod's paths work: :mod:`hora.spark.torch`, :mod:`hora.spark.keras`,
 :mod:`hora.spark.lightning`, :mod:`hora.spark.common.store` (``Store``) and
-:mod:`hora.spark.common.backend` (``SparkBackend``). Every estimator works in
+:mod:`hora.spark.common.backend` (``SparkBackend``), :mod:`hora.spark.common.util`
+(``prepare_data``), :func:`hora.spark.run_elastic`. Every estimator works in
 ``Pipeline``, ``CrossValidator`` and ``TrainValidationSplit``. ``KerasEstimator`` and
 ``LightningEstimator`` are imported on first access (importing ``hora.spark`` imports
 neither TensorFlow nor Lightning).
@@ -24,7 +25,7 @@ import importlib
 from typing import Any
 
 from hora.estimators.callbacks import BestModelCheckpoint, Callback, EarlyStopping, MLflowLogger
-from hora.spark.runner import run  # Horovod's horovod.spark.run
+from hora.spark.runner import run, run_elastic  # Horovod's horovod.spark.run and run_elastic
 from hora.spark.torch import TorchEstimator, TorchModel
 
 #: names imported on first access: name -> (module, attribute)
@@ -46,5 +47,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'hora.spark' has no attribute {name!r}")
 
 
-__all__ = ["run", "TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "LightningEstimator", "LightningModel",
+__all__ = ["run", "run_elastic", "TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "LightningEstimator", "LightningModel",
            "Callback", "EarlyStopping", "BestModelCheckpoint", "MLflowLogger"]

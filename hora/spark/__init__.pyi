@@ -9,7 +9,8 @@ from hora.spark.keras import KerasModel as KerasModel
 from hora.spark.lightning import LightningEstimator as LightningEstimator
 from hora.spark.lightning import LightningModel as LightningModel
 from hora.spark.runner import run as run
+from hora.spark.runner import run_elastic as run_elastic
 from hora.spark.torch import TorchEstimator as TorchEstimator
 from hora.spark.torch import TorchModel as TorchModel
 
-__all__ = ['run', 'TorchEstimator', 'TorchModel', 'KerasEstimator', 'KerasModel', 'LightningEstimator', 'LightningModel', 'Callback', 'EarlyStopping', 'BestModelCheckpoint', 'MLflowLogger']
+__all__ = ['run', 'run_elastic', 'TorchEstimator', 'TorchModel', 'KerasEstimator', 'KerasModel', 'LightningEstimator', 'LightningModel', 'Callback', 'EarlyStopping', 'BestModelCheckpoint', 'MLflowLogger']

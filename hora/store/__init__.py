@@ -5,6 +5,9 @@
 >>> info = materialize(df, store, feature_cols=["features"], label_cols=["label"], validation=0.2)
 >>> for batch in make_reader(store, info, rank=0, size=2, batch_size=64, epoch=0): ...
 
+Horovod's Store classes (``LocalStore``, ``HDFSStore``, ``DBFSLocalStore``, ``FilesystemStore``)
+are constructors of the one Store (:mod:`hora.store.horovod_stores`).
+
 Adapters: :func:`torch_batches` (torch tensors, pinned memory for CUDA) and
 :func:`make_tf_dataset` (``tf.data.Dataset``) import their framework only when
 called: importing ``hora.store`` never imports an ML framework.
@@ -12,6 +15,7 @@ called: importing ``hora.store`` never imports an ML framework.
 
 from hora.store.columns import ColumnOps, CsrBatch, decode_image
 from hora.store.dataset import ColumnSpec, DatasetInfo, FileInfo
+from hora.store.horovod_stores import DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore
 from hora.store.layout import StoreLayout
 from hora.store.materialize import load_dataset_info, materialize
 from hora.store.reader import Reader, make_reader
@@ -21,6 +25,10 @@ from hora.store.torch_adapter import TorchBatches, torch_batches
 
 __all__ = [
     "Store",
+    "LocalStore",
+    "FilesystemStore",
+    "HDFSStore",
+    "DBFSLocalStore",
     "StoreLayout",
     "ColumnSpec",
     "DatasetInfo",

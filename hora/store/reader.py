@@ -185,6 +185,9 @@ class Reader:
                       for c in self.columns}
         #: applied to every batch in the prefetch thread (decoding, padding; see make_reader)
         self.batch_fn = batch_fn
+        #: a :class:`hora.store.process_reader.ProcessPool` reading the row groups in worker processes
+        #: (``reader_pool_type='process'``), else None: read in this reader's thread
+        self.read_pool: Any = None
         #: each batch carries ROW_ID: where each row is stored (:func:`row_position`)
         self.row_ids = bool(row_ids)
         if self.row_ids:
@@ -230,9 +233,17 @@ class Reader:
         group comes as its member columns, stacked where the rows land (:func:`_put`)."""
         handles: dict[int, tuple[Any, pq.ParquetFile]] = {}
         member = {c: ColumnSpec(self.specs[c].dtype) for c in self.groups}  # a group member's spec
+        pooled = (self.read_pool.tables(self.store, self.files, self.segments, self.stored,
+                                        verify=(self.file_infos, self.info))
+                  if self.read_pool is not None else None)
         try:
             for seg in self.segments:
-                if seg.file not in handles:
+                if pooled is not None:
+                    try:
+                        table = next(pooled)
+                    except StoreError as exc:  # (a DataError passes: the process found the file damaged)
+                        raise self._damaged(seg.file, exc) from None
+                elif seg.file not in handles:
                     path = self.files[seg.file]
                     try:
                         fh, pf = open_verified(self.store, path, self.file_infos[seg.file], self.info)
@@ -243,14 +254,15 @@ class Reader:
                             f"cannot open {self.store.url_for(path)}: {type(exc).__name__}: {exc}"))
                         raise error from (None if isinstance(error, DataError) else exc)
                     handles[seg.file] = (fh, pf)
-                pf = handles[seg.file][1]
-                try:
-                    table = pf.read_row_group(seg.row_group, columns=self.stored, use_threads=True)
-                except Exception as exc:
-                    error = self._damaged(seg.file, StoreError(
-                        f"cannot read row group {seg.row_group} of {self.store.url_for(self.files[seg.file])}: "
-                        f"{type(exc).__name__}: {exc}"))
-                    raise error from (None if isinstance(error, DataError) else exc)  # (not Arrow's traceback)
+                if pooled is None:
+                    pf = handles[seg.file][1]
+                    try:
+                        table = pf.read_row_group(seg.row_group, columns=self.stored, use_threads=True)
+                    except Exception as exc:
+                        error = self._damaged(seg.file, StoreError(
+                            f"cannot read row group {seg.row_group} of {self.store.url_for(self.files[seg.file])}: "
+                            f"{type(exc).__name__}: {exc}"))
+                        raise error from (None if isinstance(error, DataError) else exc)  # (not Arrow's traceback)
                 cut = slice(seg.start, seg.stop)
                 columns: dict[str, np.ndarray | tuple[np.ndarray, ...]] = {}
                 for c in self.columns:
@@ -263,6 +275,8 @@ class Reader:
                         columns[c] = column_to_numpy(table.column(c), self.specs[c], c)[cut]
                 yield _Chunk(seg.rows, columns)
         finally:
+            if pooled is not None:
+                pooled.close()
             for fh, _ in handles.values():
                 if fh is not None:
                     fh.close()

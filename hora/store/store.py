@@ -26,6 +26,7 @@ import fsspec
 from hora import settings
 from hora.errors import ConfigError, StoreError
 from hora.store import retry
+from hora.store.horovod_paths import HorovodPaths
 from hora.store.layout import StoreLayout, join
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def _split_url(url: str) -> tuple[str, str]:
     return scheme.lower(), rest
 
 
-class Store:
+class Store(HorovodPaths):
     """A root location for hora's datasets, checkpoints, logs and models.
 
     Build one with :meth:`Store.create`. Paths given to the I/O methods are either

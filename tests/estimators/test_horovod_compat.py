@@ -33,12 +33,8 @@ assert hst.TorchEstimator is TorchEstimator and hst.TorchModel is hora.spark.Tor
 assert Store is hora.store.Store and issubclass(SparkBackend, Backend)
 assert TorchEstimator.__module__ == "hora.spark.torch"
 assert "tensorflow" not in sys.modules and "keras" not in sys.modules, "importing hora.spark imported TensorFlow"
-try:
-    from hora.spark.common.store import HDFSStore
-except (AttributeError, ImportError) as exc:
-    assert "Store.create" in str(exc), exc
-else:
-    raise AssertionError("HDFSStore imported")
+from hora.spark.common.store import HDFSStore, LocalStore
+assert LocalStore is hora.store.LocalStore and HDFSStore is hora.store.HDFSStore
 print("OK")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
@@ -76,10 +72,15 @@ def test_petastorm_knobs_are_accepted_with_one_warning(store, caplog, monkeypatc
     monkeypatch.setattr(params, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="hora.estimators.params"):
         for _ in range(2):
-            _est(store, reader_pool_type="process", train_reader_num_workers=4, mp_start_method="spawn")._config()
+            _est(store, reader_pool_type="process", train_reader_num_workers=4, val_reader_num_workers=2,
+                 mp_start_method="spawn")._config()
     texts = [r.getMessage() for r in caplog.records]
-    assert len(texts) == 3, texts  # one per knob, not per fit
-    assert any("reader_pool_type='process'" in t and "background thread" in t for t in texts)
+    assert len(texts) == 2, texts  # one per ignored knob, not per fit (reader_pool_type, mp_start_method: honoured)
+    assert any("train_reader_num_workers=4" in t and "background thread" in t for t in texts)
+    with pytest.raises(ConfigError, match="reader_pool_type must be 'thread' or 'process'"):
+        _est(store, reader_pool_type="processes")._config()
+    with pytest.raises(ConfigError, match="mp_start_method"):
+        _est(store, mp_start_method="vfork")._config()
 
 
 def test_spark_backend_options():

@@ -1,25 +1,12 @@
-"""``hora.spark.common.store``: Horovod's path to the Store (``Store.create(prefix_path)`` works as in Horovod).
+"""``hora.spark.common.store``: Horovod's path to the Store and its classes.
 
 hora has one :class:`hora.store.Store` over fsspec for every URL scheme (local paths,
-``hdfs://``, ``s3://``, ``dbfs:/``, ...); Horovod's per-filesystem classes map to it.
+``hdfs://``, ``s3://``, ``dbfs:/``, ...). Horovod's ``LocalStore``, ``HDFSStore``,
+``DBFSLocalStore`` and ``FilesystemStore`` are constructors of it taking Horovod's
+arguments (:mod:`hora.store.horovod_stores`); ``Store.create(prefix_path)`` works as in Horovod.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
 from hora.store import Store
+from hora.store.horovod_stores import AbstractFilesystemStore, DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore
 
-_HOROVOD_CLASSES = ("LocalStore", "HDFSStore", "FilesystemStore", "DBFSLocalStore", "AbstractFilesystemStore")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOROVOD_CLASSES:  # an ImportError, so `from ... import HDFSStore` shows this message
-        raise ImportError(
-            f"hora.spark.common.store has no {name}: hora's one Store handles every filesystem; use "
-            f"Store.create(url) with a local path, 'hdfs://...', 's3://...' or 'dbfs:/...'"
-        )
-    raise AttributeError(f"module 'hora.spark.common.store' has no attribute {name!r}")
-
-
-__all__ = ["Store"]
+__all__ = ["Store", "LocalStore", "HDFSStore", "DBFSLocalStore", "FilesystemStore", "AbstractFilesystemStore"]

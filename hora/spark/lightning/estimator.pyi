@@ -4,6 +4,7 @@ from typing import Any, Callable, ClassVar, Literal, Sequence
 
 from hora.estimators.spark_face import SparkEstimator, SparkModel
 
+from hora.spark.common.params import EstimatorParams as EstimatorParams
 MIN_PL_VERSION: str
 
 class TorchModel(SparkModel):
@@ -25,6 +26,14 @@ class TorchModel(SparkModel):
         probability_col: str = 'probability',
         raw_prediction_col: str = 'rawPrediction',
         inference_columns: dict[str, Any] | None = None,
+        vector_outputs: bool = False,
+        feature_columns: Sequence[str] | None = None,
+        label_columns: Sequence[str] | None = None,
+        optimizer: Any = None,
+        loss: Any = None,
+        loss_constructors: Any = None,
+        custom_objects: Any = None,
+        _metadata: dict[str, Any] | None = None,
     ) -> None: ...
 
 class TorchEstimator(SparkEstimator):
@@ -174,4 +183,4 @@ class TorchEstimator(SparkEstimator):
         val_async_data_loader_queue_size: int | None = None,
     ) -> TorchEstimator: ...
 
-__all__ = ['TorchEstimator', 'TorchModel', 'MIN_PL_VERSION']
+__all__ = ['TorchEstimator', 'TorchModel', 'EstimatorParams', 'MIN_PL_VERSION']

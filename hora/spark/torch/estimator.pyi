@@ -4,6 +4,7 @@ from typing import Any, Callable, ClassVar, Literal, Sequence
 
 from hora.estimators.spark_face import SparkEstimator, SparkModel
 
+from hora.spark.common.params import EstimatorParams as EstimatorParams
 class TorchModel(SparkModel):
     def __init__(
         self,
@@ -23,6 +24,14 @@ class TorchModel(SparkModel):
         probability_col: str = 'probability',
         raw_prediction_col: str = 'rawPrediction',
         inference_columns: dict[str, Any] | None = None,
+        vector_outputs: bool = False,
+        feature_columns: Sequence[str] | None = None,
+        label_columns: Sequence[str] | None = None,
+        optimizer: Any = None,
+        loss: Any = None,
+        loss_constructors: Any = None,
+        custom_objects: Any = None,
+        _metadata: dict[str, Any] | None = None,
     ) -> None: ...
 
 class TorchEstimator(SparkEstimator):
@@ -168,4 +177,4 @@ class TorchEstimator(SparkEstimator):
         strategy: Literal['hora', 'zero1', 'zero2', 'ddp', 'fsdp'] = 'hora',
     ) -> TorchEstimator: ...
 
-__all__ = ['TorchEstimator', 'TorchModel']
+__all__ = ['TorchEstimator', 'TorchModel', 'EstimatorParams']

@@ -4,6 +4,7 @@ from typing import Any, Callable, ClassVar, Literal, Sequence
 
 from hora.estimators.spark_face import SparkEstimator, SparkModel
 
+from hora.spark.common.params import EstimatorParams as EstimatorParams
 class KerasModel(SparkModel):
     def __init__(
         self,
@@ -23,6 +24,14 @@ class KerasModel(SparkModel):
         probability_col: str = 'probability',
         raw_prediction_col: str = 'rawPrediction',
         inference_columns: dict[str, Any] | None = None,
+        vector_outputs: bool = False,
+        feature_columns: Sequence[str] | None = None,
+        label_columns: Sequence[str] | None = None,
+        optimizer: Any = None,
+        loss: Any = None,
+        loss_constructors: Any = None,
+        custom_objects: Any = None,
+        _metadata: dict[str, Any] | None = None,
     ) -> None: ...
 
 class KerasEstimator(SparkEstimator):
@@ -156,4 +165,4 @@ class KerasEstimator(SparkEstimator):
         tensorflow_dataset_prefetch_buffer_size: int | None = None,
     ) -> KerasEstimator: ...
 
-__all__ = ['KerasEstimator', 'KerasModel']
+__all__ = ['KerasEstimator', 'KerasModel', 'EstimatorParams']

@@ -1,0 +1,1 @@
+"""``hora.common``: Horovod's ``horovod.common`` path (:mod:`hora.common.util`)."""

@@ -1,0 +1,1 @@
+"""``hora.runner.common``: Horovod's ``horovod.runner.common`` path (:mod:`.util.secret`)."""

@@ -1,0 +1,1 @@
+"""``hora.runner.common.util``: Horovod's path to :mod:`.secret`."""

@@ -1,0 +1,1 @@
+"""``hora.runner.util``: Horovod's ``horovod.runner.util`` path (:mod:`.threads`)."""
