@@ -83,6 +83,18 @@ def test_a_changed_or_truncated_parquet_file_is_a_data_error_naming_it_and_verif
     with pytest.raises(DataError, match=rf"{changed.rsplit('/', 1)[-1]} of dataset {info.fingerprint} is damaged"):
         for batch in make_reader(store, info, "train", rank=0, size=1, batch_size=500, shuffle=False):
             pass
+    if kind == "file":  # reader_pool_type='process': the pool's processes check each file as the thread does
+        from hora.store.process_reader import ProcessPool
+
+        pool = ProcessPool(1, "spawn")
+        try:
+            reader = make_reader(store, info, "train", rank=0, size=1, batch_size=500, shuffle=False)
+            reader.read_pool = pool
+            with pytest.raises(DataError, match=rf"{changed.rsplit('/', 1)[-1]} of dataset .* is damaged"):
+                for batch in reader:
+                    pass
+        finally:
+            pool.close()
     store.write_bytes(truncated, store.read_bytes(truncated)[:-100])
     with pytest.raises(DataError, match=rf"{truncated.rsplit('/', 1)[-1]} of dataset .* is damaged: \d+ bytes where"):
         for batch in make_reader(store, info, "train", rank=1, size=2, batch_size=500, shuffle=False):
