@@ -14,12 +14,25 @@ TensorBoard and the callbacks (MLflow) get the largest (``data_wait``); rank 0's
 holds each rank's (``data_wait_by_rank``), which the fit's summary line shows. After the
 first epoch over :data:`WARN_ABOVE`, rank 0 logs one warning naming the likely cause and
 the knobs (:func:`advice`).
+
+:class:`DeviceFeed` is the device side of the feed: on a CUDA rank (and in ``use_gpu=True``
+transform) a feed thread makes each batch's tensors, puts them in pinned memory and copies them
+to the device with ``non_blocking=True`` on a side stream, one batch ahead of the step, whose
+stream waits on the copy's event (the host never waits for a copy). On the CPU nothing changes:
+the tensors are made in the calling thread, as before.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
 import time
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+
+from hora.errors import StoreError
+
+logger = logging.getLogger(__name__)
 
 #: an epoch whose data wait (the largest over the ranks) is over this gets one warning per fit
 WARN_ABOVE = 0.2
@@ -158,4 +171,162 @@ def summary_note(by_rank: Sequence[dict[str, Any]] | None) -> str:
     return f"; data_wait max {value:.2f} (rank {rank}, epoch {epoch + 1}), last epoch by rank: {last}"
 
 
-__all__ = ["DataWait", "WARN_ABOVE", "advice", "gathered", "summary_note"]
+class Fed(NamedTuple):
+    """One batch from :class:`DeviceFeed`: its tensors on the device (in the order the maker gave
+    them; None stays None) and what else the maker returned with them, as it was."""
+
+    tensors: list[Any]
+    extra: Any
+
+
+#: seconds the step waits for the feed thread beyond the reader's own timeout
+_FEED_MARGIN_S = 30.0
+_POLL_S = 0.5
+
+
+class DeviceFeed:
+    """A pass of batches made tensors on ``device``: ``batches(source, make)`` yields :class:`Fed`.
+
+    ``make(batch) -> (tensors, extra)`` makes a batch's tensors on the CPU (a list; None entries
+    allowed). On a CUDA device (or with ``threaded=True``) a feed thread runs ``make`` on each
+    batch of ``source`` (the reader's batches, a ``transformation_fn`` on them included), pins the
+    dense tensors (``pin_memory``) and issues their copies with ``non_blocking=True`` on a side
+    stream, recording an event, while the step trains on the batch before: ``ahead`` batches are
+    ready or in flight. The step's stream waits on the event (``wait_event``: the host does not
+    wait), and each tensor is marked as used by that stream (``record_stream``) so the allocator
+    does not hand its memory out while the step runs. On the CPU ``make`` runs in the calling
+    thread and the tensors are given as made.
+
+    Raises (while iterating):
+        whatever ``source`` or ``make`` raised (in the feed thread, raised here);
+        StoreError: no batch from the feed thread within the reader's timeout and a margin.
+    """
+
+    def __init__(self, device: Any, ahead: int = 1, threaded: bool | None = None, name: str = "feed") -> None:
+        import torch
+
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.cuda = self.device.type == "cuda"
+        self.threaded = self.cuda if threaded is None else bool(threaded)
+        self.ahead = max(1, int(ahead))
+        self.name = name
+        self._stream: Any = None
+
+    def batches(self, source: Iterable[Any], make: Callable[[Any], tuple[list[Any], Any]]) -> Iterator[Fed]:
+        """The batches of ``source`` as :class:`Fed` (see the class docstring)."""
+        if not self.threaded:
+            for batch in source:
+                tensors, extra = make(batch)
+                yield Fed(self._moved_here(tensors), extra)
+            return
+        yield from self._threaded(source, make)
+
+    def _moved_here(self, tensors: list[Any]) -> list[Any]:
+        """The CPU path: tensors already on the device stay; others are moved (a blocking copy)."""
+        if self.device.type == "cpu":
+            return tensors
+        return [t if t is None or t.device == self.device else t.to(self.device) for t in tensors]
+
+    # the feed thread ---------------------------------------------------------------------
+    def _stage(self, tensors: list[Any]) -> tuple[list[Any], Any]:
+        """Pin and copy ``tensors`` to the device on the side stream; the copies' event (None off CUDA)."""
+        import torch
+
+        if not self.cuda:
+            return self._moved_here(tensors), None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        out = []
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            for t in tensors:
+                if t is None or t.device == self.device:
+                    out.append(t)
+                    continue
+                if t.layout == torch.strided and not t.is_pinned():
+                    t = t.pin_memory()
+                out.append(t.to(self.device, non_blocking=True))
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return out, event
+
+    def _ready(self, tensors: list[Any], event: Any) -> list[Any]:
+        """In the step's thread: its stream waits for the copies; the tensors are marked as its."""
+        if event is None:
+            return tensors
+        import torch
+
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(event)
+        for t in tensors:
+            if t is not None and t.device == self.device:
+                t.record_stream(stream)
+        return tensors
+
+    def _threaded(self, source: Iterable[Any], make: Callable[[Any], tuple[list[Any], Any]]) -> Iterator[Fed]:
+        from hora.store.reader import reader_timeout
+
+        q: queue.Queue = queue.Queue(maxsize=self.ahead)
+        stop = threading.Event()
+        done = object()
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=_POLL_S)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            it = iter(source)
+            try:
+                for batch in it:
+                    tensors, extra = make(batch)
+                    staged, event = self._stage(list(tensors))
+                    if not put((staged, event, extra)):
+                        return
+                put(done)
+            except BaseException as exc:  # raised in the step's thread
+                put(exc)
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+
+        thread = threading.Thread(target=produce, name=f"hora-device-feed-{self.name}", daemon=True)
+        thread.start()
+        limit = reader_timeout() + _FEED_MARGIN_S
+        try:
+            while True:
+                waited = 0.0
+                while True:
+                    try:
+                        item = q.get(timeout=_POLL_S)
+                        break
+                    except queue.Empty:
+                        waited += _POLL_S
+                        if not thread.is_alive() and q.empty():
+                            raise StoreError(f"{self.name}: the device feed thread ended without a batch")
+                        if waited >= limit:
+                            raise StoreError(f"{self.name}: no batch from the device feed thread within "
+                                             f"{limit:.0f} s (the reader's timeout and {_FEED_MARGIN_S:.0f} s)")
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                staged, event, extra = item
+                yield Fed(self._ready(staged, event), extra)
+        finally:
+            stop.set()
+            while True:  # unblock a producer waiting on a full queue
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+            thread.join(timeout=5 * _POLL_S)
+            if thread.is_alive():
+                logger.debug("%s: the device feed thread is still finishing its batch", self.name)
+
+
+__all__ = ["DataWait", "DeviceFeed", "Fed", "WARN_ABOVE", "advice", "gathered", "summary_note"]
