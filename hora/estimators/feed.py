@@ -117,11 +117,13 @@ def gathered(fraction: float, rank: int, size: int) -> list[float]:
     rank fills its own slot). Call it on every rank, once per epoch."""
     import numpy as np
 
-    from hora.estimators.worker import allreduce_sum
+    import hora.native as hn
 
     slots = np.zeros(size, dtype=np.float64)
     slots[rank] = fraction
-    return [float(v) for v in allreduce_sum(slots)]
+    if size > 1:
+        slots = np.asarray(hn.allreduce(slots, op=hn.Sum, name="hora.estimators.data_wait"), dtype=np.float64)
+    return [float(v) for v in slots]
 
 
 def advice(per_rank: Sequence[float], epoch: int, decoding: Sequence[str], cached: bool, batch_size: int,

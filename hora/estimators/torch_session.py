@@ -261,7 +261,10 @@ class TorchSession(TrainingSession):
         source = super().batches(reader, transform)
         if self.device is None or self.device.type != "cuda" or self.minibatch_fn is not None:
             return source
-        return DeviceFeed(self.device, name=f"rank {self.rank}").batches(source, self._host_tensors)
+        import hora.native as hn
+
+        name = f"rank {hn.rank()}" if hn.is_initialized() else "the rank"
+        return DeviceFeed(self.device, name=name).batches(source, self._host_tensors)
 
     def _host_tensors(self, batch: dict[str, np.ndarray]) -> tuple[list, Any]:
         """:meth:`_tensors` of a batch on the CPU (the feed copies them): ``(tensors, (inputs, labels))``."""

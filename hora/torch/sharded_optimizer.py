@@ -54,7 +54,9 @@ from hora.torch.reducer import DistributedMixin
 
 SHARDINGS = ("optimizer", "gradients")
 MAX_IN_FLIGHT = 2  # buckets whose reduce-scatter / parameter allgather may be pending at once
-#: a parameter of at least this part of the bucket cap is a bucket of its own (see _hora_plan_buckets)
+#: a parameter of at least this many bytes, or this part of the bucket cap, is a bucket of its own
+#: (see _hora_plan_buckets)
+LONE_BYTES = 1 << 20
 LONE_FRACTION = 0.25
 # optimizers that keep state not attached to one parameter (LBFGS keeps its history in the
 # first parameter's entry and steps all parameters as one vector)
@@ -141,16 +143,18 @@ class _ShardedMixin(DistributedMixin):
     _hora_sharding = "optimizer"
 
     def _hora_plan_buckets(self, cap_bytes: float, first_bytes: float, by_layout: bool) -> list[list[torch.Tensor]]:
-        """The unsharded buckets, with each parameter of at least :data:`LONE_FRACTION` of the cap
-        in a bucket of its own. A bucket is split parameter by parameter, so a bucket that one
+        """The unsharded buckets, with each parameter of at least :data:`LONE_BYTES` (or
+        :data:`LONE_FRACTION` of the cap, if less) in a bucket of its own. A bucket is split parameter by parameter, so a bucket that one
         large parameter fills is one rank's row of that parameter and the others' rows of
         padding: its flat buffer (the parameter gather's, ZeRO-2's reduce-scatter's) was
         ``size`` times the parameter, for a few small ones beside it. Alone, a large parameter
         is broadcast in place from its owner and its gradient reduced in place: no buffer.
         (8 x ``Linear(2048, 2048)`` on 2 ranks: each bucket of one weight and two biases was a
-        32 MiB buffer, three in flight: the peak was that of the replicated run.)"""
+        32 MiB buffer, three in flight: the peak was that of the replicated run; a model of small
+        layers in one bucket had a gather buffer the size of all its parameters.) What is left
+        in flat buffers is the small parameters (biases, norms), at most a few MiB."""
         planned = super()._hora_plan_buckets(cap_bytes, first_bytes, by_layout)
-        return split_large(planned, LONE_FRACTION * cap_bytes)
+        return split_large(planned, min(LONE_BYTES, LONE_FRACTION * cap_bytes))
 
     def _hora_shard_setup(self, raw: torch.optim.Optimizer) -> None:
         if isinstance(raw, NOT_PER_PARAMETER):

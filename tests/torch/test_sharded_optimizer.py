@@ -392,7 +392,7 @@ def test_owner_totals_are_even_with_lone_parameters_larger_than_a_bucket():
 
 
 def test_large_parameters_get_buckets_of_their_own():
-    """A parameter of a quarter of the bucket cap or more is a bucket alone (broadcast and reduced in
+    """A large parameter (1 MiB, or a quarter of the bucket cap) is a bucket alone (broadcast and reduced in
     place: no flat buffer of `size` rows of it); the small ones around it stay together, in order."""
     from hora.torch.sharded_optimizer import split_large
 
