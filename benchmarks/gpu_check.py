@@ -509,7 +509,8 @@ def estimator_throughput(device: str, rows: int, precision: str, folder: str) ->
                "data_wait": last["data_wait"], "gpu_util_pct": busy if busy is not None else "n/a (no NVML)",
                "loss_first": fitted.history_[0]["loss"], "loss_last": last["loss"]}
     said = (f"{hora_rate / ceiling:.2f} x the in-memory ceiling, {hora_rate / loader_rate:.2f} x the DataLoader loop, "
-            f"data_wait {last['data_wait']:.2f}")
+            f"data_wait {last['data_wait']:.2f}" + ("" if cuda else " (CPU sizes: the row's smoke run; its goals "
+                                                    "are a GPU's)"))
     if cuda and (hora_rate / ceiling < 0.9 or hora_rate / loader_rate < 1.0):
         raise AssertionError(f"below the goals (>= 0.9 x ceiling, >= 1.0 x DataLoader): {said}; {numbers}")
     return said, numbers
