@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _native_common import GOAL_HEADER, ROOT, goal_row, load_now, machine_note, run_local, table  # noqa: E402
+from _common import GOAL_HEADER, ROOT, goal_row, load_now, machine_note, run_local, table  # noqa: E402
 
 MIB = 1024 * 1024
 GROUP_FLOATS = [256, 1024, 4096, 8192, 16384, 25000, 512, 2048]  # 1 KB .. 100 KB each
@@ -129,7 +129,7 @@ def gloo_worker(numel: int, reps: int, small_n: int) -> dict[str, float]:
     import torch.distributed as dist
 
     import hora.native as hn
-    from _native_common import raw_gloo_group
+    from _common import raw_gloo_group
     from hora.native.engine import fusion
 
     store = raw_gloo_group()

@@ -1,4 +1,4 @@
-"""The data modern models eat (issue 26, item 3): images as PNG bytes, variable-length token ids, sparse vectors.
+"""The data modern models eat: images as PNG bytes, variable-length token ids, sparse vectors.
 
 Run: ``.venv/bin/python benchmarks/bench_column_types.py [--images 4096] [--sequences 20000]
 [--sparse-rows 1000000] [--only image|sequence|sparse]``. Prints markdown tables; every figure

@@ -63,7 +63,7 @@ def main() -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from tests.spark_clusters import ConnectServer
+    from _common.spark import ConnectServer
 
     classic = (
         SparkSession.builder.master(f"local[{n}]")

@@ -1,4 +1,4 @@
-"""The first fit in a fresh Python vs the second (warm) one: the worker job's fixed costs (issue 25, item 6).
+"""The first fit in a fresh Python vs the second (warm) one: the worker job's fixed costs.
 
 Each repeat is a fresh Python process (``--child``) that starts Spark ``local[2]``, writes
 ``--rows`` x ``--cols`` random floats to Parquet and fits a small MLP twice on 2 ranks. For

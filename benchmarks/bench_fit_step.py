@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python benchmarks/bench_fit_step.py [--rows 1000000] [--cols 32] [--epochs 3] [--fits 2]``.
 
-The fit of issue 14's goal rows: ``--rows`` x ``--cols`` float32 features (one feature
+The fit of the goal rows in benchmarks/README.md: ``--rows`` x ``--cols`` float32 features (one feature
 group, stacked into ``(rows, cols)``) and a label, a Dask ``LocalCluster`` of 2 worker
 processes (1 thread each), ``num_proc=2``, MLP ``cols-64-64-1``, SGD, MSE, batch 1024 per
 rank, ``--epochs`` epochs, shuffled, one checkpoint per epoch (the default). The first fit

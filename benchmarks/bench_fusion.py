@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _native_common import GOAL_HEADER, goal_row, load_now, machine_note, run_local, table  # noqa: E402
+from _common import GOAL_HEADER, goal_row, load_now, machine_note, run_local, table  # noqa: E402
 
 
 def worker(n_tensors: int, numel: int, steps: int, rounds: int) -> dict[str, float]:
@@ -57,7 +57,7 @@ def worker(n_tensors: int, numel: int, steps: int, rounds: int) -> dict[str, flo
     import torch.distributed as dist
 
     import hora.native as hn
-    from _native_common import raw_gloo_group
+    from _common import raw_gloo_group
 
     store = raw_gloo_group()
     tensors = [torch.full((numel,), 1.0) for _ in range(n_tensors)]

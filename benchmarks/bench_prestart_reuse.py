@@ -1,4 +1,4 @@
-"""A Spark fit whose data is already materialized: no prestart job (hora's rule since stop 40) against
+"""A Spark fit whose data is already materialized: no prestart job (what hora does now) against
 the prestart job every fit ran before (the baseline), alternated in the same run.
 
 Run: ``.venv/bin/python benchmarks/bench_prestart_reuse.py [--pairs 5] [--epochs 1]``. Prints a markdown
@@ -38,7 +38,7 @@ def main() -> None:
     from benchmarks.chaos_soak import _fit, _frame, spark_session
     from hora.runners.launchers.spark import SparkLauncher
     from hora.store import Store
-    from tests.spark_clusters import StandaloneCluster
+    from _common.spark import StandaloneCluster
 
     times: dict[str, list[float]] = {"prestart job (before)": [], "no job (now)": []}
     with tempfile.TemporaryDirectory(prefix="hora-bench-prestart-") as tmp:

@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python benchmarks/bench_rank_threads.py [--images 4096] [--epochs 6] [--repeat 3]``.
 Prints a markdown table. The digits CNN of ``bench_column_types.py`` (decoded uint8 arrays,
 ``inmemory_cache_all``) fitted by ``TorchEstimator(num_proc=2)`` on a pandas frame (two local ranks
-on this host), alternated in pairs: ``HORA_RANK_THREADS=0`` (hora's default since stop 39: cores //
+on this host), alternated in pairs: ``HORA_RANK_THREADS=0`` (hora's default: cores //
 ranks on the host) against ``HORA_RANK_THREADS=<cores>`` (torch's own default, what a rank had
 before: a thread per core in every rank). ``OMP_NUM_THREADS`` is unset for both (when it is set,
 hora leaves the threads alone). A fit's rows/s is the median of its epochs after the first.

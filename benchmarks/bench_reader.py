@@ -10,7 +10,7 @@ the reader, as the estimators did before, and stacked by the reader (``groups=``
 ``--only cpu`` runs just the last table (also printed after the others): the reader's CPU
 time per batch (``time.process_time``, all threads) in the fit's layout, ``--cols`` float32
 features stacked as one group plus a float32 label, rank 0 of 2, shuffled, batch 1024,
-against :class:`BaselineReader` (the shuffle before the eighth session), alternated in the
+against :class:`BaselineReader` (the shuffle before 2026-12-02), alternated in the
 same run, with the medians of ``--cpu-repeat`` epochs each and their ratio, and the stages
 of one epoch without the prefetch thread.
 """
@@ -46,7 +46,7 @@ def best_of(fn, repeat):
 
 
 def _stack_by_column(members):
-    """The reader's stacking before the eighth session: each member into its strided column."""
+    """The reader's stacking before 2026-12-02: each member into its strided column."""
     out = np.empty((len(members[0]), len(members)), dtype=members[0].dtype)
     for j, m in enumerate(members):
         out[:, j] = m
@@ -54,7 +54,7 @@ def _stack_by_column(members):
 
 
 class BaselineReader(Reader):
-    """The reader's shuffle before the eighth session, the same-run baseline: each row group
+    """The reader's shuffle before 2026-12-02, the same-run baseline: each row group
     stacked column by column, its rows scattered into the window through the permutation,
     each batch copied out of the window. Yields the same batches as :class:`Reader` (it stacks
     in the batch thread where the old reader stacked in the read-ahead thread: the same CPU)."""

@@ -1,4 +1,4 @@
-"""How long a trivial run takes end to end, with the polls of stop 37 against the polls before it
+"""How long a trivial run takes end to end, with today's polls against the slower polls before them
 (same process, alternated): the rendezvous server looking for ``stop()`` every
 ``SHUTDOWN_POLL_S`` (0.05 s, was 0.2 s) and the driver checking a function run's ranks every
 ``Policy.poll_interval`` (0.05 s, was 0.1 s). Every run, fit and test job pays its end once.
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _native_common import load_now, machine_note, table  # noqa: E402
+from _common import load_now, machine_note, table  # noqa: E402
 
 OLD = {"shutdown_poll": 0.2, "check_poll": 0.1}
 NEW = {"shutdown_poll": 0.05, "check_poll": 0.05}

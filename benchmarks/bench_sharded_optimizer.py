@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _native_common import load_now, machine_note, run_local, table  # noqa: E402
+from _common import load_now, machine_note, run_local, table  # noqa: E402
 from bench_sharding import glibc_gives_back  # noqa: E402
 
 CONFIGS = {"none": None, "zero1": "optimizer", "zero2": "gradients"}

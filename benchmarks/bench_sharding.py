@@ -1,4 +1,4 @@
-"""Sharded training strategies against replicated training, same run (issue #28, "Speed and memory").
+"""Sharded training strategies against replicated training, same run: speed and memory.
 
     python benchmarks/bench_sharding.py [--np 2] [--memory-np 4] [--steps 20] [--dim 768] [--layers 12]
                                         [--vocab 40000] [--seq 64] [--batch 2] [--device cpu|cuda]
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _native_common import load_now, machine_note, run_local, table  # noqa: E402
+from _common import load_now, machine_note, run_local, table  # noqa: E402
 
 STRATEGIES = ("hora", "zero1", "zero2", "ddp", "fsdp")
 PHASES = ("build", "forward", "backward", "step")

@@ -4,7 +4,7 @@ Run: ``.venv/bin/python benchmarks/bench_store_faults.py [--rows 20000]``.
 
 An S3-protocol server (moto) on 127.0.0.1 behind a proxy that answers a share of the
 requests ``503 SlowDown`` / ``500 InternalError`` and resets another share
-(``tests/store/faulty_proxy.py``). For each fault rate, in the same run: materialize a
+(``benchmarks/_common/s3_faults.py``). For each fault rate, in the same run: materialize a
 pandas frame to an ``s3://`` Store through the proxy, fit a ``TorchEstimator`` for 3
 epochs on 2 local ranks (their Store reads go through the proxy too), predict. botocore's
 own retries are turned off in the storage options (``max_attempts=1``), so what carries
@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from hora.dask import TorchEstimator  # noqa: E402
 from hora.store import Store  # noqa: E402
-from tests.store.faulty_proxy import FaultyProxy  # noqa: E402
+from _common.s3_faults import FaultyProxy  # noqa: E402
 
 BUCKET = "hora-bench"
 

@@ -1,4 +1,4 @@
-"""What TorchEstimator's loop options and a classifier's outputs cost (issue 26, items 1 and 2).
+"""What TorchEstimator's loop options and a classifier's outputs cost.
 
 Run: ``.venv/bin/python benchmarks/bench_training_options.py [--steps 300] [--rows 200000] [--repeat 3]``.
 Prints two markdown tables; every figure is a ratio of runs made in this process, one after the

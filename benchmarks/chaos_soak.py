@@ -1,4 +1,4 @@
-"""Faults in series (issue 29, items 2 and 5): one long fit per scenario while a seeded chaos
+"""Faults in series: one long fit per scenario while a seeded chaos
 thread SIGKILLs the job's processes from outside, one after another.
 
 Run: ``.venv/bin/python benchmarks/chaos_soak.py [--scenarios dask,spark,ssh] [--faults 10] [--epochs 30]``
@@ -58,7 +58,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from hora.estimators.callbacks import Callback  # noqa: E402
-from tests.runners.helpers import hora_worker_processes, rank_processes_in  # noqa: E402
+from _common.processes import hora_worker_processes, rank_processes_in  # noqa: E402
 
 TARGETS = {"dask": ("rank", "supervisor"), "spark": ("rank", "supervisor", "executor"), "ssh": ("rank", "supervisor")}
 
@@ -310,7 +310,7 @@ def _dask(work: Path, args: argparse.Namespace) -> dict:
 
 
 def spark_session(cluster: Any, app: str) -> Any:
-    """A classic SparkSession on ``cluster`` (a ``tests.spark_clusters.StandaloneCluster``), as the
+    """A classic SparkSession on ``cluster`` (a ``_common.spark.StandaloneCluster``), as the
     soak's and the Spark benchmarks that share its cluster use it."""
     from pyspark.sql import SparkSession
 
@@ -322,7 +322,7 @@ def spark_session(cluster: Any, app: str) -> Any:
 def _spark(work: Path, args: argparse.Namespace) -> dict:
     import hora.runners as hr
     import hora.spark as face
-    from tests.spark_clusters import StandaloneCluster
+    from _common.spark import StandaloneCluster
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     cluster = StandaloneCluster(work / "spark").start()
@@ -342,7 +342,7 @@ def _ssh(work: Path, args: argparse.Namespace) -> dict:
     import hora.dask as face
     from hora.runners import HostsLauncher
     from hora.runners.rank.ssh import SshOptions
-    from tests.ssh.sshd import running_sshd
+    from _common.sshd import running_sshd
 
     (work / "sshd").mkdir()
     with running_sshd(work / "sshd") as sshd:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs hora's GPU checks on the GPU machine (issue 30), within ~8 minutes.
+# Runs hora's GPU checks on a GPU machine, within ~8 minutes.
 #
 # Prepare here (network), before carrying the tree to the GPU machine (wheels are NOT committed):
 #   .venv/bin/pip wheel --no-deps -w benchmarks/gpu_wheels .

@@ -61,7 +61,7 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
     from benchmarks.chaos_soak import spark_session
-    from tests.spark_clusters import StandaloneCluster
+    from _common.spark import StandaloneCluster
 
     with tempfile.TemporaryDirectory(prefix="hora-spark-floor-") as tmp:
         cluster = StandaloneCluster(Path(tmp) / "spark").start()

@@ -1,4 +1,4 @@
-"""A pool of 2 warm rank processes kept for the whole test session (issue 27, item 5).
+"""A pool of 2 warm rank processes kept for the whole test session.
 
 :func:`tests.spawn_util.run_ranks` serves its 2-rank calls here unless the call asks for
 ``fresh=True``, another ``preload`` or ``pool=False``: the two processes are forked once

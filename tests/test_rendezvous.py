@@ -23,6 +23,7 @@ from hora.native.rendezvous import (
     compute_placement,
     make_secret,
 )
+from hora.native.rendezvous.protocol import HEADER, MAGIC, AuthenticationError, recv_frame, sign
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -109,16 +110,38 @@ def test_forged_frame_is_never_unpickled(server):
     body = pickle.dumps(("set", "forged", _Boom()))
     mac = hmac.new(b"attacker-guess", body, hashlib.sha256).digest()
     with socket.create_connection(server.address, timeout=5) as s:
-        s.sendall(struct.pack("!4sI32s", b"HORA", len(body), mac) + body)
+        s.sendall(struct.pack("!4sI32s", MAGIC, len(body), mac) + body)
         s.settimeout(5)
         assert s.recv(1) == b""  # dropped
     assert _EXPLODED == []
     assert _client(server).keys("forged") == []
 
 
+def test_a_peer_of_another_protocol_version_is_refused_by_both_ends(server, caplog):
+    body = pickle.dumps(("get", "k"))
+    secret = server._secret
+    # the server: a signed frame under version 1's magic is dropped, and the log names both versions
+    with caplog.at_level(logging.WARNING, logger="hora.native.rendezvous"):
+        with socket.create_connection(server.address, timeout=5) as s:
+            s.sendall(HEADER.pack(b"HORA", len(body), sign(secret, body)) + body)
+            s.settimeout(5)
+            assert s.recv(1) == b""
+    assert "version 1, this end version 2" in caplog.text
+    # the client: an answer under another version's magic is an error naming it, never unpickled
+    for magic in (b"HOR3", MAGIC):
+        a, b = socket.socketpair()
+        with a, b:
+            b.sendall(HEADER.pack(magic, len(body), sign(secret, body)) + body)
+            if magic == MAGIC:
+                assert recv_frame(a, secret) == ("get", "k")
+            else:
+                with pytest.raises(AuthenticationError, match="version 3, this end version 2"):
+                    recv_frame(a, secret)
+
+
 @pytest.mark.parametrize(
     "garbage",
-    [b"GET / HTTP/1.1\r\n\r\n", b"\x00" * 3, b"HORA" + struct.pack("!I", 2**31) + b"\x00" * 32, b""],
+    [b"GET / HTTP/1.1\r\n\r\n", b"\x00" * 3, b"HOR2" + struct.pack("!I", 2**31) + b"\x00" * 32, b""],
 )
 def test_garbage_does_not_crash_the_server(server, garbage):
     with socket.create_connection(server.address, timeout=5) as s:

@@ -39,7 +39,7 @@ from typing import Any
 SERVER_FIXTURES = ("connect_server", "connect_spark", "any_spark", "standalone_cluster", "standalone_connect")
 SERVERS_GROUP = "spark-servers"
 #: the session fixture that starts a throwaway OpenSSH server and writes the user's ~/.ssh (its key,
-#: known hosts, config; tests/ssh/sshd.py), restoring the folder at the end: two processes with one each
+#: known hosts, config; benchmarks/_common/sshd.py), restoring the folder at the end: two processes with one each
 #: would restore it under each other (seen: one process removed ~/.ssh, which the other's restore read)
 SSH_FIXTURES = ("sshd",)
 SSH_GROUP = "ssh-hosts"

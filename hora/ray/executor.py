@@ -42,8 +42,8 @@ from hora.runners.spec import ENV_NETWORK_INTERFACE
 log = logging.getLogger(__name__)
 
 ELASTIC_MESSAGE = ("elastic Ray training (min_workers / max_workers / reset_limit / cooldown_range, "
-                   "ElasticRayExecutor) is not available in hora yet: it comes with the elastic work of issue #17; "
-                   "use num_workers for a fixed number of workers")
+                   "ElasticRayExecutor) is not supported on Ray: use num_workers for a fixed number of workers, or "
+                   "elastic training with `hora run --min-np/--max-np` or an estimator's num_proc=(min, max)")
 
 # --------------------------------------------------------------------------------------
 # inside the actors: the executable object of each worker
@@ -368,7 +368,7 @@ class ElasticRayExecutor:
     """Horovod's elastic Ray executor: not available in hora yet.
 
     Raises:
-        NotImplementedError: always (see issue #17's elastic work).
+        NotImplementedError: always (elastic training runs under ``hora run`` and the estimators).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

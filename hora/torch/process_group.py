@@ -1,4 +1,4 @@
-"""torch.distributed's default process group inside a hora rank (issue "[4 of 6]", item 2).
+"""torch.distributed's default process group inside a hora rank.
 
 hora builds its own Gloo/NCCL groups over a Store its rendezvous creates, and never the
 default ``torch.distributed`` group, so code written for ``torch.distributed``

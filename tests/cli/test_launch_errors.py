@@ -1,4 +1,4 @@
-"""``hora run`` says, before any rank starts, when the command's python cannot import hora (issue 25, item 4)."""
+"""``hora run`` says, before any rank starts, when the command's python cannot import hora."""
 
 from __future__ import annotations
 

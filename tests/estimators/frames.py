@@ -1,8 +1,42 @@
-"""Data and models of the faces x frameworks suite, importable by the Spark and Dask workers."""
+"""Data and models of the estimator tests, one definition each, importable by the Spark and Dask workers."""
 
 from __future__ import annotations
 
 import numpy as np
+
+
+def regression_data(n: int = 256, d: int = 4, seed: int = 0):
+    """(X float32 (n, d), y float64 (n,)) of a noiseless linear target."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype("float32")
+    w = np.arange(1, d + 1, dtype="float32") / d
+    return x, (x @ w + 0.5).astype("float64")
+
+
+def regression_frame(n: int = 256, d: int = 4, seed: int = 0):
+    """:func:`regression_data` as a pandas frame: an array column ``features`` and a label ``y``."""
+    import pandas as pd
+
+    x, y = regression_data(n=n, d=d, seed=seed)
+    return pd.DataFrame({"features": list(x), "y": y})
+
+
+def regression_columns(n: int = 256, seed: int = 0):
+    """:func:`regression_data` (4 features) as a pandas frame of scalar columns ``a``-``d`` and ``y``."""
+    import pandas as pd
+
+    x, y = regression_data(n=n, seed=seed)
+    pdf = pd.DataFrame(x, columns=list("abcd"))
+    pdf["y"] = y
+    return pdf
+
+
+def mlp(d: int = 4, out: int = 1, seed: int = 0):
+    """A seeded ``d -> 16 -> out`` MLP."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(d, 16), torch.nn.ReLU(), torch.nn.Linear(16, out))
 
 
 def sparse_images(n: int = 96, classes: int = 2, seed: int = 0):
@@ -170,7 +204,7 @@ def lightning_data_module(n: int = 64):
     return Images()
 
 
-# the column types of issue 26 (tests/estimators/test_column_types.py, tests/ray): image bytes, token ids, words
+# the column types of tests/estimators/test_column_types.py and tests/ray: image bytes, token ids, words
 def column_png(value: int, rng) -> bytes:
     import io
 

@@ -1,4 +1,4 @@
-"""Classification as MLlib and scikit-learn expect it (issue 26, item 1): the task inferred from the loss,
+"""Classification as MLlib and scikit-learn expect it: the task inferred from the loss,
 rawPrediction / probability / prediction on Spark with the real MLlib evaluators (CrossValidator: test_spark_face.py),
 predict / predict_proba / classes_ on Dask, persisted tasks, and a classifier's bad labels refused on
 the driver."""

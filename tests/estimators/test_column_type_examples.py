@@ -1,5 +1,5 @@
-"""examples/spark_text_tokens.py, spark_image_png.py and spark_sparse_hashed.py (issue 26 item 4) and
-spark_text_fsdp.py (issue 28 item 4) run end to end on small data and reach their held-out metric
+"""examples/spark_text_tokens.py, spark_image_png.py and spark_sparse_hashed.py and
+spark_text_fsdp.py run end to end on small data and reach their held-out metric
 (MLlib's evaluators; the FSDP example's held-out loss against its data's entropies): each returns
 non-zero below it. examples/spark_keras_digits.py (a Keras CNN, ``hora.spark.KerasEstimator``) scores
 its held-out rows on the executors and its saved and loaded model predicts the same.
@@ -35,7 +35,7 @@ CASES = [
     ("spark_text_tokens.py", ["--rows", "1500", "--epochs", "2"]),
     ("spark_image_png.py", ["--epochs", "5"]),
     ("spark_sparse_hashed.py", ["--rows", "1500", "--epochs", "2"]),
-    ("spark_text_fsdp.py", ["--rows", "1500", "--epochs", "2"]),  # issue 28 item 4: strategy="fsdp" on Spark
+    ("spark_text_fsdp.py", ["--rows", "1500", "--epochs", "2"]),  # strategy="fsdp" on Spark
 ]
 #: last: it seeds Python's, NumPy's and TensorFlow's global generators (keras.utils.set_random_seed)
 KERAS_DIGITS = ("spark_keras_digits.py", ["--num-proc", "2", "--epochs", "2"])

@@ -1,4 +1,4 @@
-"""The data modern models eat (issue 26, item 3): image bytes, variable-length token ids, strings and
+"""The data modern models eat: image bytes, variable-length token ids, strings and
 sparse vectors, end to end through fit and transform on Spark local[2] and a Dask LocalCluster, the
 sparse store's size against the non-zeros, and each bad input."""
 

@@ -1,8 +1,8 @@
-"""The console of a fit at verbose=1 (issue 25): one header line, one line (off a terminal)
+"""The console of a fit at verbose=1: one header line, one line (off a terminal)
 or one bar (on a terminal) per epoch whose last loss is the history's, one summary line;
 no per-rank INFO lines and no RuntimeWarning from hora.
 
-On Spark, with Spark's own console progress bar on as in a pyspark shell (issue 25, item 1), the
+On Spark, with Spark's own console progress bar on as in a pyspark shell, the
 terminal test's child also runs 1-second stages before the fit: Spark's ``[Stage N:`` bar draws outside
 :func:`hora._spark.console_progress_paused` (the control: the test can fail), nothing inside it (also
 nested), and draws again after the block ends; then nothing while hora's training stage runs. (This was
@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_data
 
 EPOCH_LINE = re.compile(r"^epoch (\d)/3: loss=(\S+) val_loss=(\S+) .*\| [\d.]+ s, \d+ rows/s$")
 
@@ -77,7 +77,7 @@ def test_dask_fit_console_off_a_terminal(dask_client, store, capfd):
 SCRIPT = textwrap.dedent("""
     import json, os, sys
     import pandas as pd, torch
-    from tests.estimators.conftest import mlp, regression_data
+    from tests.estimators.frames import mlp, regression_data
     from hora.store import Store
 
     x, y = regression_data(n=300)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_frame
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(600)]
 
@@ -20,8 +19,7 @@ def dask_fit(dask_client, tmp_path_factory):
     from hora.dask import TorchEstimator
     from hora.store import Store
 
-    x, y = regression_data(n=400)
-    pdf = pd.DataFrame({"features": list(x), "y": y})
+    pdf = regression_frame(n=400)
     with dask.config.set({"dataframe.convert-string": False}):  # keep the array column as objects
         ddf = dd.from_pandas(pdf, npartitions=4)
     net = mlp()

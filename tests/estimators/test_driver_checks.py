@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hora.errors import ConfigError, DataError
-from tests.estimators.conftest import mlp
+from tests.estimators.frames import mlp
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""Errors that point the way (issue 25, item 4): a misspelt keyword names the closest parameter,
+"""Errors that point the way: a misspelt keyword names the closest parameter,
 label_nan is an estimator parameter, a frame of the wrong engine names the face to use, and a
 pickling failure names the parameter and the attribute path of what cannot be pickled."""
 

@@ -1,4 +1,4 @@
-"""Faults in series, injected from outside (issue 29 item 2, the short variant): a chaos thread
+"""Faults in series, injected from outside (the short variant of ``benchmarks/chaos_soak.py``): a chaos thread
 SIGKILLs a rank, then the executor JVM of a relaunched rank, then a rank again, all in ONE fit
 on a real Spark standalone cluster (master + two workers); ``fit(max_failures=5)`` completes
 with every epoch once and no rank process of the job is left."""
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hora.estimators.callbacks import Callback
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_data
 from tests.runners.helpers import assert_no_workers_left, hora_worker_processes
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

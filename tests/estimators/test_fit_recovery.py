@@ -7,21 +7,15 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from hora.errors import ConfigError, WorkerFailedError
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_columns, regression_frame
 from tests.estimators.recovery_callbacks import KillRank, WeightsProbe
 from tests.runners.helpers import assert_no_workers_left
 
 EPOCHS = 4
-
-
-def _frame(n: int = 256) -> pd.DataFrame:
-    x, y = regression_data(n=n)
-    return pd.DataFrame({"features": list(x), "y": y})
 
 
 def _est(face, store, tmp_path, callbacks=(), **kw):
@@ -68,7 +62,7 @@ def test_local_fit_survives_a_rank_killed_mid_epoch_and_resumes_mid_epoch(store,
 
     caplog.set_level(logging.WARNING, logger="hora.runners.driver.recovery")
     caplog.set_level(logging.DEBUG, logger="hora.runners.output")  # the ranks' output lines, as the driver gets them
-    df = _frame()
+    df = regression_frame()
     for sub in ("base", "steps"):
         (tmp_path / sub).mkdir()
     baseline = _est(TorchEstimator, store, tmp_path / "base", run_id="recovery-base").fit(df)
@@ -110,7 +104,7 @@ def test_user_errors_and_bad_params_fail_at_once_and_a_fault_that_keeps_happenin
                       ({"checkpoint_every": "often"}, "checkpoint_every must be a number of epochs >= 1 or 'N steps'"),
                       ({"checkpoint_every": 0}, "checkpoint_every must be")):
         with pytest.raises(ConfigError, match=match):
-            _est(TorchEstimator, store, tmp_path, **kw).fit(_frame(64))
+            _est(TorchEstimator, store, tmp_path, **kw).fit(regression_frame(64))
     assert not list((tmp_path / "store").rglob("*.parquet"))  # refused before the data was materialized
 
     class Boom(KillRank):
@@ -118,13 +112,13 @@ def test_user_errors_and_bad_params_fail_at_once_and_a_fault_that_keeps_happenin
             raise ValueError("a bug in the training code")
 
     with pytest.raises(WorkerFailedError, match="ValueError: a bug in the training code") as info:
-        _est(TorchEstimator, store, tmp_path, [Boom(0, 0, 0)], max_failures=3).fit(_frame(64))
+        _est(TorchEstimator, store, tmp_path, [Boom(0, 0, 0)], max_failures=3).fit(regression_frame(64))
     assert not hasattr(info.value, "attempts")
 
     # rank 1 is killed in every attempt: exactly max_failures relaunches, then one error naming each attempt
     with pytest.raises(WorkerFailedError) as info:
         _est(TorchEstimator, store, tmp_path, [KillRank(rank=1, epoch=0, step=1, attempt=None)], max_failures=1,
-             run_id="always-killed").fit(_frame(64))
+             run_id="always-killed").fit(regression_frame(64))
     lines = str(info.value).splitlines()
     assert lines[0].startswith("run always-killed: 2 attempts failed (max_failures=1); the last: rank 1 on "
                                "127.0.0.1 failed with signal 9 (SIGKILL)"), lines
@@ -138,22 +132,20 @@ def test_user_errors_and_bad_params_fail_at_once_and_a_fault_that_keeps_happenin
 def test_resuming_a_checkpoint_of_another_model_names_the_first_mismatch(store, tmp_path):
     from hora.dask import TorchEstimator
 
-    _est(TorchEstimator, store, tmp_path, run_id="other-model", epochs=1).fit(_frame(64))
+    _est(TorchEstimator, store, tmp_path, run_id="other-model", epochs=1).fit(regression_frame(64))
     wider = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     with pytest.raises(ConfigError, match=r"belongs to another model: '0.weight' has shape \(16, 4\) in the "
                                           r"checkpoint and \(32, 4\) in the model"):
         _est(TorchEstimator, store, tmp_path, run_id="other-model", model=wider,
-             optimizer=torch.optim.Adam(wider.parameters())).fit(_frame(64))
+             optimizer=torch.optim.Adam(wider.parameters())).fit(regression_frame(64))
 
 
 # -- engines ---------------------------------------------------------------------------------------------------
 def _spark_frame(spark):
     from pyspark.ml.feature import VectorAssembler
 
-    x, y = regression_data(n=256)
-    pdf = pd.DataFrame(x, columns=list("abcd"))
-    pdf["y"] = y
-    return VectorAssembler(inputCols=list("abcd"), outputCol="features").transform(spark.createDataFrame(pdf))
+    return VectorAssembler(inputCols=list("abcd"), outputCol="features").transform(
+        spark.createDataFrame(regression_columns()))
 
 
 def _dask_frame():
@@ -161,7 +153,7 @@ def _dask_frame():
     import dask.dataframe as dd
 
     with dask.config.set({"dataframe.convert-string": False}):  # keep the array column as objects
-        return dd.from_pandas(_frame(), npartitions=4)
+        return dd.from_pandas(regression_frame(), npartitions=4)
 
 
 @pytest.mark.spark

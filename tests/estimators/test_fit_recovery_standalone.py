@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hora.estimators.callbacks import Callback
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_data
 from tests.estimators.recovery_callbacks import KillRank, WeightsProbe
 from tests.runners.helpers import assert_no_workers_left, relaunch_lines
 

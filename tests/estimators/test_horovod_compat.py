@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hora.errors import ConfigError
-from tests.estimators.conftest import mlp
+from tests.estimators.frames import mlp
 from tests.estimators.test_driver_checks import _est, _nothing_launched
 
 pytestmark = pytest.mark.timeout(120)
@@ -173,35 +173,6 @@ def test_progress_has_one_bar_per_epoch_with_a_total(capsys):
     progress.close()
     err = capsys.readouterr().err
     assert "epoch 1/2: 100%" in err and "epoch 2/2: 100%" in err and "run-x" not in err  # the id is in the header
-
-
-@pytest.mark.spark
-@pytest.mark.timeout(300)
-def test_spark_workers_without_hora_name_pyspark_python(spark, tmp_path):
-    """A session whose workers run another interpreter (a bare venv): the fit says so, naming PYSPARK_PYTHON."""
-    import venv
-
-    from hora.spark import TorchEstimator
-    from hora.store import Store
-
-    bare = tmp_path / "bare"
-    venv.EnvBuilder(with_pip=False).create(bare)
-    df = spark.createDataFrame(pd.DataFrame({"x": np.arange(16, dtype="float64"), "y": np.ones(16)}))
-    net = torch.nn.Linear(1, 1)
-    est = TorchEstimator(num_proc=2, store=Store.create(str(tmp_path / "store")), model=net, loss=torch.nn.MSELoss(),
-                         optimizer=torch.optim.SGD(net.parameters(), lr=0.1), feature_cols=["x"], label_cols=["y"],
-                         input_shapes=[[-1, 1]])
-    sc = spark.sparkContext
-    saved = sc.pythonExec
-    sc.pythonExec = str(bare / "bin" / "python")  # what PYSPARK_PYTHON names when the session starts
-    try:
-        with pytest.raises(ConfigError) as info:
-            est.fit(df)
-    finally:
-        sc.pythonExec = saved
-    text = str(info.value)
-    assert "PYSPARK_PYTHON" in text and str(bare / "bin" / "python") in text and "pyarrow" in text, text
-    assert sys.executable in text
 
 
 def test_lightning_bad_input_before_launch(store):

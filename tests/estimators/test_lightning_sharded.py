@@ -1,4 +1,4 @@
-"""LightningEstimator with Lightning's own sharded strategies on hora's ranks (issue 28 item 3).
+"""LightningEstimator with Lightning's own sharded strategies on hora's ranks.
 
 ``ModelParallelStrategy`` (FSDP2's ``fully_shard`` in the module's ``configure_model``) runs on
 CPU ranks over Gloo; ``FSDPStrategy`` (torch's FSDP1) needs a GPU, and says so on the driver.
@@ -7,12 +7,11 @@ CPU ranks over Gloo; ``FSDPStrategy`` (torch's FSDP1) needs a GPU, and says so o
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from hora.errors import ConfigError
-from tests.estimators.conftest import regression_data
+from tests.estimators.frames import regression_frame
 
 pl = pytest.importorskip("lightning.pytorch")
 pytestmark = pytest.mark.timeout(420)
@@ -49,11 +48,6 @@ def _module(shard: bool):
     return Regressor()
 
 
-def _frame() -> pd.DataFrame:
-    x, y = regression_data(n=256)
-    return pd.DataFrame({"features": list(x), "y": y})
-
-
 def _fit(store, *, strategy, epochs=3, run_id=None, num_proc=2):
     from hora.dask import LightningEstimator
 
@@ -61,7 +55,7 @@ def _fit(store, *, strategy, epochs=3, run_id=None, num_proc=2):
     est = LightningEstimator(num_proc=num_proc, store=store, model=_module(shard=strategy is not None),
                              feature_cols=["features"], label_cols=["y"], batch_size=32, epochs=epochs,
                              lr_scaling="none", random_seed=1, verbose=0, trainer_args=args, run_id=run_id)
-    return est.fit(_frame())  # pandas: local ranks
+    return est.fit(regression_frame())  # pandas: local ranks
 
 
 def _weights(model) -> dict[str, np.ndarray]:
@@ -92,7 +86,7 @@ def test_model_parallel_strategy_trains_as_hora_does_and_returns_the_model_whole
     assert [h["epoch"] for h in sharded.history_] == [0, 1, 2]
     np.testing.assert_allclose([h["loss"] for h in sharded.history_], [h["loss"] for h in hora_model.history_],
                                rtol=1e-4)
-    out = sharded.transform(_frame().head(8))  # the returned model transforms like any other
+    out = sharded.transform(regression_frame().head(8))  # the returned model transforms like any other
     assert len(out) == 8 and np.isfinite(np.stack(out["prediction"].to_numpy()).astype(float)).all()
 
 
@@ -135,4 +129,4 @@ def test_model_parallel_without_configure_model_is_refused_on_the_driver(store):
                              epochs=1, trainer_args={"strategy": "model_parallel"})
     with pytest.raises(ConfigError, match=r"ModelParallelStrategy but the LightningModule Regressor does not define "
                                           r"configure_model\(\)"):
-        est.fit(_frame())
+        est.fit(regression_frame())

@@ -8,11 +8,10 @@ prestart takes no slots (the local one: a process of this host) prestarts on eve
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 import torch
 
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_columns
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -45,9 +44,7 @@ def test_a_spark_fit_prestarts_only_when_it_writes_the_data(spark, store, monkey
     from hora.spark import TorchEstimator
 
     calls = _recording(monkeypatch, SparkLauncher)
-    x, y = regression_data(n=128, seed=5)
-    pdf = pd.DataFrame(x, columns=list("abcd"))
-    pdf["y"] = y
+    pdf = regression_columns(n=128, seed=5)
     df = VectorAssembler(inputCols=list("abcd"), outputCol="features").transform(spark.createDataFrame(pdf))
 
     TorchEstimator(**_args(store)).fit(df)

@@ -1,4 +1,4 @@
-"""Typed estimators (issue 25, item 3): every parameter keyword-only, with its declared type and
+"""Typed estimators: every parameter keyword-only, with its declared type and
 default, in ``inspect.signature``, ``help()``, the committed ``.pyi`` stubs, and mypy."""
 
 from __future__ import annotations

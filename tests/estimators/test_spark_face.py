@@ -10,11 +10,10 @@ stages are custom Python stages in the same Pipeline.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_columns
 from tests.spark_clusters import connect_mode
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
@@ -33,10 +32,7 @@ def _session_mode(session):
 
 
 def _frame(spark, n=320, seed=0):
-    x, y = regression_data(n=n, seed=seed)
-    pdf = pd.DataFrame(x, columns=list("abcd"))
-    pdf["y"] = y
-    return spark.createDataFrame(pdf)
+    return spark.createDataFrame(regression_columns(n=n, seed=seed))
 
 
 def _estimator(store, **kw):

@@ -1,4 +1,4 @@
-"""TorchEstimator(strategy=...) (issue 28, item 3): 'zero1' and 'zero2' shard the optimizer state (and
+"""TorchEstimator(strategy=...): 'zero1' and 'zero2' shard the optimizer state (and
 the gradients) across the ranks and train as 'hora' does; in their checkpoints each rank writes its own
 shards (the ZeRO optimizer's shard files; 'fsdp': torch's distributed checkpoint), so a relaunch continues
 where it stopped and a resume at another number of ranks, or with another strategy, reshards. Real ranks on

@@ -375,7 +375,7 @@ CASES = {"spark-torch": _spark_torch, "spark-keras": _spark_keras, "spark-lightn
 #: spark_face.build of a framework descriptor), and Torch's estimator runs them on a Connect session in
 #: every test of tests/estimators/test_spark_face.py ([connect]) and in test_classification.py's
 #: test_spark_connect_classifier_columns_and_evaluators. The Spark x Keras cell's Connect twin
-#: (spark-keras-connect, the same assertions as spark-keras) was removed for that reason (issue 27 item 5),
+#: (spark-keras-connect, the same assertions as spark-keras) was removed for that reason (to keep CI short),
 #: as the Lightning x Connect cell was before it.
 
 

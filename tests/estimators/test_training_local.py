@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.estimators.conftest import mlp
+from tests.estimators.frames import mlp
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -1,4 +1,4 @@
-"""The options of a modern training loop on TorchEstimator (issue 26, item 2): lr_scheduler (its state
+"""The options of a modern training loop on TorchEstimator: lr_scheduler (its state
 continued by a resume and by a relaunch), precision (bf16 and float16 autocast on the CPU, float16's GradScaler
 checkpointed and its skipped steps alike on every rank), gradient clipping on the
 allreduced gradients, class_weight, and callbacks that see the model and the optimizer. Real ranks on

@@ -17,7 +17,7 @@ PACKAGE = next((p for p in ("lightning", "pytorch_lightning") if importlib.util.
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(PACKAGE is None, reason="neither lightning nor pytorch_lightning is installed")
 def test_lightning_example_under_hora_run(tmp_path):
-    # ranks forked from a warm server (hora run --warm) that has torch imported: issue 27 item 5
+    # ranks forked from a warm server (hora run --warm) that has torch imported
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HORA_WARM_COMMANDS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "hora", "run", "-np", "2", sys.executable, str(ROOT / "examples" / "lightning_synthetic.py"),

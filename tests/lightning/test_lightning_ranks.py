@@ -19,7 +19,9 @@ import pickle
 import pytest
 import torch
 
+from tests import rank_results
 from tests.lightning import workers as W
+from tests.rank_results import assert_close, assert_identical
 from tests.spawn_util import run_ranks
 
 PACKAGES = ["lightning", "pytorch_lightning"]
@@ -55,26 +57,7 @@ def ranks(request, launch) -> tuple[str, list[dict]]:
 
 def result(ranks: tuple[str, list[dict]], name: str) -> list:
     package, per_rank = ranks
-    out = []
-    for r, res in enumerate(per_rank):
-        ok, value = res[name]
-        if not ok:
-            pytest.fail(f"[{package}] scenario {name!r} failed on rank {r}:\n{value}")
-        out.append(value)
-    return out
-
-
-def assert_close(got: dict, want: dict, atol: float, what: str) -> None:
-    assert got.keys() == want.keys(), what
-    for k in want:
-        diff = (got[k].double() - want[k].double()).abs().max().item()
-        assert diff <= atol, f"{what}: {k} differs by {diff:.3g} > {atol:g}"
-
-
-def assert_identical(states: list[dict], what: str) -> None:
-    for k in states[0]:
-        for r in range(1, len(states)):
-            assert torch.equal(states[0][k], states[r][k]), f"{what}: {k} differs between rank 0 and rank {r}"
+    return rank_results.result(per_rank, name, label=package)
 
 
 # ---------------------------------------------------------------------------- the Strategy

@@ -86,9 +86,9 @@ def test_executor_start_run_execute_remote_single_shutdown(free_cluster):
 def test_executor_arguments_checked_before_anything_starts():
     from hora.ray import ElasticRayExecutor, RayExecutor
 
-    with pytest.raises(NotImplementedError, match="#17"):
+    with pytest.raises(NotImplementedError, match="not supported on Ray: use num_workers"):
         RayExecutor(RayExecutor.create_settings(), min_workers=1, max_workers=2)
-    with pytest.raises(NotImplementedError, match="#17"):
+    with pytest.raises(NotImplementedError, match="not supported on Ray: use num_workers"):
         ElasticRayExecutor(None)
     with pytest.raises(ConfigError, match="not both"):
         RayExecutor(num_workers=2, num_hosts=1)

@@ -239,7 +239,7 @@ spark.stop()
 def test_spark_standalone_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path):
     # a cluster of its own: the session's standalone cluster has its cores held by the Connect server's app;
     # one 2-core worker (both ranks in its one executor): two JVMs and one executor per app fewer than two workers
-    from tests.spark_clusters import StandaloneCluster
+    from benchmarks._common.spark import StandaloneCluster
 
     cluster = StandaloneCluster(tmp_path / "cluster", worker_hosts=("127.0.0.1",)).start()
     try:

@@ -1,6 +1,6 @@
 """A rank's supervisor (its Spark task's Python worker) SIGKILLed: nobody is left to say that the
 rank's processes stopped, and the relaunch must not wait ``HORA_TERMINATE_GRACE`` + 5 s for that
-word (issue 29: every lost Python worker or executor paid it). On a classic session (local[2])."""
+word (every lost Python worker or executor used to pay it). On a classic session (local[2])."""
 
 from __future__ import annotations
 

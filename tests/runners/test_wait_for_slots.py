@@ -1,5 +1,5 @@
 """A relaunch that waits for task slots (a lost Spark executor being replaced) looks at the cluster
-every tenth of a second (issue 29: it looked every 0.5 s), and gives up naming the wait."""
+every tenth of a second (it used to look every 0.5 s), and gives up naming the wait."""
 
 from __future__ import annotations
 

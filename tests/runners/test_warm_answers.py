@@ -1,6 +1,6 @@
 """The warm client reads the server's answers whatever way they arrive: a child that exits at once has its
-exit line sent right behind its pid, and a loaded client reads both in one ``recv`` (the clean-clone CI run
-of stop 39 saw ``spawn`` refuse such an answer as "out of turn" and start a plain process instead)."""
+exit line sent right behind its pid, and a loaded client reads both in one ``recv`` (a clean-clone CI run
+once saw ``spawn`` refuse such an answer as "out of turn" and start a plain process instead)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A Spark executor's warm rank server outlives its executor (issue 29): keyed by the application
+"""A Spark executor's warm rank server outlives its executor: keyed by the application
 and host, it kills the lost executor's ranks, passes to the executor JVM started in its place (same
 application, same host) and forks that executor's ranks with its imports done; it ends with the
 executors' keeper (the standalone Worker). Fake executors here: processes whose command line is

@@ -1,4 +1,4 @@
-"""The ssh launcher's tests run against a real OpenSSH server (:mod:`tests.ssh.sshd`).
+"""The ssh launcher's tests run against a real OpenSSH server (``benchmarks/_common/sshd.py``).
 
 Without ``sshd``, ``ssh`` or ``ssh-keygen`` every test here is skipped with the name of
 what is missing (Debian: ``apt-get install openssh-server openssh-client``;
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ssh.sshd import SshdUnavailable, running_sshd
+from benchmarks._common.sshd import SshdUnavailable, running_sshd
 
 
 @pytest.fixture(scope="session")

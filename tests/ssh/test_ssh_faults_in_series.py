@@ -1,4 +1,4 @@
-"""Faults in series on ``hora run -H`` hosts (issue 29 item 2, the short variant): one fit of a
+"""Faults in series on ``hora run -H`` hosts (the short variant of ``benchmarks/chaos_soak.py``'s ssh scenario): one fit of a
 TorchEstimator on two hosts over a real sshd (127.0.0.1 directly, 127.0.0.2 over ssh) survives
 a rank SIGKILLed on the second host, then that host's rank supervisor (the process ssh started),
 then a rank on the first host; ``fit(max_failures=5)`` completes with every epoch once, and no
@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from tests.estimators.conftest import mlp, regression_data
+from tests.estimators.frames import mlp, regression_data
 from tests.estimators.test_faults_in_series import SlowSteps
 from tests.runners.helpers import rank_processes_in
 

@@ -1,5 +1,5 @@
 """Binary, string, variable-length and sparse columns in the store: specs, the writer, the reader's
-object arrays, ColumnOps (padding, masks, collate_fn) and the CSR batches (issue 26 item 3)."""
+object arrays, ColumnOps (padding, masks, collate_fn) and the CSR batches."""
 
 from __future__ import annotations
 

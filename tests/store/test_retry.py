@@ -250,7 +250,7 @@ def test_s3_store_materializes_and_reads_through_a_failing_proxy(s3_endpoint, mo
     gets every row, with s3fs's and botocore's own retries turned off (hora's policy alone)."""
     import s3fs
 
-    from tests.store.faulty_proxy import FaultyProxy
+    from benchmarks._common.s3_faults import FaultyProxy
 
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # s3fs's own retries off: hora's policy alone
     monkeypatch.setattr(s3fs.core.S3File, "retries", 1)
@@ -301,7 +301,7 @@ def test_limited_caps_the_budget_in_this_thread_only(monkeypatch):
 def test_an_s3_store_that_always_fails_gives_up_within_the_budget_naming_url_and_operation(s3_endpoint, monkeypatch):
     import s3fs
 
-    from tests.store.faulty_proxy import FaultyProxy
+    from benchmarks._common.s3_faults import FaultyProxy
 
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
     monkeypatch.setenv("HORA_STORE_RETRY_S", "2")

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(180)
 def test_torch_synthetic_example_under_hora_run():
-    # ranks forked from a warm server (hora run --warm) that has torch imported: issue 27 item 5
+    # ranks forked from a warm server (hora run --warm) that has torch imported
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HORA_WARM_COMMANDS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "hora", "run", "-np", "2",

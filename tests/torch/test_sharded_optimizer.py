@@ -19,6 +19,7 @@ import torch
 
 from hora.errors import ConfigError
 from hora.store import Store
+from tests.rank_results import assert_close, result
 from tests.spawn_util import run_ranks
 
 IN, HID, OUT = 8, 24, 4
@@ -223,23 +224,6 @@ def two(ckpt) -> list[dict]:
 @pytest.fixture(scope="module")
 def three(tmp_path_factory) -> list[dict]:
     return [pickle.loads(b) for b in run_ranks(run_all, 3, args=(str(tmp_path_factory.mktemp("z3")),), timeout=280)]
-
-
-def result(ranks: list[dict], name: str) -> list[Any]:
-    values = []
-    for r, res in enumerate(ranks):
-        ok, value = res[name]
-        if not ok:
-            pytest.fail(f"scenario {name!r} failed on rank {r}:\n{value}")
-        values.append(value)
-    return values
-
-
-def assert_close(got: dict, want: dict, atol: float, what: str) -> None:
-    assert got.keys() == want.keys(), what
-    for k in want:
-        diff = (got[k].double() - want[k].double()).abs().max().item()
-        assert diff <= atol, f"{what}: {k} differs by {diff:.3g} > {atol:g}"
 
 
 def assert_identical_on_ranks(values: list[dict], what: str) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hora.errors import ConfigError
+from tests.rank_results import assert_close, assert_identical, result
 from tests.spawn_util import run_ranks
 from tests.torch import workers as W
 
@@ -19,29 +20,6 @@ from tests.torch import workers as W
 def ranks() -> list[dict]:
     """Every scenario of workers.SCENARIOS, run once on 2 ranks."""
     return [pickle.loads(b) for b in run_ranks(W.run_all_scenarios, 2, timeout=240)]
-
-
-def result(ranks: list[dict], name: str) -> list:
-    out = []
-    for r, res in enumerate(ranks):
-        ok, value = res[name]
-        if not ok:
-            pytest.fail(f"scenario {name!r} failed on rank {r}:\n{value}")
-        out.append(value)
-    return out
-
-
-def assert_states_close(got: dict, want: dict, atol: float, what: str) -> None:
-    assert got.keys() == want.keys(), what
-    for k in want:
-        diff = (got[k].double() - want[k].double()).abs().max().item()
-        assert diff <= atol, f"{what}: {k} differs by {diff:.3g} > {atol:g}"
-
-
-def assert_ranks_identical(states: list[dict], what: str) -> None:
-    for k in states[0]:
-        for r in range(1, len(states)):
-            assert torch.equal(states[0][k], states[r][k]), f"{what}: {k} differs between rank 0 and rank {r}"
 
 
 # ---------------------------------------------------------------------------- parity
@@ -63,9 +41,9 @@ def assert_ranks_identical(states: list[dict], what: str) -> None:
 )
 def test_two_ranks_on_half_batches_match_one_process(ranks, scenario, opt_kind, loss_scale):
     states = result(ranks, scenario)
-    assert_ranks_identical(states, scenario)
+    assert_identical(states, scenario)
     want = W.reference_train(opt_kind, loss_scale=loss_scale)
-    assert_states_close(states[0], want, 1e-5, scenario)
+    assert_close(states[0], want, 1e-5, scenario)
     # and training moved the weights (a no-op would also be "identical on both ranks")
     start = W.make_mlp(seed=0).state_dict()
     assert any((start[k] - want[k]).abs().max() > 1e-3 for k in want)
@@ -98,24 +76,24 @@ def test_bucket_layout_that_differs_across_ranks_is_refused(ranks):
 @pytest.mark.parametrize("scenario,atol", [("fp16", 2e-3), ("bf16", 2e-2)])
 def test_compressed_gradients_stay_close(ranks, scenario, atol):
     states = result(ranks, scenario)
-    assert_ranks_identical(states, scenario)
-    assert_states_close(states[0], W.reference_train("sgd"), atol, scenario)
+    assert_identical(states, scenario)
+    assert_close(states[0], W.reference_train("sgd"), atol, scenario)
 
 
 @pytest.mark.timeout(300)
 def test_parameter_unused_on_some_ranks_and_steps(ranks):
     states = result(ranks, "two_heads")
-    assert_ranks_identical(states, "two_heads")
-    assert_states_close(states[0], W.reference_two_heads(), 1e-5, "two_heads")
+    assert_identical(states, "two_heads")
+    assert_close(states[0], W.reference_two_heads(), 1e-5, "two_heads")
 
 
 @pytest.mark.timeout(300)
 def test_scheduler_made_before_wrapping_and_step_with_closure(ranks):
     want = W.reference_scheduled_closure()
     outs = result(ranks, "scheduled_closure")
-    assert_ranks_identical([o["state"] for o in outs], "scheduled_closure")  # step() synchronized
+    assert_identical([o["state"] for o in outs], "scheduled_closure")  # step() synchronized
     for o in outs:
-        assert_states_close(o["state"], want["state"], 1e-5, "scheduled_closure")
+        assert_close(o["state"], want["state"], 1e-5, "scheduled_closure")
         assert o["losses"] == pytest.approx(want["losses"], rel=1e-5)  # the closure's loss, returned
         assert o["lrs"] == pytest.approx([0.1 * 0.5 ** (i + 1) for i in range(W.STEPS)])
         assert o["warnings"] == [], o["warnings"]
@@ -124,16 +102,16 @@ def test_scheduler_made_before_wrapping_and_step_with_closure(ranks):
 @pytest.mark.timeout(300)
 def test_overlapped_path_matches_blocking_per_gradient_allreduce(ranks):
     for r, res in enumerate(result(ranks, "overlap")):
-        assert_states_close(res["overlapped"], res["manual"], 1e-6, f"overlap rank {r}")
+        assert_close(res["overlapped"], res["manual"], 1e-6, f"overlap rank {r}")
         # each step, every gradient was already submitted when backward returned
         assert res["in_flight"] == [res["names"]] * W.STEPS
-    assert_states_close(result(ranks, "overlap")[0]["overlapped"], W.reference_train("sgd"), 1e-5, "overlap")
+    assert_close(result(ranks, "overlap")[0]["overlapped"], W.reference_train("sgd"), 1e-5, "overlap")
 
 
 @pytest.mark.timeout(300)
 def test_rank_alone_in_its_process_set_steps_locally(ranks):
     for r, res in enumerate(result(ranks, "process_set")):
-        assert_states_close(res["distributed"], res["local"], 0.0, f"process_set rank {r}")
+        assert_close(res["distributed"], res["local"], 0.0, f"process_set rank {r}")
 
 
 # ---------------------------------------------------------------------------- broadcast
@@ -167,16 +145,16 @@ def test_elastic_torch_state_sync_commit_restore(ranks):
     want = W.make_mlp(seed=0).state_dict()
     for res in (r0, r1):
         weights, epoch, history = res["synced"]
-        assert_states_close(weights, dict(want), 0.0, "synced")
+        assert_close(weights, dict(want), 0.0, "synced")
         assert (epoch, history) == (10, [0])
         c_weights, c_opt, c_epoch, c_hist = res["committed"]
         r_weights, r_opt, r_epoch, r_hist = res["restored"]
-        assert_states_close(r_weights, c_weights, 0.0, "restored")
+        assert_close(r_weights, c_weights, 0.0, "restored")
         assert (r_epoch, r_hist) == (c_epoch, c_hist) == (11, [0, "a"])
         for pid, st in c_opt["state"].items():
             assert float(r_opt["state"][pid]["step"]) == float(st["step"]) == 1.0
             assert torch.equal(r_opt["state"][pid]["exp_avg"], st["exp_avg"])
-    assert_ranks_identical([r0["restored"][0], r1["restored"][0]], "elastic")
+    assert_identical([r0["restored"][0], r1["restored"][0]], "elastic")
 
 
 # ---------------------------------------------------------------------------- SyncBatchNorm

@@ -11,7 +11,10 @@ at barriers.
                 :func:`compute_placement`, :func:`make_secret`
 ``protocol``    signed frames: ``MAGIC | length | HMAC-SHA256 | body``, the HMAC
                 checked before the body is unpickled
-``server``      :class:`RendezvousServer`, which never crashes because of a peer
+``server``      :class:`RendezvousServer`: one event loop for every connection; it never
+                crashes because of a peer
+``loop``        the server's event loop (one thread, one selector, non-blocking sockets)
+``table``       the keys, per-key waiters and the change log (what changed since a number)
 ``client``      :class:`KVClient` and :func:`barrier`
 ==============  ==================================================================
 

@@ -35,6 +35,16 @@ class KVClient:
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
+    @property
+    def address(self) -> tuple[str, int]:
+        """The server's (host, port)."""
+        return self._addr
+
+    @property
+    def secret(self) -> bytes:
+        """The job secret the frames are signed with."""
+        return self._secret
+
     def with_timeout(self, timeout: float) -> KVClient:
         """A new client of the same server whose connects and calls give up after ``timeout``
         seconds (its own connection, so a slow call of this one never blocks the other)."""
@@ -65,7 +75,7 @@ class KVClient:
                     break
                 except (ConnectionError, socket.timeout, OSError) as exc:
                     self.close_locked()
-                    if attempt == 1 or request[0] == "add":  # add is not idempotent
+                    if attempt == 1 or request[0] in ("add", "batch"):  # not idempotent
                         raise RendezvousError(f"lost the rendezvous server at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
         if status == "error":
             raise RendezvousError(value)
@@ -94,6 +104,31 @@ class KVClient:
         """Wait for all ``keys``; return their values in order. Raises RendezvousError naming the missing ones."""
         t = self.timeout if timeout is None else timeout
         return self._call(("wait", list(keys), t), wait_timeout=t)
+
+    def watch(self, keys: Iterable[str], timeout: float) -> list[bytes] | None:
+        """Wait up to ``timeout`` s for all ``keys``: their values, or None at the timeout (a
+        pushed signal: the server answers the moment the last key is written)."""
+        return self._call(("watch", list(keys), timeout), wait_timeout=timeout)
+
+    def batch(self, requests: list[tuple]) -> list[Any]:
+        """Several writes (``("set", key, value)``, ``("add", key, n)``, ``("delete", key)``) in
+        one request, applied in order; their results. Not retried on a lost connection."""
+        return self._call(("batch", list(requests)))
+
+    def post(self, requests: list[tuple]) -> None:
+        """Send writes as :meth:`batch` does, without waiting for (or getting) an answer: a
+        heartbeat costs the server one read. Raises RendezvousError when it cannot be sent
+        (the connection is dropped; the next call connects again); never retried."""
+        with self._lock:
+            if self._sock is None:
+                self._sock = self._connect(time.monotonic() + self.timeout)
+            try:
+                self._sock.settimeout(30.0)
+                send_frame(self._sock, self._secret, ("post", list(requests)))
+            except OSError as exc:
+                self.close_locked()
+                host, port = self._addr
+                raise RendezvousError(f"lost the rendezvous server at {host}:{port}: {exc}") from exc
 
     def add(self, key: str, amount: int = 1) -> int:
         """Atomically add ``amount`` to the integer at ``key`` (0 if absent); return the new value."""

@@ -3,6 +3,11 @@
 Every frame, in both directions, is ``MAGIC | length | HMAC-SHA256 | body``. The HMAC
 is computed with the job's secret over the body and is checked *before* the body is
 unpickled (:func:`recv_frame`); anything malformed raises :class:`FrameError`.
+
+The magic carries the protocol's version: ``HOR`` and one version byte. Version 2 added the
+one-way ``post``, the parked ``watch`` and ``batch`` requests; a peer of another version is
+refused by both ends with an error that names both versions (:func:`check_magic`), instead of
+misreading the other side's replies.
 """
 
 from __future__ import annotations
@@ -16,9 +21,26 @@ from typing import Any
 
 from hora.errors import RendezvousError
 
-MAGIC = b"HORA"
+#: the protocol's version, the last byte of :data:`MAGIC`
+PROTOCOL_VERSION = 2
+MAGIC = b"HOR" + bytes([0x30 + PROTOCOL_VERSION])  # b"HOR2"
+#: the magic of frames written before the version byte (version 1)
+_MAGIC_V1 = b"HORA"
 HEADER = struct.Struct("!4sI32s")
 MAX_FRAME = 256 * 1024 * 1024
+
+
+def check_magic(magic: bytes) -> str | None:
+    """Why a frame header's ``magic`` is refused, or None when it is this protocol's."""
+    if magic == MAGIC:
+        return None
+    if magic == _MAGIC_V1:
+        return (f"a peer speaks hora's control protocol version 1, this end version {PROTOCOL_VERSION}: "
+                "the driver and its ranks must run the same hora release")
+    if magic[:3] == b"HOR" and 0x30 <= magic[3] <= 0x39:
+        return (f"a peer speaks hora's control protocol version {magic[3] - 0x30}, this end version "
+                f"{PROTOCOL_VERSION}: the driver and its ranks must run the same hora release")
+    return f"bad frame magic {bytes(magic)!r}"
 
 
 def sign(secret: bytes, body: bytes) -> bytes:
@@ -84,8 +106,9 @@ def recv_frame(sock: socket.socket, secret: bytes, frame_timeout: float | None =
         except TimeoutError:
             raise FrameError(f"an incomplete frame header (nothing more within {frame_timeout:g} s)") from None
     magic, length, mac = HEADER.unpack(header)
-    if magic != MAGIC:
-        raise AuthenticationError(f"bad frame magic {magic!r}")
+    refused = check_magic(magic)
+    if refused is not None:
+        raise AuthenticationError(refused)
     if length > MAX_FRAME:
         raise AuthenticationError(f"frame of {length} bytes exceeds the {MAX_FRAME} byte limit")
     try:
@@ -101,6 +124,6 @@ def recv_frame(sock: socket.socket, secret: bytes, frame_timeout: float | None =
 
 
 __all__ = [
-    "FRAME_TIMEOUT", "HEADER", "MAGIC", "MAX_FRAME", "AuthenticationError", "FrameError", "PeerClosedError",
+    "FRAME_TIMEOUT", "HEADER", "MAGIC", "MAX_FRAME", "PROTOCOL_VERSION", "check_magic", "AuthenticationError", "FrameError", "PeerClosedError",
     "recv_exact", "recv_frame", "send_frame", "sign",
 ]

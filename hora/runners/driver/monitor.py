@@ -241,7 +241,7 @@ def watch(service: DriverService, job: Job, policy: Policy) -> list[Any]:
                     f"rank(s) {missing} of run {policy.run_id} never started within {policy.start_timeout:g}s "
                     f"({len(started)} of {n} started; raise start_timeout or {ENV_START_TIMEOUT} if the "
                     "cluster is slow)")
-        for name, missing in start_stragglers(service.server.keys(keys.BARRIER), n).items():
+        for name, missing in start_stragglers(service.barrier_keys(), n).items():
             seen = barrier_seen.setdefault(name, now)
             if now - seen > policy.start_timeout:
                 raise RanksNotStartedError(

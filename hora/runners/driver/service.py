@@ -42,6 +42,81 @@ POLL_INTERVAL = 0.2
 MAX_KEPT_LINES = 200_000  # per rank, for the store's run logs
 
 
+class _View:
+    """What the ranks reported, kept up to date from the server's change log: each
+    :meth:`refresh` reads only the keys written since the last one (a sequence number),
+    never every rank's keys."""
+
+    def __init__(self, server: RendezvousServer) -> None:
+        self.server = server
+        self.seq = 0
+        self.lock = threading.Lock()
+        self.started: dict[int, bytes] = {}
+        self.done: set[int] = set()
+        self.exited: set[int] = set()
+        self.failed: dict[int, FailureReport | None] = {}
+        # when a rank's heartbeat last moved (or it started), oldest first: the silent ranks lead
+        self.beat_at: dict[int, float] = {}
+        self.hosts: dict[int, str] | None = None  # started, decoded (None: to rebuild)
+        self.metrics: dict[int, bytes] = {}
+        self.metrics_moved: set[int] = set()
+        self.logs: dict[str, bytes] = {}  # output batches not yet printed
+        self.barriers: set[str] = set()
+
+    def refresh(self) -> None:
+        with self.lock:
+            self.seq, changed = self.server.changes(self.seq)
+            if not changed:
+                return
+            now = time.monotonic()
+            for key, value in changed:
+                if not key.startswith(keys.RUNNER):
+                    if key.startswith(keys.BARRIER):
+                        (self.barriers.add if value is not None else self.barriers.discard)(key)
+                    continue
+                if key.startswith(keys.HEARTBEAT):
+                    rank = keys.rank_of(keys.HEARTBEAT, key)
+                    if rank is not None:
+                        self.beat_at.pop(rank, None)
+                        self.beat_at[rank] = now
+                elif key.startswith(keys.LOG):
+                    if value is None:
+                        self.logs.pop(key, None)
+                    else:
+                        self.logs[key] = value
+                elif key.startswith(keys.METRICS):
+                    rank = keys.rank_of(keys.METRICS, key)
+                    if rank is not None and value is not None:
+                        self.metrics[rank] = value
+                        self.metrics_moved.add(rank)
+                elif key.startswith(keys.STARTED):
+                    rank = keys.rank_of(keys.STARTED, key)
+                    if rank is not None and value is not None:
+                        self.started[rank] = value
+                        self.hosts = None
+                        self.beat_at.setdefault(rank, now)
+                elif key.startswith(keys.DONE):
+                    rank = keys.rank_of(keys.DONE, key)
+                    if rank is not None:
+                        (self.done.add if value is not None else self.done.discard)(rank)
+                elif key.startswith(keys.EXITED):
+                    rank = keys.rank_of(keys.EXITED, key)
+                    if rank is not None:
+                        (self.exited.add if value is not None else self.exited.discard)(rank)
+                elif key.startswith(keys.FAILED):
+                    rank = keys.rank_of(keys.FAILED, key)
+                    if rank is not None and value is not None:
+                        self.failed[rank] = _report(value)
+
+
+def _report(raw: bytes) -> FailureReport | None:
+    try:
+        report = pickle.loads(raw)
+    except Exception:
+        return None
+    return report if isinstance(report, FailureReport) else None
+
+
 class DriverService:
     """Serve the ranks of one run and collect what they report.
 
@@ -94,7 +169,7 @@ class DriverService:
         self._dropped: dict[int, int] = {r: 0 for r in range(num_proc)}
         self._log_seq: dict[int, int] = {r: 0 for r in range(num_proc)}
         self._metric_seq: dict[int, int] = {}
-        self._hb: dict[int, tuple[bytes, float]] = {}
+        self._view = _View(self.server)
         self._out_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"hora-driver-{run_id}", daemon=True)
@@ -145,83 +220,86 @@ class DriverService:
 
     def poll_once(self) -> None:
         """Drain pending log batches and metrics (also called once at the end)."""
-        by_rank: dict[int, list[tuple[int, str]]] = {}
-        for key in self.server.keys(keys.LOG):
-            parsed = keys.parse_log_key(key)
-            if parsed is not None:
-                by_rank.setdefault(parsed[0], []).append((parsed[1], key))
-        for rank, items in by_rank.items():
-            for seq, key in sorted(items):
-                try:
-                    (raw,) = self.server.wait([key], 0.01)
-                    batch = pickle.loads(raw)
-                except Exception:
-                    continue
-                for stream, line in batch:
-                    self.emit(rank, stream, line)
-                self._client.delete(key)
-        for key in self.server.keys(keys.METRICS):
-            rank = keys.rank_of(keys.METRICS, key)
-            if rank is None:
-                continue
+        view = self._view
+        view.refresh()
+        with view.lock:
+            batches = sorted((parsed, key, raw) for key, raw in view.logs.items()
+                             if (parsed := keys.parse_log_key(key)) is not None)
+            view.logs.clear()
+            metrics = {r: view.metrics[r] for r in view.metrics_moved}
+            view.metrics_moved.clear()
+        for (rank, _), key, raw in batches:
             try:
-                (raw,) = self.server.wait([key], 0.01)
-                seq, metrics = pickle.loads(raw)
+                batch = pickle.loads(raw)
+            except Exception:
+                continue
+            for stream, line in batch:
+                self.emit(rank, stream, line)
+            self.server.delete(key)
+        for rank, raw in sorted(metrics.items()):
+            try:
+                seq, values = pickle.loads(raw)
             except Exception:
                 continue
             if self._metric_seq.get(rank) != seq:
                 self._metric_seq[rank] = seq
                 with self._out_lock:
-                    self.progress.update(rank, metrics)
+                    self.progress.update(rank, values)
 
     # state --------------------------------------------------------------------------------
-    def _ranks_with(self, prefix: str) -> dict[int, bytes]:
-        out = {}
-        for key in self.server.keys(prefix):
-            rank = keys.rank_of(prefix, key)
-            if rank is not None:
-                out[rank] = self.server.wait([key], 0.01)[0]
-        return out
-
     def started(self) -> dict[int, str]:
         """Ranks whose process is up, with their host."""
-        return {r: v.decode(errors="replace") for r, v in self._ranks_with(keys.STARTED).items()}
+        view = self._view
+        view.refresh()
+        with view.lock:
+            if view.hosts is None:
+                view.hosts = {r: v.decode(errors="replace") for r, v in view.started.items()}
+            return dict(view.hosts)
 
     def done(self) -> set[int]:
         """Ranks whose ``fn`` returned."""
-        return set(self._ranks_with(keys.DONE))
+        self._view.refresh()
+        with self._view.lock:
+            return set(self._view.done)
 
     def failures(self) -> list[FailureReport]:
         """Failure reports posted by ranks, first failure first."""
-        reports = []
-        for raw in self._ranks_with(keys.FAILED).values():
-            try:
-                report = pickle.loads(raw)
-            except Exception:
-                continue
-            if isinstance(report, FailureReport):
-                reports.append(report)
+        self._view.refresh()
+        with self._view.lock:
+            reports = [r for r in self._view.failed.values() if r is not None]
         return sorted(reports, key=lambda r: r.seq)
 
+    def barrier_keys(self) -> list[str]:
+        """The barrier keys ranks have set (``barrier/<name>/<rank>``)."""
+        self._view.refresh()
+        with self._view.lock:
+            return sorted(self._view.barriers)
+
     def stale_heartbeats(self, timeout: float, ignore: set[int]) -> list[int]:
-        """Started ranks (not in ``ignore``) whose heartbeat has not moved for ``timeout`` s."""
-        now = time.monotonic()
-        beats = self._ranks_with(keys.HEARTBEAT)
+        """Started ranks (not in ``ignore``) whose heartbeat has not moved for ``timeout`` s.
+
+        Silence is measured up to the last turn of the server's event loop: while the
+        service itself is stuck (a slow request), the beats waiting in its sockets count as
+        sent, and no rank is reported lost for the service's delay.
+        """
+        view = self._view
+        view.refresh()
+        now = min(time.monotonic(), self.server.last_turn + 0.25)
         stale = []
-        for rank in self.started():
-            if rank in ignore:
-                continue
-            value = beats.get(rank, b"")
-            seen = self._hb.get(rank)
-            if seen is None or seen[0] != value:
-                self._hb[rank] = (value, now)
-            elif now - seen[1] > timeout:
-                stale.append(rank)
+        with view.lock:
+            started = view.started
+            for rank, at in view.beat_at.items():  # oldest beat first: stop at the first recent one
+                if now - at <= timeout:
+                    break
+                if rank in started and rank not in ignore:
+                    stale.append(rank)
         return sorted(stale)
 
     def exited(self) -> set[int]:
         """Ranks whose supervisor (Spark/Dask task) has stopped its processes."""
-        return set(self._ranks_with(keys.EXITED))
+        self._view.refresh()
+        with self._view.lock:
+            return set(self._view.exited)
 
     def wait_exited(self, ranks: set[int], timeout: float) -> set[int]:
         """Wait up to ``timeout`` s until the supervisors of ``ranks`` report their processes gone;

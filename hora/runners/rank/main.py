@@ -61,7 +61,7 @@ PHASES: dict[str, float] = {}
 #: seconds between two checks that a rank's supervisor lives (a rank whose supervisor died exits
 #: within this). Its heartbeats go every ``LaunchSpec.beat_interval`` (1 s; Spark asks for 0.25 s:
 #: a Spark rank whose supervisor Spark lost counts as stopped after 4 beats of silence, ``SILENT_AFTER``
-#: in :mod:`hora.runners.launchers.spark`), and the driver's abort key is read every HEARTBEAT_INTERVAL.
+#: in :mod:`hora.runners.launchers.spark`); the driver's abort is pushed (:mod:`hora.runners.rank.beats`).
 SUPERVISOR_CHECK = 0.25
 
 # ------------------------------------------------------------------------------------------
@@ -70,12 +70,14 @@ SUPERVISOR_CHECK = 0.25
 _reporter_lock = threading.Lock()
 _reporter: tuple[KVClient, int] | None = None
 _metric_seq = itertools.count(1)
+_beater: Any = None  # this rank's heartbeat (hora.runners.rank.beats.Beater): metrics ride on it
 
 
-def _set_reporter(client: KVClient | None, rank: int) -> None:
-    global _reporter
+def _set_reporter(client: KVClient | None, rank: int, beater: Any = None) -> None:
+    global _reporter, _beater
     with _reporter_lock:
         _reporter = (client, rank) if client is not None else None
+        _beater = beater if client is not None else None
 
 
 def report(**metrics: Any) -> None:
@@ -105,6 +107,10 @@ def report(**metrics: Any) -> None:
         payload = pickle.dumps((next(_metric_seq), metrics))
     except Exception as exc:
         raise TypeError(f"report(): metrics must be picklable: {exc}") from exc
+    beater = _beater
+    if beater is not None and beater.rank == rank:
+        beater.metrics(payload)  # with the next heartbeat: no request of its own
+        return
     try:
         client.set(keys.rank_key(keys.METRICS, rank), payload)
     except RendezvousError as exc:
@@ -133,10 +139,15 @@ def supervisor_alive(pid: int) -> bool:
 
 
 class _Watchdog(threading.Thread):
-    """Heartbeats to the driver; exits the process on abort, parent death or a lost driver."""
+    """Heartbeats to the driver (with the metrics of :func:`report`); exits the process on
+    abort (pushed by the driver, :class:`~hora.runners.rank.beats.AbortWatch`), on parent death,
+    on a driver that closed its connections (killed) and on a driver silent for
+    ``HORA_HEARTBEAT_TIMEOUT``."""
 
     def __init__(self, client: KVClient, rank: int, parent_pid: int | None,
                  beat_interval: float = HEARTBEAT_INTERVAL) -> None:
+        from hora.runners.rank.beats import AbortWatch, Beater
+
         super().__init__(name="hora-watchdog", daemon=True)
         self.rank = rank
         self.parent_pid = parent_pid
@@ -144,14 +155,33 @@ class _Watchdog(threading.Thread):
         self.lost_after = float(settings.get(ENV_HEARTBEAT_TIMEOUT))
         # Its own connection with a short timeout: a heartbeat to a dead driver gives up in seconds
         # (the shared client's connect retries for HORA_RENDEZVOUS_TIMEOUT, 60 s, and its lock may be
-        # held by the training thread's report to the same dead driver), so a rank whose driver was
-        # SIGKILLed exits within HORA_HEARTBEAT_TIMEOUT plus a few seconds.
+        # held by the training thread's call to the same dead driver).
         self.client = client.with_timeout(max(1.0, min(5.0, self.lost_after / 3)))
+        self.beater = Beater(self.client, rank)
+        self.abort_watch = AbortWatch(client, self._aborted, self._lost, name=f"rank{rank}",
+                                      period=min(10.0, max(1.0, self.lost_after / 3)), lost_after=self.lost_after)
         self.stopped = threading.Event()
 
+    def _aborted(self) -> None:
+        log.warning("rank %d: the driver aborted the run; exiting", self.rank)
+        os._exit(EXIT_ABORTED)
+
+    def _lost(self, reason: str) -> None:
+        log.error("rank %d: lost the driver (%s); exiting", self.rank, reason)
+        os._exit(EXIT_ABORTED)
+
     def run(self) -> None:
+        self.abort_watch.start()
+        try:
+            self._beat()
+        finally:  # the watchdog stopped: so does its watch (a driver closed after this is no news)
+            self.abort_watch.stop()
+            self.beater.flush()  # the metrics reported since the last beat
+            self.client.close()
+
+    def _beat(self) -> None:
         last_ok = time.monotonic()
-        next_abort_check = next_beat = 0.0
+        next_beat = 0.0
         while not self.stopped.wait(min(SUPERVISOR_CHECK, self.beat_interval)):
             if self.parent_pid is not None and not supervisor_alive(self.parent_pid):
                 log.error("rank %d: its supervisor (pid %d) is gone; exiting", self.rank, self.parent_pid)
@@ -160,21 +190,12 @@ class _Watchdog(threading.Thread):
                 continue
             next_beat = time.monotonic() + self.beat_interval
             try:
-                self.client.add(keys.rank_key(keys.HEARTBEAT, self.rank), 1)
-                aborted = False
-                if time.monotonic() >= next_abort_check:
-                    aborted = bool(self.client.keys(keys.ABORT))
-                    next_abort_check = time.monotonic() + HEARTBEAT_INTERVAL
+                self.beater.beat()
                 last_ok = time.monotonic()
             except HoraError:
                 if time.monotonic() - last_ok > self.lost_after:
                     log.error("rank %d: lost the driver for %.0fs; exiting", self.rank, self.lost_after)
                     os._exit(EXIT_ABORTED)
-                continue
-            if aborted:
-                log.warning("rank %d: the driver aborted the run; exiting", self.rank)
-                os._exit(EXIT_ABORTED)
-        self.client.close()
 
 
 def _native_module() -> Any:
@@ -301,7 +322,7 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
         PHASES["registered"] = time.time()
         watchdog = _Watchdog(client, rank, int(parent) if parent else None, spec.beat_interval)
         watchdog.start()
-        _set_reporter(client, rank)
+        _set_reporter(client, rank, watchdog.beater)
         import cloudpickle
 
         fn, args, kwargs = cloudpickle.loads(spec.payload)
@@ -339,6 +360,7 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
 def _stop(watchdog: _Watchdog | None, client: KVClient | None) -> None:
     """Stop the heartbeat thread (waiting out a heartbeat in flight), then close the client."""
     if watchdog is not None:
+        watchdog.abort_watch.stop()
         watchdog.stopped.set()
         watchdog.join(timeout=HEARTBEAT_INTERVAL + 10)
         if watchdog.is_alive():  # blocked in a call to the driver: leave it the client

@@ -25,6 +25,7 @@ from hora import settings
 from hora.errors import HoraError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_SECRET, KVClient
+from hora.runners.rank.beats import AbortWatch
 from hora.runners.rank.main import _post_failure
 from hora.runners.spec import (
     ENV_HEARTBEAT_TIMEOUT,
@@ -210,6 +211,7 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
     grace = float(settings.get(ENV_TERMINATE_GRACE))
     tmpdir = tempfile.mkdtemp(prefix=f"hora-{spec.run_id}-rank{ctx.rank}-")
     result_path = os.path.join(tmpdir, "result.pkl")
+    watch: AbortWatch | None = None
     try:
         python = settings.get(ENV_WORKER_PYTHON, spec.env_dict)  # hora.spark.run(executable=...)
         launcher.start(ctx.rank, worker_argv(result_path, python), worker_process_env(),
@@ -218,35 +220,35 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
                        # ends the rank says so, as this supervisor would have (keys.EXITED)
                        exit_report={"addr": spec.driver_addr, "secret": spec.secret.hex(),
                                     "key": keys.rank_key(keys.EXITED, ctx.rank)})
-        last_abort_check = 0.0
-        driver_seen, unreachable = time.monotonic(), False
+        watch = AbortWatch(client, lambda: None, lambda reason: None, name=f"sup{ctx.rank}",
+                           period=min(10.0, max(1.0, lost_after / 3)), lost_after=lost_after)
+        watch.start()
+        unreachable = False
         while True:
             code = launcher.poll()[ctx.rank]
             if code is not None:
                 break
-            now = time.monotonic()
-            if now - last_abort_check > 1.0:
-                last_abort_check = now
-                try:
-                    aborted = bool(check.keys(keys.ABORT))
-                    driver_seen, unreachable = time.monotonic(), False
-                except HoraError:
-                    aborted, unreachable = False, True
-                    if time.monotonic() - driver_seen > lost_after:  # the driver is gone: stop training for nobody
-                        driver_lost = True
-                        launcher.terminate(grace)
-                        raise WorkerFailedError(
-                            f"rank {ctx.rank}: lost the driver of run {spec.run_id} for {lost_after:.0f} s "
-                            f"({ENV_HEARTBEAT_TIMEOUT}); stopped the rank", rank=ctx.rank, host=ctx.hostname,
-                        ) from None
-                if aborted:
-                    launcher.terminate(grace)
-                    raise WorkerFailedError(
-                        f"rank {ctx.rank} was stopped because the driver aborted run {spec.run_id}",
-                        rank=ctx.rank, host=ctx.hostname,
-                    )
+            unreachable = watch.lost is not None or watch.failing
+            if watch.lost is not None:  # the driver is gone: stop training for nobody
+                driver_lost = True
+                launcher.terminate(grace)
+                why = ("it closed its connections" if watch.lost == "closed"
+                       else f"silent for {lost_after:.0f} s ({ENV_HEARTBEAT_TIMEOUT})")
+                raise WorkerFailedError(
+                    f"rank {ctx.rank}: lost the driver of run {spec.run_id} ({why}); stopped the rank",
+                    rank=ctx.rank, host=ctx.hostname,
+                )
+            if watch.aborted:
+                launcher.terminate(grace)
+                raise WorkerFailedError(
+                    f"rank {ctx.rank} was stopped because the driver aborted run {spec.run_id}",
+                    rank=ctx.rank, host=ctx.hostname,
+                )
             time.sleep(poll_interval)
         launcher.wait_output(ctx.rank)
+        if code != 0:  # ended by its watchdog because the driver is gone? (the watch may be finding out)
+            watch.settle()
+            unreachable = watch.lost is not None or watch.failing
         if code != 0 and unreachable:  # the rank's watchdog ended it: its driver is gone too
             driver_lost = True
             raise WorkerFailedError(f"rank {ctx.rank}: exited with {describe_exit(code)} after losing the driver of "
@@ -262,6 +264,8 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
             rank=ctx.rank, host=ctx.hostname, remote_traceback=tb, exitcode=code,
         )
     finally:
+        if watch is not None:
+            watch.stop()
         launcher.terminate(grace)
         pusher.close(flush=not driver_lost)  # nobody to push to or tell otherwise
         if not driver_lost:

@@ -1,4 +1,11 @@
-"""Shared helpers of the benchmarks: start N local ranks, time things, print tables."""
+"""The benchmarks' shared harness: start N local ranks, time things, print tables.
+
+Run as scripts (``python benchmarks/<name>.py``), the benchmarks import this package as ``_common``;
+the tests import the process harnesses they share with the benchmarks as ``benchmarks._common``:
+:mod:`.spark` (a Spark Connect server, a standalone cluster), :mod:`.sshd` (a throwaway OpenSSH
+server), :mod:`.s3_faults` (an S3 proxy that fails a share of the requests) and :mod:`.processes`
+(finding a run's rank processes). Nothing here imports ``tests``.
+"""
 
 from __future__ import annotations
 
@@ -19,12 +26,13 @@ if str(ROOT) not in sys.path:
 
 def run_local(fn: Callable[..., Any], size: int, args: tuple = (), env: dict[str, str] | None = None,
               timeout: float = 600.0) -> list[Any]:
-    """Run ``fn`` on ``size`` local processes with a hora job environment (loopback)."""
-    from tests.spawn_util import run_ranks
+    """Run ``fn(*args)`` on ``size`` local ranks of a hora job (loopback, one thread a rank); ``fn`` calls
+    ``hora.native.init()`` itself. Returns the ranks' values in rank order."""
+    from hora.runners import run
 
     base = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     base.update(env or {})
-    return run_ranks(fn, size, args=args, env=base, timeout=timeout)
+    return run(fn, args=args, num_proc=size, backend="local", env=base, timeout=timeout, init_native=False)
 
 
 def free_port() -> int:
