@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _native_common import load_now, table  # noqa: E402
+from _common import load_now, table  # noqa: E402
 
 from hora.store import Store, make_reader, materialize  # noqa: E402
 

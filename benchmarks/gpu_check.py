@@ -533,7 +533,7 @@ def check_sharded_memory(device: str, n: int) -> Any:
         return "skip", "needs 2 GPUs: ZeRO shards across ranks, and NCCL refuses two ranks on one GPU"
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_sharding as bs
-    from _native_common import run_local
+    from _common import run_local
 
     cfg = {"model": "mlp", "dim": 2048 if device == "cuda" else 1024, "layers": 8, "heads": 1, "vocab": 1, "seq": 1,
            "batch": 32}

@@ -17,7 +17,7 @@ import torch
 
 from hora.estimators import feed
 from hora.estimators.callbacks import Callback
-from tests.estimators.conftest import regression_data
+from tests.estimators.frames import regression_data
 
 pytestmark = pytest.mark.timeout(300)
 
