@@ -2,6 +2,7 @@
 
     python benchmarks/bench_sharding.py [--np 2] [--memory-np 4] [--steps 20] [--dim 768] [--layers 12]
                                         [--vocab 40000] [--seq 64] [--batch 2] [--device cpu|cuda]
+    python benchmarks/bench_sharding.py --model mlp [--dim 2048] [--layers 8] ...   # 8 x Linear(2048, 2048)
 
 The model is a GPT-like causal transformer built from a config (``--layers`` pre-norm blocks of
 ``--dim`` with ``--heads`` heads, token and position embeddings, an untied head over ``--vocab``;
@@ -30,6 +31,11 @@ Per configuration it reports, per rank (the largest over the ranks):
 
 With ``--memory-np`` (default 4; 0 skips it), ``hora`` and ``fsdp`` run again at that many
 ranks (oversubscribed on a small machine: memory only, a few steps).
+
+``--model mlp``: ``--layers`` x ``Linear(--dim, --dim)`` with ReLUs between (33.6M parameters
+at ``--dim 2048 --layers 8``: buckets of one or two layers, where the parameter gather's and
+the reduce-scatter's buffers are a larger part of the model than in the transformer), on
+``--batch`` random rows against a random target (mean squared error).
 """
 
 from __future__ import annotations
@@ -144,7 +150,18 @@ def build_model(dim: int, layers: int, heads: int, vocab: int, seq: int) -> Any:
     return GPT()
 
 
-def rank_main(strategy: str, cfg: dict[str, int], steps: int, device: str) -> dict[str, Any]:
+def build_mlp(dim: int, layers: int) -> Any:
+    import torch
+
+    blocks: list[Any] = []
+    for i in range(layers):
+        blocks.append(torch.nn.Linear(dim, dim))
+        if i < layers - 1:
+            blocks.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*blocks)
+
+
+def rank_main(strategy: str, cfg: dict[str, Any], steps: int, device: str) -> dict[str, Any]:
     glibc_gives_back()
     import torch
     import torch.nn.functional as F
@@ -163,7 +180,9 @@ def rank_main(strategy: str, cfg: dict[str, int], steps: int, device: str) -> di
         phases = PhasePeaks(before)
         cuda_before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
         torch.manual_seed(0)
-        model = build_model(cfg["dim"], cfg["layers"], cfg["heads"], cfg["vocab"], cfg["seq"]).to(dev)
+        mlp = cfg.get("model") == "mlp"
+        model = (build_mlp(cfg["dim"], cfg["layers"]) if mlp else
+                 build_model(cfg["dim"], cfg["layers"], cfg["heads"], cfg["vocab"], cfg["seq"])).to(dev)
         params = sum(p.numel() for p in model.parameters())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         module, opt = torch_strategies.prepare(strategy, hvd, model, opt, {})
@@ -173,13 +192,21 @@ def rank_main(strategy: str, cfg: dict[str, int], steps: int, device: str) -> di
         gen = torch.Generator().manual_seed(1 + hvd.rank())
         times, loss = [], None
         for _ in range(steps):
-            ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=gen).to(dev)
+            if mlp:
+                x = torch.randn(cfg["batch"], cfg["dim"], generator=gen).to(dev)
+                y = torch.randn(cfg["batch"], cfg["dim"], generator=gen).to(dev)
+            else:
+                ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=gen).to(dev)
             hvd.barrier()
             t = time.perf_counter()
             phases.reset()
             opt.zero_grad()
-            logits = module(ids[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            if mlp:
+                logits = module(x)
+                loss = F.mse_loss(logits, y)
+            else:
+                logits = module(ids[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
             phases.end("forward")
             loss.backward()
             del logits
@@ -203,6 +230,7 @@ def rank_main(strategy: str, cfg: dict[str, int], steps: int, device: str) -> di
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=("transformer", "mlp"), default="transformer")
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--memory-np", type=int, default=4)
     ap.add_argument("--memory-steps", type=int, default=3)
@@ -216,7 +244,7 @@ def main() -> None:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = ap.parse_args()
-    cfg = {k: getattr(a, k) for k in ("dim", "layers", "heads", "vocab", "seq", "batch")}
+    cfg = {k: getattr(a, k) for k in ("model", "dim", "layers", "heads", "vocab", "seq", "batch")}
     names = [s for s in a.strategies.split(",") if s]
     if names[0] != "hora":
         raise SystemExit("--strategies must start with hora (the baseline)")

@@ -324,10 +324,11 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     timings["collect_s"] = time.monotonic() - t2
     timings["epochs_s"] = float(sum(h.get("epoch_time_s", 0.0) for h in first["history"][first.get("start_epoch", 0):]))
     if config.verbose >= 1:
+        from hora.estimators.feed import summary_note
         from hora.runners.driver.progress import console, summary_line
 
         console(summary_line(run_id, list(first["history"]), store.url_for(store.layout.checkpoint_dir(run_id)),
-                             store.url_for(store.layout.logs_dir(run_id))))
+                             store.url_for(store.layout.logs_dir(run_id))) + summary_note(first.get("data_wait_by_rank")))
     return FitResult(
         model=model,
         history=list(first["history"]),

@@ -259,8 +259,8 @@ class LightningSession(TrainingSession):
             saved = spec.store.read_json(spec.store.layout.history_path(spec.run_id))
             run.history = [h for h in saved if h.get("epoch", 0) <= latest[0]]
         run.train_begin()
-        starts = _epoch_starts(flavor_of_module(self.module), run)
         on_frame = self.data_module is None
+        starts = _epoch_starts(flavor_of_module(self.module), run, own_data=not on_frame)
         work_dir = tempfile.mkdtemp(prefix="hora-lightning-run-")
         try:
             result = fit_module(
@@ -277,7 +277,7 @@ class LightningSession(TrainingSession):
                 scale_lr=spec.config.lr_scaling == "linear", terminate_on_nan=spec.config.terminate_on_nan,
                 distributed_optimizer_kwargs={"compression": self.compression} if self.compression else None,
                 quiet=spec.config.verbose <= 1)  # the driver's console tells the epochs
-            run.history, run.start_epoch = list(result.history), result.start_epoch
+            run.history, run.start_epoch = _with_data_wait(result.history, run.history), result.start_epoch
             self.global_step = result.global_step
             if run.rank == 0:
                 if self.trainer_args.get("strategy") is not None:  # sharded: the model whole again, on rank 0
@@ -356,15 +356,29 @@ def _check_sharded(config: Any) -> None:
                        "configure_optimizers sets it", name)
 
 
-def _epoch_starts(flavor: Any, run: Any) -> Any:
-    """A Lightning callback calling the run's ``epoch_begin`` (hora callbacks' ``on_epoch_begin``)."""
+def _epoch_starts(flavor: Any, run: Any, own_data: bool = False) -> Any:
+    """A Lightning callback calling the run's ``epoch_begin`` (hora callbacks' ``on_epoch_begin``);
+    with ``own_data`` (a ``data_module``: Lightning reads the batches, not the run) it also times the
+    gaps between the steps as the epoch's data wait (:meth:`hora.estimators.feed.DataWait.step_begins`)."""
     base = flavor.sub("callbacks").Callback
 
     class _EpochStarts(base):  # type: ignore[misc, valid-type]
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
             run.epoch_begin(int(trainer.current_epoch))
+            if own_data:
+                run.feed.epoch_starts(int(trainer.current_epoch))
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if own_data:
+                run.feed.step_begins()
 
     return _EpochStarts()
+
+
+def _with_data_wait(history: list[dict[str, Any]], recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lightning's epoch history with each epoch's ``data_wait`` as the run recorded it."""
+    waits = {h.get("epoch"): h["data_wait"] for h in recorded if "data_wait" in h}
+    return [{**h, "data_wait": waits[h.get("epoch")]} if h.get("epoch") in waits else h for h in history]
 
 
 LIGHTNING = register(Framework(name="lightning", codec=LightningCodec(), session=LightningSession,

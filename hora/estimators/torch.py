@@ -333,6 +333,8 @@ class TorchCodec(ModelCodec):
         if device is not None:
             model.to(device)
         model.eval()
+        if device is not None and torch.device(device).type == "cuda":
+            return _predict_fed(model, inputs, input_shapes, batch_size, device, n)
         chunks: list[list[np.ndarray]] = []
         with torch.inference_mode():
             for start in range(0, n, batch_size):
@@ -345,6 +347,50 @@ class TorchCodec(ModelCodec):
         if not chunks:
             return []
         return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+
+
+#: bytes of outputs kept on the GPU before they are copied back together (one wait per copy)
+OUTPUT_FLUSH_BYTES = 64 << 20
+
+
+def _predict_fed(model: Any, inputs: Sequence[np.ndarray], input_shapes: Any, batch_size: int, device: Any,
+                 n: int) -> list[np.ndarray]:
+    """:meth:`TorchCodec.predict` on a CUDA device: the batches made tensors in pinned memory and
+    copied on a side stream one batch ahead (:class:`~hora.estimators.feed.DeviceFeed`); the
+    outputs stay on the device until :data:`OUTPUT_FLUSH_BYTES` of them are there, then come back
+    in one copy (not one wait per batch)."""
+    import torch
+
+    from hora.estimators.feed import DeviceFeed
+    from hora.estimators.torch_tensors import _param_dtype
+
+    dtype = _param_dtype(model)
+
+    def make(start: int) -> tuple[list, None]:
+        return to_inputs(model, [a[start:start + batch_size] for a in inputs], input_shapes, None, dtype=dtype), None
+
+    host: list[list[np.ndarray]] = []
+    held: list[list[Any]] = []
+    held_bytes = 0
+
+    def flush() -> None:
+        nonlocal held, held_bytes
+        if held:
+            host.append([torch.cat([c[i] for c in held]).cpu().double().numpy() for i in range(len(held[0]))])
+        held, held_bytes = [], 0
+
+    with torch.inference_mode():
+        for fed in DeviceFeed(device, name="transform").batches(range(0, n, batch_size), make):
+            outs = model(*fed.tensors)
+            outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
+            held.append([o.detach() for o in outs])
+            held_bytes += sum(o.numel() * o.element_size() for o in outs)
+            if held_bytes >= OUTPUT_FLUSH_BYTES:
+                flush()
+        flush()
+    if not host:
+        return []
+    return [np.concatenate([c[i] for c in host]) for i in range(len(host[0]))]
 
 
 def _check_optimizer(opt: Any, model: Any, params: list) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from hora.errors import ConfigError, DataError
 from hora.estimators import torch_strategies
+from hora.estimators.feed import DeviceFeed, Fed
 from hora.estimators.framework import Resume, TrainingSession
 from hora.estimators.spec import freeze, thaw
 from hora.estimators.torch_strategies import COLLECTIVE_CHECKPOINT, TORCH_DISTRIBUTED
@@ -252,9 +253,36 @@ class TorchSession(TrainingSession):
         kind = self.device.type if self.device is not None else "cpu"
         return torch.autocast(device_type=kind, dtype=self.autocast_dtype)
 
-    def _tensors(self, batch: dict[str, np.ndarray]) -> tuple[list, list, Any]:
+    def batches(self, reader: Any, transform: Any) -> Any:
+        """The numpy batches (the default hook); on a CUDA rank through a :class:`~hora.estimators.feed.DeviceFeed`:
+        a feed thread makes each batch's tensors (:meth:`_host_tensors`), pinned, and copies them to
+        the device on a side stream one batch ahead. Not with ``train_minibatch_fn`` (its batches are
+        made in the step)."""
+        source = super().batches(reader, transform)
+        if self.device is None or self.device.type != "cuda" or self.minibatch_fn is not None:
+            return source
+        import hora.native as hn
+
+        name = f"rank {hn.rank()}" if hn.is_initialized() else "the rank"
+        return DeviceFeed(self.device, name=name).batches(source, self._host_tensors)
+
+    def _host_tensors(self, batch: dict[str, np.ndarray]) -> tuple[list, Any]:
+        """:meth:`_tensors` of a batch on the CPU (the feed copies them): ``(tensors, (inputs, labels))``."""
+        inputs = to_inputs(self.model, [batch[k] for k in self.feature_keys], self.input_shapes, None,
+                           dtype=self._dtype())
+        labels = [conv.tensor(batch[name], host=True) for conv, name in zip(self._label_converters, self.label_cols)]
+        weights = _tensor(batch[self.sample_weight_col]) if self.sample_weight_col is not None else None
+        return [*inputs, *(t for t, _, _ in labels), weights], (len(inputs), labels)
+
+    def _tensors(self, batch: Any) -> tuple[list, list, Any]:
         """What the forward pass and the loss need of a batch, before the forward pass: inputs,
-        labels (:meth:`LabelConverter.tensor`), weights."""
+        labels (:meth:`LabelConverter.tensor`), weights (a :class:`~hora.estimators.feed.Fed` batch:
+        already on the device)."""
+        if isinstance(batch, Fed):
+            n, labels = batch.extra
+            on_device = batch.tensors
+            converted = [(t, arr, kept) for t, (_, arr, kept) in zip(on_device[n:n + len(labels)], labels)]
+            return on_device[:n], converted, on_device[-1]
         inputs = self._inputs(batch)
         converted = [conv.tensor(batch[name]) for conv, name in zip(self._label_converters, self.label_cols)]
         weights = _tensor(batch[self.sample_weight_col]) if self.sample_weight_col is not None else None

@@ -244,16 +244,18 @@ class LabelConverter:
         #: (array shape, array dtype) -> (output shape, output dtype, rule)
         self._rules: dict[tuple, tuple[Any, Any, LabelRule]] = {}
 
-    def tensor(self, values: Any) -> tuple[Any, np.ndarray, tuple | None]:
-        """``(tensor, array, kept rule or None)`` of a batch's label values, for :meth:`align`."""
+    def tensor(self, values: Any, host: bool = False) -> tuple[Any, np.ndarray, tuple | None]:
+        """``(tensor, array, kept rule or None)`` of a batch's label values, for :meth:`align`
+        (``host``: the tensor on the CPU, for a feed that copies it to the device itself)."""
         import torch
 
+        moved = (lambda t: t) if host else self._moved
         arr = _contiguous(_stack(values))
         kept = self._rules.get((arr.shape, arr.dtype))
         if kept is None:
-            return self._moved(torch.from_numpy(arr)), arr, None
+            return moved(torch.from_numpy(arr)), arr, None
         rule = kept[2]
-        t = self._moved(torch.from_numpy(arr if rule.shape is None else arr.reshape(rule.shape)))
+        t = moved(torch.from_numpy(arr if rule.shape is None else arr.reshape(rule.shape)))
         if rule.kind == "ids":
             return t.long(), arr, kept
         return (t if rule.dtype is None or t.dtype == rule.dtype else t.to(rule.dtype)), arr, kept

@@ -38,6 +38,7 @@ from hora import settings
 from hora.errors import ConfigError
 from hora.estimators.batches import CachedReader, rank_batches, steps_per_epoch
 from hora.estimators.callbacks import CallbackContext
+from hora.estimators.feed import WARN_ABOVE, DataWait, advice, gathered
 from hora.estimators.framework import Resume, TrainingSession
 from hora.estimators.params import checkpoint_interval
 from hora.estimators.spec import TrainSpec, thaw
@@ -252,6 +253,10 @@ class WorkerRun:
         #: each epoch's entry has a ``profile``: steps, seconds waiting for batches and in
         #: train_step, and the session's own split of train_step (``step_seconds``) when it keeps one
         self.phases: dict[str, Any] = {"epochs": []}
+        #: this rank's data-wait clock (:mod:`hora.estimators.feed`); every rank's fraction per epoch
+        self.feed = DataWait()
+        self.data_wait_by_rank: list[dict[str, Any]] = []
+        self._warned_wait = False
 
     def where(self, epoch: int, step: int) -> Resume:
         """Where training stands after ``step`` batches of ``epoch`` (0: the epoch is done), for a checkpoint."""
@@ -306,8 +311,9 @@ class WorkerRun:
     def batches(self, split: str, epoch: int, skip: int = 0) -> Iterator[Any]:
         """This rank's batches of ``split`` for ``epoch``, as the session makes them."""
         steps = self.config.train_steps_per_epoch if split == "train" else self.config.validation_steps_per_epoch
-        return rank_batches(self.spec, self.session, self.transform, split, self.rank, self.size, epoch, steps,
-                        self.cache, skip, stack_groups=self.stack_groups)
+        batches = rank_batches(self.spec, self.session, self.transform, split, self.rank, self.size, epoch, steps,
+                               self.cache, skip, stack_groups=self.stack_groups)
+        return self.feed.timed(batches, epoch) if split == "train" else batches
 
     def steps(self, split: str) -> int:
         """Batches of ``split`` per epoch on this rank (0 without that split)."""
@@ -324,11 +330,13 @@ class WorkerRun:
     def epoch_begin(self, epoch: int) -> None:
         self.session.epoch = self.ctx.epoch = epoch
         self.epoch_t0 = time.monotonic()
+        self.feed.begin(epoch)
         for cb in self.callbacks:
             cb.on_epoch_begin(self.ctx, epoch)
         self.session.on_epoch_begin(epoch)
 
     def batch_end(self, epoch: int, step: int, loss: float | None) -> None:
+        self.feed.step_ends()
         self.session.step = self.ctx.step = step
         if self.callbacks:
             logs = {"loss": loss} if loss is not None else {}
@@ -337,7 +345,7 @@ class WorkerRun:
         if self.rank == 0 and self.config.verbose and step % self.report_every == 0:
             _report(epoch=epoch + 1, epochs=self.config.epochs, step=step + 1, total=self.total,
                     last_epoch=self.last_epoch, epochs_done=self.epochs_done, **self._resumed_metric(),
-                    **self._rate_metrics(step + 1),
+                    **self._rate_metrics(step + 1), data_wait=round(self.feed.fraction(), 3),
                     **({"loss": round(loss, 6)} if loss is not None else {}))
 
     def _rate_metrics(self, steps: int, seconds: float | None = None) -> dict[str, float]:
@@ -357,8 +365,10 @@ class WorkerRun:
     def epoch_end(self, epoch: int, logs: dict[str, float], checkpoint: Callable[[], bytes | None]) -> bool:
         """Callbacks, history, and on rank 0 the checkpoint (``checkpoint()``), TensorBoard and the epoch's report.
 
-        Returns whether a callback asked to stop (this rank's view; the caller agrees across ranks).
+        Every rank calls it (it gathers the ranks' data wait, :meth:`data_wait`). Returns whether
+        a callback asked to stop (this rank's view; the caller agrees across ranks).
         """
+        logs["data_wait"] = self.data_wait(epoch)
         for cb in self.callbacks:
             cb.on_epoch_end(self.ctx, epoch, logs)
         self.history.append({"epoch": epoch, **logs, "attempt": self.attempt, "num_proc": self.size})
@@ -385,6 +395,25 @@ class WorkerRun:
                            "epoch %d/%d: %s", epoch + 1, self.config.epochs, shown)
         return self.ctx.stop_training
 
+    def data_wait(self, epoch: int) -> float:
+        """The epoch's data wait, the largest over the ranks (every rank's is kept for the result);
+        after the first epoch over :data:`~hora.estimators.feed.WARN_ABOVE`, rank 0 warns once."""
+        ranks = gathered(self.feed.fraction(), self.rank, self.size)
+        self.data_wait_by_rank.append({"epoch": epoch, "ranks": [round(v, 4) for v in ranks]})
+        worst = max(ranks)
+        if worst > WARN_ABOVE and not self._warned_wait and self.rank == 0:
+            self._warned_wait = True
+            logger.warning(advice(ranks, epoch, self._decoded_columns(), self.cache is not None,
+                                  self.config.batch_size, bool(self.config.use_gpu), self.transform is not None))
+        return worst
+
+    def _decoded_columns(self) -> list[str]:
+        """The feature columns the ranks decode (binary columns, through ``decode_fn`` or the image decoder)."""
+        columns = getattr(self.spec.dataset, "columns", None) or {}
+        decode_fn = (thaw(self.spec.common) if self.spec.common else {}).get("decode_fn") or {}
+        return [c for c in self.spec.features.columns
+                if c in columns and columns[c].kind == "binary" and decode_fn.get(c, True) is not None]
+
     def train_end(self) -> None:
         """The callbacks' ends, a best state restored (BestModelCheckpoint), then the result hooks."""
         self.session.on_train_end(self.history)
@@ -410,6 +439,7 @@ class WorkerRun:
             "stopped_early": bool(history) and history[-1]["epoch"] < self.config.epochs - 1,
             "restored_epoch": self.ctx.extra.get("restored_epoch"),
             "size": self.size,
+            "data_wait_by_rank": list(self.data_wait_by_rank),
             "phases": {**self.phases, "result": time.time()},
         }
 
@@ -437,7 +467,7 @@ def _train(run: WorkerRun) -> dict | None:
         session.set_train(True)
         loss_sum, steps = 0.0, 0
         clock = time.perf_counter
-        waited = stepping = first = 0.0  # seconds waiting for batches / in train_step (the epoch's profile)
+        stepping = 0.0  # seconds in train_step (the epoch's profile; the wait for batches: run.feed)
         inner = getattr(session, "step_seconds", None)
         inner_before = dict(inner) if inner else {}
         # decided once per epoch: a session without its own on_batch_end is not called per step,
@@ -446,16 +476,11 @@ def _train(run: WorkerRun) -> dict | None:
         if getattr(on_batch_end, "__func__", None) is TrainingSession.on_batch_end:
             on_batch_end = None
         step_checkpoints = run.makes_checkpoints() and run.every_unit == "steps"
-        t_prev = clock()
         for step, batch in enumerate(run.batches("train", epoch, skip), start=skip):
             t_got = clock()
-            waited += t_got - t_prev
-            if not steps:
-                first = t_got - t_prev  # the reader's start: planning, opening files, the first window
             session.step = step
             loss = session.train_step(batch, step)
-            t_prev = clock()
-            stepping += t_prev - t_got
+            stepping += clock() - t_got
             session.global_step += 1
             loss_sum += loss
             steps += 1
@@ -465,7 +490,8 @@ def _train(run: WorkerRun) -> dict | None:
             if step_checkpoints:
                 run.save_step_checkpoint(epoch, step)
         session.finish_epoch(steps)
-        profile = {"steps": steps, "batch_wait": waited, "first_batch_wait": first, "train_step": stepping,
+        profile = {"steps": steps, "batch_wait": run.feed.waited, "first_batch_wait": run.feed.first,
+                   "train_step": stepping,
                    **{f"train_step.{k}": v - inner_before.get(k, 0.0) for k, v in (inner or {}).items()}}
         logs = _epoch_logs(run, epoch, loss_sum, steps)
         logs["epoch_time_s"] = time.monotonic() - t0

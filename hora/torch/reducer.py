@@ -141,8 +141,8 @@ class DistributedMixin:
             self._hora_bucketed = True
             self._hora_buckets = explicit
         else:
-            self._hora_buckets = plan_buckets(self._hora_requires_update, cap_bytes, first_bytes,
-                                              gradient_as_bucket_view and self._hora_bucketed)
+            self._hora_buckets = self._hora_plan_buckets(cap_bytes, first_bytes,
+                                                         gradient_as_bucket_view and self._hora_bucketed)
         for b, bucket in enumerate(self._hora_buckets):
             for p in bucket:
                 self._hora_slots[p].bucket = b
@@ -167,6 +167,11 @@ class DistributedMixin:
         # scaled while it is copied (one pass over it), in its hook, while it is hot
         self._hora_small = [bool(bucket) and n * bucket[0].element_size() <= SMALL_BUCKET_BYTES
                             for n, bucket in zip(self._hora_numel, self._hora_buckets)]
+
+    def _hora_plan_buckets(self, cap_bytes: float, first_bytes: float, by_layout: bool) -> list[list[torch.Tensor]]:
+        """The buckets of the parameters that require gradients (:func:`plan_buckets`; the sharded
+        optimizers split them further)."""
+        return plan_buckets(self._hora_requires_update, cap_bytes, first_bytes, by_layout)
 
     def _hora_make_flat(self, b: int) -> None:
         """Make bucket ``b``'s flat buffer and point each parameter's view into it.

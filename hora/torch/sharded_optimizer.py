@@ -54,6 +54,10 @@ from hora.torch.reducer import DistributedMixin
 
 SHARDINGS = ("optimizer", "gradients")
 MAX_IN_FLIGHT = 2  # buckets whose reduce-scatter / parameter allgather may be pending at once
+#: a parameter of at least this many bytes, or this part of the bucket cap, is a bucket of its own
+#: (see _hora_plan_buckets)
+LONE_BYTES = 1 << 20
+LONE_FRACTION = 0.25
 # optimizers that keep state not attached to one parameter (LBFGS keeps its history in the
 # first parameter's entry and steps all parameters as one vector)
 NOT_PER_PARAMETER = (torch.optim.LBFGS,)
@@ -114,10 +118,41 @@ def assign_owners(bucket_numels: list[list[int]], size: int) -> list[BucketShard
     return out  # type: ignore[return-value]
 
 
+def split_large(buckets: list[list[torch.Tensor]], lone_bytes: float) -> list[list[torch.Tensor]]:
+    """``buckets`` with every parameter of at least ``lone_bytes`` in a bucket of its own (in
+    place, the order kept): the parameters between two such are the next bucket."""
+    out: list[list[torch.Tensor]] = []
+    for bucket in buckets:
+        rest: list[torch.Tensor] = []
+        for p in bucket:
+            if p.numel() * p.element_size() >= lone_bytes:
+                if rest:
+                    out.append(rest)
+                    rest = []
+                out.append([p])
+            else:
+                rest.append(p)
+        if rest:
+            out.append(rest)
+    return out
+
+
 class _ShardedMixin(DistributedMixin):
     """ZeRO-1: the unsharded reduction, a step over this rank's parameters, an allgather."""
 
     _hora_sharding = "optimizer"
+
+    def _hora_plan_buckets(self, cap_bytes: float, first_bytes: float, by_layout: bool) -> list[list[torch.Tensor]]:
+        """The unsharded buckets; a parameter of at least :data:`LONE_BYTES` (or :data:`LONE_FRACTION`
+        of the cap, if less) is *large*: the parameter gather broadcasts it in place from its
+        owner, with no buffer (:meth:`_hora_gather_params`), and ZeRO-2 gives it a bucket of its
+        own. In a bucket's flat buffer of ``size`` rows, one large parameter made every row
+        that wide: 8 x ``Linear(2048, 2048)`` on 2 ranks, buckets of one weight and two biases,
+        gathered through 32 MiB buffers three at a time, peaked as high as the replicated run;
+        a model of small layers in one bucket had a gather buffer the size of all its parameters.
+        What is left in flat buffers is the small parameters (biases, norms)."""
+        self._hora_lone_at = min(LONE_BYTES, LONE_FRACTION * cap_bytes)
+        return super()._hora_plan_buckets(cap_bytes, first_bytes, by_layout)
 
     def _hora_shard_setup(self, raw: torch.optim.Optimizer) -> None:
         if isinstance(raw, NOT_PER_PARAMETER):
@@ -165,6 +200,18 @@ class _ShardedMixin(DistributedMixin):
         # buckets of one (contiguous) parameter: the whole bucket is one rank's; its parameter is
         # broadcast in place from its owner, and under ZeRO-2 its gradient reduced in place
         self._hora_alone = [len(bucket) == 1 and bucket[0].is_contiguous() for bucket in self._hora_buckets]
+        # the gather of a bucket of several: its large (contiguous) parameters broadcast in place,
+        # the small ones in rows of `small_width` (their offsets in their owner's row)
+        self._hora_gather_plan = []
+        for bucket, shard in zip(self._hora_buckets, self._hora_shards):
+            large = tuple(p.is_contiguous() and p.numel() * p.element_size() >= self._hora_lone_at for p in bucket)
+            fill = [0] * len(ranks)
+            offsets = [0] * len(bucket)
+            for i, (p, r) in enumerate(zip(bucket, shard.owners)):
+                if not large[i]:
+                    offsets[i] = fill[r]
+                    fill[r] += p.numel()
+            self._hora_gather_plan.append((large, tuple(offsets), max(fill, default=0)))
 
     # ---------------------------------------------------------------- stepping
     def step(self, closure: Any = None) -> Any:
@@ -203,50 +250,60 @@ class _ShardedMixin(DistributedMixin):
                               f"{type(self._hora_inner).__name__} keeps state that is not per parameter")
 
     def _hora_gather_params(self) -> None:
-        """Allgather every bucket's rows of updated parameters; copy in those others own."""
+        """Every rank's updated parameters on every rank: a bucket of one parameter, and each large
+        parameter of a bucket (:meth:`_hora_plan_buckets`), broadcast in place from its owner; a
+        bucket's small parameters gathered through one flat buffer; copied in where others own them."""
         if len(self._hora_ranks) == 1:
             return
-        pending: deque[tuple[int, Any]] = deque()
+        pending: deque[tuple[int, int | None, Any]] = deque()
+        ps = self._hora_process_set
+
+        def queued(b: int, i: int | None, handle: Any) -> None:
+            pending.append((b, i, handle))
+            if len(pending) > MAX_IN_FLIGHT:
+                self._hora_copy_in(*pending.popleft())
+
         with torch.no_grad():
             for b, (bucket, shard) in enumerate(zip(self._hora_buckets, self._hora_shards)):
-                mine = shard.rows[self._hora_me]
-                p0 = bucket[0]
                 if self._hora_alone[b]:
-                    # a bucket of one parameter (one larger than the bucket cap: an embedding,
-                    # a vocabulary head): broadcast in place from its owner, no buffer at all
-                    # (the flat of `size` rows below would cost `size` times the parameter)
-                    pending.append((b, _ops.broadcast_async_(p0.data, root_rank=self._hora_ranks[shard.owners[0]],
-                                                             name=self._hora_param_names[b],
-                                                             process_set=self._hora_process_set)))
-                    if len(pending) > MAX_IN_FLIGHT:
-                        self._hora_copy_in(*pending.popleft())
+                    queued(b, 0, _ops.broadcast_async_(bucket[0].data, root_rank=self._hora_ranks[shard.owners[0]],
+                                                       name=self._hora_param_names[b], process_set=ps))
                     continue
-                # every rank's rows in one buffer, zeros but its own, summed in place: exact
-                # (x + 0 == x) and the engine's in-place allreduce path (an allgather's
+                large, offsets, width = self._hora_gather_plan[b]
+                for i, p in enumerate(bucket):
+                    if large[i]:
+                        queued(b, i, _ops.broadcast_async_(p.data, root_rank=self._hora_ranks[shard.owners[i]],
+                                                           name=f"{self._hora_param_names[b]}.{i}", process_set=ps))
+                if not width:
+                    continue
+                # every rank's rows of small parameters in one buffer, zeros but its own, summed in
+                # place: exact (x + 0 == x) and the engine's in-place allreduce path (an allgather's
                 # output buffers were kept by the engine between steps: RSS grew each step)
-                flat = torch.zeros(len(self._hora_ranks) * shard.width, dtype=p0.dtype, device=p0.device)
-                offset = self._hora_me * shard.width
-                for i in mine:
-                    n = bucket[i].numel()
-                    flat[offset:offset + n].copy_(bucket[i].reshape(-1))
-                    offset += n
-                pending.append((b, _ops.allreduce_async_(flat, op=_hn.Sum, name=self._hora_param_names[b],
-                                                         process_set=self._hora_process_set)))
-                if len(pending) > MAX_IN_FLIGHT:
-                    self._hora_copy_in(*pending.popleft())
+                p0 = bucket[0]
+                flat = torch.zeros(len(self._hora_ranks) * width, dtype=p0.dtype, device=p0.device)
+                base = self._hora_me * width
+                for i in shard.rows[self._hora_me]:
+                    if not large[i]:
+                        n = bucket[i].numel()
+                        flat[base + offsets[i]:base + offsets[i] + n].copy_(bucket[i].reshape(-1))
+                queued(b, None, _ops.allreduce_async_(flat, op=_hn.Sum, name=self._hora_param_names[b],
+                                                      process_set=ps))
             while pending:
                 self._hora_copy_in(*pending.popleft())
 
-    def _hora_copy_in(self, b: int, handle: Any) -> None:
+    def _hora_copy_in(self, b: int, i: int | None, handle: Any) -> None:
+        """Wait for a gather: a broadcast (``i``: the parameter) wrote in place; a flat buffer's small
+        parameters others own are copied in."""
         gathered = handle.synchronize()
+        if i is not None:
+            return
         bucket, shard = self._hora_buckets[b], self._hora_shards[b]
-        if self._hora_alone[b]:
-            return  # broadcast in place (see _hora_gather_params)
+        large, offsets, width = self._hora_gather_plan[b]
         dst, src = [], []
-        for i, (r, off) in enumerate(zip(shard.owners, shard.offsets)):
-            if r != self._hora_me:
-                p = bucket[i]
-                start = r * shard.width + off
+        for k, (r, off) in enumerate(zip(shard.owners, offsets)):
+            if r != self._hora_me and not large[k]:
+                p = bucket[k]
+                start = r * width + off
                 dst.append(p.data)
                 src.append(gathered[start:start + p.numel()].view(p.shape))
         if dst:
@@ -356,6 +413,13 @@ class _GradShardMixin(_ShardedMixin):
     """ZeRO-2: each bucket reduce-scattered during backward; only owned gradients kept."""
 
     _hora_sharding = "gradients"
+
+    def _hora_plan_buckets(self, cap_bytes: float, first_bytes: float, by_layout: bool) -> list[list[torch.Tensor]]:
+        """ZeRO-1's buckets with each large parameter in a bucket of its own: its gradient is
+        reduced in place (and dropped where another rank owns it), with no reduce-scatter buffer
+        of ``size`` rows as wide as it."""
+        planned = super()._hora_plan_buckets(cap_bytes, first_bytes, by_layout)
+        return split_large(planned, self._hora_lone_at)
 
     def _hora_shard_setup(self, raw: torch.optim.Optimizer) -> None:
         super()._hora_shard_setup(raw)

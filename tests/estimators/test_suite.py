@@ -194,6 +194,8 @@ def _dask_torch(request, tmp_path):
     model = make(1).fit(ddf)
     assert model.feature_cols_ == [group, "extra"]
     assert len(_recorded(store, run_id, 0)) == 2
+    # the step's wait for data: the largest over the ranks, as the callbacks (MLflow) saw it
+    assert [r["data_wait"] for r in _recorded(store, run_id, 0)] == [model.history_[0]["data_wait"]] * 2
 
     pred = model.predict(ddf).compute()
     index = ddf.index.compute()
@@ -207,6 +209,7 @@ def _dask_torch(request, tmp_path):
     run = MlflowClient(uri).get_run(logger.run_id_)
     assert run.data.params["batch_size"] == "16" and run.data.params["hora_run_id"] == run_id
     assert [m.step for m in MlflowClient(uri).get_metric_history(logger.run_id_, "val_loss")] == [0]
+    assert [m.step for m in MlflowClient(uri).get_metric_history(logger.run_id_, "data_wait")] == [0]
     artifacts = [a.path for a in MlflowClient(uri).list_artifacts(logger.run_id_, "model")]
     assert {"model/model.pkl", "model/weights.pt"} <= set(artifacts)
     assert run.info.status == "FINISHED"
@@ -245,6 +248,7 @@ def _dask_keras(request, tmp_path):
 
     model = make(1).fit(ddf)
     assert len(_recorded(store, run_id, 0)) == 2
+    assert 0.0 <= model.history_[0]["data_wait"] <= 1.0  # timed through the tf.data pipeline
     pred = model.predict(ddf).compute()
     index = ddf.index.compute()
     assert list(pred.index) == list(index)
@@ -308,7 +312,7 @@ def _spark_lightning(request, tmp_path, spark):
     model = make(1).fit(df).setOutputCols(["label_prob"])
     assert isinstance(model, hvd.TorchModel)
     history = model.getHistory()
-    assert [h["epoch"] for h in history] == [0] and {"train_loss", "val_loss", "loss"} <= set(history[0])
+    assert [h["epoch"] for h in history] == [0] and {"train_loss", "val_loss", "loss", "data_wait"} <= set(history[0])
     steps_0 = store.read_json(store.layout.run_dir(run_id) + "/pl-0.json")["step"]
     assert steps_0 >= 1  # optimizer steps: half the batches with accumulate_grad_batches=2
     assert len(_recorded(store, run_id, 0)) == 2
@@ -352,6 +356,7 @@ def _dask_lightning(request, tmp_path):
     model = make(1).fit(ddf)
     assert not store.exists(store.layout.datasets_dir())  # the DataModule brought the data
     assert {"train_loss", "val_loss"} <= set(model.history_[0]) and len(_recorded(store, run_id, 0)) == 2
+    assert 0.0 <= model.history_[0]["data_wait"] <= 1.0  # Lightning's own loading: the gaps between its steps
     pred = model.predict(ddf).compute()
     import torch
 

@@ -21,7 +21,7 @@ def _run(device: str, out: Path, timeout: int) -> dict:
 
 @pytest.mark.timeout(480)
 def test_gpu_check_runs_on_cpu(tmp_path):
-    report = _run("cpu", tmp_path / "gc.json", 450)  # three small estimator fits among the checks
+    report = _run("cpu", tmp_path / "gc.json", 450)  # five small estimator fits among the checks
     status = {r["name"].split(" ")[0]: r["status"] for r in report["rows"]}
     assert status["collectives"] == "pass" and status["DistributedOptimizer"] == "pass"
     assert status["pinning:"] == "pass" and status["transform"] == "pass"
@@ -31,6 +31,14 @@ def test_gpu_check_runs_on_cpu(tmp_path):
     fsdp = by_name["LightningEstimator"]  # Lightning's FSDPStrategy needs a GPU: reported, not faked
     assert fsdp["status"] == "skip" and "GPU" in fsdp["result"], fsdp
     assert report["env"]["device"] == "cpu"
+    throughput = [r for r in report["rows"] if r["name"].startswith("estimator throughput")]
+    assert len(throughput) == 2 and all(r["status"] == "pass" for r in throughput), throughput
+    for r in throughput:  # every figure a GPU run reports, at CPU sizes
+        nums = r["numbers"]
+        assert 0.0 <= nums["data_wait"] <= 1.0 and nums["hora_rows_s"] > 0 and nums["ceiling_rows_s"] > 0, nums
+        assert nums["dataloader_rows_s"] > 0 and nums["x_ceiling"] > 0 and nums["x_dataloader"] > 0, nums
+    sharded = by_name["sharded"]
+    assert sharded["status"] == "pass" and 0 < sharded["numbers"]["zero2_x_hora"] < 1.0, sharded
 
 
 @pytest.mark.gpu

@@ -373,3 +373,17 @@ def test_owner_totals_are_even_with_lone_parameters_larger_than_a_bucket():
             totals[r] += n
         assert shard.width == (16 if len(numels) == 4 else numels[0])  # rows stay even within a bucket
     assert abs(totals[0] - totals[1]) <= 5, totals
+
+
+def test_large_parameters_get_buckets_of_their_own():
+    """A large parameter (1 MiB, or a quarter of the bucket cap) is a bucket alone (broadcast and reduced in
+    place: no flat buffer of `size` rows of it); the small ones around it stay together, in order."""
+    from hora.torch.sharded_optimizer import split_large
+
+    small = [torch.zeros(4) for _ in range(4)]
+    big = [torch.zeros(64), torch.zeros(100)]
+    buckets = [[small[0], big[0], small[1]], [small[2], small[3]], [big[1]]]
+    got = split_large(buckets, lone_bytes=64 * 4)
+    assert [[id(p) for p in b] for b in got] == [[id(small[0])], [id(big[0])], [id(small[1])],
+                                                  [id(small[2]), id(small[3])], [id(big[1])]]
+    assert split_large(buckets, lone_bytes=1e9) == buckets
