@@ -28,6 +28,10 @@ seconds are reported as such and that N ends there.
     python benchmarks/bench_control_plane.py [--ranks 64,256,1024] [--procs 4] [--window 20]
                                              [--launcher spark|local] [--register-limit 60]
 
+With ``--path`` it prints instead the rows of the rest of a collective's path at N ranks
+(:mod:`bench_control_plane_path`: the engine's negotiation per round at ``--ranks``, the collective
+groups' TCPStore rendezvous at ``--store-ranks``, Spark's barrier stage at ``local[--spark]``).
+
 Run it on a quiet machine: the load average is printed with each row.
 """
 
@@ -49,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_control_plane_path  # noqa: E402
 from _common import load_now, table  # noqa: E402
 
 GO_KEY = "bench/open"  # the key every simulated rank waits on once registered (set by the driver)
@@ -490,7 +495,15 @@ def main() -> None:
     ap.add_argument("--register-limit", type=float, default=60.0, help="seconds for all N to register")
     ap.add_argument("--profile", choices=("auto", "polled", "pushed"), default="auto",
                     help="the ranks' traffic: as the code under test sends it (auto), or forced")
+    ap.add_argument("--path", action="store_true",
+                    help="instead: the rest of the path at N ranks (bench_control_plane_path.py: the engine's "
+                         "negotiation per round at --ranks, the collective store, Spark's barrier stage)")
+    bench_control_plane_path.add_arguments(ap)
     a = ap.parse_args()
+    if a.path:
+        print(f"# {os.cpu_count()} CPUs, load {load_now()} at start: the rest of the path at N ranks", flush=True)
+        print(table([tuple(r) for r in bench_control_plane_path.path_rows(a)], bench_control_plane_path.HEADER))
+        return
     _raise_fd_limit()
     pushed = _pushed() if a.profile == "auto" else a.profile == "pushed"
     import hora
