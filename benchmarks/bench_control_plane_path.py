@@ -240,16 +240,15 @@ def tcpstore_rows(ranks: list[int], mesh_gets: int, mesh_bytes: int, addr_bytes:
 # ------------------------------------------------------------------------------------------
 # Spark's barrier stage
 # ------------------------------------------------------------------------------------------
-def _barrier_task(it: Any) -> list[int]:
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
-    ctx.barrier()
-    return [ctx.partitionId()]
-
-
 def spark_rows(ranks: list[int], limit: float) -> list[list[str]]:
     from pyspark.sql import SparkSession
+
+    def task(it: Any) -> list[int]:  # (nested: shipped by value, the workers need not import this file)
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        ctx.barrier()
+        return [ctx.partitionId()]
 
     rows, prev = [], None
     for n in ranks:
@@ -266,7 +265,7 @@ def spark_rows(ranks: list[int], limit: float) -> list[list[str]]:
             times = []
             for _ in range(3):  # the first stage starts the Python workers
                 t = time.perf_counter()
-                got = sc.parallelize(range(n), n).barrier().mapPartitions(_barrier_task).collect()
+                got = sc.parallelize(range(n), n).barrier().mapPartitions(task).collect()
                 times.append(time.perf_counter() - t)
                 if sorted(got) != list(range(n)):
                     raise RuntimeError(f"local[{n}]: barrier stage returned {got}")
@@ -287,15 +286,21 @@ HEADER = ("row", "by name / phase 1", "cached / phase 2", "growth", "load 1/5/15
 
 
 def path_rows(args: argparse.Namespace) -> list[list[str]]:
+    """The rows of the sections named by ``--only``, each printed as it is measured."""
     only = set(args.only.split(","))
-    rows: list[list[str]] = []
+    sections = []
     if "negotiation" in only:
-        rows += negotiation_rows([int(x) for x in args.ranks.split(",")], args.tensors, args.rounds)
+        sections.append(lambda: negotiation_rows([int(x) for x in args.ranks.split(",")], args.tensors, args.rounds))
     if "tcpstore" in only:
-        rows += tcpstore_rows([int(x) for x in args.store_ranks.split(",")], args.mesh_gets, args.mesh_bytes,
-                             args.addr_bytes, args.limit)
+        sections.append(lambda: tcpstore_rows([int(x) for x in args.store_ranks.split(",")], args.mesh_gets,
+                                              args.mesh_bytes, args.addr_bytes, args.limit))
     if "spark" in only and args.spark:
-        rows += spark_rows([int(x) for x in args.spark.split(",")], args.limit)
+        sections.append(lambda: spark_rows([int(x) for x in args.spark.split(",")], args.limit))
+    rows: list[list[str]] = []
+    for section in sections:
+        new = section()
+        print(table([tuple(r) for r in new], HEADER).split("\n", 2)[2], flush=True)
+        rows += new
     return rows
 
 
