@@ -7,6 +7,10 @@ from typing import Any, Sequence
 from hora.errors import ConfigError
 
 
+#: history entries that describe the run, not the model: not plotted unless named in ``metrics``
+_NOT_METRICS = ("data_wait",)
+
+
 def plot_history(history: Sequence[dict[str, float]], metrics: Sequence[str] | None = None, title: str | None = None) -> Any:
     """A matplotlib Figure with one panel per metric, training and validation curves together.
 
@@ -22,11 +26,13 @@ def plot_history(history: Sequence[dict[str, float]], metrics: Sequence[str] | N
     from matplotlib.figure import Figure  # no pyplot: works headless, no global state
 
     keys = [k for k in history[0] if k not in ("epoch", "epoch_time_s", "attempt", "num_proc")]
-    bases = list(dict.fromkeys(k[4:] if k.startswith("val_") else k for k in keys))
+    every = list(dict.fromkeys(k[4:] if k.startswith("val_") else k for k in keys))
+    # by default the model's loss and metrics; the feed's data_wait is plotted when asked for by name
+    bases = [b for b in every if b not in _NOT_METRICS]
     if metrics is not None:
-        unknown = [m for m in metrics if m not in bases]
+        unknown = [m for m in metrics if m not in every]
         if unknown:
-            raise ConfigError(f"metrics {unknown} are not in the history; it has {bases}")
+            raise ConfigError(f"metrics {unknown} are not in the history; it has {every}")
         bases = list(metrics)
     epochs = [int(h.get("epoch", i)) + 1 for i, h in enumerate(history)]
     fig = Figure(figsize=(4.5 * len(bases), 3.5))

@@ -17,8 +17,8 @@ import logging
 import multiprocessing
 from typing import Any, Iterator, Sequence
 
-from hora import settings
 from hora.errors import ConfigError, DataError, StoreError
+from hora.store.reader import ENV_READER_TIMEOUT, reader_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class ProcessPool:
         if self._executor is None:
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 self.processes, mp_context=multiprocessing.get_context(self.start_method))
-        timeout = settings.get("HORA_READER_TIMEOUT")
+        timeout = reader_timeout()
         ahead = 2 * self.processes
         pending: list[tuple[Any, concurrent.futures.Future]] = []
         todo = iter(segments)
@@ -100,7 +100,7 @@ class ProcessPool:
                     yield future.result(timeout=timeout)
                 except concurrent.futures.TimeoutError:
                     raise StoreError(f"the reader's processes gave no row group of {store.url_for(files[seg.file])} "
-                                     f"within {timeout:.0f} s (set HORA_READER_TIMEOUT to wait longer)") from None
+                                     f"within {timeout:.0f} s (set {ENV_READER_TIMEOUT} to wait longer)") from None
                 except (StoreError, DataError):
                     raise
                 except Exception as exc:

@@ -90,6 +90,10 @@ def test_model_parallel_strategy_trains_as_hora_does_and_returns_the_model_whole
     assert len(out) == 8 and np.isfinite(np.stack(out["prediction"].to_numpy()).astype(float)).all()
 
 
+def _model_entries(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in h.items() if k != "data_wait"} for h in history]
+
+
 @pytest.mark.parametrize("strategy", [None, "model_parallel"])
 def test_a_fit_resumed_by_run_id_ends_with_the_uninterrupted_fits_weights(store, strategy, whole):
     """hora's data-parallel strategy and Lightning's ModelParallelStrategy: the checkpoint (weights, Adam's
@@ -106,7 +110,9 @@ def test_a_fit_resumed_by_run_id_ends_with_the_uninterrupted_fits_weights(store,
     if strategy is not None:  # the 2-rank checkpoint resumed by one rank: Lightning reshards it as it loads
         _fit(store, strategy=strategy, epochs=2, run_id="alone")
         alone = _fit(store, strategy=strategy, epochs=3, run_id="alone", num_proc=1)
-        assert [h["epoch"] for h in alone.history_] == [0, 1, 2] and alone.history_[:2] == first.history_
+        # (two fits of the same data: the same losses; data_wait is each fit's own timing)
+        assert [h["epoch"] for h in alone.history_] == [0, 1, 2] and _model_entries(alone.history_[:2]) == _model_entries(
+            first.history_)
         # trained on from the 2-epoch weights (a fresh model's first epoch is ~3x this loss)
         assert alone.history_[2]["loss"] < first.history_[1]["loss"]
 

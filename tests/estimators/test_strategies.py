@@ -154,8 +154,9 @@ def test_a_fit_of_each_strategy_relaunched_after_a_kill_continues_and_a_resume_a
     committed = torch.load(io.BytesIO(data), weights_only=False)
     assert "optimizer" not in committed and committed["zero"].startswith("zero-e000000-"), sorted(committed)
     folder = f"{store.layout.checkpoint_dir('zero-resize')}/{committed['zero']}"
-    assert sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in store.listdir(folder)) == [
-        "shard-00000-of-00002.pt", "shard-00001-of-00002.pt"]
+    assert sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in store.listdir(folder)) == [  # each with its checksum
+        "shard-00000-of-00002.pt", "shard-00000-of-00002.pt.sum", "shard-00001-of-00002.pt",
+        "shard-00001-of-00002.pt.sum"]
     resized = _est(store, strategy="zero1", epochs=2, num_proc=1, run_id="zero-resize",
                    callbacks=[StateProbe()]).fit(df)
     assert [(h["epoch"], h["num_proc"]) for h in resized.history_] == [(0, 2), (1, 1)]

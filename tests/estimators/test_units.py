@@ -64,11 +64,12 @@ def test_save_load_round_trip_and_missing(tmp_path):
 
 
 def test_plot_history():
-    model = _model(history=[{"epoch": 0, "loss": 2.0, "val_loss": 2.5, "val_acc": 0.5},
-                            {"epoch": 1, "loss": 1.0, "val_loss": 1.5, "val_acc": 0.7}])
-    fig = model.plot_history()
+    model = _model(history=[{"epoch": 0, "loss": 2.0, "val_loss": 2.5, "val_acc": 0.5, "data_wait": 0.3},
+                            {"epoch": 1, "loss": 1.0, "val_loss": 1.5, "val_acc": 0.7, "data_wait": 0.1}])
+    fig = model.plot_history()  # the model's loss and metrics; the feed's data_wait only when named
     assert [ax.get_title() for ax in fig.axes] == ["loss", "acc"]
     assert [len(line.get_xdata()) for line in fig.axes[0].lines] == [2, 2]
+    assert [ax.get_title() for ax in model.plot_history(["loss", "data_wait"]).axes] == ["loss", "data_wait"]
     with pytest.raises(ConfigError, match="not in the history"):
         model.plot_history(["f1"])
     with pytest.raises(ConfigError, match="no training history"):

@@ -206,7 +206,7 @@ def test_lightning_plain_module_with_the_default_logger(tmp_path):
                              sample_weight_col="weight", batch_size=8, epochs=2, run_id="legacy", log_every_n_steps=1,
                              callbacks=[LearningRateMonitor(logging_interval="step")], verbose=0)
     fitted = est.fit(df)
-    assert [sorted(h) for h in fitted.history_] == [["epoch", "loss", "lr-SGD", "train_loss"]] * 2  # the monitor logs
+    assert [sorted(h) for h in fitted.history_] == [["data_wait", "epoch", "loss", "lr-SGD", "train_loss"]] * 2  # the monitor logs
     assert fitted.model_.model.lin1.weight.shape == (8, 2)  # the wrapped module, trained
     logs = store.get_logs_path("legacy")[len("file://"):]
     events = [p for p in (tmp_path / "store").rglob("events.out.tfevents.*") if str(p).startswith(logs)]
