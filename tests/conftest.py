@@ -84,3 +84,17 @@ def dask_client():
         yield client
         client.close()
         cluster.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left_initialized(request):
+    """A test that leaves a hora job initialized in the test process fails here, by name, and the
+    job is shut down: the next test in the same process (xdist runs several files per process, in
+    an order that changes with the run) would otherwise find ``init()`` a no-op and fail for it."""
+    yield
+    native = sys.modules.get("hora.native")
+    if native is None or not native.is_initialized():
+        return
+    native.shutdown()
+    pytest.fail(f"{request.node.nodeid} left a hora job initialized in the test process "
+                "(pair every init() with shutdown(), e.g. tests.single_rank.one_rank_job)", pytrace=False)

@@ -260,9 +260,10 @@ def test_unnamed_ops_between_steps_keep_the_steps_predicted_and_out_of_the_cache
         steady, s = o["steady_from"], o["stats"]
         # the 14 steps after the 6th are predicted (the first steps learn the chain; a
         # loaded machine may split one of them); a barrier or an unnamed allreduce between
-        # them is never mistaken for a step (no prediction misses)
+        # them is never mistaken for a step: that would miss the prediction at every one of the 14
+        # steps; one miss is a step whose 6 submissions a loaded machine split across two cycles
         assert s.get("speculation_hits", 0) - steady.get("speculation_hits", 0) >= 12, s
-        assert s.get("speculation_misses", 0) == steady.get("speculation_misses", 0), s
+        assert s.get("speculation_misses", 0) - steady.get("speculation_misses", 0) <= 1, s
         assert set(o["cache_sizes"]) == {6}, o["cache_sizes"]  # the 6 named tensors only
     # the barrier without a backend barrier of its own still waits for every rank
     assert outs[0]["left"] >= outs[1]["entered"], (outs[0]["left"], outs[1]["entered"])
