@@ -78,7 +78,7 @@ def _dcp(store, state: dict, checksums: bool, n: int, fsspec: bool = False) -> f
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    from hora.estimators.torch_dcp import StoreWriter
+    from hora.estimators.frameworks.torch.dcp import StoreWriter
     from hora.store import integrity
 
     path = f"{store.layout.checkpoint_dir('bench')}/dcp-{n}-{int(checksums)}-{int(fsspec)}"

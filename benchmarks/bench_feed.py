@@ -6,10 +6,10 @@ step that does nothing; against the ceiling of reading the same rows with pyarro
 
 One rank of one (``rank=0, size=1``: every row of the split), shuffled as a fit shuffles, the
 calls a rank of ``TorchEstimator`` makes: :func:`hora.store.make_reader` with the fit's column
-operations as its ``batch_fn`` (:func:`hora.estimators.columns.column_ops`: PNG bytes decoded
+operations as its ``batch_fn`` (:func:`hora.estimators.data.columns.column_ops`: PNG bytes decoded
 in the reader's thread), then each batch made tensors as ``TorchSession`` makes them
-(:func:`hora.estimators.torch_tensors.to_inputs` for the features, the label through
-``torch.from_numpy``; glibc's malloc thresholds set as a rank sets them) and, on a GPU, moved by :class:`hora.estimators.feed.DeviceFeed` (pinned
+(:func:`hora.estimators.frameworks.torch.tensors.to_inputs` for the features, the label through
+``torch.from_numpy``; glibc's malloc thresholds set as a rank sets them) and, on a GPU, moved by :class:`hora.estimators.worker.feed.DeviceFeed` (pinned
 memory, a side stream, one batch ahead). The step does nothing with the tensors.
 
 The ceiling, the same run, the same rows: ``pyarrow.parquet.read_table`` of the split's files,
@@ -89,9 +89,9 @@ class Case:
 
     def hora(self, epoch: int, shuffle: bool = True) -> int:
         """One pass of a rank's reader (shuffled, as a fit reads), each batch made the step's tensors; the rows given."""
-        from hora.estimators.columns import column_ops
-        from hora.estimators.feed import DeviceFeed
-        from hora.estimators.torch_tensors import _stack, _tensor, to_inputs
+        from hora.estimators.data.columns import column_ops
+        from hora.estimators.worker.feed import DeviceFeed
+        from hora.estimators.frameworks.torch.tensors import _stack, _tensor, to_inputs
 
         columns = ["feats", "y"] if self.group else [*self.features, "y"]
         keys = ["feats"] if self.group else self.features
@@ -142,7 +142,7 @@ class _Config:
     """What :func:`column_ops` reads of a fit's config: the defaults of the estimators."""
 
     def __init__(self, features: list[str]) -> None:
-        from hora.estimators.data import Features
+        from hora.estimators.data.frames import Features
 
         self.features = Features.parse(features)
         self.on_decode_error = "raise"
@@ -173,7 +173,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    from hora.estimators.batches import steady_allocator
+    from hora.estimators.worker.batches import steady_allocator
 
     steady_allocator()  # glibc's malloc thresholds as a training rank sets them (rank_batches does)
     device = torch.device(a.device)

@@ -216,7 +216,7 @@ def main() -> None:
     from distributed import Client, LocalCluster
 
     from hora.dask import TorchEstimator
-    from hora.estimators import core
+    from hora.estimators.driver import fit as core
     from hora.store import Store
 
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ The model is a GPT-like causal transformer built from a config (``--layers`` pre
 ``--dim`` with ``--heads`` heads, token and position embeddings, an untied head over ``--vocab``;
 146M parameters at the defaults), AdamW, fp32, ``--batch`` sequences of ``--seq`` tokens per
 rank, so activations do not dominate. Each strategy runs through the code ``TorchEstimator``
-uses (:func:`hora.estimators.torch_strategies.prepare`), in fresh processes:
+uses (:func:`hora.estimators.frameworks.torch.strategies.prepare`), in fresh processes:
 
 * ``hora``: replicated, hora's DistributedOptimizer (the baseline);
 * ``zero1`` / ``zero2``: the same with ``sharding="optimizer"`` / ``"gradients"``;
@@ -87,7 +87,7 @@ def load_code() -> None:
 
     import torch
 
-    for module in ("torch.distributed.fsdp", "hora.estimators.torch_strategies", "hora.torch.sharded_optimizer"):
+    for module in ("torch.distributed.fsdp", "hora.estimators.frameworks.torch.strategies", "hora.torch.sharded_optimizer"):
         importlib.import_module(module)
     w = torch.zeros(1, requires_grad=True)
     w.grad = torch.zeros(1)
@@ -168,7 +168,7 @@ def rank_main(strategy: str, cfg: dict[str, Any], steps: int, device: str) -> di
 
     torch.set_num_threads(1)
     import hora.torch as hvd
-    from hora.estimators import torch_strategies
+    from hora.estimators.frameworks.torch import strategies as torch_strategies
 
     hvd.init()
     try:

@@ -27,7 +27,7 @@ import torch
 
 def _session(**options):
     import hora.torch as hvd
-    from hora.estimators.torch import TorchSession
+    from hora.estimators.frameworks.torch.codec import TorchSession
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
@@ -82,8 +82,8 @@ def bench_predict(rows: int, repeat: int) -> None:
     import pandas as pd
 
     from hora.estimators.tasks import ClassifierCodec, ClassifierHead
-    from hora.estimators.torch import TorchCodec
-    from hora.estimators.transform import predict_frame
+    from hora.estimators.frameworks.torch.codec import TorchCodec
+    from hora.estimators.driver.transform import predict_frame
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).eval()

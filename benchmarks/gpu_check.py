@@ -178,8 +178,8 @@ def check_pinning(device: str, n: int) -> tuple[str, dict]:
 def check_transform(device: str, n: int) -> Any:
     import pandas as pd
 
-    from hora.estimators.torch import TorchCodec
-    from hora.estimators.transform import predict_frame
+    from hora.estimators.frameworks.torch.codec import TorchCodec
+    from hora.estimators.driver.transform import predict_frame
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))

@@ -22,19 +22,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hora.estimators import dask_face
+from hora.estimators.faces import sklearn as dask_face
 from hora.estimators.callbacks import BestModelCheckpoint, Callback, EarlyStopping, MLflowLogger
-from hora.estimators.dask_face import active_client
-from hora.estimators.torch import TORCH
+from hora.estimators.faces.sklearn import active_client
+from hora.estimators.frameworks.torch.codec import TORCH
 
 TorchEstimator, TorchModel = dask_face.build(TORCH, __name__, "TorchEstimator", "TorchModel")
 
 #: classes built on first access: name -> (framework module, descriptor, estimator name, model name)
 _LAZY = {
-    "KerasEstimator": ("hora.estimators.keras", "KERAS", "KerasEstimator", "KerasModel"),
-    "KerasModel": ("hora.estimators.keras", "KERAS", "KerasEstimator", "KerasModel"),
-    "LightningEstimator": ("hora.estimators.lightning", "LIGHTNING", "LightningEstimator", "LightningModel"),
-    "LightningModel": ("hora.estimators.lightning", "LIGHTNING", "LightningEstimator", "LightningModel"),
+    "KerasEstimator": ("hora.estimators.frameworks.keras.codec", "KERAS", "KerasEstimator", "KerasModel"),
+    "KerasModel": ("hora.estimators.frameworks.keras.codec", "KERAS", "KerasEstimator", "KerasModel"),
+    "LightningEstimator": ("hora.estimators.frameworks.lightning", "LIGHTNING", "LightningEstimator", "LightningModel"),
+    "LightningModel": ("hora.estimators.frameworks.lightning", "LIGHTNING", "LightningEstimator", "LightningModel"),
 }
 
 

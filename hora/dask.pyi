@@ -6,8 +6,8 @@ from hora.estimators.callbacks import BestModelCheckpoint as BestModelCheckpoint
 from hora.estimators.callbacks import Callback as Callback
 from hora.estimators.callbacks import EarlyStopping as EarlyStopping
 from hora.estimators.callbacks import MLflowLogger as MLflowLogger
-from hora.estimators.dask_face import DaskEstimator, DaskModel
-from hora.estimators.dask_face import active_client as active_client
+from hora.estimators.faces.sklearn import DaskEstimator, DaskModel
+from hora.estimators.faces.sklearn import active_client as active_client
 
 class TorchModel(DaskModel): ...
 

@@ -1,11 +1,11 @@
 """Type stubs (``.pyi``) of the estimator faces, generated from the one declaration of each parameter.
 
-The estimator classes are built at import time (:func:`hora.estimators.spark_face.build`,
-:func:`hora.estimators.dask_face.build`), so mypy and IDEs see no constructor keywords
+The estimator classes are built at import time (:func:`hora.estimators.faces.spark.build`,
+:func:`hora.estimators.faces.sklearn.build`), so mypy and IDEs see no constructor keywords
 in the modules themselves. The stubs written here list every parameter keyword-only
 with the type and default declared in the framework's config dataclass
 (:mod:`hora.estimators.params` and each framework's subclass) and, for the Spark
-models, :data:`hora.estimators.spark_face.MODEL_PARAM_TYPES`. They are committed;
+models, :data:`hora.estimators.faces.spark.MODEL_PARAM_TYPES`. They are committed;
 ``tests/estimators/test_signatures.py`` regenerates them and fails when they differ.
 
 Regenerate after changing a parameter::
@@ -41,16 +41,16 @@ def _keywords(types: dict[str, str], defaults: dict[str, Any]) -> str:
 
 
 def _frameworks() -> dict[str, Framework]:
-    from hora.estimators.keras import KERAS
-    from hora.estimators.lightning import LIGHTNING
-    from hora.estimators.torch import TORCH
+    from hora.estimators.frameworks.keras.codec import KERAS
+    from hora.estimators.frameworks.lightning import LIGHTNING
+    from hora.estimators.frameworks.torch.codec import TORCH
 
     return {"torch": TORCH, "keras": KERAS, "lightning": LIGHTNING}
 
 
 def spark_classes(framework: Framework, est_name: str, model_name: str) -> str:
     """The stub text of a Spark face's estimator and model classes."""
-    from hora.estimators.spark_face import MODEL_PARAM_TYPES
+    from hora.estimators.faces.spark import MODEL_PARAM_TYPES
 
     types, defaults = param_types(framework.config), param_defaults(framework.config)
     kw = _keywords(types, defaults)
@@ -76,7 +76,7 @@ def dask_classes(framework: Framework, est_name: str, model_name: str) -> str:
 
 
 _TYPING = "from typing import Any, Callable, ClassVar, Literal, Sequence\n\n"
-_SPARK_BASES = "from hora.estimators.spark_face import SparkEstimator, SparkModel\n\n"
+_SPARK_BASES = "from hora.estimators.faces.spark import SparkEstimator, SparkModel\n\n"
 _CALLBACKS = ("from hora.estimators.callbacks import BestModelCheckpoint as BestModelCheckpoint\n"
               "from hora.estimators.callbacks import Callback as Callback\n"
               "from hora.estimators.callbacks import EarlyStopping as EarlyStopping\n"
@@ -130,8 +130,8 @@ def stubs() -> dict[str, str]:
                     "LightningModel", "Callback", "EarlyStopping", "BestModelCheckpoint", "MLflowLogger"])),
     }
     dask = (HEADER + _TYPING + _CALLBACKS
-            + "from hora.estimators.dask_face import DaskEstimator, DaskModel\n"
-            "from hora.estimators.dask_face import active_client as active_client\n\n"
+            + "from hora.estimators.faces.sklearn import DaskEstimator, DaskModel\n"
+            "from hora.estimators.faces.sklearn import active_client as active_client\n\n"
             + dask_classes(fw["torch"], "TorchEstimator", "TorchModel") + "\n"
             + dask_classes(fw["keras"], "KerasEstimator", "KerasModel") + "\n"
             + dask_classes(fw["lightning"], "LightningEstimator", "LightningModel")

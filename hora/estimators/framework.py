@@ -7,13 +7,13 @@ A framework is described once, by a :class:`Framework` descriptor that bundles
   persistence, predict on numpy inputs;
 * a :class:`TrainingSession` class, the worker side: one object per rank that holds the
   run's state as typed attributes (model, optimizer, where training stands) and trains
-  one batch at a time inside the shared loop of :mod:`hora.estimators.worker`;
+  one batch at a time inside the shared loop of :mod:`hora.estimators.worker.loop`;
 * its configuration class, an :class:`~hora.estimators.params.EstimatorConfig`
   subclass that declares the framework's extra parameters (each once).
 
-The Spark and Dask faces (:mod:`hora.estimators.spark_face`,
-:mod:`hora.estimators.dask_face`) are built from a descriptor, so each framework is one
-small module (:mod:`hora.estimators.torch`, :mod:`hora.estimators.keras`) and no face
+The Spark and Dask faces (:mod:`hora.estimators.faces.spark`,
+:mod:`hora.estimators.faces.sklearn`) are built from a descriptor, so each framework is one
+small module (:mod:`hora.estimators.frameworks.torch.codec`, :mod:`hora.estimators.frameworks.keras.codec`) and no face
 holds framework code. Frameworks register their descriptor by name
 (:func:`get_framework`), which is how a saved model finds its codec again.
 """
@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hora.estimators.spec import TrainSpec
 
 #: module of each built-in framework, imported on first use (no framework is imported before)
-BUILTIN = {"torch": "hora.estimators.torch", "keras": "hora.estimators.keras", "lightning": "hora.estimators.lightning"}
+BUILTIN = {"torch": "hora.estimators.frameworks.torch.codec", "keras": "hora.estimators.frameworks.keras.codec", "lightning": "hora.estimators.frameworks.lightning"}
 _REGISTRY: dict[str, "Framework"] = {}
 
 
@@ -155,7 +155,7 @@ class TrainingSession:
     """Worker side of a framework: one rank's training run, its state held as attributes.
 
     :meth:`open` builds the session from the spec (collectives, model, optimizer); the
-    shared loop of :mod:`hora.estimators.worker` then calls, per epoch, :meth:`batches`,
+    shared loop of :mod:`hora.estimators.worker.loop` then calls, per epoch, :meth:`batches`,
     :meth:`train_step` per batch, :meth:`finish_epoch`, and :meth:`eval_batch` /
     :meth:`eval_finish` per validation pass; it averages the metrics across ranks, runs
     the callbacks and checkpoints (:meth:`checkpoint`). Subclasses are dataclasses;
@@ -204,7 +204,7 @@ class TrainingSession:
         Each item goes as is to :meth:`train_step` or :meth:`eval_batch`. Exactly
         ``len(reader)`` items (every rank steps the same number of times; the loop checks
         it). A numpy batch holds every input under its feature key (a feature group as one
-        ``(rows, k)`` array under :func:`~hora.estimators.data.group_key`; the reader
+        ``(rows, k)`` array under :func:`~hora.estimators.data.frames.group_key`; the reader
         stacks it, and its member columns are left out unless they are labels or the
         weight), the labels and the weight. ``transform`` (a ``transformation_fn``, which
         sees the members, followed by the stacking) applies to each numpy batch first.
@@ -283,7 +283,7 @@ class TrainingSession:
 
     def fit_run(self, run: Any) -> dict[str, Any] | None:
         """Train with the framework's own loop (``drives_loop``), through the hooks of
-        :class:`hora.estimators.worker.WorkerRun` (batches, epoch ends, checkpoints); returns ``run.result()``."""
+        :class:`hora.estimators.worker.loop.WorkerRun` (batches, epoch ends, checkpoints); returns ``run.result()``."""
         raise NotImplementedError(f"{type(self).__name__}.fit_run")
 
     def close(self) -> None:

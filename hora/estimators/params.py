@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
 from hora.errors import ConfigError
-from hora.estimators.data import Features
+from hora.estimators.data.frames import Features
 from hora.estimators.param_info import (  # noqa: F401  (this module's names too)
     JSON, NONE, PICKLE, ParamError, ParamInfo, json_params, param, param_defaults, param_docs, param_fields,
     param_signature, param_types, unsaved_params)

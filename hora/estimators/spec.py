@@ -1,7 +1,7 @@
 """The frozen, picklable training spec: everything a training worker needs, and nothing else.
 
 The driver builds one :class:`TrainSpec` per ``fit`` and the runner ships it to every
-rank, which calls :func:`hora.estimators.worker.train_worker` on it. The parameters
+rank, which calls :func:`hora.estimators.worker.loop.train_worker` on it. The parameters
 travel as the config's worker copy (:meth:`EstimatorConfig.for_workers`: the JSON
 parameters, no field-by-field copy); the framework objects (model, optimizer, loss,
 metrics) are frozen by the framework's codec into ``payload``, and callbacks and the
@@ -124,7 +124,7 @@ class TrainSpec:
 
     @property
     def features(self) -> Any:
-        """The feature inputs (:class:`~hora.estimators.data.Features`)."""
+        """The feature inputs (:class:`~hora.estimators.data.frames.Features`)."""
         return self.config.features
 
 

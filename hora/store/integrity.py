@@ -12,7 +12,7 @@ a checkpoint's bytes and a distributed checkpoint's shards while they are writte
   CRCs, which the reader checks on every page it reads (no extra I/O);
 * a checkpoint ``epoch-000007.ckpt``: its size and checksum in ``epoch-000007.ckpt.sum``
   next to it (:func:`save_checkpoint`), and the shards of a distributed checkpoint in its
-  folder's ``.hora-checksums.json`` (:mod:`hora.estimators.torch_dcp`).
+  folder's ``.hora-checksums.json`` (:mod:`hora.estimators.frameworks.torch.dcp`).
 
 A file whose bytes do not match raises :class:`~hora.errors.DataError` naming the file
 (:func:`check_bytes`, :func:`verify_file`). What was written before checksums existed has

@@ -24,7 +24,7 @@ from hora.store.store import Store
 
 logger = logging.getLogger(__name__)
 
-#: the checksum record of a distributed checkpoint's folder (written by hora.estimators.torch_dcp)
+#: the checksum record of a distributed checkpoint's folder (written by hora.estimators.frameworks.torch.dcp)
 DCP_CHECKSUMS = ".hora-checksums.json"
 #: a ZeRO optimizer's shard file (hora.torch.sharded_state), with its own checksum record
 _ZERO_SHARD = re.compile(r"^shard-\d+-of-\d+\.pt$")

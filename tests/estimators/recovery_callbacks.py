@@ -57,7 +57,7 @@ class WeightsProbe(Callback):
         self.folder = folder
 
     def on_train_result(self, ctx, history):
-        from hora.estimators.torch import TorchCodec
+        from hora.estimators.frameworks.torch.codec import TorchCodec
 
         model = TorchCodec().deserialize(ctx.model_files())
         digest = hashlib.sha256()

@@ -189,7 +189,7 @@ def test_decode_error_names_the_column_and_row_on_the_rank(store):
 
 def test_inmemory_cache_keeps_the_stored_rows_and_pads_each_replayed_batch(store):
     """inmemory_cache_all: the cache holds the rows as read (ragged), each pass pads its own batches."""
-    from hora.estimators.batches import CachedReader
+    from hora.estimators.worker.batches import CachedReader
     from hora.store import ColumnOps, make_reader, materialize
 
     pdf = _frame(64)
@@ -229,7 +229,7 @@ class _CountingDecoder:
 def test_inmemory_cache_decodes_each_image_once_in_the_prefetch_thread(store):
     """inmemory_cache_all with an image column: the first pass decodes (in the reader's prefetch thread,
     a skipped row dropped), later passes replay the decoded rows, equal to decoding them again."""
-    from hora.estimators.batches import CachedReader
+    from hora.estimators.worker.batches import CachedReader
     from hora.store import ColumnOps, decode_image, make_reader, materialize
 
     pdf = _frame(64)

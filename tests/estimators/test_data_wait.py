@@ -1,6 +1,6 @@
 """``data_wait``: the part of each epoch a rank's training step waited for its next batch.
 
-The clock (:class:`hora.estimators.feed.DataWait`) on a fake clock; then two real fits on
+The clock (:class:`hora.estimators.worker.feed.DataWait`) on a fake clock; then two real fits on
 local ranks: a ``decode_fn`` that sleeps (the step waits nearly all the time: the history,
 the callbacks' logs, the summary line and the warning say so) and a small in-memory frame
 under a step that takes longer than reading (nearly no wait).
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hora.estimators import feed
+from hora.estimators.worker import feed
 from hora.estimators.callbacks import Callback
 from tests.estimators.frames import regression_data
 

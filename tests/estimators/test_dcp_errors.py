@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 from hora.errors import CollectiveError, FaultKind, StoreError  # noqa: E402
-from hora.estimators.torch_strategies import _dcp_error  # noqa: E402
+from hora.estimators.frameworks.torch.strategies import _dcp_error  # noqa: E402
 from hora.runners.driver.faults import kind_of_exception  # noqa: E402
 
 URL = "file:///store/runs/r/checkpoints/dcp-e000001"

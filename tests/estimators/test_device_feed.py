@@ -1,4 +1,4 @@
-"""The device feed (:class:`hora.estimators.feed.DeviceFeed`): its thread, order, errors and early
+"""The device feed (:class:`hora.estimators.worker.feed.DeviceFeed`): its thread, order, errors and early
 stop on the CPU (``threaded=True``: the path a CUDA rank takes, with the copies left out), and a
 Torch session's batches through it equal to the batches made in the step. The copies on a side
 stream are checked on a GPU in tests/gpu/test_device_feed_cuda.py."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hora.estimators.feed import DeviceFeed, Fed
+from hora.estimators.worker.feed import DeviceFeed, Fed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,7 +79,7 @@ def test_stopping_early_stops_the_thread_and_closes_the_source():
 def test_a_torch_session_reads_fed_batches_as_its_own():
     """The tensors a feed thread made (:meth:`TorchSession._host_tensors`) give the step what its own
     conversion of the numpy batch gives: inputs, aligned labels (class ids), weights, and the loss."""
-    from hora.estimators.torch_session import TorchSession
+    from hora.estimators.frameworks.torch.session import TorchSession
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)

@@ -136,7 +136,7 @@ def test_spark_params_are_generated_with_accessors():
     assert est.setEpochs(4) is est and est.getEpochs() == 4
     assert est.getLrScaling() == "linear"
     assert est.batch_size.name == "batch_size" and "rows per training batch" in est.batch_size.doc
-    from hora.estimators import spark_face
+    from hora.estimators.faces import spark as spark_face
 
     assert issubclass(TorchEstimator, spark_face.HasBatchSize)
     with pytest.raises(ConfigError, match="no parameter .batchsize..*did you mean .batch_size."):

@@ -138,7 +138,7 @@ def test_keras_and_mlflow_bad_input_before_launch(store):
 
 
 def test_cached_reader_serves_the_same_rows_from_memory(tmp_path):
-    from hora.estimators.worker import CachedReader
+    from hora.estimators.worker.loop import CachedReader
     from hora.store import Store, make_reader, materialize
 
     store = Store.create(str(tmp_path / "store"))

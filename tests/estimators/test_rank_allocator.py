@@ -1,4 +1,4 @@
-"""A training rank's allocator (hora.estimators.batches.steady_allocator): a step's buffers are reused,
+"""A training rank's allocator (hora.estimators.worker.batches.steady_allocator): a step's buffers are reused,
 not given back to the system and faulted in again page by page at every step."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _STEPS = textwrap.dedent("""
     import resource, sys
     import numpy as np
     if sys.argv[1] == "steady":
-        from hora.estimators.batches import steady_allocator
+        from hora.estimators.worker.batches import steady_allocator
         assert steady_allocator()
     def step():
         blocks = [np.ones(3 << 20, np.uint8) for _ in range(4)]
@@ -50,7 +50,7 @@ def test_steady_allocator_keeps_a_steps_buffers_instead_of_faulting_them_in_ever
 
 
 def test_steady_allocator_leaves_the_users_own_malloc_settings_alone(monkeypatch):
-    import hora.estimators.batches as batches
+    import hora.estimators.worker.batches as batches
 
     calls = []
     monkeypatch.setattr(batches, "_allocator", [])

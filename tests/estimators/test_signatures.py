@@ -21,12 +21,12 @@ KW = inspect.Parameter.KEYWORD_ONLY
 
 # (module, estimator, model, framework descriptor module, descriptor)
 FACES = [
-    ("hora.spark.torch", "TorchEstimator", "TorchModel", "hora.estimators.torch", "TORCH"),
-    ("hora.spark.keras", "KerasEstimator", "KerasModel", "hora.estimators.keras", "KERAS"),
-    ("hora.spark.lightning", "TorchEstimator", "TorchModel", "hora.estimators.lightning", "LIGHTNING"),
-    ("hora.dask", "TorchEstimator", "TorchModel", "hora.estimators.torch", "TORCH"),
-    ("hora.dask", "KerasEstimator", "KerasModel", "hora.estimators.keras", "KERAS"),
-    ("hora.dask", "LightningEstimator", "LightningModel", "hora.estimators.lightning", "LIGHTNING"),
+    ("hora.spark.torch", "TorchEstimator", "TorchModel", "hora.estimators.frameworks.torch.codec", "TORCH"),
+    ("hora.spark.keras", "KerasEstimator", "KerasModel", "hora.estimators.frameworks.keras.codec", "KERAS"),
+    ("hora.spark.lightning", "TorchEstimator", "TorchModel", "hora.estimators.frameworks.lightning", "LIGHTNING"),
+    ("hora.dask", "TorchEstimator", "TorchModel", "hora.estimators.frameworks.torch.codec", "TORCH"),
+    ("hora.dask", "KerasEstimator", "KerasModel", "hora.estimators.frameworks.keras.codec", "KERAS"),
+    ("hora.dask", "LightningEstimator", "LightningModel", "hora.estimators.frameworks.lightning", "LIGHTNING"),
 ]
 
 

@@ -107,7 +107,7 @@ def _spark_keras(request, tmp_path, spark):
     from pyspark.ml.feature import OneHotEncoder
 
     import hora.spark.keras as hvd
-    from hora.estimators.keras_io import model_from_bytes
+    from hora.estimators.frameworks.keras.io import model_from_bytes
     from hora.spark.common.backend import SparkBackend
     from hora.spark.common.store import Store
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from hora.errors import ConfigError, DataError
-from hora.estimators.torch import TorchSession
-from hora.estimators.torch_tensors import (
+from hora.estimators.frameworks.torch.codec import TorchSession
+from hora.estimators.frameworks.torch.tensors import (
     LabelConverter, ParamDtype, _param_dtype, _stack, _tensor, align_label, loss_value, to_inputs,
 )
 

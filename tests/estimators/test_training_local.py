@@ -86,7 +86,7 @@ def test_feature_group_with_and_without_transformation_fn_and_the_step_profile(s
     members and the worker stacks what it returns: both train the same model on the same rows.
     Rank 0's epoch profile counts every step and splits train_step into its parts."""
     from hora.dask import TorchEstimator
-    from hora.estimators import core
+    from hora.estimators.driver import fit as core
 
     rng = np.random.default_rng(3)
     n = 256

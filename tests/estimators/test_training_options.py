@@ -278,7 +278,7 @@ def hvd_single():
 def test_grad_scaler_step_unscales_before_stepping(hvd_single):
     """The '16-mixed' step (scaled backward, synchronize, unscale, skip_synchronize step) with a CPU
     GradScaler standing in for the GPU's: the same weights as the plain step."""
-    from hora.estimators.torch import TorchSession
+    from hora.estimators.frameworks.torch.codec import TorchSession
 
     hvd = hvd_single
     batch = {"x": np.random.default_rng(0).normal(size=(8, 4)).astype("float32"),
@@ -302,7 +302,7 @@ def test_grad_scaler_step_unscales_before_stepping(hvd_single):
 def test_a_step_scheduler_steps_with_each_optimizer_step_of_accumulated_windows(hvd_single):
     """backward_passes_per_step=2 over 3 batches: a full window and the epoch's partial one, each one
     optimizer step and one scheduler step."""
-    from hora.estimators.torch import TorchSession
+    from hora.estimators.frameworks.torch.codec import TorchSession
 
     hvd = hvd_single
     batch = {"x": np.ones((4, 4), dtype="float32"), "y": np.array([0, 1, 0, 1], dtype="float64")}

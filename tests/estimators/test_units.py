@@ -96,8 +96,8 @@ def test_the_resume_check_reads_each_frameworks_own_checkpoint_format():
     import io
     import types
 
-    from hora.estimators.lightning import LightningCodec
-    from hora.estimators.torch import TorchCodec
+    from hora.estimators.frameworks.lightning import LightningCodec
+    from hora.estimators.frameworks.torch.codec import TorchCodec
 
     def saved(obj) -> bytes:
         buf = io.BytesIO()
@@ -122,7 +122,7 @@ def test_tensorboard_writer_is_made_in_the_background_and_its_errors_reach_log(t
     and writes event files; a failure to build it is raised by that log, not lost."""
     import types as _types
 
-    from hora.estimators import worker
+    from hora.estimators.worker import loop as worker
     from hora.store import Store
 
     store = Store.create(str(tmp_path / "store"))
@@ -146,7 +146,7 @@ def test_tensorboard_writer_is_made_in_the_background_and_its_errors_reach_log(t
 def test_the_training_loss_is_the_weighted_sum_of_the_label_losses(weights):
     from types import SimpleNamespace
 
-    from hora.estimators.torch import TorchSession
+    from hora.estimators.frameworks.torch.codec import TorchSession
 
     torch.manual_seed(0)
     outs = [torch.randn(5, 1, requires_grad=True), torch.randn(5, 3, requires_grad=True)]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hora.estimators.feed import DeviceFeed
+from hora.estimators.worker.feed import DeviceFeed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -40,8 +40,8 @@ def test_batches_arrive_on_the_device_without_a_synchronize(monkeypatch):
 
 
 def test_torch_session_batches_on_cuda_match_the_step_conversion():
-    from hora.estimators.feed import Fed
-    from hora.estimators.torch_session import TorchSession
+    from hora.estimators.worker.feed import Fed
+    from hora.estimators.frameworks.torch.session import TorchSession
 
     dev = torch.device("cuda", torch.cuda.current_device())
     model = torch.nn.Linear(4, 3).to(dev)

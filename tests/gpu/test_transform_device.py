@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hora.errors import ConfigError
-from hora.estimators.torch import TorchCodec
-from hora.estimators.transform import predict_frame
+from hora.estimators.frameworks.torch.codec import TorchCodec
+from hora.estimators.driver.transform import predict_frame
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -115,7 +115,7 @@ def test_the_executor_probe_names_a_namespace_hora_folder(tmp_path):
     import json
     import subprocess
 
-    from hora.estimators.spark_python import _PROBE_SOURCE
+    from hora.estimators.driver.spark_python import _PROBE_SOURCE
 
     (tmp_path / "hora").mkdir()
     code = ("import json, sys\n"

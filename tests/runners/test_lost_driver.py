@@ -39,7 +39,7 @@ class Slow(torch.nn.Module):
         return self.lin(x)
 
 logging.basicConfig(level=logging.WARNING)
-logging.getLogger("hora.estimators.core").setLevel(logging.INFO)
+logging.getLogger("hora.estimators.driver.fit").setLevel(logging.INFO)
 '''
 
 FIT = COMMON + r'''

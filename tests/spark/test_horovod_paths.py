@@ -176,7 +176,7 @@ def test_prepare_data_fit_on_parquet_resume_and_a_model_built_by_hand(spark, tmp
                                    _metadata=metadata)
     assert by_hand.getFeatureColumns() == ["features"] and by_hand.getLabelColumns() == ["y"]
     assert by_hand._get_metadata() is metadata
-    from hora.estimators.horovod_face import vector_labels
+    from hora.estimators.faces.horovod import vector_labels
 
     assert vector_labels(df, ["features"]) and not vector_labels(df, ["y"])  # a vector label: vector predictions
     out = by_hand.transform(df.select("features", "y"))

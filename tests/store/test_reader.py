@@ -379,7 +379,7 @@ def test_torch_adapter_pins_and_copies_to_cuda(shared):
 def test_the_driver_and_the_reader_check_a_feature_group_by_one_rule():
     """The driver checks a sample of arrays before any worker starts, the reader the stored
     column specs; both raise the same error for the same group."""
-    from hora.estimators.data import Features
+    from hora.estimators.data.frames import Features
     from hora.store.dataset import ColumnSpec, group_dtype
 
     sample = {"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32), "k": np.zeros(4, np.int64),

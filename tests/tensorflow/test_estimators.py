@@ -232,7 +232,7 @@ def test_keras_workers_read_batches_through_tf_adapter(tmp_path):
 def test_keras_batches_hook_shapes_tensors_for_the_model(tmp_path, hora_single):
     import tensorflow as tf
 
-    from hora.estimators.keras_session import KerasSession
+    from hora.estimators.frameworks.keras.session import KerasSession
     from hora.store import Store, make_reader, materialize
     from hora.store.tf_adapter import batches_served
 
@@ -275,7 +275,7 @@ def _small_reader(tmp_path):
 
 def test_keras_batches_hook_reraises_the_readers_own_error(tmp_path, hora_single):
     from hora.errors import StoreError
-    from hora.estimators.keras_session import KerasSession
+    from hora.estimators.frameworks.keras.session import KerasSession
 
     reader = _small_reader(tmp_path)
     inputs = keras.Input((64,))
@@ -299,7 +299,7 @@ def test_worker_refuses_a_batches_hook_that_drops_a_batch(tmp_path):
     import types
 
     from hora.estimators.framework import TrainingSession
-    from hora.estimators.worker import rank_batches
+    from hora.estimators.worker.loop import rank_batches
 
     reader = _small_reader(tmp_path)
 
@@ -307,7 +307,7 @@ def test_worker_refuses_a_batches_hook_that_drops_a_batch(tmp_path):
         def batches(self, reader, transform):
             return list(reader)[:-1]
 
-    from hora.estimators.data import Features
+    from hora.estimators.data.frames import Features
 
     config = types.SimpleNamespace(batch_size=16, val_batch=16, seed=0, shuffle=False, shuffle_buffer_size=None,
                                    features=Features.parse(["features"]), max_length=None, on_decode_error="raise",

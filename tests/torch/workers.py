@@ -502,7 +502,7 @@ def fsdp_cpu_model_on_an_accelerator_host() -> tuple[set[str], float]:
     of the parameters and the loss after two steps."""
     torch.set_num_threads(1)
     import hora.torch as hvd
-    from hora.estimators.torch_strategies import prepare
+    from hora.estimators.frameworks.torch.strategies import prepare
 
     hvd.init()
     real = torch._C._get_accelerator

@@ -1,7 +1,7 @@
 """The fit's column operations on a batch: binary columns decoded, variable-length ones padded (with
 their masks) or cut at ``max_length``, sparse ones batched, ``collate_fn`` applied. On a rank (the reader's
-batches, :mod:`hora.estimators.batches`), in the driver's sample check (:mod:`hora.estimators.data`) and in
-transform (:mod:`hora.estimators.transform`), from the settings a fitted model keeps (:func:`inference_columns`).
+batches, :mod:`hora.estimators.worker.batches`), in the driver's sample check (:mod:`hora.estimators.data.frames`) and in
+transform (:mod:`hora.estimators.driver.transform`), from the settings a fitted model keeps (:func:`inference_columns`).
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ def engine_of(df: Any) -> str:
     if mod.startswith("dask.") or mod.startswith("dask_expr"):
         return "dask"
     if mod.startswith("ray.data"):
-        from hora.estimators.ray_data import is_ray_dataset
+        from hora.estimators.data.ray_dataset import is_ray_dataset
 
         if is_ray_dataset(df):
             return "ray"
@@ -199,7 +199,7 @@ def check_columns(df: Any, roles: list[tuple[str, str]]) -> None:
     """
     ray = type(df).__module__.startswith("ray.data")
     if ray:
-        from hora.estimators.ray_data import column_names
+        from hora.estimators.data.ray_dataset import column_names
     have = {str(c) for c in (column_names(df) if ray else df.columns)}
     missing = [(role, c) for role, c in roles if c not in have]
     if missing:
@@ -300,7 +300,7 @@ def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS,
             warnings.simplefilter("ignore")  # "insufficient elements for head" when the first partition is small
             pdf = df[columns].head(rows, npartitions=min(df.npartitions, 4))
     elif engine == "ray":
-        from hora.estimators.ray_data import sample_columns
+        from hora.estimators.data.ray_dataset import sample_columns
 
         pdf = sample_columns(df, columns, rows)  # {column: numpy array}; DataError when empty
     else:
@@ -347,13 +347,13 @@ def sample_dataset(store: Any, info: Any, roles: list[tuple[str, str]], rows: in
 
 def sample_batch(sample: dict[str, np.ndarray], specs: dict[str, ColumnSpec], config: Any) -> dict[str, Any]:
     """``sample`` (columns as the reader gives them) as the model gets it on a rank: through the
-    estimator's column operations (:func:`hora.estimators.columns.column_ops`), then, where a
+    estimator's column operations (:func:`hora.estimators.data.columns.column_ops`), then, where a
     feature is still bytes or text, through ``transformation_fn`` (a tokenizer).
 
     Raises:
         DataError: a decode_fn / collate_fn fails, or a feature stays bytes or text (names it).
     """
-    from hora.estimators.columns import column_ops
+    from hora.estimators.data.columns import column_ops
 
     ops = column_ops(config, specs, getattr(config, "decode_fn", None), getattr(config, "collate_fn", None))
     batch = ops(sample) if ops is not None else dict(sample)

@@ -10,7 +10,7 @@
   then materialized to the Store once (:mod:`hora.store.ray_source`).
 * Predictions on a Ray Dataset are lazy Ray Datasets (``map_batches`` over numpy
   batches, the model loaded once per Ray worker process):
-  :func:`hora.estimators.transform.ray_transform` keeps
+  :func:`hora.estimators.driver.transform.ray_transform` keeps
   every input column and adds one prediction column per label (a float64 column, or a
   float64 tensor column for outputs of several values per row), a classifier's three
   columns, with the fit's column operations applied as on Spark and Dask.

@@ -2,7 +2,7 @@
 
 :func:`fit` = validate on the driver (params, columns, feature groups, one forward pass
 on a small sample, the callbacks' own checks) -> :func:`hora.store.materialize` ->
-:func:`hora.runners.run` of :func:`hora.estimators.worker.train_worker` on a frozen
+:func:`hora.runners.run` of :func:`hora.estimators.worker.loop.train_worker` on a frozen
 :class:`TrainSpec` -> collect history and final weights -> :class:`FitResult`. Nothing
 here knows which face called it beyond the engine of the frame, or which framework
 trains beyond its :class:`~hora.estimators.framework.Framework` descriptor.
@@ -20,7 +20,7 @@ import numpy as np
 
 from hora.errors import ConfigError, DataError, WorkerFailedError
 from hora.estimators.callbacks import Callback
-from hora.estimators.data import (
+from hora.estimators.data.frames import (
     SAMPLE_ROWS, check_columns, dask_frame, engine_of, fixed_batch_shapes, sample_dataset, sample_numpy,
 )
 from hora.estimators.framework import CheckResult, Framework
@@ -120,7 +120,7 @@ def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: An
     elif isinstance(given, (str, runners.Launcher)):  # a launcher's name ("ray", "dask", "local"...) or a Launcher
         opts["launcher"] = given
     if opts["launcher"] == "ray" or getattr(opts["launcher"], "name", None) == "ray":
-        from hora.estimators.ray_data import launcher_for
+        from hora.estimators.data.ray_dataset import launcher_for
 
         opts["launcher"] = launcher_for(opts["launcher"], config.use_gpu)  # use_gpu: one GPU per rank actor
     opts["env"] = env
@@ -208,7 +208,7 @@ def _check_store_reach(launcher: Any, store: Any) -> None:
 
 def _run_workers(spec: TrainSpec, config: EstimatorConfig, opts: dict[str, Any]) -> list[Any]:
     from hora import runners
-    from hora.estimators.worker import train_worker
+    from hora.estimators.worker.loop import train_worker
 
     given = config.backend
     if given is not None and not hasattr(given, "launch_options") and not isinstance(given, (str, runners.Launcher)):
@@ -324,7 +324,7 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     timings["collect_s"] = time.monotonic() - t2
     timings["epochs_s"] = float(sum(h.get("epoch_time_s", 0.0) for h in first["history"][first.get("start_epoch", 0):]))
     if config.verbose >= 1:
-        from hora.estimators.feed import summary_note
+        from hora.estimators.worker.feed import summary_note
         from hora.runners.driver.progress import console, summary_line
 
         console(summary_line(run_id, list(first["history"]), store.url_for(store.layout.checkpoint_dir(run_id)),

@@ -68,14 +68,14 @@ def predict_frame(
 ) -> Any:
     """``pdf`` with one prediction column per model output appended (its rows and index as they are);
     with ``use_gpu``, the model runs on this process's GPU (see :func:`_predict`); ``columns``: the
-    fit's column settings (:func:`hora.estimators.columns.inference_columns`).
+    fit's column settings (:func:`hora.estimators.data.columns.inference_columns`).
 
     Raises:
         DataError: a feature column is missing, holds strings, or the model returns another
             number of outputs.
         ConfigError: ``use_gpu`` but no CUDA device is visible, or the model's framework has no GPU path.
     """
-    from hora.estimators.data import Features
+    from hora.estimators.data.frames import Features
 
     features = Features.parse(feature_cols)
     missing = [c for c in features.columns if c not in pdf.columns]
@@ -98,16 +98,16 @@ def predict_columns(codec: Any, model: Any, values: dict[str, Any], features: An
                     columns: dict[str, Any] | None = None) -> list[np.ndarray]:
     """The model's outputs (float64 arrays, one per output column) for one non-empty batch of feature
     ``values`` (a pandas Series or a sequence per column of ``features``): each column read as the
-    reader gives it (:func:`hora.estimators.data.column_sample`: bytes, text and variable-length arrays
+    reader gives it (:func:`hora.estimators.data.frames.column_sample`: bytes, text and variable-length arrays
     too), then the fit's column operations ``columns`` applied
-    (:func:`hora.estimators.columns.inference_arrays`: decoded, padded with masks, collated).
+    (:func:`hora.estimators.data.columns.inference_arrays`: decoded, padded with masks, collated).
 
     Raises:
         DataError: a column holds values hora cannot feed, or the model returns another number of outputs.
         ConfigError: ``use_gpu`` without a GPU path (see :func:`_predict_on`).
     """
-    from hora.estimators.columns import inference_arrays
-    from hora.estimators.data import column_sample
+    from hora.estimators.data.columns import inference_arrays
+    from hora.estimators.data.frames import column_sample
 
     arrays, specs = {}, {}
     for c in features.columns:
@@ -284,7 +284,7 @@ def spark_transform(
 ) -> Any:
     """``df`` with prediction columns, computed on the executors over Arrow batches (``mapInArrow``);
     with ``use_gpu``, on each task's GPU (its Spark GPU address, else cuda:0); ``columns``: the
-    fit's column settings (:func:`hora.estimators.columns.inference_columns`).
+    fit's column settings (:func:`hora.estimators.data.columns.inference_columns`).
 
     Feature columns are read from the Arrow batches straight into numpy (no pandas
     conversion; feature groups stacked); every other column, vectors included, passes
@@ -296,7 +296,7 @@ def spark_transform(
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
-    from hora.estimators.data import Features
+    from hora.estimators.data.frames import Features
 
     features = Features.parse(feature_cols)
     have = set(df.columns)
@@ -327,7 +327,7 @@ def spark_transform(
     def _predict(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from hora.estimators.columns import inference_arrays
+        from hora.estimators.data.columns import inference_arrays
         from hora.store.columns import arrow_objects, vector_batch
 
         _add_driver_path(driver_path)  # the model's class may live in a module of the driver's (as for the ranks)
@@ -419,7 +419,7 @@ def dask_transform(
     """
     import pandas as pd
 
-    from hora.estimators.data import Features, dask_frame
+    from hora.estimators.data.frames import Features, dask_frame
 
     names = Features.parse(feature_cols).columns
     ddf = dask_frame(ddf, names)
@@ -458,9 +458,9 @@ def ray_transform(
 
     The serialized model is put once in Ray's object store; each Ray worker process
     deserializes it once. Each numpy batch goes through the Spark and Dask transforms' code
-    (:func:`hora.estimators.transform.predict_columns`): binary, string and variable-length
+    (:func:`hora.estimators.driver.transform.predict_columns`): binary, string and variable-length
     columns as there, and the fit's column operations ``columns``
-    (:func:`hora.estimators.columns.inference_columns`: ``decode_fn``, ``max_length`` /
+    (:func:`hora.estimators.data.columns.inference_columns`: ``decode_fn``, ``max_length`` /
     ``truncation`` with the masks, ``collate_fn``). A classifier's ``codec``
     (:class:`~hora.estimators.framework.ClassifierCodec`) gives its rawPrediction, probability and
     prediction columns. Outputs of per-row shape ``()`` or ``(1,)`` are float64 columns, others
@@ -470,8 +470,8 @@ def ray_transform(
         DataError: a feature column is missing or an output column already exists
             (checked on the driver, before anything runs).
     """
-    from hora.estimators.data import Features
-    from hora.estimators.ray_data import column_names, require_ray
+    from hora.estimators.data.frames import Features
+    from hora.estimators.data.ray_dataset import column_names, require_ray
 
     ray = require_ray("predicting on a Ray Dataset")
     features = Features.parse(feature_cols)

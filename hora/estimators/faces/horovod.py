@@ -48,7 +48,7 @@ class HorovodEstimatorMethods:
         """
         if params:
             return self.copy(params).fit_on_parquet(dataset_idx=dataset_idx)  # type: ignore[attr-defined]
-        from hora.estimators import core
+        from hora.estimators.driver import fit as core
         from hora.store import prepared
 
         config = self._config()  # type: ignore[attr-defined]
@@ -188,7 +188,7 @@ def infer_output_shapes(codec: Any, model: Any, df: Any, feature_cols: Any, inpu
     Raises:
         DataError: ``df`` is empty or lacks a feature column; the model gives another number of outputs.
     """
-    from hora.estimators.data import Features, check_columns, sample_numpy
+    from hora.estimators.data.frames import Features, check_columns, sample_numpy
 
     features = Features.parse(feature_cols)
     check_columns(df, [("feature_cols", c) for c in features.columns])

@@ -4,8 +4,8 @@ scikit-learn conventions: ``__init__`` only stores its arguments, ``get_params``
 ``set_params`` work on them, validation happens in ``fit``, fitted attributes end in
 ``_``, and ``fit`` returns the fitted model. Training runs on the active
 ``distributed.Client`` (a pandas frame trains on local processes, a Ray Dataset on Ray),
-or where ``backend`` says (``"ray"``: Ray actors, see :mod:`hora.estimators.ray_data`),
-through the shared :func:`hora.estimators.core.fit`. :func:`build` makes the two classes of one framework
+or where ``backend`` says (``"ray"``: Ray actors, see :mod:`hora.estimators.data.ray_dataset`),
+through the shared :func:`hora.estimators.driver.fit.fit`. :func:`build` makes the two classes of one framework
 (``hora.dask.TorchEstimator`` / ``TorchModel``); there is no framework code here.
 
 ``predict`` / ``transform`` keep the rows of the frame they get, in its order and with
@@ -26,16 +26,17 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from hora.errors import ConfigError
-from hora.estimators import core, persistence
-from hora.estimators.base import plot_history
-from hora.estimators.columns import inference_columns
-from hora.estimators.data import check_face, engine_of
+from hora.estimators.driver import fit as core
+from hora.estimators.driver import persistence
+from hora.estimators.faces.history import plot_history
+from hora.estimators.data.columns import inference_columns
+from hora.estimators.data.frames import check_face, engine_of
 from hora.estimators.framework import Framework
 from hora.estimators.params import (
     ParamError, check_param_names, default_output_cols, mllib_aliases, param_defaults, param_docs, param_signature,
 )
 from hora.estimators.tasks import ClassifierCodec, ClassifierHead
-from hora.estimators.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame, ray_transform
+from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame, ray_transform
 
 logger = logging.getLogger(__name__)
 
@@ -331,7 +332,7 @@ def build(framework: Framework, module: str, estimator_name: str, model_name: st
     model_cls = type(model_name, (DaskModel,), {
         "framework": framework, "__module__": module, "__qualname__": model_name,
         "__doc__": f"A fitted {framework.name} model on Dask: model_ is {framework.model_kind}. "
-                   "See hora.estimators.dask_face.DaskModel.",
+                   "See hora.estimators.faces.sklearn.DaskModel.",
     })
     est_cls = type(estimator_name, (DaskEstimator,), {
         "framework": framework, "model_class": model_cls, "__module__": module, "__qualname__": estimator_name,

@@ -6,7 +6,7 @@ and ``TorchModel``). Every parameter of the framework's config class is a Spark
 ``batch_size`` with ``getBatchSize`` / ``setBatchSize``), shared by every framework, so
 ``ParamGridBuilder().addGrid(est.batch_size, [32, 64])`` and ``est.copy({est.epochs: 3})``
 work as for any MLlib stage. ``_fit`` turns the Params into the framework's config and
-calls the shared :func:`hora.estimators.core.fit`; there is no framework code here.
+calls the shared :func:`hora.estimators.driver.fit.fit`; there is no framework code here.
 
 Persistence (``MLWritable`` / ``MLReadable``): Spark's ``metadata/`` (class, uid and
 the JSON Params, read by ``DefaultParamsReader`` and ``PipelineModel.load``) plus side
@@ -29,18 +29,20 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 
 from hora import _spark
 from hora.errors import ConfigError, DataError, StoreError
-from hora.estimators import core, horovod_face, persistence
-from hora.estimators.base import plot_history
-from hora.estimators.columns import inference_columns
-from hora.estimators.data import check_face
+from hora.estimators.driver import fit as core
+from hora.estimators.driver import persistence
+from hora.estimators.faces import horovod as horovod_face
+from hora.estimators.faces.history import plot_history
+from hora.estimators.data.columns import inference_columns
+from hora.estimators.data.frames import check_face
 from hora.estimators.framework import Framework
 from hora.estimators.params import (
     PARAM_DOCS, EstimatorConfig, check_param_names, default_output_cols, json_params, mllib_aliases, param_defaults,
     param_docs, param_signature, unsaved_params,
 )
-from hora.estimators.spark_python import explain_worker_failure
+from hora.estimators.driver.spark_python import explain_worker_failure
 from hora.estimators.tasks import ClassifierCodec, ClassifierHead
-from hora.estimators.transform import DEFAULT_PREDICT_BATCH, spark_transform
+from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, spark_transform
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ MODEL_PARAM_TYPES: dict[str, tuple[str, Any]] = {
     "raw_prediction_col": ("str", "rawPrediction"),
     "inference_columns": ("dict[str, Any] | None", None),
     "vector_outputs": ("bool", False),
-    # Horovod's keywords (hora.estimators.horovod_face.model_kwargs)
+    # Horovod's keywords (hora.estimators.faces.horovod.model_kwargs)
     "feature_columns": ("Sequence[str] | None", None),
     "label_columns": ("Sequence[str] | None", None),
     "optimizer": ("Any", None),
@@ -461,7 +463,7 @@ def build(framework: Framework, module: str, estimator_name: str, model_name: st
     model_cls = type(model_name, (SparkModel,), {
         "framework": framework, "__module__": module, "__qualname__": model_name, "__init__": model_init,
         "__doc__": f"A fitted {framework.name} model on Spark: getModel() is {framework.model_kind}. "
-                   f"See hora.estimators.spark_face.SparkModel.",
+                   f"See hora.estimators.faces.spark.SparkModel.",
     })
     own = [param_mixin(n, d) for n, d in docs.items() if n not in PARAM_DOCS]  # the framework's own Params
     est_cls = type(estimator_name, (SparkEstimator, EstimatorParams, *own), {

@@ -42,12 +42,12 @@ from typing import Any, Iterator
 import numpy as np
 
 from hora.errors import ConfigError
-from hora.estimators.data import hint_grouping
+from hora.estimators.data.frames import hint_grouping
 from hora.estimators.framework import CheckResult, Framework, Resume, TrainingSession, register
 from hora.estimators.params import EstimatorConfig, param
 from hora.estimators.spec import freeze, thaw
-from hora.estimators.torch import TorchCodec
-from hora.estimators.torch_tensors import _stack, _tensor, as_outputs, state_bytes, to_inputs
+from hora.estimators.frameworks.torch.codec import TorchCodec
+from hora.estimators.frameworks.torch.tensors import _stack, _tensor, as_outputs, state_bytes, to_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -359,7 +359,7 @@ def _check_sharded(config: Any) -> None:
 def _epoch_starts(flavor: Any, run: Any, own_data: bool = False) -> Any:
     """A Lightning callback calling the run's ``epoch_begin`` (hora callbacks' ``on_epoch_begin``);
     with ``own_data`` (a ``data_module``: Lightning reads the batches, not the run) it also times the
-    gaps between the steps as the epoch's data wait (:meth:`hora.estimators.feed.DataWait.step_begins`)."""
+    gaps between the steps as the epoch's data wait (:meth:`hora.estimators.worker.feed.DataWait.step_begins`)."""
     base = flavor.sub("callbacks").Callback
 
     class _EpochStarts(base):  # type: ignore[misc, valid-type]

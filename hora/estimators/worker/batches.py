@@ -1,7 +1,7 @@
 """This rank's batches: one pass of the store reader per epoch (or from memory), as the session makes them.
 
 :func:`rank_batches` drives the reader for the worker loop (and for frameworks that run
-their own loop, through :class:`hora.estimators.worker.WorkerRun`): it checks that the
+their own loop, through :class:`hora.estimators.worker.loop.WorkerRun`): it checks that the
 session's ``batches`` hook keeps every rank at the same number of steps. With
 ``inmemory_cache_all``, :class:`CachedReader` serves later epochs from memory.
 """
@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from hora.errors import DataError
-from hora.estimators.columns import column_ops
+from hora.estimators.data.columns import column_ops
 from hora.estimators.framework import TrainingSession
 from hora.store.reader import ROW_ID, Reader, row_position
 

@@ -36,9 +36,9 @@ import numpy as np
 
 from hora import settings
 from hora.errors import ConfigError
-from hora.estimators.batches import CachedReader, rank_batches, steps_per_epoch
+from hora.estimators.worker.batches import CachedReader, rank_batches, steps_per_epoch
 from hora.estimators.callbacks import CallbackContext
-from hora.estimators.feed import WARN_ABOVE, DataWait, advice, gathered
+from hora.estimators.worker.feed import WARN_ABOVE, DataWait, advice, gathered
 from hora.estimators.framework import Resume, TrainingSession
 from hora.estimators.params import checkpoint_interval
 from hora.estimators.spec import TrainSpec, thaw
@@ -253,7 +253,7 @@ class WorkerRun:
         #: each epoch's entry has a ``profile``: steps, seconds waiting for batches and in
         #: train_step, and the session's own split of train_step (``step_seconds``) when it keeps one
         self.phases: dict[str, Any] = {"epochs": []}
-        #: this rank's data-wait clock (:mod:`hora.estimators.feed`); every rank's fraction per epoch
+        #: this rank's data-wait clock (:mod:`hora.estimators.worker.feed`); every rank's fraction per epoch
         self.feed = DataWait()
         self.data_wait_by_rank: list[dict[str, Any]] = []
         self._warned_wait = False
@@ -397,7 +397,7 @@ class WorkerRun:
 
     def data_wait(self, epoch: int) -> float:
         """The epoch's data wait, the largest over the ranks (every rank's is kept for the result);
-        after the first epoch over :data:`~hora.estimators.feed.WARN_ABOVE`, rank 0 warns once."""
+        after the first epoch over :data:`~hora.estimators.worker.feed.WARN_ABOVE`, rank 0 warns once."""
         ranks = gathered(self.feed.fraction(), self.rank, self.size)
         self.data_wait_by_rank.append({"epoch": epoch, "ranks": [round(v, 4) for v in ranks]})
         worst = max(ranks)

@@ -2,7 +2,7 @@
 
 ``TorchEstimator`` takes a ``LightningModule`` (Horovod's name; ``hora.spark.LightningEstimator``
 is the same class) and ``fit`` returns a ``TorchModel``. Built from the Lightning
-framework descriptor (:mod:`hora.estimators.lightning`) by the Spark face; it needs
+framework descriptor (:mod:`hora.estimators.frameworks.lightning`) by the Spark face; it needs
 Lightning 2.6 (``pip install 'hora[lightning]'``), imported when training starts.
 """
 

@@ -2,7 +2,7 @@
 # Regenerate with: python -m hora.estimators._stubgen
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
-from hora.estimators.spark_face import SparkEstimator, SparkModel
+from hora.estimators.faces.spark import SparkEstimator, SparkModel
 
 from hora.spark.common.params import EstimatorParams as EstimatorParams
 MIN_PL_VERSION: str

@@ -1,14 +1,14 @@
 """``hora.spark.torch.remote``: the internals of Horovod's Torch training loop, which hora does not have.
 
-hora's ranks run one shared loop (:mod:`hora.estimators.worker`) over a framework session
-(:mod:`hora.estimators.torch_session`); importing Horovod's names works, using them raises
+hora's ranks run one shared loop (:mod:`hora.estimators.worker.loop`) over a framework session
+(:mod:`hora.estimators.frameworks.torch.session`); importing Horovod's names works, using them raises
 (:mod:`hora.horovod_internals`).
 """
 
 from hora.horovod_internals import module_getattr
 
-_LOOP = "hora's ranks train in one shared loop (hora.estimators.worker) over a TorchSession"
-_METRICS = "hora averages each metric across ranks once per epoch (hora.estimators.worker); metrics= takes callables"
+_LOOP = "hora's ranks train in one shared loop (hora.estimators.worker.loop) over a TorchSession"
+_METRICS = "hora averages each metric across ranks once per epoch (hora.estimators.worker.loop); metrics= takes callables"
 
 __getattr__ = module_getattr(__name__, {
     "RemoteTrainer": _LOOP,
@@ -20,5 +20,5 @@ __getattr__ = module_getattr(__name__, {
     "_update_metrics_fn": _METRICS,
     "_prepare_np_data_fn": "hora's reader gives each batch as numpy arrays of the stored columns (hora.store.reader)",
     "_calculate_loss_fn": "hora weighs losses with loss_weights= and sample_weight_col= in its training step "
-                          "(hora.estimators.torch_tensors)",
+                          "(hora.estimators.frameworks.torch.tensors)",
 })

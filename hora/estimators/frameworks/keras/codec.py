@@ -25,7 +25,7 @@ the model's own input shape when their values per row match (a flat 784-vector f
 ``(28, 28, 1)`` input, as in Horovod); floating features are cast to float32; one
 output per label column, labels aligned to their outputs (``(n,)`` vs ``(n, 1)``;
 class ids (integers or Spark's doubles) for an ``(n, classes)`` output stay ids; one-hot vectors stay).
-The worker side is :class:`hora.estimators.keras_session.KerasSession`.
+The worker side is :class:`hora.estimators.frameworks.keras.session.KerasSession`.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from hora.errors import ConfigError
-from hora.estimators.data import hint_grouping
+from hora.estimators.data.frames import hint_grouping
 from hora.estimators.framework import CheckResult, Framework, ModelCodec, register
-from hora.estimators.keras_io import (
+from hora.estimators.frameworks.keras.io import (
     CUSTOM_OBJECTS_FILE, MODEL_FILE, align_label, clone_model, get_custom_objects, is_keras_callback, keras_loss,
     keras_optimizer, keras_params, model_from_bytes, model_to_bytes, outputs_list, set_custom_objects, to_inputs,
 )
-from hora.estimators.keras_session import KerasSession
+from hora.estimators.frameworks.keras.session import KerasSession
 from hora.estimators.params import EstimatorConfig, param
 from hora.estimators.spec import freeze, thaw
 

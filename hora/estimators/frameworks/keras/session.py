@@ -24,7 +24,7 @@ import numpy as np
 
 from hora.errors import ConfigError, DataError
 from hora.estimators.framework import Resume, TrainingSession
-from hora.estimators.keras_io import (
+from hora.estimators.frameworks.keras.io import (
     align_label, label_target, model_from_bytes, model_to_bytes, outputs_list, set_custom_objects, stack, to_inputs,
 )
 from hora.estimators.spec import thaw

@@ -1,5 +1,5 @@
 """PyTorch on the estimator seam: :class:`TorchCodec` and :class:`TorchConfig` (driver), :data:`TORCH`;
-the rank side, :class:`~hora.estimators.torch_session.TorchSession`, is in :mod:`hora.estimators.torch_session`.
+the rank side, :class:`~hora.estimators.frameworks.torch.session.TorchSession`, is in :mod:`hora.estimators.frameworks.torch.session`.
 
 Conventions for users of ``TorchEstimator``:
 
@@ -35,7 +35,7 @@ Conventions for users of ``TorchEstimator``:
   weight), the weighted mean as ``CrossEntropyLoss(weight=...)`` computes it;
 * ``strategy``: ``"hora"`` (hora's DistributedOptimizer), ``"zero1"`` / ``"zero2"`` (the same,
   sharded), ``"ddp"`` or ``"fsdp"`` (torch's, on the group :func:`hora.torch.init_process_group`
-  builds): see :mod:`hora.estimators.torch_strategies`;
+  builds): see :mod:`hora.estimators.frameworks.torch.strategies`;
 * ``train_minibatch_fn`` (Horovod's): ``fn(model, optimizer, transform_outputs, loss_fn,
   inputs, labels, sample_weights, backward_passes_per_step, batch_idx) -> (outputs,
   loss)`` replaces the default step; it calls ``zero_grad``/``backward``/``step`` itself
@@ -54,14 +54,14 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from hora.errors import ConfigError
-from hora.estimators import torch_strategies
-from hora.estimators.data import hint_grouping
+from hora.estimators.frameworks.torch import strategies as torch_strategies
+from hora.estimators.data.frames import hint_grouping
 from hora.estimators.framework import CheckResult, Framework, ModelCodec, register
 from hora.estimators.params import EstimatorConfig, param
 from hora.estimators.spec import freeze, thaw
-from hora.estimators.torch_session import TorchSession, class_weight_list, classes_of, serialize_model
-from hora.estimators.torch_strategies import STRATEGIES, TORCH_DISTRIBUTED
-from hora.estimators.torch_tensors import (
+from hora.estimators.frameworks.torch.session import TorchSession, class_weight_list, classes_of, serialize_model
+from hora.estimators.frameworks.torch.strategies import STRATEGIES, TORCH_DISTRIBUTED
+from hora.estimators.frameworks.torch.tensors import (
     _stack, _tensor, align_label, as_outputs, first_state_mismatch, is_torchmetric, normalize_metrics,
     per_row_loss_fn, to_inputs, weighted,
 )
@@ -324,7 +324,7 @@ class TorchCodec(ModelCodec):
         model is moved there, each batch copied there, outputs returned on the CPU) or where the model is."""
         import torch
 
-        from hora.estimators.horovod_face import rows_per_forward
+        from hora.estimators.faces.horovod import rows_per_forward
 
         n = len(inputs[0]) if inputs else 0
         fixed = rows_per_forward(inputs, input_shapes) if n else None  # input_shapes without -1: Horovod's [[2]]
@@ -356,13 +356,13 @@ OUTPUT_FLUSH_BYTES = 64 << 20
 def _predict_fed(model: Any, inputs: Sequence[np.ndarray], input_shapes: Any, batch_size: int, device: Any,
                  n: int) -> list[np.ndarray]:
     """:meth:`TorchCodec.predict` on a CUDA device: the batches made tensors in pinned memory and
-    copied on a side stream one batch ahead (:class:`~hora.estimators.feed.DeviceFeed`); the
+    copied on a side stream one batch ahead (:class:`~hora.estimators.worker.feed.DeviceFeed`); the
     outputs stay on the device until :data:`OUTPUT_FLUSH_BYTES` of them are there, then come back
     in one copy (not one wait per batch)."""
     import torch
 
-    from hora.estimators.feed import DeviceFeed
-    from hora.estimators.torch_tensors import _param_dtype
+    from hora.estimators.worker.feed import DeviceFeed
+    from hora.estimators.frameworks.torch.tensors import _param_dtype
 
     dtype = _param_dtype(model)
 

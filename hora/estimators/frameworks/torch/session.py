@@ -1,7 +1,7 @@
 """PyTorch's rank side on the estimator seam: :class:`TorchSession`, one rank's training of a
 ``TorchEstimator`` fit (the default step, the loop options, strategies, checkpoints); the
-driver side (:class:`~hora.estimators.torch.TorchCodec`, the parameters) is in
-:mod:`hora.estimators.torch`, whose module docstring has the conventions users see.
+driver side (:class:`~hora.estimators.frameworks.torch.codec.TorchCodec`, the parameters) is in
+:mod:`hora.estimators.frameworks.torch.codec`, whose module docstring has the conventions users see.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from hora.errors import ConfigError, DataError
-from hora.estimators import torch_strategies
-from hora.estimators.feed import DeviceFeed, Fed
+from hora.estimators.frameworks.torch import strategies as torch_strategies
+from hora.estimators.worker.feed import DeviceFeed, Fed
 from hora.estimators.framework import Resume, TrainingSession
 from hora.estimators.spec import freeze, thaw
-from hora.estimators.torch_strategies import COLLECTIVE_CHECKPOINT, TORCH_DISTRIBUTED
-from hora.estimators.torch_tensors import (
+from hora.estimators.frameworks.torch.strategies import COLLECTIVE_CHECKPOINT, TORCH_DISTRIBUTED
+from hora.estimators.frameworks.torch.tensors import (
     LabelConverter, ParamDtype, _stack, _tensor, align_label, as_outputs, first_state_mismatch, is_torchmetric,
     loss_value, normalize_metrics, per_row_loss_fn, state_bytes, to_inputs, weighted,
 )
@@ -85,7 +85,7 @@ class TorchSession(TrainingSession):
     clip_norm: float | None = None
     clip_value: float | None = None
     class_weights: Any = None
-    #: ``strategy=`` (see :mod:`hora.estimators.torch_strategies`); the module the training forward
+    #: ``strategy=`` (see :mod:`hora.estimators.frameworks.torch.strategies`); the module the training forward
     #: pass runs (DDP's wrapper; else the model); sharded strategies: every rank takes part in a
     #: checkpoint; fsdp: the fit's payload (a plain copy of the model for the result) and that copy
     strategy: str = "hora"
@@ -99,7 +99,7 @@ class TorchSession(TrainingSession):
     #: seconds of the default step's parts, summed over the run (the worker's epoch profile)
     step_seconds: dict = field(default_factory=lambda: {"forward+loss": 0.0, "backward": 0.0, "optimizer": 0.0})
     _hooks: list = field(default_factory=list)
-    #: the model's parameter dtype, kept between steps (see :class:`~hora.estimators.torch_tensors.ParamDtype`)
+    #: the model's parameter dtype, kept between steps (see :class:`~hora.estimators.frameworks.torch.tensors.ParamDtype`)
     _dtype: Any = field(default=None, init=False, repr=False)
     #: one per label column: its batches as tensors aligned to the model's output, the rule kept between steps
     _label_converters: list = field(default_factory=list, init=False, repr=False)
@@ -235,7 +235,7 @@ class TorchSession(TrainingSession):
     def _forward_loss(self, batch: dict[str, np.ndarray]) -> tuple[Any, list, list]:
         """The loss of a batch, with the outputs and aligned labels: :meth:`_prepare`, the forward
         pass, :meth:`_align` and :meth:`_loss`, the labels made by the session's
-        :class:`~hora.estimators.torch_tensors.LabelConverter` s (the same tensors, without
+        :class:`~hora.estimators.frameworks.torch.tensors.LabelConverter` s (the same tensors, without
         deciding again per batch what aligning them takes)."""
         inputs, converted, weights = self._tensors(batch)
         module = self.model if self._evaluating else self.forward_module  # (DDP syncs in training only)
@@ -254,7 +254,7 @@ class TorchSession(TrainingSession):
         return torch.autocast(device_type=kind, dtype=self.autocast_dtype)
 
     def batches(self, reader: Any, transform: Any) -> Any:
-        """The numpy batches (the default hook); on a CUDA rank through a :class:`~hora.estimators.feed.DeviceFeed`:
+        """The numpy batches (the default hook); on a CUDA rank through a :class:`~hora.estimators.worker.feed.DeviceFeed`:
         a feed thread makes each batch's tensors (:meth:`_host_tensors`), pinned, and copies them to
         the device on a side stream one batch ahead. Not with ``train_minibatch_fn`` (its batches are
         made in the step)."""
@@ -276,7 +276,7 @@ class TorchSession(TrainingSession):
 
     def _tensors(self, batch: Any) -> tuple[list, list, Any]:
         """What the forward pass and the loss need of a batch, before the forward pass: inputs,
-        labels (:meth:`LabelConverter.tensor`), weights (a :class:`~hora.estimators.feed.Fed` batch:
+        labels (:meth:`LabelConverter.tensor`), weights (a :class:`~hora.estimators.worker.feed.Fed` batch:
         already on the device)."""
         if isinstance(batch, Fed):
             n, labels = batch.extra

@@ -14,7 +14,7 @@
 Checkpoints. ``"fsdp"`` writes torch's distributed checkpoint (DCP): every rank its own
 shards of the model and optimizer state, to the run's checkpoint folder in the Store
 (``dcp-e<epoch>-s<step>-g<global step>-a<attempt>/``, ``.metadata`` and the files' checksums last,
-by rank 0; every file through the Store's retried operations, :mod:`hora.estimators.torch_dcp`), and the
+by rank 0; every file through the Store's retried operations, :mod:`hora.estimators.frameworks.torch.dcp`), and the
 checkpoint rank 0 commits (the Store's atomic per-epoch file) holds the folder's name and the
 small rest (position, scheduler, scaler): no rank ever holds the whole state, and a folder no
 committed checkpoint names (a crash mid-write) is never read. A resume loads it at any number
@@ -258,8 +258,8 @@ def load_zero(opt: Any, strategy: str, store: Any, path: str) -> dict[str, Any] 
 
 def _fsspec_io(store: Any, path: str, write: bool) -> Any:
     """DCP's storage writer / reader for ``path`` in ``store``: every file operation through the
-    Store (retried under its policy), every file checksummed (:mod:`hora.estimators.torch_dcp`)."""
-    from hora.estimators.torch_dcp import StoreReader, StoreWriter
+    Store (retried under its policy), every file checksummed (:mod:`hora.estimators.frameworks.torch.dcp`)."""
+    from hora.estimators.frameworks.torch.dcp import StoreReader, StoreWriter
 
     return StoreWriter(store, path) if write else StoreReader(store, path)
 
@@ -274,7 +274,7 @@ def _dcp_error(exc: BaseException, action: str, url: str) -> Exception:
     from torch.distributed.checkpoint.api import CheckpointException
 
     from hora.errors import CollectiveError, StoreError
-    from hora.estimators.torch_dcp import data_error_in
+    from hora.estimators.frameworks.torch.dcp import data_error_in
 
     damaged = data_error_in(exc)
     if damaged is not None:  # a shard whose bytes do not match their checksum: names the file and run
@@ -369,7 +369,7 @@ def load_dcp_whole(store: Any, path: str) -> tuple[dict[str, Any], dict[str, Any
                          planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     except (Exception, CheckpointException) as exc:
         from hora.errors import StoreError
-        from hora.estimators.torch_dcp import data_error_in
+        from hora.estimators.frameworks.torch.dcp import data_error_in
 
         raise data_error_in(exc) or StoreError(f"reading the distributed checkpoint {store.url_for(path)} failed: "
                                                f"{type(exc).__name__}: {exc}") from exc

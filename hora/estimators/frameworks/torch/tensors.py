@@ -213,7 +213,7 @@ def apply_label_rule(rule: LabelRule, label: Any) -> Any:
 
 def align_label(output: Any, label: Any, name: str = "label") -> Any:
     """``label`` (a tensor) in the dtype and shape ``output`` needs (see the module docstring
-    of :mod:`hora.estimators.torch`): class ids (integers, or floats holding whole numbers) as
+    of :mod:`hora.estimators.frameworks.torch.codec`): class ids (integers, or floats holding whole numbers) as
     int64 for an output of shape ``(n, classes)``, else cast to the output's floating dtype
     and reshaped to its shape when both hold the same number of values per row.
 
