@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 
 from hora.errors import ConfigError
+from hora.estimators import old_names
 
 
 def freeze(obj: Any) -> bytes:
@@ -84,8 +85,9 @@ def _unpicklable_path(obj: Any, path: str, depth: int = 0, seen: set[int] | None
 
 
 def thaw(data: bytes) -> Any:
-    """Inverse of :func:`freeze`."""
-    return cloudpickle.loads(data)
+    """Inverse of :func:`freeze` (a module named by its path before the estimators' subpackages is read at
+    its new one: :mod:`hora.estimators.old_names`)."""
+    return old_names.loads(data)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,50 @@ def test_save_load_round_trip_and_missing(tmp_path):
         model.save(str(tmp_path / "m"), overwrite=False)
 
 
+
+def _as_before_the_subpackages(data: bytes, moves: dict[str, str]) -> bytes:
+    """A protocol-2 pickle with each of ``moves``' new module paths (``old: new``) written as the old one."""
+    def unicode(path: str) -> bytes:  # a cloudpickled module's path: BINUNICODE
+        return b"X" + len(path).to_bytes(4, "little") + path.encode()
+
+    for old, new in moves.items():
+        renamed = data.replace(f"c{new}\n".encode(), f"c{old}\n".encode()).replace(unicode(new), unicode(old))
+        assert renamed != data, new
+        data = renamed
+    return data
+
+
+def test_a_model_saved_under_the_estimators_old_module_paths_loads(tmp_path):
+    import importlib
+    import importlib.util
+    import pickle
+
+    import cloudpickle
+
+    from hora.dask import TorchModel
+    from hora.estimators import old_names
+    from hora.estimators.data import frames
+    from hora.estimators.faces import spark
+    from hora.store import Store
+
+    # every old path names a module that exists; none is left at its old path (or it is a package now)
+    for old, new in old_names.OLD_MODULES.items():
+        importlib.import_module(new)
+        found = importlib.util.find_spec(old)
+        assert found is None or found.submodule_search_locations is not None, old
+    mixin = spark.param_mixin("batch_size", "")  # the Spark Params' mixins pickle under the face's module
+    settings = {"decode_fn": frames.group_key, "mixin": mixin, "module": frames}
+    data = _as_before_the_subpackages(cloudpickle.dumps({"inference_columns": settings}, protocol=2),
+                                      {"hora.estimators.data": "hora.estimators.data.frames",
+                                       "hora.estimators.spark_face": "hora.estimators.faces.spark"})
+    with pytest.raises(AttributeError):  # hora.estimators.data is a package now: plain pickle finds no group_key
+        pickle.loads(data)
+    model = _model()
+    model.save(str(tmp_path / "m"))
+    Store.create(str(tmp_path / "m"), check_writable=False).write_bytes("objects.pkl", data)
+    loaded = TorchModel.load(str(tmp_path / "m"))
+    assert loaded.inference_columns_ == settings
+
 def test_plot_history():
     model = _model(history=[{"epoch": 0, "loss": 2.0, "val_loss": 2.5, "val_acc": 0.5, "data_wait": 0.3},
                             {"epoch": 1, "loss": 1.0, "val_loss": 1.5, "val_acc": 0.7, "data_wait": 0.1}])
