@@ -198,6 +198,12 @@ def train_worker(spec: TrainSpec) -> dict[str, Any] | None:
     """
     entered = time.time()
     common = thaw(spec.common) if spec.common else {}
+    from hora.native import state
+
+    # Under hora's launchers the rank's main initializes the job and shuts it down; a Horovod Backend
+    # calls this function in processes of its own, which may run the next job's function: the job
+    # this function initialized (the session's init) ends with it.
+    owns_job = not state.is_initialized()
     session = spec.framework.session.open(spec)
     try:
         run = WorkerRun(spec, session, list(common.get("callbacks") or []),
@@ -211,6 +217,8 @@ def train_worker(spec: TrainSpec) -> dict[str, Any] | None:
             run.close()
     finally:
         session.close()
+        if owns_job and state.is_initialized():
+            state.shutdown()
 
 
 class WorkerRun:
