@@ -62,6 +62,8 @@ class CommandConfig:
             failure (``--max-failures``; see :mod:`hora.runners.driver.recovery`).
         warm: fork the ranks on this machine whose command is this interpreter from a warm
             server (``--warm``; None: ``HORA_WARM_COMMANDS``); see :func:`warm_command_env`.
+        tls: the driver service in TLS with a per-attempt certificate the ranks pin (``--tls``;
+            None: ``HORA_TLS``); see :mod:`hora.native.tls`.
     """
 
     command: tuple[str, ...]
@@ -81,6 +83,7 @@ class CommandConfig:
     verbose: bool = False
     max_failures: int = 0
     warm: bool | None = None
+    tls: bool | None = None
 
     def __post_init__(self) -> None:
         check_max_failures(self.max_failures, "--max-failures")
@@ -167,7 +170,7 @@ class CommandRun:
         self.service = DriverService(self.secret, self.cfg.num_proc, self.run_id, bind=self.plan.bind,
                                      advertise=self.plan.service_address, verbose=1, stdout=self._streams[0],
                                      stderr=self._streams[1], attempt=self.attempts.number,
-                                     label=self.attempts.label())
+                                     label=self.attempts.label(), tls=self.cfg.tls)
         self.output = RankOutput(self.service.emit, self.cfg.output_dir, self.cfg.num_proc)
         self.job = None
         self.started = False

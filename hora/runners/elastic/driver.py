@@ -149,7 +149,8 @@ class ElasticRun:
                                   address=c.network_address)
         self.secret = make_secret()
         self.service = DriverService(self.secret, max(1, cfg.max_np or c.num_proc), self.run_id, bind=self.plan.bind,
-                                     advertise=self.plan.service_address, verbose=1, stdout=stdout, stderr=stderr)
+                                     advertise=self.plan.service_address, verbose=1, stdout=stdout, stderr=stderr,
+                                     tls=c.tls)
         self.config = hosts_config(c.ssh, c.remote_python, c.start_timeout)
         self.rounds = ElasticRounds(self.run_id, self.hosts, cfg.reset_limit)
         self.round = 0

@@ -264,6 +264,10 @@ class MpiLauncher(Launcher):
         env.update({ENV_DRIVER_ADDR: spec.driver_addr, ENV_SECRET: spec.secret.hex(),
                     ENV_RUN_ID: spec.run_id, ENV_BACKEND: "mpi", "PYTHONUNBUFFERED": "1"})
         env.pop(ENV_SUPERVISOR_PID, None)
+        if spec.tls is not None:  # the ranks fetch the spec over TLS: they pin the certificate first
+            from hora.native.tls import ENV_TLS_CERT
+
+            env[ENV_TLS_CERT] = spec.tls.to_text()
         output = RankOutput(service.emit, self.output_dir, spec.num_proc)
         job = MpiJob(worker_argv(FROM_DRIVER, self.python), self._hosts_for(spec.num_proc), self.ssh, env, output,
                      service, spec.num_proc, functions=True, interface=self.interface, extra_args=self.extra_args)
