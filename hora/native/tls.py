@@ -251,8 +251,10 @@ def for_secret(secret: bytes) -> JobCertificate | None:
         cert = _jobs.get(secret)
     if cert is not None:
         return cert
+    from hora.native.rendezvous.contract import ENV_SECRET  # (the package imports this module)
+
     text = settings.get(ENV_TLS_CERT)
-    own = settings.get("HORA_SECRET")
+    own = settings.get(ENV_SECRET)
     if text and own and own == secret.hex():
         cert = JobCertificate.from_text(text)
         register(secret, cert)
