@@ -126,6 +126,12 @@ class MpiJob(Job):
     def __init__(self, command: Sequence[str], hosts: Sequence[HostSlots], ssh: SshOptions, env: Mapping[str, str],
                  output: RankOutput, service: DriverService, num_proc: int, functions: bool,
                  interface: str | None = None, extra_args: Sequence[str] = ()) -> None:
+        remote = sorted({h.name for h in hosts if not h.is_local})
+        if remote and service.tls is not None:
+            raise NotImplementedError(
+                f"TLS with mpiexec on other hosts ({', '.join(remote)}): mpiexec's own connections between hosts "
+                "(MPICH hydra's proxies, which carry the ranks' environment and output) are not encrypted by hora; "
+                "run hora's own launcher (hora run without --mpi, hora.run without use_mpi), whose channels are TLS")
         self.output = output
         self.service = service
         self.num_proc = num_proc
