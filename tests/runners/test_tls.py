@@ -145,3 +145,30 @@ def test_tls_without_cryptography_names_the_extra_before_any_rank_starts(monkeyp
     monkeypatch.setenv("HORA_TLS", "1")
     with pytest.raises(ConfigError, match=r"pip install 'hora\[tls\]'"):
         hr.run(os.getpid, num_proc=1, verbose=0)
+
+
+@pytest.mark.timeout(90)
+def test_hora_run_tls_gives_command_ranks_the_pin_and_its_service_refuses_plaintext(tmp_path, job_cert):
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent("""
+        import os, pickle, socket
+        from hora.native.rendezvous.protocol import HEADER, MAGIC, sign
+        host, _, port = os.environ["HORA_DRIVER_ADDR"].rpartition(":")
+        body = pickle.dumps(("ping",))
+        answer = b""
+        with socket.create_connection((host, int(port)), timeout=5) as sock:  # a signed ping, in plaintext
+            sock.sendall(HEADER.pack(MAGIC, len(body), sign(bytes.fromhex(os.environ["HORA_SECRET"]), body)) + body)
+            try:
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            except (ConnectionResetError, TimeoutError):
+                pass
+        print("pinned", bool(os.environ.get("HORA_TLS_CERT")), "frame", MAGIC in answer, flush=True)
+    """))
+    res = subprocess.run([sys.executable, "-m", "hora", "run", "--tls", "-np", "2", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=80, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("pinned True frame False") == 2, res.stdout
