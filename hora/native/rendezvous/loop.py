@@ -269,9 +269,6 @@ class _Loop:
         sock = conn.sock
         try:
             data = sock.recv(262144)
-            if isinstance(sock, ssl.SSLSocket):  # records already decrypted never wake the selector
-                while data and sock.pending():
-                    data += sock.recv(262144)
         except _AGAIN:
             return
         except OSError:
@@ -281,6 +278,17 @@ class _Loop:
             self._close(conn)
             return
         conn.inbuf += data
+        if isinstance(sock, ssl.SSLSocket):  # a record read and decrypted already never wakes the selector
+            while sock.pending():
+                try:
+                    more = sock.recv(262144)
+                except _AGAIN:
+                    break
+                except OSError:  # the next turn's read sees the end
+                    break
+                if not more:
+                    break
+                conn.inbuf += more
         self._frames(conn)
 
     def _frames(self, conn: _Conn) -> None:
