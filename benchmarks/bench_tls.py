@@ -87,7 +87,7 @@ def _fits(n: int, repeats: int) -> tuple[float, float]:
 
 
 def _connect_ping(tls: bool, repeats: int) -> float:
-    from hora.native import tls as tls_mod
+    from hora.native.rendezvous import tls as tls_mod
     from hora.native.rendezvous import KVClient, RendezvousServer, make_secret
 
     secret = make_secret()
@@ -114,7 +114,7 @@ def main() -> int:
     parser.add_argument("-n", "--num-proc", type=int, default=2)
     parser.add_argument("--fit", action="store_true", help="also a local fit with HORA_TLS 0 and 1")
     args = parser.parse_args()
-    from hora.native import tls as tls_mod
+    from hora.native.rendezvous import tls as tls_mod
 
     note = machine_note()
     t = time.perf_counter()

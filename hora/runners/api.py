@@ -121,7 +121,7 @@ def run(
         stdout, stderr: where rank output is printed (default: the driver's own).
         timestamps: prefix every printed rank line with the time it arrived.
         tls: the driver service and rendezvous in TLS with a per-attempt certificate the ranks
-            pin (:mod:`hora.native.tls`; needs ``hora[tls]``); None: ``HORA_TLS``.
+            pin (:mod:`hora.native.rendezvous.tls`; needs ``hora[tls]``); None: ``HORA_TLS``.
 
     Raises:
         ConfigError: bad arguments (``max_failures < 0``, ...), or more ranks than the

@@ -21,7 +21,7 @@ from typing import IO
 
 from hora.errors import ConfigError
 from hora import settings
-from hora.native.rendezvous import ENV_BACKEND, WorkerEnv, make_secret
+from hora.native.rendezvous import ENV_BACKEND, WorkerEnv, make_secret, tls
 from hora.runners.driver.service import DriverService
 from hora.runners.launchers.hosts import HostPlan, HostsJob, RankOutput, RankProcess, forward_environment
 from hora.runners.slots import HostSlots, RankSlot
@@ -63,7 +63,7 @@ class CommandConfig:
         warm: fork the ranks on this machine whose command is this interpreter from a warm
             server (``--warm``; None: ``HORA_WARM_COMMANDS``); see :func:`warm_command_env`.
         tls: the driver service in TLS with a per-attempt certificate the ranks pin (``--tls``;
-            None: ``HORA_TLS``); see :mod:`hora.native.tls`.
+            None: ``HORA_TLS``); see :mod:`hora.native.rendezvous.tls`.
     """
 
     command: tuple[str, ...]
@@ -197,6 +197,7 @@ class CommandRun:
             rendezvous_addr=self.service.addr, secret=self.secret, job_id=self.run_id, backend=self.cfg.collective,
             start_timeout=self.cfg.start_timeout,
         ).to_environ())
+        env.update(tls.environ(self.secret))  # the certificate to pin when the run uses TLS
         if not remote:  # its share of this host's cores, as torchrun does (a remote host's are its own)
             threads = rank_threads(slot.placement.local_size, env)
             if threads is not None:

@@ -27,9 +27,9 @@ from hora.settings import (  # the native engine's settings a run sets (read by 
     ENV_TIMELINE_MARK_CYCLES,
 )
 from hora.errors import ConfigError
-from hora.native import tls as _tls
+from hora.native.rendezvous import tls as _tls
 from hora.native.rendezvous.contract import Placed, Placement
-from hora.native.tls import JobCertificate
+from hora.native.rendezvous.tls import JobCertificate
 from hora.names import check_run_id, new_run_id  # the one run id rule (store folders, job tags, task keys)
 
 # --------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class LaunchSpec:
             shorter ones (Spark: 0.25 s).
         tls: the attempt's TLS certificate with its key (hidden from ``repr``; None: plaintext):
             the driver service and the rendezvous servers present it, every client pins it
-            (:mod:`hora.native.tls`). Building or unpickling a spec files it under ``secret``.
+            (:mod:`hora.native.rendezvous.tls`). Building or unpickling a spec files it under ``secret``.
     """
 
     payload: bytes = dataclasses.field(repr=False)

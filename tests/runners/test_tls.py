@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from hora.errors import ConfigError, RendezvousError
-from hora.native import tls
+from hora.native.rendezvous import tls
 from hora.native.rendezvous import KVClient, RendezvousServer, make_secret
 from hora.native.rendezvous.protocol import HEADER, MAGIC, sign
 

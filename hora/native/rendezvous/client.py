@@ -14,7 +14,7 @@ from hora import settings
 from hora.errors import ConfigError, RendezvousError
 from hora.native.rendezvous.contract import ENV_RENDEZVOUS_TIMEOUT
 from hora.native.rendezvous.protocol import PeerClosedError, recv_frame, send_frame
-from hora.native import tls
+from hora.native.rendezvous import tls
 
 log = logging.getLogger("hora.native.rendezvous")
 

@@ -188,16 +188,7 @@ class WorkerEnv(Placed):
             ENV_HOSTNAME: self.hostname,
             ENV_BACKEND: self.backend,
             ENV_START_TIMEOUT: str(self.start_timeout),
-            **_tls_environ(self.secret),
         }
-
-
-def _tls_environ(secret: bytes) -> dict[str, str]:
-    """``HORA_TLS_CERT`` when the job of ``secret`` uses TLS (the certificate to pin, never its key)."""
-    from hora.native.tls import ENV_TLS_CERT, for_secret
-
-    cert = for_secret(secret)
-    return {ENV_TLS_CERT: cert.to_text()} if cert is not None else {}
 
 
 def compute_placement(hosts: Sequence[str]) -> list[Placement]:

@@ -64,7 +64,7 @@ class _Loop:
     def __init__(self, sock: socket.socket, secret: bytes, table: Table, tls: ssl.SSLContext | None = None) -> None:
         self.listener = sock
         self.secret = secret
-        self.tls = tls  # every accepted connection speaks TLS first (hora.native.tls)
+        self.tls = tls  # every accepted connection speaks TLS first (hora.native.rendezvous.tls)
         self.table = table
         self.sel = selectors.DefaultSelector()
         self.sel.register(sock, selectors.EVENT_READ, None)

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from hora.errors import ConfigError, RendezvousError
 from hora.native.rendezvous.loop import SHUTDOWN_POLL_S, _Loop
 from hora.native.rendezvous.table import Table
-from hora.native.tls import JobCertificate, for_secret, server_context
+from hora.native.rendezvous.tls import JobCertificate, for_secret, server_context
 
 log = logging.getLogger("hora.native.rendezvous")
 
@@ -63,7 +63,7 @@ class RendezvousServer:
         if not secret:
             raise ConfigError("the rendezvous secret must not be empty")
         self._secret = secret
-        # TLS: the certificate given, else the one this job's secret is filed under (hora.native.tls)
+        # TLS: the certificate given, else the one this job's secret is filed under (hora.native.rendezvous.tls)
         self._tls = tls if tls is not None else for_secret(secret)
         if self._tls is not None:
             server_context(self._tls)  # a certificate without its key fails here, not in the loop

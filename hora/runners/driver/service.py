@@ -31,9 +31,9 @@ from typing import IO, Any
 
 from hora.errors import WorkerFailedError
 from hora.native import keys
-from hora.native import tls as _tls
+from hora.native.rendezvous import tls as _tls
 from hora.native.rendezvous import KVClient, RendezvousServer
-from hora.native.tls import JobCertificate
+from hora.native.rendezvous.tls import JobCertificate
 from hora.runners.driver.progress import Progress
 from hora.runners.spec import FailureReport
 

@@ -271,7 +271,7 @@ class MpiLauncher(Launcher):
                     ENV_RUN_ID: spec.run_id, ENV_BACKEND: "mpi", "PYTHONUNBUFFERED": "1"})
         env.pop(ENV_SUPERVISOR_PID, None)
         if spec.tls is not None:  # the ranks fetch the spec over TLS: they pin the certificate first
-            from hora.native.tls import ENV_TLS_CERT
+            from hora.native.rendezvous.tls import ENV_TLS_CERT
 
             env[ENV_TLS_CERT] = spec.tls.to_text()
         output = RankOutput(service.emit, self.output_dir, spec.num_proc)

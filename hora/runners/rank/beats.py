@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 
 from hora.errors import HoraError, RendezvousError
-from hora.native import keys, tls
+from hora.native import keys
+from hora.native.rendezvous import tls
 from hora.native.rendezvous import KVClient
 from hora.native.rendezvous.protocol import FrameError, recv_frame, send_frame
 
@@ -146,7 +147,7 @@ class AbortWatch(threading.Thread):
         deadline = time.monotonic() + timeout
         while not self._stopped.is_set():
             try:
-                # TLS to the job's pinned certificate when the run uses it (hora.native.tls)
+                # TLS to the job's pinned certificate when the run uses it (hora.native.rendezvous.tls)
                 return tls.connect(self._addr, self._secret, max(0.1, deadline - time.monotonic()))
             except (OSError, RendezvousError):  # a failed TLS handshake counts as a refusal
                 if time.monotonic() >= deadline:

@@ -33,7 +33,7 @@ from hora import settings
 from hora.errors import HoraError, RendezvousError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_BACKEND, ENV_SECRET, KVClient, WorkerEnv
-from hora.native.tls import ENV_TLS_CERT
+from hora.native.rendezvous.tls import ENV_TLS_CERT
 from hora import pids
 from hora.pids import pid_alive
 from hora.runners.spec import (

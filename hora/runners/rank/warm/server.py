@@ -86,7 +86,7 @@ def _report_exit(child: _Child) -> None:
     ended the child; best effort, within :data:`REPORT_TIMEOUT`."""
     if child.report is None or not child.killed:
         return
-    from hora.native import tls
+    from hora.native.rendezvous import tls
     from hora.native.rendezvous import KVClient
 
     try:

@@ -39,8 +39,9 @@ import threading
 
 from hora import settings
 from hora.errors import ConfigError, RendezvousError
+from hora.native.rendezvous.contract import ENV_SECRET
 
-log = logging.getLogger("hora.native.tls")
+log = logging.getLogger("hora.native.rendezvous.tls")
 
 ENV_TLS = "HORA_TLS"
 ENV_TLS_CERT = "HORA_TLS_CERT"
@@ -222,6 +223,13 @@ def connect(addr: tuple[str, int], secret: bytes, timeout: float) -> socket.sock
     return wrap_client(sock, pinned, f"{addr[0]}:{addr[1]}")
 
 
+def environ(secret: bytes) -> dict[str, str]:
+    """``HORA_TLS_CERT`` for a rank of the job of ``secret`` when it uses TLS (the certificate
+    to pin, never its key); empty otherwise. Next to :meth:`WorkerEnv.to_environ`."""
+    cert = for_secret(secret)
+    return {ENV_TLS_CERT: cert.to_text()} if cert is not None else {}
+
+
 # which job uses which certificate -----------------------------------------------------------
 _jobs: dict[bytes, JobCertificate] = {}
 _lock = threading.Lock()
@@ -251,8 +259,6 @@ def for_secret(secret: bytes) -> JobCertificate | None:
         cert = _jobs.get(secret)
     if cert is not None:
         return cert
-    from hora.native.rendezvous.contract import ENV_SECRET  # (the package imports this module)
-
     text = settings.get(ENV_TLS_CERT)
     own = settings.get(ENV_SECRET)
     if text and own and own == secret.hex():
@@ -263,4 +269,4 @@ def for_secret(secret: bytes) -> JobCertificate | None:
 
 
 __all__ = ["ENV_TLS", "ENV_TLS_CERT", "EXTRA", "JobCertificate", "VALIDITY_S", "client_context", "connect",
-           "enabled", "for_secret", "forget", "make_job_certificate", "register", "server_context", "wrap_client"]
+           "enabled", "environ", "for_secret", "forget", "make_job_certificate", "register", "server_context", "wrap_client"]
