@@ -45,15 +45,26 @@ def _plain_ping(addr: tuple[str, int], secret: bytes) -> bytes:
 
 def _allreduce_and_probe() -> tuple[float, bool, bytes]:
     """A rank: allreduce its rank + 1, say whether its environment pins the run's certificate,
-    and what the driver service sends a plaintext peer (this rank's own host as the sender)."""
+    and what the driver service and the rendezvous server send a plaintext peer (this rank's
+    own host as the sender)."""
     import numpy as np
 
     import hora.native as hn
 
     total = hn.allreduce(np.array([float(hn.rank() + 1)] * 4), op=hn.Sum, name="tls")
-    host, _, port = os.environ["HORA_DRIVER_ADDR"].rpartition(":")
     secret = bytes.fromhex(os.environ["HORA_SECRET"])
-    return float(total[0]), bool(os.environ.get("HORA_TLS_CERT")), _plain_ping((host, int(port)), secret)
+    answers = b""
+    for var in ("HORA_DRIVER_ADDR", "HORA_RENDEZVOUS_ADDR"):
+        host, _, port = os.environ[var].rpartition(":")
+        answers += _plain_ping((host, int(port)), secret)
+    return float(total[0]), bool(os.environ.get("HORA_TLS_CERT")), answers
+
+
+def _check_tls_run(out: list) -> None:
+    assert [v[0] for v in out] == [3.0, 3.0]
+    assert [v[1] for v in out] == [True, True]  # each rank pinned the run's certificate
+    for _, _, answer in out:  # the servers sent a plaintext peer no frame, no pickle
+        assert MAGIC not in answer and b"\x80\x05" not in answer and b"pong" not in answer
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +86,16 @@ def test_a_run_on_two_loopback_hosts_agrees_over_tls(sshd, monkeypatch, job_cert
 
     monkeypatch.setenv("HORA_SSH_ARGS", sshd.env["HORA_SSH_ARGS"])
     launcher = HostsLauncher("127.0.0.1:1,127.0.0.2:1", ssh=SshOptions(port=sshd.port, identity_file=sshd.key))
-    out = hr.run(_allreduce_and_probe, num_proc=2, backend=launcher, verbose=0, tls=True, start_timeout=60)
-    assert [v[0] for v in out] == [3.0, 3.0]
-    assert [v[1] for v in out] == [True, True]  # each rank pinned the run's certificate
-    for _, _, answer in out:  # the driver service sent a plaintext peer no frame, no pickle
-        assert MAGIC not in answer and b"\x80\x05" not in answer and b"pong" not in answer
+    _check_tls_run(hr.run(_allreduce_and_probe, num_proc=2, backend=launcher, verbose=0, tls=True, start_timeout=60))
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(180)
+def test_a_spark_run_over_tls_whose_rendezvous_server_runs_in_a_task(spark, job_cert):
+    """On Spark, rank 0's task serves the rendezvous: it presents the run's certificate too."""
+    import hora.runners as hr
+
+    _check_tls_run(hr.run(_allreduce_and_probe, num_proc=2, backend="spark", spark=spark, verbose=0, tls=True))
 
 
 @pytest.mark.timeout(60)
