@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fork the ranks on this machine whose command is this python (python SCRIPT or python -m "
                           "MODULE) from a server that has imported torch and hora (HORA_WARM_PRELOAD) instead of "
                           "starting each as a fresh interpreter (default: HORA_WARM_COMMANDS, off)")
+    run.add_argument("--tls", action="store_true", default=None,
+                     help="the driver service and rendezvous in TLS with a certificate made for this run and pinned by "
+                          "its ranks (needs hora[tls]; default: HORA_TLS, off)")
     run.add_argument("--output-filename", metavar="DIR", default=None,
                      help="also write each rank's output to DIR/rank.<r>/stdout and stderr")
     run.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
@@ -263,6 +266,7 @@ def command_config(args: argparse.Namespace):
             verbose=args.verbose,
             max_failures=args.max_failures,
             warm=args.warm,
+            tls=args.tls,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

@@ -159,6 +159,8 @@ _DECLARED: tuple[Setting, ...] = (
     _s("HORA_RENDEZVOUS_ADDR", "str", None, "host:port of the job's rendezvous server", "contract"),
     _s("HORA_SECRET", "str", None, "hex of the job's secret: every frame between ranks is signed with it",
        "contract", secret=True),
+    _s("HORA_TLS_CERT", "str", None, "the job's TLS certificate (base64 DER) its ranks pin: every connection to "
+       "the driver service and the rendezvous server is TLS to exactly this certificate", "contract"),
     _s("HORA_JOB_ID", "str", "hora", "the job's id: the prefix of its keys on the rendezvous server", "contract"),
     _s("HORA_HOSTNAME", "str", "127.0.0.1", "the address this rank advertises to its peers (Gloo binds to it)",
        "contract"),
@@ -203,6 +205,8 @@ _DECLARED: tuple[Setting, ...] = (
        "launch"),
     _s("HORA_WORKER_PYTHON", "str", None, "the interpreter Spark/Dask task supervisors start ranks with",
        "launch"),
+    _s("HORA_TLS", "bool", False, "wrap every control channel that crosses hosts (the driver service, the "
+       "rendezvous server) in TLS with a per-job certificate the ranks pin (needs hora[tls])", "launch"),
     _s("HORA_WARM_WORKERS", "bool", True, "Spark/Dask task supervisors fork ranks from a warm server that has "
        "imported torch (0: a fresh python per rank)", "launch"),
     _s("HORA_WARM_LOCAL", "bool", True, "local function ranks (hora.runners.run(backend='local'), hora.run, "

@@ -80,6 +80,7 @@ def run(
     stdout: IO[str] | None = None,
     stderr: IO[str] | None = None,
     timestamps: bool = False,
+    tls: bool | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks and return their values in rank order.
 
@@ -119,6 +120,8 @@ def run(
             False when ``fn`` calls ``hvd.init()`` itself, as under :func:`hora.run`.
         stdout, stderr: where rank output is printed (default: the driver's own).
         timestamps: prefix every printed rank line with the time it arrived.
+        tls: the driver service and rendezvous in TLS with a per-attempt certificate the ranks
+            pin (:mod:`hora.native.rendezvous.tls`; needs ``hora[tls]``); None: ``HORA_TLS``.
 
     Raises:
         ConfigError: bad arguments (``max_failures < 0``, ...), or more ranks than the
@@ -180,7 +183,7 @@ def run(
         init_native=bool(init_native),
         sys_path=tuple(p for p in sys.path if isinstance(p, str)),
     )
-    printing = {"store": store, "stdout": stdout, "stderr": stderr, "timestamps": timestamps}
+    printing = {"store": store, "stdout": stdout, "stderr": stderr, "timestamps": timestamps, "tls": tls}
     attempts = Attempts(run_id, max_failures, launcher.name)
 
     def start_attempt(size: int, left: float | None) -> Launch:
@@ -211,7 +214,8 @@ def _start_attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, pri
             service.close()
 
     try:
-        spec = dataclasses.replace(spec, secret=secret, driver_addr=service.addr, attempt=attempts.number)
+        spec = dataclasses.replace(spec, secret=secret, driver_addr=service.addr, attempt=attempts.number,
+                                   tls=service.tls)
         log.info("hora run %s: %d rank(s) of %s on %s%s", spec.run_id, spec.num_proc, spec.fn_name, launcher.name,
                  f" ({attempts.label()})" if attempts.label() else "")
         job = launcher.start(spec, service)

@@ -21,7 +21,7 @@ from typing import IO
 
 from hora.errors import ConfigError
 from hora import settings
-from hora.native.rendezvous import ENV_BACKEND, WorkerEnv, make_secret
+from hora.native.rendezvous import ENV_BACKEND, WorkerEnv, make_secret, tls
 from hora.runners.driver.service import DriverService
 from hora.runners.launchers.hosts import HostPlan, HostsJob, RankOutput, RankProcess, forward_environment
 from hora.runners.slots import HostSlots, RankSlot
@@ -62,6 +62,8 @@ class CommandConfig:
             failure (``--max-failures``; see :mod:`hora.runners.driver.recovery`).
         warm: fork the ranks on this machine whose command is this interpreter from a warm
             server (``--warm``; None: ``HORA_WARM_COMMANDS``); see :func:`warm_command_env`.
+        tls: the driver service in TLS with a per-attempt certificate the ranks pin (``--tls``;
+            None: ``HORA_TLS``); see :mod:`hora.native.rendezvous.tls`.
     """
 
     command: tuple[str, ...]
@@ -81,6 +83,7 @@ class CommandConfig:
     verbose: bool = False
     max_failures: int = 0
     warm: bool | None = None
+    tls: bool | None = None
 
     def __post_init__(self) -> None:
         check_max_failures(self.max_failures, "--max-failures")
@@ -167,7 +170,7 @@ class CommandRun:
         self.service = DriverService(self.secret, self.cfg.num_proc, self.run_id, bind=self.plan.bind,
                                      advertise=self.plan.service_address, verbose=1, stdout=self._streams[0],
                                      stderr=self._streams[1], attempt=self.attempts.number,
-                                     label=self.attempts.label())
+                                     label=self.attempts.label(), tls=self.cfg.tls)
         self.output = RankOutput(self.service.emit, self.cfg.output_dir, self.cfg.num_proc)
         self.job = None
         self.started = False
@@ -194,6 +197,7 @@ class CommandRun:
             rendezvous_addr=self.service.addr, secret=self.secret, job_id=self.run_id, backend=self.cfg.collective,
             start_timeout=self.cfg.start_timeout,
         ).to_environ())
+        env.update(tls.environ(self.secret))  # the certificate to pin when the run uses TLS
         if not remote:  # its share of this host's cores, as torchrun does (a remote host's are its own)
             threads = rank_threads(slot.placement.local_size, env)
             if threads is not None:

@@ -27,7 +27,9 @@ from hora.settings import (  # the native engine's settings a run sets (read by 
     ENV_TIMELINE_MARK_CYCLES,
 )
 from hora.errors import ConfigError
+from hora.native.rendezvous import tls as _tls
 from hora.native.rendezvous.contract import Placed, Placement
+from hora.native.rendezvous.tls import JobCertificate
 from hora.names import check_run_id, new_run_id  # the one run id rule (store folders, job tags, task keys)
 
 # --------------------------------------------------------------------------------------
@@ -132,6 +134,9 @@ class LaunchSpec:
         beat_interval: seconds between two heartbeats of each rank (default ``HEARTBEAT_INTERVAL``);
             a launcher whose proof that a lost rank stopped is that rank's silence asks for
             shorter ones (Spark: 0.25 s).
+        tls: the attempt's TLS certificate with its key (hidden from ``repr``; None: plaintext):
+            the driver service and the rendezvous servers present it, every client pins it
+            (:mod:`hora.native.rendezvous.tls`). Building or unpickling a spec files it under ``secret``.
     """
 
     payload: bytes = dataclasses.field(repr=False)
@@ -148,6 +153,7 @@ class LaunchSpec:
     sys_path: tuple[str, ...] = ()
     attempt: int = 1
     beat_interval: float = HEARTBEAT_INTERVAL
+    tls: JobCertificate | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.num_proc, bool) or not isinstance(self.num_proc, int) or self.num_proc < 1:
@@ -168,6 +174,15 @@ class LaunchSpec:
                 f"collective backend {self.collective_backend!r} is unknown; use one of auto, gloo, nccl, mpi"
             )
         object.__setattr__(self, "env", _check_env(dict(self.env)))
+        if self.tls is not None and not isinstance(self.tls, JobCertificate):
+            raise ConfigError(f"tls must be a JobCertificate, got {type(self.tls).__name__}")
+        _tls.register(self.secret, self.tls)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a spec unpickled in a rank, a task supervisor or a Spark task files its job's TLS
+        # certificate under the job's secret: every connection of the job is TLS from then on
+        self.__dict__.update(state)
+        _tls.register(self.secret, self.tls)
 
     @property
     def env_dict(self) -> dict[str, str]:

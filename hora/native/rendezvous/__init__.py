@@ -16,6 +16,8 @@ at barriers.
 ``loop``        the server's event loop (one thread, one selector, non-blocking sockets)
 ``table``       the keys, per-key waiters and the change log (what changed since a number)
 ``client``      :class:`KVClient` and :func:`barrier`
+``tls``         TLS for the server and its clients (``HORA_TLS``): a per-job certificate
+                the clients pin, filed under the job's secret
 ==============  ==================================================================
 
 This package imports neither torch nor the engine (a launcher imports it alone).

@@ -13,7 +13,8 @@ from typing import Any
 from hora import settings
 from hora.errors import ConfigError, RendezvousError
 from hora.native.rendezvous.contract import ENV_RENDEZVOUS_TIMEOUT
-from hora.native.rendezvous.protocol import recv_frame, send_frame
+from hora.native.rendezvous.protocol import PeerClosedError, recv_frame, send_frame
+from hora.native.rendezvous import tls
 
 log = logging.getLogger("hora.native.rendezvous")
 
@@ -54,9 +55,9 @@ class KVClient:
         last: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                sock = socket.create_connection(self._addr, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return sock
+                # TLS to the job's pinned certificate when the job uses it; a failed handshake
+                # raises RendezvousError at once (no retry helps)
+                return tls.connect(self._addr, self._secret, max(0.1, min(5.0, deadline - time.monotonic())))
             except OSError as exc:
                 last = exc
                 time.sleep(0.1)
@@ -76,10 +77,17 @@ class KVClient:
                 except (ConnectionError, socket.timeout, OSError) as exc:
                     self.close_locked()
                     if attempt == 1 or request[0] in ("add", "batch"):  # not idempotent
-                        raise RendezvousError(f"lost the rendezvous server at {self._addr[0]}:{self._addr[1]}: {exc}") from exc
+                        raise RendezvousError(f"lost the rendezvous server at {self._addr[0]}:{self._addr[1]}: "
+                                              f"{exc}{self._plain_hint(exc)}") from exc
         if status == "error":
             raise RendezvousError(value)
         return value
+
+    def _plain_hint(self, exc: BaseException) -> str:
+        """Why a server may close a connection at once: it wants TLS and this client has none."""
+        if isinstance(exc, (PeerClosedError, ConnectionResetError)) and tls.for_secret(self._secret) is None:
+            return " (a server of a run with TLS closes plaintext connections: is this run's TLS on?)"
+        return ""
 
     def close_locked(self) -> None:
         if self._sock is not None:

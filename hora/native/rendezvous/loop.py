@@ -12,6 +12,7 @@ import logging
 import pickle
 import selectors
 import socket
+import ssl
 import threading
 import time
 from typing import Any
@@ -32,11 +33,13 @@ ACCEPT_BURST = 64
 #: requests of one batch
 MAX_BATCH = 100_000
 _WRITE_OPS = ("set", "add", "delete")
+#: a non-blocking socket (plain or TLS) that cannot go on now: the selector says when it can
+_AGAIN = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 class _Conn:
     __slots__ = ("sock", "peer", "host", "inbuf", "out", "since", "signed", "waiter", "wait_op", "wait_timeout",
-                 "timer", "closed", "opened")
+                 "timer", "closed", "opened", "handshaking")
 
     def __init__(self, sock: socket.socket, peer: str, host: str, now: float) -> None:
         self.sock = sock
@@ -52,14 +55,16 @@ class _Conn:
         self.timer: list | None = None
         self.closed = False
         self.opened = now
+        self.handshaking = False  # a TLS connection before its handshake completed
 
 
 class _Loop:
     """The server's event loop (one thread)."""
 
-    def __init__(self, sock: socket.socket, secret: bytes, table: Table) -> None:
+    def __init__(self, sock: socket.socket, secret: bytes, table: Table, tls: ssl.SSLContext | None = None) -> None:
         self.listener = sock
         self.secret = secret
+        self.tls = tls  # every accepted connection speaks TLS first (hora.native.rendezvous.tls)
         self.table = table
         self.sel = selectors.DefaultSelector()
         self.sel.register(sock, selectors.EVENT_READ, None)
@@ -114,6 +119,9 @@ class _Loop:
                         self._drain_wake()
                     else:
                         try:
+                            if data.handshaking:
+                                self._handshake(data)
+                                continue
                             if mask & selectors.EVENT_WRITE:
                                 self._flush(data)
                             if mask & selectors.EVENT_READ and not data.closed:
@@ -168,7 +176,15 @@ class _Loop:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            if self.tls is not None:
+                try:
+                    sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except (ssl.SSLError, OSError) as exc:
+                    self._drop_log(host, "tls", "rendezvous: dropping connection from %s:%s: %s", addr[0], addr[1], exc)
+                    sock.close()
+                    continue
             conn = _Conn(sock, "%s:%s" % (addr[0], addr[1]), host, now)
+            conn.handshaking = self.tls is not None
             self.unsigned[host] += 1
             self.conns.add(conn)
             self.sel.register(sock, selectors.EVENT_READ, conn)
@@ -224,11 +240,36 @@ class _Loop:
         except OSError:
             pass
 
+    # TLS ----------------------------------------------------------------------------------
+    def _handshake(self, conn: _Conn) -> None:
+        """Take the TLS handshake of ``conn`` one step; a peer that does not speak TLS to this
+        job's certificate (a plaintext client, a port scanner) is dropped, naming its address."""
+        sock = conn.sock
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self.sel.modify(sock, selectors.EVENT_READ, conn)
+            return
+        except ssl.SSLWantWriteError:
+            self.sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            return
+        except (ssl.SSLError, OSError) as exc:
+            self._drop_log(conn.host, "tls", "rendezvous: refusing the connection from %s: no TLS handshake with "
+                           "this job's certificate (%s)", conn.peer, exc)
+            self._close(conn)
+            return
+        conn.handshaking = False
+        self.sel.modify(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0), conn)
+        if sock.pending():
+            self._read(conn)
+
     # reading ------------------------------------------------------------------------------
     def _read(self, conn: _Conn) -> None:
+        sock = conn.sock
         try:
-            data = conn.sock.recv(262144)
-        except (BlockingIOError, InterruptedError):
+            data = sock.recv(262144)
+        except _AGAIN:
             return
         except OSError:
             self._close(conn)
@@ -237,6 +278,17 @@ class _Loop:
             self._close(conn)
             return
         conn.inbuf += data
+        if isinstance(sock, ssl.SSLSocket):  # a record read and decrypted already never wakes the selector
+            while sock.pending():
+                try:
+                    more = sock.recv(262144)
+                except _AGAIN:
+                    break
+                except OSError:  # the next turn's read sees the end
+                    break
+                if not more:
+                    break
+                conn.inbuf += more
         self._frames(conn)
 
     def _frames(self, conn: _Conn) -> None:
@@ -393,9 +445,12 @@ class _Loop:
         if conn.out:
             conn.out += frame
             return
+        if conn.handshaking:  # cannot happen (no request before the handshake); kept for the flush
+            conn.out += frame
+            return
         try:
             sent = conn.sock.send(frame)
-        except (BlockingIOError, InterruptedError):
+        except _AGAIN:
             sent = 0
         except OSError:
             self._close(conn)
@@ -407,7 +462,7 @@ class _Loop:
     def _flush(self, conn: _Conn) -> None:
         try:
             sent = conn.sock.send(conn.out)
-        except (BlockingIOError, InterruptedError):
+        except _AGAIN:
             return
         except OSError:
             self._close(conn)

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from hora.errors import ConfigError, RendezvousError
 from hora.native.rendezvous.loop import SHUTDOWN_POLL_S, _Loop
 from hora.native.rendezvous.table import Table
+from hora.native.rendezvous.tls import JobCertificate, for_secret, server_context
 
 log = logging.getLogger("hora.native.rendezvous")
 
@@ -57,10 +58,15 @@ class RendezvousServer:
     :meth:`changes` directly.
     """
 
-    def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0,
+                 tls: JobCertificate | None = None) -> None:
         if not secret:
             raise ConfigError("the rendezvous secret must not be empty")
         self._secret = secret
+        # TLS: the certificate given, else the one this job's secret is filed under (hora.native.rendezvous.tls)
+        self._tls = tls if tls is not None else for_secret(secret)
+        if self._tls is not None:
+            server_context(self._tls)  # a certificate without its key fails here, not in the loop
         self._bind = (host, port)
         self._table = Table()
         self._loop: _Loop | None = None
@@ -97,10 +103,11 @@ class RendezvousServer:
             sock.close()
             raise
         self._sock = sock
-        self._loop = _Loop(sock, self._secret, self._table)
+        self._loop = _Loop(sock, self._secret, self._table,
+                           server_context(self._tls) if self._tls is not None else None)
         self._thread = threading.Thread(target=self._loop.run, name="hora-rendezvous", daemon=True)
         self._thread.start()
-        log.debug("rendezvous server listening on %s", self.addr)
+        log.debug("rendezvous server listening on %s%s", self.addr, " (TLS)" if self._tls is not None else "")
         return self.address
 
     def stop(self) -> None:
@@ -121,6 +128,11 @@ class RendezvousServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    @property
+    def tls(self) -> JobCertificate | None:
+        """The certificate the server presents (None: plaintext)."""
+        return self._tls
 
     @property
     def last_turn(self) -> float:

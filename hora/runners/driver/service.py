@@ -31,7 +31,9 @@ from typing import IO, Any
 
 from hora.errors import WorkerFailedError
 from hora.native import keys
+from hora.native.rendezvous import tls as _tls
 from hora.native.rendezvous import KVClient, RendezvousServer
+from hora.native.rendezvous.tls import JobCertificate
 from hora.runners.driver.progress import Progress
 from hora.runners.spec import FailureReport
 
@@ -134,6 +136,8 @@ class DriverService:
         attempt: which attempt of the run this service serves (1 = the first launch);
             later attempts save their logs as ``rank.<r>.attempt<k>.log``.
         label: shown after the run id in the progress bar (``"attempt 2 of 3"``).
+        tls: serve in TLS with a fresh certificate of this attempt (:attr:`tls`, for the
+            launch spec); None: ``HORA_TLS``. Raises ConfigError without ``cryptography``.
     """
 
     def __init__(
@@ -151,7 +155,15 @@ class DriverService:
         timestamps: bool = False,
         attempt: int = 1,
         label: str | None = None,
+        tls: bool | None = None,
     ) -> None:
+        self._secret = secret
+        #: this attempt's TLS certificate and key (None: plaintext), filed under the secret, so
+        #: that every server and client of the job in this process uses it
+        self.tls: JobCertificate | None = None
+        if _tls.enabled(tls):
+            self.tls = _tls.make_job_certificate(run_id, hosts=tuple(dict.fromkeys((advertise, bind))))
+            _tls.register(secret, self.tls)
         self.num_proc = num_proc
         self.attempt = attempt
         self._stdout, self._stderr, self._timestamps = stdout, stderr, timestamps
@@ -369,6 +381,8 @@ class DriverService:
         self.save_logs()
         self._client.close()
         self.server.stop()
+        if self.tls is not None:
+            _tls.forget(self._secret)
 
 
 __all__ = ["DriverService"]

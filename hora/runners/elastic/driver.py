@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from hora.errors import ConfigError, RendezvousError
 from hora.native import keys
-from hora.native.rendezvous import Placement, WorkerEnv, make_secret
+from hora.native.rendezvous import Placement, WorkerEnv, make_secret, tls
 from hora.runners import network
 from hora.runners.command import CommandConfig, command_environment
 from hora.runners.driver.attempts import Launch, run_attempts
@@ -149,7 +149,8 @@ class ElasticRun:
                                   address=c.network_address)
         self.secret = make_secret()
         self.service = DriverService(self.secret, max(1, cfg.max_np or c.num_proc), self.run_id, bind=self.plan.bind,
-                                     advertise=self.plan.service_address, verbose=1, stdout=stdout, stderr=stderr)
+                                     advertise=self.plan.service_address, verbose=1, stdout=stdout, stderr=stderr,
+                                     tls=c.tls)
         self.config = hosts_config(c.ssh, c.remote_python, c.start_timeout)
         self.rounds = ElasticRounds(self.run_id, self.hosts, cfg.reset_limit)
         self.round = 0
@@ -264,6 +265,7 @@ class ElasticRun:
                 placement=dataclasses.replace(p, size=a.size, host=advertise), rendezvous_addr=self.service.addr,
                 secret=self.secret, job_id=a.job_id, backend=c.collective,
                 start_timeout=c.start_timeout).to_environ())
+            env.update(tls.environ(self.secret))  # the certificate to pin when the run uses TLS
             env.update(a.environ())
             env.update({ENV_ELASTIC: "1", ENV_WORKER: w.name, ENV_TIMEOUT: f"{self.cfg.elastic_timeout:g}"})
             return RankProcess(0, c.command, env)

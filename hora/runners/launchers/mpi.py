@@ -126,6 +126,12 @@ class MpiJob(Job):
     def __init__(self, command: Sequence[str], hosts: Sequence[HostSlots], ssh: SshOptions, env: Mapping[str, str],
                  output: RankOutput, service: DriverService, num_proc: int, functions: bool,
                  interface: str | None = None, extra_args: Sequence[str] = ()) -> None:
+        remote = sorted({h.name for h in hosts if not h.is_local})
+        if remote and service.tls is not None:
+            raise NotImplementedError(
+                f"TLS with mpiexec on other hosts ({', '.join(remote)}): mpiexec's own connections between hosts "
+                "(MPICH hydra's proxies, which carry the ranks' environment and output) are not encrypted by hora; "
+                "run hora's own launcher (hora run without --mpi, hora.run without use_mpi), whose channels are TLS")
         self.output = output
         self.service = service
         self.num_proc = num_proc
@@ -264,6 +270,10 @@ class MpiLauncher(Launcher):
         env.update({ENV_DRIVER_ADDR: spec.driver_addr, ENV_SECRET: spec.secret.hex(),
                     ENV_RUN_ID: spec.run_id, ENV_BACKEND: "mpi", "PYTHONUNBUFFERED": "1"})
         env.pop(ENV_SUPERVISOR_PID, None)
+        if spec.tls is not None:  # the ranks fetch the spec over TLS: they pin the certificate first
+            from hora.native.rendezvous.tls import ENV_TLS_CERT
+
+            env[ENV_TLS_CERT] = spec.tls.to_text()
         output = RankOutput(service.emit, self.output_dir, spec.num_proc)
         job = MpiJob(worker_argv(FROM_DRIVER, self.python), self._hosts_for(spec.num_proc), self.ssh, env, output,
                      service, spec.num_proc, functions=True, interface=self.interface, extra_args=self.extra_args)

@@ -21,8 +21,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from hora.errors import HoraError
+from hora.errors import HoraError, RendezvousError
 from hora.native import keys
+from hora.native.rendezvous import tls
 from hora.native.rendezvous import KVClient
 from hora.native.rendezvous.protocol import FrameError, recv_frame, send_frame
 
@@ -146,10 +147,9 @@ class AbortWatch(threading.Thread):
         deadline = time.monotonic() + timeout
         while not self._stopped.is_set():
             try:
-                sock = socket.create_connection(self._addr, timeout=max(0.1, deadline - time.monotonic()))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return sock
-            except OSError:
+                # TLS to the job's pinned certificate when the run uses it (hora.native.rendezvous.tls)
+                return tls.connect(self._addr, self._secret, max(0.1, deadline - time.monotonic()))
+            except (OSError, RendezvousError):  # a failed TLS handshake counts as a refusal
                 if time.monotonic() >= deadline:
                     return None
                 self._stopped.wait(0.2)

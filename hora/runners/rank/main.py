@@ -33,6 +33,7 @@ from hora import settings
 from hora.errors import HoraError, RendezvousError, WorkerFailedError
 from hora.native import keys
 from hora.native.rendezvous import ENV_BACKEND, ENV_SECRET, KVClient, WorkerEnv
+from hora.native.rendezvous.tls import ENV_TLS_CERT
 from hora import pids
 from hora.pids import pid_alive
 from hora.runners.spec import (
@@ -242,6 +243,8 @@ def rank_environ(spec: LaunchSpec, ctx: RankContext | None) -> dict[str, str]:
     env[ENV_DRIVER_ADDR] = spec.driver_addr
     env[ENV_RUN_ID] = spec.run_id
     env[ENV_ATTEMPT] = str(spec.attempt)
+    if spec.tls is not None:  # the certificate the rank's connections pin (never its key)
+        env[ENV_TLS_CERT] = spec.tls.to_text()
     if ctx is None:
         env[ENV_BACKEND] = spec.collective_backend
         return env

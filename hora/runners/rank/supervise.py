@@ -219,7 +219,8 @@ def supervise(spec: LaunchSpec, ctx: RankContext, poll_interval: float = 0.05) -
                        # this supervisor killed (a Spark task's Python worker): the server that then
                        # ends the rank says so, as this supervisor would have (keys.EXITED)
                        exit_report={"addr": spec.driver_addr, "secret": spec.secret.hex(),
-                                    "key": keys.rank_key(keys.EXITED, ctx.rank)})
+                                    "key": keys.rank_key(keys.EXITED, ctx.rank),
+                                    **({"tls": spec.tls.to_text()} if spec.tls is not None else {})})
         watch = AbortWatch(client, lambda: None, lambda reason: None, name=f"sup{ctx.rank}",
                            period=min(10.0, max(1.0, lost_after / 3)), lost_after=lost_after)
         watch.start()

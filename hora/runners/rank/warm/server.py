@@ -86,10 +86,14 @@ def _report_exit(child: _Child) -> None:
     ended the child; best effort, within :data:`REPORT_TIMEOUT`."""
     if child.report is None or not child.killed:
         return
+    from hora.native.rendezvous import tls
     from hora.native.rendezvous import KVClient
 
     try:
-        client = KVClient(child.report["addr"], bytes.fromhex(child.report["secret"]), timeout=REPORT_TIMEOUT)
+        secret = bytes.fromhex(child.report["secret"])
+        if child.report.get("tls"):  # the run's TLS certificate, to pin
+            tls.register(secret, tls.JobCertificate.from_text(child.report["tls"]))
+        client = KVClient(child.report["addr"], secret, timeout=REPORT_TIMEOUT)
         try:
             client.set(child.report["key"], b"1")
         finally:
@@ -417,7 +421,7 @@ class BadRequest(ValueError):
 
 
 def _valid_report(report: Any) -> bool:
-    if not isinstance(report, dict) or set(report) != {"addr", "secret", "key"}:
+    if not isinstance(report, dict) or set(report) - {"tls"} != {"addr", "secret", "key"}:
         return False
     if not all(isinstance(v, str) and v for v in report.values()) or ":" not in report["addr"]:
         return False
@@ -434,7 +438,8 @@ def _parse_request(body: bytes) -> dict[str, Any]:
     ``module`` (str) or a ``script`` (an absolute path, with ``argv0``: the path as the
     command gave it), ``args`` (list of str), ``env`` (str -> str) and ``cwd`` (str), and
     optionally ``command`` (bool: a ``hora run`` command rank, :func:`hora.runners.rank.warm.child._run_command`),
-    ``owner`` (a pid) and ``exit_report`` (``{"addr": "host:port", "secret": hex, "key": str}``).
+    ``owner`` (a pid) and ``exit_report`` (``{"addr": "host:port", "secret": hex, "key": str}``, and
+    ``"tls"``: the run's certificate in base64 when the run uses TLS).
 
     Raises:
         BadRequest: anything else.
