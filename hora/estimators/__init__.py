@@ -25,7 +25,8 @@ above the driver and the frameworks, above a rank's loop, above the seam, above 
 * :mod:`hora.estimators.frameworks` - ``torch/`` (``codec``, ``session``, ``strategies``, ``tensors``,
   ``dcp``), ``keras/`` (``codec``, ``session``, ``io``), ``lightning``
 * :mod:`hora.estimators.faces` - ``spark`` (``hora.spark``), ``sklearn`` (``hora.dask``: pandas, Dask,
-  Ray), ``horovod`` (Horovod's methods), ``history`` (``plot_history``)
+  Ray): the bases of the estimator classes written in ``hora.spark.*.estimator`` and ``hora.dask``;
+  ``horovod`` (Horovod's methods), ``history`` (``plot_history``)
 
 Nothing here imports pyspark, dask or a deep-learning framework at import time.
 """

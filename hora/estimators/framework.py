@@ -12,10 +12,11 @@ A framework is described once, by a :class:`Framework` descriptor that bundles
   subclass that declares the framework's extra parameters (each once).
 
 The Spark and Dask faces (:mod:`hora.estimators.faces.spark`,
-:mod:`hora.estimators.faces.sklearn`) are built from a descriptor, so each framework is one
-small module (:mod:`hora.estimators.frameworks.torch.codec`, :mod:`hora.estimators.frameworks.keras.codec`) and no face
-holds framework code. Frameworks register their descriptor by name
-(:func:`get_framework`), which is how a saved model finds its codec again.
+:mod:`hora.estimators.faces.sklearn`) take the framework from a descriptor (each estimator
+class names its own: ``framework = TORCH``), so each framework is one small module
+(:mod:`hora.estimators.frameworks.torch.codec`, :mod:`hora.estimators.frameworks.keras.codec`) and no
+face holds framework code. Frameworks register their descriptor by name (:func:`get_framework`),
+which is how a saved model finds its codec again.
 """
 
 from __future__ import annotations

@@ -1,19 +1,22 @@
 """How an estimator parameter is declared: one dataclass field made by :func:`param`, carrying a
 :class:`ParamInfo` (doc, how it is persisted, what hora does instead of a Horovod knob), and what is
-derived from the fields (defaults, types, docs, the Dask signature, the JSON and unsaved sets).
-The parameters themselves are declared in :mod:`hora.estimators.params`."""
+derived from the fields (defaults, types, docs, the JSON and unsaved sets), and :func:`keyword_params`,
+the decorator of the estimators' constructors. The parameters themselves are declared in
+:mod:`hora.estimators.params`."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from hora.errors import ConfigError
 
 JSON, PICKLE, NONE = "json", "pickle", "none"
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class ParamError(ConfigError, TypeError):
@@ -53,13 +56,13 @@ def param_defaults(cls: type) -> dict[str, Any]:
 
 
 def param_types(cls: type) -> dict[str, str]:
-    """``{name: annotation}`` of a config class, as declared (the text the stubs show)."""
+    """``{name: annotation}`` of a config class, as declared (the text, unevaluated)."""
     return {f.name: f.type if isinstance(f.type, str) else inspect.formatannotation(f.type) for f in param_fields(cls)}
 
 
 def param_signature(cls: type, *, with_self: bool = True, return_annotation: Any = None) -> inspect.Signature:
-    """The signature of a constructor taking ``cls``'s parameters: each keyword-only, with its
-    declared type and default (what ``inspect.signature``, ``help()`` and IDEs show)."""
+    """The signature a constructor taking ``cls``'s parameters has: each keyword-only, with its
+    declared type and default (the estimator classes write it out; tests compare them to it)."""
     try:
         hints = typing.get_type_hints(cls)
     except Exception:  # an annotation that does not evaluate here: show its text
@@ -71,9 +74,38 @@ def param_signature(cls: type, *, with_self: bool = True, return_annotation: Any
     return inspect.Signature(params, return_annotation=return_annotation)
 
 
+def keyword_params(method: _F) -> _F:
+    """Decorate an estimator's ``__init__`` or ``setParams`` written with every parameter keyword-only.
+
+    As pyspark's ``keyword_only``: positional arguments are refused and the keywords given
+    are saved in ``self._input_kwargs`` (the parameters set explicitly, as Spark tells them
+    from defaults). Before the call, ``self._check_keywords(kwargs)`` checks the names and
+    returns them as the method takes them (MLlib's ``predictionCol`` as ``prediction_col``),
+    so an unknown name raises :class:`ParamError` saying what to use instead (Horovod's
+    keywords, a close name) rather than Python's bare TypeError.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            raise TypeError(f"{type(self).__name__}.{method.__name__} takes keyword arguments only, "
+                            f"got {len(args)} positional")
+        self._input_kwargs = kwargs = self._check_keywords(kwargs)
+        return method(self, **kwargs)
+
+    return typing.cast(_F, wrapper)
+
+
 def param_docs(cls: type) -> dict[str, str]:
     """``{name: doc}`` of a config class."""
     return {f.name: f.metadata["hora"].doc for f in param_fields(cls)}
+
+
+def params_section(doc: str | None, cls: type, heading: str) -> str:
+    """The docstring ``doc`` with a section listing every parameter of the config class ``cls`` and
+    its doc (each estimator class gets it, so ``help()`` shows what every keyword does)."""
+    items = "\n".join(f"* ``{n}``: {d}" for n, d in param_docs(cls).items())
+    return f"{inspect.cleandoc(doc or '')}\n\n{heading}:\n\n{items}\n"
 
 
 def json_params(cls: type) -> frozenset[str]:
@@ -87,4 +119,4 @@ def unsaved_params(cls: type) -> frozenset[str]:
 
 
 __all__ = ["ParamError", "ParamInfo", "param", "param_fields", "param_defaults", "param_types", "param_signature",
-           "param_docs", "json_params", "unsaved_params", "JSON", "PICKLE", "NONE"]
+           "keyword_params", "param_docs", "params_section", "json_params", "unsaved_params", "JSON", "PICKLE", "NONE"]

@@ -14,38 +14,17 @@ Horovod's paths work: :mod:`hora.spark.torch`, :mod:`hora.spark.keras`,
 :mod:`hora.spark.lightning`, :mod:`hora.spark.common.store` (``Store``) and
 :mod:`hora.spark.common.backend` (``SparkBackend``), :mod:`hora.spark.common.util`
 (``prepare_data``), :func:`hora.spark.run_elastic`. Every estimator works in
-``Pipeline``, ``CrossValidator`` and ``TrainValidationSplit``. ``KerasEstimator`` and
-``LightningEstimator`` are imported on first access (importing ``hora.spark`` imports
-neither TensorFlow nor Lightning).
+``Pipeline``, ``CrossValidator`` and ``TrainValidationSplit``. Importing ``hora.spark`` imports neither TensorFlow nor
+Lightning: a fit, a transform or a load of their estimators does.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from hora.estimators.callbacks import BestModelCheckpoint, Callback, EarlyStopping, MLflowLogger
+from hora.spark.keras import KerasEstimator, KerasModel
+from hora.spark.lightning import LightningEstimator, LightningModel
 from hora.spark.runner import run, run_elastic  # Horovod's horovod.spark.run and run_elastic
 from hora.spark.torch import TorchEstimator, TorchModel
-
-#: names imported on first access: name -> (module, attribute)
-_LAZY = {
-    "KerasEstimator": ("hora.spark.keras", "KerasEstimator"),
-    "KerasModel": ("hora.spark.keras", "KerasModel"),
-    "LightningEstimator": ("hora.spark.lightning", "TorchEstimator"),
-    "LightningModel": ("hora.spark.lightning", "TorchModel"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except ImportError as exc:
-            raise ImportError(f"hora.spark.{name} needs {module}, which cannot be imported: {exc}") from exc
-    raise AttributeError(f"module 'hora.spark' has no attribute {name!r}")
-
 
 __all__ = ["run", "run_elastic", "TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel", "LightningEstimator", "LightningModel",
            "Callback", "EarlyStopping", "BestModelCheckpoint", "MLflowLogger"]

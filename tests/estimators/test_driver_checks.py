@@ -138,7 +138,7 @@ def test_spark_params_are_generated_with_accessors():
     assert est.batch_size.name == "batch_size" and "rows per training batch" in est.batch_size.doc
     from hora.estimators.faces import spark as spark_face
 
-    assert issubclass(TorchEstimator, spark_face.HasBatchSize)
+    assert issubclass(TorchEstimator, spark_face.EstimatorParams) and "batch_size" not in vars(TorchEstimator)
     with pytest.raises(ConfigError, match="no parameter .batchsize..*did you mean .batch_size."):
         TorchEstimator(batchsize=3)
     with pytest.raises(TypeError):

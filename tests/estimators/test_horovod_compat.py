@@ -31,7 +31,7 @@ from hora.spark.common.backend import Backend, SparkBackend
 import hora.store
 assert hst.TorchEstimator is TorchEstimator and hst.TorchModel is hora.spark.TorchModel
 assert Store is hora.store.Store and issubclass(SparkBackend, Backend)
-assert TorchEstimator.__module__ == "hora.spark.torch"
+assert TorchEstimator.__module__ == "hora.spark.torch.estimator"  # Horovod's module
 assert "tensorflow" not in sys.modules and "keras" not in sys.modules, "importing hora.spark imported TensorFlow"
 from hora.spark.common.store import HDFSStore, LocalStore
 assert LocalStore is hora.store.LocalStore and HDFSStore is hora.store.HDFSStore

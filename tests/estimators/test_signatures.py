@@ -1,84 +1,122 @@
-"""Typed estimators: every parameter keyword-only, with its declared type and
-default, in ``inspect.signature``, ``help()``, the committed ``.pyi`` stubs, and mypy."""
+"""Real estimator classes: each face's classes are written in the source with every parameter
+keyword-only, typed and with its default, as the framework's config class declares it; ``help()``,
+mypy and mkdocstrings' static reader (griffe) see them; the names they are saved under resolve."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import os
+import pickle
 import pydoc
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from hora.estimators import _stubgen
-from hora.estimators.params import param_defaults, param_types
+from hora.estimators.params import param_docs, param_signature
 
-REPO = _stubgen.root()
+REPO = Path(__file__).resolve().parents[2]
 KW = inspect.Parameter.KEYWORD_ONLY
 
-# (module, estimator, model, framework descriptor module, descriptor)
+# (module, estimator, model): the classes as users import them, Horovod's names included
 FACES = [
-    ("hora.spark.torch", "TorchEstimator", "TorchModel", "hora.estimators.frameworks.torch.codec", "TORCH"),
-    ("hora.spark.keras", "KerasEstimator", "KerasModel", "hora.estimators.frameworks.keras.codec", "KERAS"),
-    ("hora.spark.lightning", "TorchEstimator", "TorchModel", "hora.estimators.frameworks.lightning", "LIGHTNING"),
-    ("hora.dask", "TorchEstimator", "TorchModel", "hora.estimators.frameworks.torch.codec", "TORCH"),
-    ("hora.dask", "KerasEstimator", "KerasModel", "hora.estimators.frameworks.keras.codec", "KERAS"),
-    ("hora.dask", "LightningEstimator", "LightningModel", "hora.estimators.frameworks.lightning", "LIGHTNING"),
+    ("hora.spark.torch.estimator", "TorchEstimator", "TorchModel"),
+    ("hora.spark.keras.estimator", "KerasEstimator", "KerasModel"),
+    ("hora.spark.lightning.estimator", "LightningEstimator", "LightningModel"),
+    ("hora.dask", "TorchEstimator", "TorchModel"),
+    ("hora.dask", "KerasEstimator", "KerasModel"),
+    ("hora.dask", "LightningEstimator", "LightningModel"),
+]
+#: the module and name each public class was saved under (Spark's metadata, pickles) before it was
+#: written out in the source, and the class it is today
+SAVED_NAMES = [
+    ("hora.spark.torch", "TorchEstimator", "hora.spark.torch.estimator", "TorchEstimator"),
+    ("hora.spark.torch", "TorchModel", "hora.spark.torch.estimator", "TorchModel"),
+    ("hora.spark.keras", "KerasEstimator", "hora.spark.keras.estimator", "KerasEstimator"),
+    ("hora.spark.keras", "KerasModel", "hora.spark.keras.estimator", "KerasModel"),
+    ("hora.spark.lightning", "TorchEstimator", "hora.spark.lightning.estimator", "LightningEstimator"),
+    ("hora.spark.lightning", "TorchModel", "hora.spark.lightning.estimator", "LightningModel"),
+    ("hora.dask", "TorchModel", "hora.dask", "TorchModel"),
+    ("hora.dask", "KerasModel", "hora.dask", "KerasModel"),
+    ("hora.dask", "LightningModel", "hora.dask", "LightningModel"),
 ]
 
 
-def _face(module: str, est: str, model: str, fw_module: str, fw: str):
+def _classes(module: str, est: str, model: str) -> tuple[type, type]:
     mod = importlib.import_module(module)
-    return getattr(mod, est), getattr(mod, model), getattr(importlib.import_module(fw_module), fw).config
-
-
-def test_committed_stubs_equal_the_declarations():
-    """The .pyi files are what the generator makes from today's declarations (they cannot drift)."""
-    for rel, text in _stubgen.stubs().items():
-        path = os.path.join(REPO, rel)
-        assert os.path.exists(path), f"{rel} is missing: run python -m hora.estimators._stubgen"
-        with open(path, encoding="utf-8") as fh:
-            assert fh.read() == text, f"{rel} differs from the declarations: run python -m hora.estimators._stubgen"
+    return getattr(mod, est), getattr(mod, model)
 
 
 @pytest.mark.parametrize("face", FACES, ids=[f"{f[0]}.{f[1]}" for f in FACES])
-def test_estimator_signature_lists_every_parameter_keyword_only_typed(face):
-    est_cls, _, config = _face(*face)
+def test_the_written_constructor_is_the_config_s_parameters(face):
+    est_cls, model_cls = _classes(*face)
+    config = est_cls.framework.config
+    # every parameter, in order, keyword-only, with the declared type and default (the source cannot drift)
+    assert inspect.signature(est_cls.__init__) == param_signature(config)
+    if hasattr(est_cls, "setParams"):  # Spark's convention: setParams takes the same keywords
+        assert (list(inspect.signature(est_cls.setParams).parameters.values())
+                == list(param_signature(config).parameters.values()))
     sig = inspect.signature(est_cls)
-    defaults, types = param_defaults(config), param_types(config)
-    assert list(sig.parameters) == list(defaults)
-    for name, p in sig.parameters.items():
-        assert p.kind is KW, name
-        assert p.default == defaults[name], name
-        assert p.annotation is not inspect.Parameter.empty, name
-    assert "int" in str(sig.parameters["batch_size"].annotation) and sig.parameters["batch_size"].default == 32
-    assert types["label_cols"] == "Sequence[str] | None"
-    assert "feature_cols" in sig.parameters and "label_nan" in sig.parameters
+    assert all(p.kind is KW for p in sig.parameters.values())
+    assert sig.parameters["batch_size"].default == 32
     with pytest.raises(TypeError):
         est_cls(16)
-    # help() shows the typed keywords
+    # the names are honest: the class is found where it says it lives, under its own name
+    for cls in (est_cls, model_cls):
+        assert cls.__qualname__ == cls.__name__
+        assert getattr(importlib.import_module(cls.__module__), cls.__name__) is cls
+    assert est_cls.__name__ == face[1] and est_cls.model_class is model_cls
+    # help() shows the typed keywords and what each one does
     text = pydoc.render_doc(est_cls, renderer=pydoc.plaintext)
     assert "batch_size: int = 32" in text and "label_nan: Literal['error', 'drop', 'keep'] = 'error'" in text
+    for name, doc in param_docs(config).items():
+        assert f"``{name}``: {doc}" in " ".join(text.split()), name
 
 
-def test_spark_constructors_still_set_params():
+def test_horovod_s_lightning_names_are_the_lightning_classes():
+    import hora.spark
+    import hora.spark.lightning as hsl
+
+    assert hsl.TorchEstimator is hsl.LightningEstimator is hora.spark.LightningEstimator
+    assert hsl.TorchModel is hsl.LightningModel is hora.spark.LightningModel
+    assert hora.spark.LightningEstimator.__name__ == "LightningEstimator"
+    assert hora.spark.TorchEstimator.__module__ == "hora.spark.torch.estimator"  # Horovod's path
+
+
+@pytest.mark.parametrize("old_module,old_name,module,name", SAVED_NAMES, ids=[f"{r[0]}.{r[1]}" for r in SAVED_NAMES])
+def test_the_names_older_saves_hold_resolve_to_today_s_classes(old_module, old_name, module, name):
+    cls = getattr(importlib.import_module(module), name)
+    # Spark's DefaultParamsReader imports the metadata's "class" module and takes the name from it
+    assert getattr(__import__(old_module, fromlist=[old_name]), old_name) is cls
+    # a pickle refers to a class by module and name
+    assert pickle.loads(f"c{old_module}\n{old_name}\n.".encode()) is cls
+
+
+def test_spark_constructors_set_params_and_the_model_takes_keywords_only():
     from hora.spark import TorchEstimator, TorchModel
+    from hora.spark.common.params import EstimatorParams
 
-    est = TorchEstimator(batch_size=3, label_nan="drop", feature_cols=["x"])
+    est = TorchEstimator(batch_size=3, label_nan="drop", feature_cols=["x"], predictionCol="p")
     assert est.getBatchSize() == 3 and est.getOrDefault("label_nan") == "drop" and est.getFeatureCols() == ["x"]
+    assert est.getPredictionCol() == "p" and est.isSet(est.batch_size) and not est.isSet(est.epochs)
     assert est.setParams(epochs=4) is est and est.getEpochs() == 4
-    assert list(inspect.signature(est.setParams).parameters) == list(inspect.signature(TorchEstimator).parameters)
+    assert est.getStrategy() == "hora" and "strategy" in est.explainParams()  # Torch's own Param
+    assert issubclass(TorchEstimator, EstimatorParams) and EstimatorParams.batch_size.name == "batch_size"
+    copied = est.copy({est.epochs: 7})
+    assert copied.getEpochs() == 7 and est.getEpochs() == 4 and copied.uid == est.uid
     sig = inspect.signature(TorchModel)
     assert all(p.kind is KW for p in sig.parameters.values())
-    assert {"model", "feature_cols", "output_cols", "output_shapes", "batch_size"} <= set(sig.parameters)
+    assert {"model", "feature_cols", "output_cols", "output_shapes", "batch_size", "feature_columns"} <= set(
+        sig.parameters)
     model = TorchModel(model="m", feature_cols=["x"], label_cols=["y"])
     assert model.getModel() == "m" and model.getFeatureCols() == ["x"] and model.getLabelCols() == ["y"]
+    assert "rows per forward pass" in model.batch_size.doc  # the model's own Param, not the estimator's
 
 
-def test_dask_model_signature_is_typed():
+def test_dask_model_signature_is_typed_and_the_estimator_stores_its_keywords_only():
     import hora.dask
 
     sig = inspect.signature(hora.dask.TorchModel)
@@ -86,6 +124,24 @@ def test_dask_model_signature_is_typed():
     assert all(p.annotation is not inspect.Parameter.empty and p.kind is KW for p in sig.parameters.values())
     with pytest.raises(TypeError):
         hora.dask.TorchModel(object(), ["x"], ["y"], [[1]])
+    est = hora.dask.TorchEstimator(epochs=3, predictionCol="p")
+    assert set(vars(est)) == set(inspect.signature(hora.dask.TorchEstimator).parameters)  # scikit-learn's rule
+    assert est.get_params()["prediction_col"] == "p" and est.epochs == 3
+
+
+def test_the_static_reader_of_the_api_docs_sees_the_written_signatures():
+    """mkdocstrings reads the source with griffe, without importing it: it finds each keyword there."""
+    griffe = pytest.importorskip("griffe")
+
+    hora_pkg = griffe.load("hora", search_paths=[str(REPO)], resolve_aliases=False)
+    for path, cls in (("hora.spark.torch.estimator.TorchEstimator", "hora.spark.TorchEstimator"),
+                      ("hora.dask.LightningEstimator", "hora.dask.LightningEstimator")):
+        obj = hora_pkg[path.removeprefix("hora.")]
+        module, _, name = cls.rpartition(".")
+        expected = param_signature(getattr(importlib.import_module(module), name).framework.config)
+        params = [p.name for p in obj.members["__init__"].parameters]
+        assert params == list(expected.parameters), path
+        assert obj.docstring is not None and "data-parallel" in obj.docstring.value, path
 
 
 @pytest.mark.timeout(300)
@@ -106,6 +162,8 @@ def test_mypy_reports_a_misspelt_keyword_and_a_wrong_type(tmp_path):
         "e = TorchEstimator(feature_cols=['x'], batch_size=3, label_nan='drop')\n"
         "f = hora.dask.LightningEstimator(epochs=2).fit(None)\n"
         "g = hora.dask.TorchEstimator(label_nan='dorp', num_proc=(1, 2), checkpoint_every='2 steps')\n"
+        "reveal_type(f)\n"
+        "reveal_type(e.setParams(epochs=3))\n"
     )
     # The third-party packages hora's signatures name are not type-checked (Any to mypy): the errors asserted are
     # hora's own keywords and types, and torch and pyspark alone are 1,600 modules to parse (29 -> 4 s).
@@ -126,3 +184,6 @@ def test_mypy_reports_a_misspelt_keyword_and_a_wrong_type(tmp_path):
     assert 'Unexpected keyword argument "label_col"' in by_line.get(7, ""), out.stdout
     assert 'Argument "label_nan"' in by_line.get(11, ""), out.stdout  # a Literal: the three modes
     assert set(by_line) == {5, 6, 7, 11}, out.stdout  # the correct calls pass
+    # fit returns the framework's model class, setParams the estimator
+    assert 'Revealed type is "hora.dask.LightningModel"' in out.stdout, out.stdout
+    assert 'Revealed type is "hora.spark.torch.estimator.TorchEstimator"' in out.stdout, out.stdout

@@ -371,9 +371,9 @@ def _dask_lightning(request, tmp_path):
 CASES = {"spark-torch": _spark_torch, "spark-keras": _spark_keras, "spark-lightning": _spark_lightning,
          "dask-torch": _dask_torch, "dask-keras": _dask_keras, "dask-lightning": _dask_lightning}
 #: No cell runs on Spark Connect here: the Connect paths (materialize, the fit's tasks, transform, save/load
-#: in hora/_spark.py, spark_face.py, transform.py) are shared by every framework (each face class is
-#: spark_face.build of a framework descriptor), and Torch's estimator runs them on a Connect session in
-#: every test of tests/estimators/test_spark_face.py ([connect]) and in test_classification.py's
+#: in hora/_spark.py, estimators/faces/spark.py, estimators/driver/transform.py) are shared by every framework
+#: (each Spark estimator class derives from faces.spark's SparkEstimator), and Torch's estimator runs them on a
+#: Connect session in every test of tests/estimators/test_spark_face.py ([connect]) and in test_classification.py's
 #: test_spark_connect_classifier_columns_and_evaluators. The Spark x Keras cell's Connect twin
 #: (spark-keras-connect, the same assertions as spark-keras) was removed for that reason (to keep CI short),
 #: as the Lightning x Connect cell was before it.

@@ -1,12 +1,13 @@
-"""The Dask / scikit-learn face, built from a framework descriptor: an estimator and its fitted model.
+"""The Dask / scikit-learn face: the bases of every ``hora.dask`` estimator and its fitted model.
 
 scikit-learn conventions: ``__init__`` only stores its arguments, ``get_params`` /
 ``set_params`` work on them, validation happens in ``fit``, fitted attributes end in
 ``_``, and ``fit`` returns the fitted model. Training runs on the active
 ``distributed.Client`` (a pandas frame trains on local processes, a Ray Dataset on Ray),
 or where ``backend`` says (``"ray"``: Ray actors, see :mod:`hora.estimators.data.ray_dataset`),
-through the shared :func:`hora.estimators.driver.fit.fit`. :func:`build` makes the two classes of one framework
-(``hora.dask.TorchEstimator`` / ``TorchModel``); there is no framework code here.
+through the shared :func:`hora.estimators.driver.fit.fit`. Each framework's two classes are written in
+:mod:`hora.dask` (``class TorchEstimator(DaskEstimator[TorchModel])`` with ``framework = TORCH`` and
+its keyword-only ``__init__``); there is no framework code here.
 
 ``predict`` / ``transform`` keep the rows of the frame they get, in its order and with
 its index (``dd.from_pandas`` sorts a frame by its index: join predictions to the
@@ -19,9 +20,8 @@ prediction with its row).
 
 from __future__ import annotations
 
-import inspect
 import logging
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Generic, Sequence, TypeVar
 
 import numpy as np
 
@@ -32,9 +32,8 @@ from hora.estimators.faces.history import plot_history
 from hora.estimators.data.columns import inference_columns
 from hora.estimators.data.frames import check_face, engine_of
 from hora.estimators.framework import Framework
-from hora.estimators.params import (
-    ParamError, check_param_names, default_output_cols, mllib_aliases, param_defaults, param_docs, param_signature,
-)
+from hora.estimators.param_info import keyword_params, params_section
+from hora.estimators.params import ParamError, check_param_names, default_output_cols, mllib_aliases, param_defaults
 from hora.estimators.tasks import ClassifierCodec, ClassifierHead
 from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame, ray_transform
 
@@ -62,32 +61,55 @@ def active_client() -> Any:
         ) from exc
 
 
-class DaskEstimator:
-    """scikit-learn style estimator over the shared core; :func:`build` makes one per framework."""
+#: the fitted model class an estimator's ``fit`` returns
+ModelT = TypeVar("ModelT", bound="DaskModel")
+
+
+class DaskEstimator(Generic[ModelT]):
+    """scikit-learn style estimator over the shared core, the base of each framework's ``hora.dask`` estimator.
+
+    A subclass names its :class:`~hora.estimators.framework.Framework` (``framework = TORCH``)
+    and its fitted model class (``model_class``), and writes its keyword-only ``__init__`` out
+    (a test checks it against the framework's config class); ``help()`` of the subclass lists
+    every parameter with its doc.
+    """
 
     framework: ClassVar[Framework]
     model_class: ClassVar[type]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "framework" in cls.__dict__:  # a framework's estimator: every parameter's doc in help()
+            cls.__doc__ = params_section(cls.__doc__, cls.framework.config, "Parameters (keyword arguments)")
+
+    @keyword_params
     def __init__(self, **params: Any) -> None:
-        params = mllib_aliases(params)
-        check_param_names(self.framework.config, params, type(self).__name__)
+        del self._input_kwargs  # scikit-learn's rule: __init__ sets the parameters only
         for name, default in param_defaults(self.framework.config).items():
             setattr(self, name, params.get(name, default))
+
+    def _check_keywords(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` under hora's names (MLlib's aliases mapped), each a parameter of the framework.
+
+        Raises:
+            ParamError: an unknown parameter.
+        """
+        params = mllib_aliases(params)
+        check_param_names(self.framework.config, params, type(self).__name__)
+        return params
 
     # scikit-learn protocol ---------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """The constructor parameters, as given (scikit-learn protocol)."""
         return {name: getattr(self, name) for name in param_defaults(self.framework.config)}
 
-    def set_params(self, **params: Any) -> "DaskEstimator":
+    def set_params(self, **params: Any) -> "DaskEstimator[ModelT]":
         """Set constructor parameters; returns self.
 
         Raises:
             ParamError: an unknown parameter name.
         """
-        params = mllib_aliases(params)
-        check_param_names(self.framework.config, params, type(self).__name__)
-        for name, value in params.items():
+        for name, value in self._check_keywords(params).items():
             setattr(self, name, value)
         return self
 
@@ -100,7 +122,7 @@ class DaskEstimator:
     def _config(self) -> Any:
         return self.framework.make_config(self.get_params())
 
-    def fit(self, ddf: Any, y: Any = None) -> Any:
+    def fit(self, ddf: Any, y: Any = None) -> ModelT:
         """Train on a Dask DataFrame with the active ``distributed.Client`` (a pandas frame on local
         processes, a Ray Dataset on Ray actors), or on the launcher ``backend`` names (``"ray"``...).
 
@@ -320,27 +342,4 @@ def _dask_proba(probs: Any, classes: int) -> Any:
     return da.concatenate(parts, axis=0, allow_unknown_chunksizes=True)
 
 
-def build(framework: Framework, module: str, estimator_name: str, model_name: str) -> tuple[type, type]:
-    """The Dask ``(estimator, model)`` classes of ``framework``, named as they are imported from ``module``."""
-    docs = param_docs(framework.config)
-
-    def __init__(self: DaskEstimator, **params: Any) -> None:
-        DaskEstimator.__init__(self, **params)
-
-    __init__.__signature__ = param_signature(framework.config)  # type: ignore[attr-defined]
-    __init__.__qualname__, __init__.__module__ = f"{estimator_name}.__init__", module
-    model_cls = type(model_name, (DaskModel,), {
-        "framework": framework, "__module__": module, "__qualname__": model_name,
-        "__doc__": f"A fitted {framework.name} model on Dask: model_ is {framework.model_kind}. "
-                   "See hora.estimators.faces.sklearn.DaskModel.",
-    })
-    est_cls = type(estimator_name, (DaskEstimator,), {
-        "framework": framework, "model_class": model_cls, "__module__": module, "__qualname__": estimator_name,
-        "__init__": __init__,
-        "__doc__": f"Train {framework.model_kind} data-parallel on a Dask DataFrame (scikit-learn conventions); fit "
-                   f"returns a {model_name}.\n\nParameters:\n\n" + "\n".join(f"* ``{n}``: {d}" for n, d in docs.items()),
-    })
-    return est_cls, model_cls
-
-
-__all__ = ["DaskEstimator", "DaskModel", "build", "active_client", "ParamError"]
+__all__ = ["DaskEstimator", "DaskModel", "ModelT", "active_client", "ParamError"]

@@ -1,12 +1,15 @@
-"""The Spark MLlib face, built from a framework descriptor: an ``Estimator`` and its fitted ``Model``.
+"""The Spark MLlib face: the bases of every Spark ``Estimator`` and its fitted ``Model``.
 
-:func:`build` makes the two classes of one framework (``hora.spark.torch.TorchEstimator``
-and ``TorchModel``). Every parameter of the framework's config class is a Spark
-``Param`` declared by its own generated ``Has*`` mixin (``HasBatchSize`` declares
-``batch_size`` with ``getBatchSize`` / ``setBatchSize``), shared by every framework, so
-``ParamGridBuilder().addGrid(est.batch_size, [32, 64])`` and ``est.copy({est.epochs: 3})``
-work as for any MLlib stage. ``_fit`` turns the Params into the framework's config and
-calls the shared :func:`hora.estimators.driver.fit.fit`; there is no framework code here.
+Each framework's classes are written in its public module (``hora.spark.torch.estimator``:
+``class TorchEstimator(SparkEstimator[TorchModel])`` with ``framework = TORCH`` and its
+keyword-only ``__init__`` / ``setParams``). Every parameter of the framework's config class
+is a Spark ``Param`` with ``get<Name>`` / ``set<Name>`` accessors (``batch_size``:
+``getBatchSize`` / ``setBatchSize``), declared from the config's fields by
+:func:`declare_params`: the shared ones on :class:`EstimatorParams`, a framework's own
+ones on its estimator class. So ``ParamGridBuilder().addGrid(est.batch_size, [32, 64])``
+and ``est.copy({est.epochs: 3})`` work as for any MLlib stage. ``_fit`` turns the Params
+into the framework's config and calls the shared :func:`hora.estimators.driver.fit.fit`;
+there is no framework code here.
 
 Persistence (``MLWritable`` / ``MLReadable``): Spark's ``metadata/`` (class, uid and
 the JSON Params, read by ``DefaultParamsReader`` and ``PipelineModel.load``) plus side
@@ -17,10 +20,9 @@ and, for a fitted model, the model's files as the framework's codec writes them.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence, TypeVar
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
@@ -37,10 +39,11 @@ from hora.estimators.data.columns import inference_columns
 from hora.estimators.data.frames import check_face
 from hora.estimators.framework import Framework
 from hora.estimators.params import (
-    PARAM_DOCS, EstimatorConfig, check_param_names, default_output_cols, json_params, mllib_aliases, param_defaults,
-    param_docs, param_signature, unsaved_params,
+    EstimatorConfig, check_param_names, default_output_cols, json_params, mllib_aliases, param_defaults, param_docs,
+    unsaved_params,
 )
 from hora.estimators.driver.spark_python import explain_worker_failure
+from hora.estimators.param_info import keyword_params, params_section
 from hora.estimators.tasks import ClassifierCodec, ClassifierHead
 from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, spark_transform
 
@@ -50,19 +53,13 @@ SIDE_DIR = "hora"
 
 
 # ---------------------------------------------------------------------------------------
-# generated Has* mixins: one per Param name, with get<Name>/set<Name>
+# Params declared from the config's fields, each with get<Name>/set<Name>
 # ---------------------------------------------------------------------------------------
 def _camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
-_MIXINS: dict[str, type] = {}
-
-
-def param_mixin(name: str, doc: str) -> type:
-    """The ``Params`` mixin declaring the Param ``name`` with ``get<Name>`` / ``set<Name>`` (one per name)."""
-    if name in _MIXINS:
-        return _MIXINS[name]
+def _accessors(cls: type, name: str, doc: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     camel = _camel(name)
 
     def getter(self: Params) -> Any:
@@ -71,21 +68,43 @@ def param_mixin(name: str, doc: str) -> type:
     def setter(self: Params, value: Any) -> Params:
         return self._set(**{name: value})
 
-    getter.__name__, getter.__doc__ = f"get{camel}", f"Gets the value of {name}: {doc}."
-    setter.__name__, setter.__doc__ = f"set{camel}", f"Sets the value of {name}: {doc}."
-    mixin = type(f"Has{camel}", (Params,), {
-        name: Param(Params._dummy(), name, doc, typeConverter=TypeConverters.identity),
-        f"get{camel}": getter, f"set{camel}": setter,
-        "__doc__": f"Mixin for the param {name}: {doc}.", "__module__": __name__,
-    })
-    _MIXINS[name] = mixin
-    globals()[mixin.__name__] = mixin  # importable, so pickled stages find their mixins
-    return mixin
+    for fn, verb in ((getter, "get"), (setter, "set")):
+        fn.__name__, fn.__qualname__, fn.__module__ = f"{verb}{camel}", f"{cls.__qualname__}.{verb}{camel}", cls.__module__
+        fn.__doc__ = f"{verb.capitalize()}s the value of {name}: {doc}."
+    return getter, setter
 
 
-#: every shared Param (HasBatchSize, ...) in one class: Horovod's ``EstimatorParams``, a base of every estimator
-EstimatorParams = type("EstimatorParams", tuple(param_mixin(n, d) for n, d in param_docs(EstimatorConfig).items()), {
-    "__module__": __name__, "__doc__": "The Spark Params every hora Spark estimator shares (Horovod's EstimatorParams)."})
+def declare_params(cls: type, docs: dict[str, str]) -> type:
+    """Declare on the ``Params`` class ``cls`` one Spark ``Param`` per ``{name: doc}`` with its
+    ``get<Name>`` / ``set<Name>`` accessors (what pyspark's ``Has*`` mixins hold); a Param or an
+    accessor ``cls`` already has (a hand-written getter) is kept. Returns ``cls``.
+
+    Raises:
+        TypeError: ``cls`` has an attribute of a Param's name that is not a ``Param``.
+    """
+    for name, doc in docs.items():
+        current = getattr(cls, name, None)
+        if current is None:
+            setattr(cls, name, Param(Params._dummy(), name, doc, typeConverter=TypeConverters.identity))
+        elif not isinstance(current, Param):
+            raise TypeError(f"{cls.__name__}.{name} is not a Param, so the parameter {name!r} cannot be declared")
+        getter, setter = _accessors(cls, name, doc)
+        for fn in (getter, setter):
+            if not hasattr(cls, fn.__name__):
+                setattr(cls, fn.__name__, fn)
+    return cls
+
+
+class EstimatorParams(Params):
+    """The Spark Params every hora Spark estimator shares (Horovod's ``EstimatorParams``).
+
+    One ``Param`` per parameter of :class:`~hora.estimators.params.EstimatorConfig`, with
+    its ``get<Name>`` / ``set<Name>`` accessors (``EstimatorParams.batch_size``,
+    ``getBatchSize()``), declared from the config's fields by :func:`declare_params`.
+    """
+
+
+declare_params(EstimatorParams, param_docs(EstimatorConfig))
 
 #: the fitted model's Params (all JSON metadata; shared names reuse the estimator's mixin)
 MODEL_PARAMS: dict[str, str] = {
@@ -109,42 +128,6 @@ MODEL_PARAMS: dict[str, str] = {
 }
 #: model Params saved pickled beside the JSON metadata (they hold functions)
 MODEL_PICKLED_PARAMS = frozenset({"inference_columns"})
-_MODEL_MIXINS = [param_mixin(n, d) for n, d in MODEL_PARAMS.items()]
-#: the fitted model's constructor keywords: ``{name: (type as declared, default)}``
-MODEL_PARAM_TYPES: dict[str, tuple[str, Any]] = {
-    "model": ("Any", None),
-    "feature_cols": ("Sequence[str | Sequence[str]] | None", None),
-    "label_cols": ("Sequence[str] | None", None),
-    "output_cols": ("Sequence[str] | None", None),
-    "input_shapes": ("Sequence[Sequence[int]] | None", None),
-    "run_id": ("str | None", None),
-    "history": ("Sequence[dict[str, float]] | None", None),
-    "output_shapes": ("Sequence[Sequence[int]] | None", None),
-    "batch_size": ("int", DEFAULT_PREDICT_BATCH),
-    "task": ("str", "regression"),
-    "classifier": ("dict[str, Any] | None", None),
-    "prediction_col": ("str", "prediction"),
-    "probability_col": ("str", "probability"),
-    "raw_prediction_col": ("str", "rawPrediction"),
-    "inference_columns": ("dict[str, Any] | None", None),
-    "vector_outputs": ("bool", False),
-    # Horovod's keywords (hora.estimators.faces.horovod.model_kwargs)
-    "feature_columns": ("Sequence[str] | None", None),
-    "label_columns": ("Sequence[str] | None", None),
-    "optimizer": ("Any", None),
-    "loss": ("Any", None),
-    "loss_constructors": ("Any", None),
-    "custom_objects": ("Any", None),
-    "_metadata": ("dict[str, Any] | None", None),
-}
-
-
-def model_signature() -> inspect.Signature:
-    """The Spark model constructor's signature (keyword-only ``model`` and :data:`MODEL_PARAM_TYPES`)."""
-    kw = inspect.Parameter.KEYWORD_ONLY
-    return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-                             + [inspect.Parameter(n, kw, default=d, annotation=t)
-                                for n, (t, d) in MODEL_PARAM_TYPES.items()], return_annotation=None)
 
 
 class _HoraWriter(MLWriter):
@@ -217,8 +200,18 @@ def _split_params(instance: Params, names: Sequence[str], json_names: frozenset[
 # ---------------------------------------------------------------------------------------
 # the estimator
 # ---------------------------------------------------------------------------------------
-class SparkEstimator(Estimator, _Persisted, horovod_face.HorovodEstimatorMethods):
-    """An MLlib Estimator over the shared core; :func:`build` makes one per framework.
+#: the fitted model class an estimator's ``fit`` returns
+ModelT = TypeVar("ModelT", bound="SparkModel")
+
+
+class SparkEstimator(Estimator[ModelT], EstimatorParams, _Persisted, horovod_face.HorovodEstimatorMethods):
+    """An MLlib Estimator over the shared core, the base of each framework's Spark estimator.
+
+    A subclass names its :class:`~hora.estimators.framework.Framework` (``framework = TORCH``)
+    and its fitted model class (``model_class``), and writes its keyword-only ``__init__`` and
+    ``setParams`` out (Spark's convention; a test checks them against the framework's config
+    class). The framework's own parameters become Params of the subclass, and ``help()`` of
+    the subclass lists every parameter with its doc.
 
     Raises (from ``fit``):
         ConfigError, DataError: bad params or data, before any worker starts; a Spark
@@ -229,13 +222,20 @@ class SparkEstimator(Estimator, _Persisted, horovod_face.HorovodEstimatorMethods
     framework: ClassVar[Framework]
     model_class: ClassVar[type]
 
-    @keyword_only
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "framework" in cls.__dict__:  # a framework's estimator: its own Params, every parameter's doc
+            declare_params(cls, param_docs(cls.framework.config))
+            cls.__doc__ = params_section(cls.__doc__, cls.framework.config,
+                                         "Params (keyword arguments, each also a Spark Param with get/set accessors)")
+
+    @keyword_params
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         self._setDefault(**param_defaults(self.framework.config))
-        self.setParams(**self._input_kwargs)
+        self._set(**kwargs)
 
-    @keyword_only
+    @keyword_params
     def setParams(self, **kwargs: Any) -> "SparkEstimator":  # noqa: N802 (MLlib's name)
         """Set any of the estimator's params by keyword; returns self.
 
@@ -243,9 +243,17 @@ class SparkEstimator(Estimator, _Persisted, horovod_face.HorovodEstimatorMethods
             ParamError: an unknown parameter (a ConfigError and a TypeError; Horovod's names
                 say what to use instead).
         """
-        kwargs = mllib_aliases(self._input_kwargs)
-        check_param_names(self.framework.config, kwargs, type(self).__name__)
         return self._set(**kwargs)
+
+    def _check_keywords(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` under hora's names (MLlib's aliases mapped), each a parameter of the framework.
+
+        Raises:
+            ParamError: an unknown parameter.
+        """
+        kwargs = mllib_aliases(kwargs)
+        check_param_names(self.framework.config, kwargs, type(self).__name__)
+        return kwargs
 
     def _param_names(self) -> list[str]:
         return list(param_defaults(self.framework.config))
@@ -295,7 +303,7 @@ class SparkEstimator(Estimator, _Persisted, horovod_face.HorovodEstimatorMethods
 # ---------------------------------------------------------------------------------------
 # the fitted model
 # ---------------------------------------------------------------------------------------
-class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods, *_MODEL_MIXINS):  # type: ignore[misc]
+class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods):
     """A fitted model as an MLlib ``Model``: ``transform`` runs batched inference on the executors.
 
     The trained framework model is :meth:`getModel`; ``getHistory()`` / ``history_`` hold
@@ -304,12 +312,47 @@ class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods, *_MODEL_MI
     outputs MLlib's three columns instead, named by ``setRawPredictionCol`` (a vector of
     the model's scores), ``setProbabilityCol`` (a vector of class probabilities) and
     ``setPredictionCol`` (the class index, a double), as MLlib's evaluators expect.
+    Each of :data:`MODEL_PARAMS` is a Spark Param with ``get<Name>`` / ``set<Name>``.
     """
 
     framework: ClassVar[Framework]
 
     @keyword_only
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        model: Any = None,
+        feature_cols: Sequence[str | Sequence[str]] | None = None,
+        label_cols: Sequence[str] | None = None,
+        output_cols: Sequence[str] | None = None,
+        input_shapes: Sequence[Sequence[int]] | None = None,
+        run_id: str | None = None,
+        history: Sequence[dict[str, float]] | None = None,
+        output_shapes: Sequence[Sequence[int]] | None = None,
+        batch_size: int = DEFAULT_PREDICT_BATCH,
+        task: str = "regression",
+        classifier: dict[str, Any] | None = None,
+        prediction_col: str = "prediction",
+        probability_col: str = "probability",
+        raw_prediction_col: str = "rawPrediction",
+        inference_columns: dict[str, Any] | None = None,
+        vector_outputs: bool = False,
+        feature_columns: Sequence[str] | None = None,
+        label_columns: Sequence[str] | None = None,
+        optimizer: Any = None,
+        loss: Any = None,
+        loss_constructors: Any = None,
+        custom_objects: Any = None,
+        _metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """A model holding the trained framework ``model``; each other keyword sets the Param of
+        its name (:data:`MODEL_PARAMS`). ``feature_columns`` ... ``_metadata`` are Horovod's
+        keywords for a model built by hand (:func:`hora.estimators.faces.horovod.model_kwargs`).
+
+        Raises:
+            ConfigError: a column list given under both hora's and Horovod's names.
+        """
+        kwargs = self._input_kwargs
         super().__init__()
         self._setDefault(output_cols=None, input_shapes=None, run_id=None, history=[], output_shapes=None,
                          batch_size=DEFAULT_PREDICT_BATCH, task="regression", classifier=None,
@@ -428,6 +471,9 @@ class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods, *_MODEL_MI
         return inst
 
 
+declare_params(SparkModel, MODEL_PARAMS)
+
+
 def _array_to_vector(df: Any) -> Any:
     """``array_to_vector`` for the kind of session ``df`` belongs to."""
     if _spark.is_connect(df):
@@ -437,44 +483,4 @@ def _array_to_vector(df: Any) -> Any:
     return array_to_vector
 
 
-def build(framework: Framework, module: str, estimator_name: str, model_name: str) -> tuple[type, type]:
-    """The Spark ``(Estimator, Model)`` classes of ``framework``, named as they are imported from ``module``."""
-    docs = param_docs(framework.config)
-
-    # per-class constructors whose signatures list every keyword, typed (pyspark's keyword_only
-    # on the base methods still collects them into _input_kwargs)
-    def model_init(self: SparkModel, **kwargs: Any) -> None:
-        SparkModel.__init__(self, **kwargs)
-
-    def est_init(self: SparkEstimator, **kwargs: Any) -> None:
-        SparkEstimator.__init__(self, **kwargs)
-
-    def set_params(self: SparkEstimator, **kwargs: Any) -> SparkEstimator:
-        return SparkEstimator.setParams(self, **kwargs)
-
-    model_init.__signature__ = model_signature()  # type: ignore[attr-defined]
-    est_init.__signature__ = param_signature(framework.config)  # type: ignore[attr-defined]
-    set_params.__signature__ = param_signature(  # type: ignore[attr-defined]
-        framework.config, return_annotation=estimator_name)
-    set_params.__doc__ = SparkEstimator.setParams.__doc__
-    for fn, name, owner in ((model_init, "__init__", model_name), (est_init, "__init__", estimator_name),
-                            (set_params, "setParams", estimator_name)):
-        fn.__name__, fn.__qualname__, fn.__module__ = name, f"{owner}.{name}", module
-    model_cls = type(model_name, (SparkModel,), {
-        "framework": framework, "__module__": module, "__qualname__": model_name, "__init__": model_init,
-        "__doc__": f"A fitted {framework.name} model on Spark: getModel() is {framework.model_kind}. "
-                   f"See hora.estimators.faces.spark.SparkModel.",
-    })
-    own = [param_mixin(n, d) for n, d in docs.items() if n not in PARAM_DOCS]  # the framework's own Params
-    est_cls = type(estimator_name, (SparkEstimator, EstimatorParams, *own), {
-        "framework": framework, "model_class": model_cls, "__module__": module, "__qualname__": estimator_name,
-        "__init__": est_init, "setParams": set_params,
-        "__doc__": f"Train {framework.model_kind} data-parallel on a Spark DataFrame; fit returns a {model_name}.\n\n"
-                   "Params (keyword arguments, each also a Spark Param with get/set accessors):\n\n"
-                   + "\n".join(f"* ``{n}``: {d}" for n, d in docs.items()),
-    })
-    return est_cls, model_cls
-
-
-__all__ = ["SparkEstimator", "SparkModel", "EstimatorParams", "build", "param_mixin", "MODEL_PARAMS", "MODEL_PARAM_TYPES",
-           "model_signature"]
+__all__ = ["SparkEstimator", "SparkModel", "EstimatorParams", "declare_params", "MODEL_PARAMS", "ModelT"]

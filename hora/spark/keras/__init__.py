@@ -1,8 +1,8 @@
 """``hora.spark.keras`` (Horovod's ``horovod.spark.keras``): ``KerasEstimator`` and ``KerasModel`` on Spark.
 
 The classes live in :mod:`hora.spark.keras.estimator` (Horovod's path); importing this
-package imports TensorFlow. :mod:`hora.spark.keras.remote` and :mod:`hora.spark.keras.util`
-name Horovod's internals, which hora does not have.
+package does not import TensorFlow (a fit, a transform or a load does). :mod:`hora.spark.keras.remote`
+and :mod:`hora.spark.keras.util` name Horovod's internals, which hora does not have.
 """
 
 from hora.spark.keras.estimator import EstimatorParams, KerasEstimator, KerasModel
