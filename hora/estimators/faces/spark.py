@@ -69,7 +69,8 @@ def _accessors(cls: type, name: str, doc: str) -> tuple[Callable[..., Any], Call
         return self._set(**{name: value})
 
     for fn, verb in ((getter, "get"), (setter, "set")):
-        fn.__name__, fn.__qualname__, fn.__module__ = f"{verb}{camel}", f"{cls.__qualname__}.{verb}{camel}", cls.__module__
+        fn.__name__ = f"{verb}{camel}"
+        fn.__qualname__, fn.__module__ = f"{cls.__qualname__}.{fn.__name__}", cls.__module__
         fn.__doc__ = f"{verb.capitalize()}s the value of {name}: {doc}."
     return getter, setter
 
@@ -106,7 +107,7 @@ class EstimatorParams(Params):
 
 declare_params(EstimatorParams, param_docs(EstimatorConfig))
 
-#: the fitted model's Params (all JSON metadata; shared names reuse the estimator's mixin)
+#: the fitted model's Params, declared on :class:`SparkModel` (JSON metadata, but :data:`MODEL_PICKLED_PARAMS`)
 MODEL_PARAMS: dict[str, str] = {
     "feature_cols": "one entry per model input: a column, or a list of scalar columns stacked into one input",
     "label_cols": "label column names; one model output per label",

@@ -1,6 +1,6 @@
 """PyTorch Lightning on the estimator seam: :class:`LightningCodec`, :class:`LightningSession`, :data:`LIGHTNING`.
 
-``hora.spark.lightning.TorchEstimator`` (Horovod's name; also ``hora.spark.LightningEstimator``)
+``hora.spark.LightningEstimator`` (``hora.spark.lightning.TorchEstimator`` is Horovod's name of it)
 and ``hora.dask.LightningEstimator`` take a ``LightningModule`` as ``model`` (its
 ``training_step``, ``validation_step``, ``configure_optimizers`` and hooks), and besides
 the shared parameters :class:`LightningConfig`'s: ``trainer_args`` (``max_epochs`` comes

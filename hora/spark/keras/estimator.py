@@ -26,7 +26,8 @@ class KerasModel(SparkModel):
 
 
 class KerasEstimator(SparkEstimator[KerasModel]):
-    """Train a Keras 3 model (TensorFlow backend) data-parallel on a Spark DataFrame; ``fit`` returns a :class:`KerasModel`.
+    """Train a Keras 3 model (TensorFlow backend) data-parallel on a Spark DataFrame; ``fit`` returns a
+    :class:`KerasModel`.
 
     An MLlib ``Estimator``: it works in ``Pipeline``, ``CrossValidator`` and
     ``TrainValidationSplit``, and every keyword is also a Spark Param with ``get<Name>`` /
