@@ -94,7 +94,7 @@ def test_a_model_saved_under_the_estimators_old_module_paths_loads(tmp_path):
         importlib.import_module(new)
         found = importlib.util.find_spec(old)
         assert found is None or found.submodule_search_locations is not None, old
-    mixin = spark.param_mixin("batch_size", "")  # the Spark Params' mixins pickle under the face's module
+    mixin = spark.HasBatchSize  # a Spark Param's mixin of older versions pickles under the face's module
     settings = {"decode_fn": frames.group_key, "mixin": mixin, "module": frames}
     data = _as_before_the_subpackages(cloudpickle.dumps({"inference_columns": settings}, protocol=2),
                                       {"hora.estimators.data": "hora.estimators.data.frames",

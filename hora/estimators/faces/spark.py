@@ -484,4 +484,28 @@ def _array_to_vector(df: Any) -> Any:
     return array_to_vector
 
 
+#: ``Has<Name>`` mixins built for older pickles (see :func:`__getattr__`)
+_OLD_MIXINS: dict[str, type] = {}
+
+
+def __getattr__(name: str) -> type:
+    """``Has<Name>``: the ``Params`` mixin declaring one Param, as older versions of this module
+    generated for each parameter (a pickle may name one); built on first use.
+
+    Raises:
+        AttributeError: ``name`` is no ``Has<Name>`` of a parameter.
+    """
+    if name.startswith("Has") and name not in _OLD_MIXINS:
+        from hora.estimators.framework import BUILTIN, get_framework
+
+        docs = {**MODEL_PARAMS, **{n: d for fw in BUILTIN for n, d in param_docs(get_framework(fw).config).items()}}
+        for param_name, doc in docs.items():
+            if f"Has{_camel(param_name)}" == name:
+                mixin = type(name, (Params,), {"__module__": __name__, "__doc__": f"Mixin for the param {param_name}."})
+                _OLD_MIXINS[name] = declare_params(mixin, {param_name: doc})
+    if name in _OLD_MIXINS:
+        return _OLD_MIXINS[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["SparkEstimator", "SparkModel", "EstimatorParams", "declare_params", "MODEL_PARAMS", "ModelT"]
