@@ -6,8 +6,9 @@ arranged in subpackages (the objects saved beside a model, a model's definition,
 custom objects, a Spark stage's ``Has<Param>`` mixin of ``hora.estimators.spark_face``) may
 name a module by its old path; :func:`loads` reads them at the new one. A saved model finds its
 framework by name (``"torch"``, ``"keras"``, ``"lightning"``: :data:`hora.estimators.framework.BUILTIN`),
-never by module path, and the faces' classes are named by their public modules (``hora.spark.torch``,
-``hora.dask``), which did not move.
+never by module path, and the faces' classes by their public modules (``hora.spark.torch.estimator``,
+``hora.dask``; the names older versions saved, ``hora.spark.torch.TorchModel`` or Horovod's
+``hora.spark.lightning.TorchModel``, are still exported there).
 """
 
 from __future__ import annotations
