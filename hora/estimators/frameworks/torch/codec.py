@@ -98,6 +98,10 @@ class TorchConfig(EstimatorConfig):
         "'zero1' / 'zero2' (each rank keeps the optimizer state / and the gradients of its shard of the "
         "parameters), 'ddp' (torch's DistributedDataParallel) or 'fsdp' (FSDP2's fully_shard: parameters too); "
         "checkpoints hold the whole state, so a resume at another size reshards")
+    tokenizer: Any = param(None, "a Hugging Face tokenizer or a callable list[str] -> dict of arrays: string feature "
+                           "columns are tokenized per batch on the ranks (padded to the batch's longest row, at most "
+                           "max_length tokens; two string columns as a text pair) and the model called with keyword "
+                           "tensors (see hora.estimators.hf)", "pickle")
 
     def __post_init__(self) -> None:
         if self.loss_constructors is not None:
@@ -112,6 +116,12 @@ class TorchConfig(EstimatorConfig):
         if self.train_minibatch_fn is not None and not callable(self.train_minibatch_fn):
             raise ConfigError(f"train_minibatch_fn must be callable, got {self.train_minibatch_fn!r}")
         self._check_loop_options()
+
+    def needs_loss(self) -> bool:
+        """A Hugging Face model (or one given a tokenizer) may train on its own loss (loss=None)."""
+        from hora.estimators.hf import wants_adapter
+
+        return not wants_adapter(self)
 
     def _check_loop_options(self) -> None:
         """lr_scheduler, precision, gradient clipping and class_weight (what can be checked without the data)."""
@@ -281,6 +291,12 @@ class TorchCodec(ModelCodec):
                        "metrics": config.metrics, "compression": config.gradient_compression,
                        "minibatch_fn": config.train_minibatch_fn, "lr_scheduler": config.lr_scheduler,
                        "class_weight": config.class_weight})
+
+    def prepare_model(self, df: Any, config: Any, dataset: Any = None) -> None:
+        """Before the sample check: a Hugging Face model's keyword adapter and tokenizer (:func:`hora.estimators.hf.prepare`)."""
+        from hora.estimators import hf
+
+        hf.prepare(df, config, dataset)
 
     #: the entry of the run's checkpoint dict that holds the model's state_dict
     checkpoint_state_key = "model"
