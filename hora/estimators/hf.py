@@ -180,6 +180,18 @@ class ModelLoss:
         return f"ModelLoss({type(self.adapter.model).__name__})"
 
 
+def save_pretrained(model: Any, path: str, **kwargs: Any) -> None:
+    """A fitted model's Hugging Face model written at ``path`` in the Hugging Face format.
+
+    Raises:
+        ConfigError: the fitted model is not a Hugging Face one.
+    """
+    if not isinstance(model, HFModule):
+        raise ConfigError(f"save_pretrained writes a Hugging Face model, but this fitted model is a "
+                          f"{type(model).__name__}; persist it with save()/write()")
+    model.save_pretrained(path, **kwargs)
+
+
 def wants_adapter(config: Any) -> bool:
     """Whether a fit's model is trained through :class:`HFModule`: a ``tokenizer`` is given, or the model is a
     ``transformers``/``peft`` model."""
@@ -231,4 +243,4 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
                 layout, "the model's own" if own else "the given")
 
 
-__all__ = ["HFModule", "ModelLoss", "is_hf_model", "prepare", "wants_adapter"]
+__all__ = ["HFModule", "ModelLoss", "is_hf_model", "prepare", "save_pretrained", "wants_adapter"]

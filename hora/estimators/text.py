@@ -14,7 +14,6 @@ model adapter (:class:`hora.estimators.hf.HFModule`) unpacks into keyword tensor
 from __future__ import annotations
 
 import logging
-import pickle
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -45,8 +44,10 @@ def check_tokenizer(tokenizer: Any) -> None:
     if is_hf_tokenizer(tokenizer) and tokenizer.pad_token is None:
         raise ConfigError(f"tokenizer {name} has no pad token, and batches are padded to their longest row: set "
                           "tokenizer.pad_token (e.g. tokenizer.pad_token = tokenizer.eos_token)")
+    import cloudpickle  # (as the training payload is pickled, see hora.estimators.spec.freeze)
+
     try:
-        pickle.dumps(tokenizer)
+        cloudpickle.dumps(tokenizer)
     except Exception as exc:
         raise ConfigError(f"tokenizer {name} cannot be pickled, and it must travel to the training processes: "
                           f"{type(exc).__name__}: {exc}; define it at module level (not in a closure) or pass a "

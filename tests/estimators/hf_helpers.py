@@ -24,7 +24,7 @@ def text_frame(n: int = 64, seed: int = 0) -> pd.DataFrame:
 
 def tokenizer(texts: list[str], model: str = "wordlevel"):
     """A ``PreTrainedTokenizerFast`` trained on ``texts`` with the ``tokenizers`` library, with a pad token."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
@@ -36,8 +36,12 @@ def tokenizer(texts: list[str], model: str = "wordlevel"):
         trainer = trainers.BpeTrainer(special_tokens=special, vocab_size=200)
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator(texts, trainer)
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", eos_token="[SEP]")
+                                   sep_token="[SEP]", eos_token="[SEP]",
+                                   model_input_names=["input_ids", "token_type_ids", "attention_mask"])
 
 
 def tiny_bert(tok, num_labels: int = 2, seed: int = 0):
@@ -48,7 +52,7 @@ def tiny_bert(tok, num_labels: int = 2, seed: int = 0):
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=64, num_labels=num_labels,
-                        pad_token_id=tok.pad_token_id)
+                        pad_token_id=tok.pad_token_id, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     return BertForSequenceClassification(config)
 
 

@@ -275,6 +275,12 @@ class DaskModel:
         persistence.save_fitted(url, self.framework.codec, self.model_, self._meta(), overwrite=overwrite,
                                 objects={"inference_columns": self.inference_columns_})
 
+    def save_pretrained(self, path: str, **kwargs: Any) -> None:
+        """A Hugging Face model in the Hugging Face format (see :meth:`hora.estimators.hf.HFModule.save_pretrained`)."""
+        from hora.estimators.hf import save_pretrained
+
+        save_pretrained(self.model_, path, **kwargs)
+
     @classmethod
     def load(cls, url: str) -> "DaskModel":
         """Load a model written by :meth:`save`.

@@ -339,6 +339,12 @@ class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods, *_MODEL_MI
         """The trained framework model."""
         return self._model
 
+    def save_pretrained(self, path: str, **kwargs: Any) -> None:
+        """A Hugging Face model in the Hugging Face format (see :meth:`hora.estimators.hf.HFModule.save_pretrained`)."""
+        from hora.estimators.hf import save_pretrained
+
+        save_pretrained(self._model, path, **kwargs)
+
     def getHistory(self) -> list[dict[str, float]]:  # noqa: N802 (MLlib style)
         """Per-epoch metrics (``epoch``, ``loss``, ``val_loss``, ``val_<metric>``...)."""
         return self.history_

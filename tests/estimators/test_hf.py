@@ -1,0 +1,156 @@
+"""Hugging Face models fine-tuned from a text column in one fit: tiny models built from a config and a
+tokenizer trained here with ``tokenizers`` (nothing is downloaded), on Spark local[2] and a Dask
+LocalCluster with 2 ranks, and the bad inputs refused on the driver."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+torch = pytest.importorskip("torch")
+
+from hora.errors import ConfigError, DataError  # noqa: E402
+from tests.estimators.hf_helpers import text_frame, tiny_bert, tokenizer  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+def _args(store, model, tok, **kw):
+    args = dict(num_proc=2, store=store, model=model, tokenizer=tok, feature_cols=["text"], label_cols=["label"],
+                optimizer=torch.optim.Adam(model.parameters(), lr=5e-3), batch_size=8, epochs=6, random_seed=1,
+                verbose=0, lr_scaling="none", task="classification")
+    args.update(kw)
+    return args
+
+
+def test_spark_bert_classifier_own_loss_transform_persist_and_export(spark, store, tmp_path):
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from transformers import AutoModelForSequenceClassification
+
+    from hora.spark import TorchEstimator, TorchModel
+
+    pdf = text_frame(128)
+    tok = tokenizer(pdf.text.tolist())
+    df = spark.createDataFrame(pdf).repartition(2)
+    model = TorchEstimator(**_args(store, tiny_bert(tok), tok)).fit(df)
+    losses = [h["loss"] for h in model.getHistory()]
+    assert losses[-1] < losses[0] * 0.5, losses  # the model's own cross-entropy, falling
+    scored = model.transform(df)
+    assert {"rawPrediction", "probability", "prediction"} <= set(scored.columns)
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
+    assert accuracy >= 0.9, accuracy
+    # write/load round-trips; the result's transform is the same (tokenizer kept for transform)
+    path = str(tmp_path / "model")
+    model.write().overwrite().save(path)
+    first = scored.select("text", "rawPrediction").toPandas().sort_values("text", kind="stable")
+    again = TorchModel.load(path).transform(df).select("text", "rawPrediction").toPandas()
+    again = again.sort_values("text", kind="stable")
+    raw = np.stack(first.rawPrediction.map(lambda v: v.toArray()))
+    np.testing.assert_allclose(np.stack(again.rawPrediction.map(lambda v: v.toArray())), raw, rtol=1e-5, atol=1e-6)
+    # export in the Hugging Face format: it loads with from_pretrained and gives the same logits
+    hf_dir = str(tmp_path / "hf")
+    model.save_pretrained(hf_dir)
+    loaded = AutoModelForSequenceClassification.from_pretrained(hf_dir).eval()
+    enc = tok(first.text.tolist()[:8], padding="longest", return_tensors="pt")
+    with torch.no_grad():
+        logits = loaded(**enc).logits.numpy()
+    np.testing.assert_allclose(logits, raw[:8], rtol=1e-3, atol=1e-4)  # (batches padded to other lengths)
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(hf_dir)("good day")["input_ids"] == tok("good day")["input_ids"]
+
+
+def test_dask_text_pair_given_loss_and_numeric_keyword(dask_client, store):
+    """A text pair tokenized as a pair, a loss given (on output.logits), predict_proba / classes_."""
+    import dask.dataframe as dd
+
+    from hora.dask import TorchEstimator
+
+    pdf = text_frame(128)
+    pdf["other"] = text_frame(128, seed=3).text  # the second text of each pair (noise)
+    tok = tokenizer(pdf.text.tolist() + pdf.other.tolist())
+    seen = []
+
+    class Recording(torch.nn.Module):
+        """A BERT classifier that records the keyword arguments it is called with."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = tiny_bert(tok)
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            seen.append(int(token_type_ids.max()))
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+
+    net = Recording()
+    est = TorchEstimator(**_args(store, net, tok, feature_cols=["text", "other"],
+                                 loss=torch.nn.CrossEntropyLoss(), max_length=12))
+    fitted = est.fit(dd.from_pandas(pdf, npartitions=2))
+    assert seen and max(seen) == 1  # the driver's check saw the pair's second segment
+    assert list(fitted.classes_) == [0, 1]
+    proba = fitted.predict_proba(dd.from_pandas(pdf, npartitions=2))
+    proba = proba.compute() if hasattr(proba, "compute") else proba
+    assert np.asarray(proba).shape == (128, 2)
+    assert (np.asarray(proba).argmax(1) == pdf.label.to_numpy()).mean() >= 0.9
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input, refused on the driver (pandas frames: nothing starts)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_string_column_without_tokenizer_names_it_and_points_at_tokenizer(store):
+    from hora.dask import TorchEstimator
+
+    pdf = text_frame(16)
+    tok = tokenizer(pdf.text.tolist())
+    net = torch.nn.Linear(4, 2)
+    with pytest.raises(DataError, match=r"\['text'\].*tokenizer="):
+        TorchEstimator(**_args(store, net, None, loss=torch.nn.CrossEntropyLoss())).fit(pdf)
+    del tok
+
+
+@pytest.mark.timeout(60)
+def test_forward_argument_missing_from_batch_names_it_and_the_keys(store):
+    from hora.dask import TorchEstimator
+
+    pdf = text_frame(16)
+    tok = tokenizer(pdf.text.tolist())
+
+    class NeedsPixels(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = tiny_bert(tok)
+
+        def forward(self, input_ids, attention_mask, pixel_values):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask)
+
+    with pytest.raises(ConfigError, match=r"'pixel_values'.*\['attention_mask', 'input_ids', 'token_type_ids'\]"):
+        TorchEstimator(**_args(store, NeedsPixels(), tok)).fit(pdf)
+
+
+@pytest.mark.timeout(60)
+def test_unpicklable_tokenizer_and_missing_pad_token_are_config_errors(store):
+    import threading
+
+    from hora.dask import TorchEstimator
+
+    pdf = text_frame(16)
+    tok = tokenizer(pdf.text.tolist())
+
+    class Locked:
+        """A callable tokenizer holding a lock (it cannot travel to the ranks)."""
+
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+        def __call__(self, texts):
+            return {"input_ids": [[1] * len(t.split()) for t in texts]}
+
+    with pytest.raises(ConfigError, match="tokenizer Locked cannot be pickled"):
+        TorchEstimator(**_args(store, tiny_bert(tok), Locked())).fit(pdf)
+    tok.pad_token = None
+    with pytest.raises(ConfigError, match="no pad token.*tokenizer.pad_token"):
+        TorchEstimator(**_args(store, tiny_bert(tokenizer(pdf.text.tolist())), tok)).fit(pdf)
