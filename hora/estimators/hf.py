@@ -46,9 +46,12 @@ class HFModule(torch.nn.Module):
     """
 
     def __init__(self, model: torch.nn.Module, layout: Sequence[tuple[str, tuple[str, ...]]], own_loss: bool,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, merge_adapters: bool = True) -> None:
         super().__init__()
         self.model = model
+        #: a model with frozen parameters (a peft LoRA model): checkpoints and weights hold the trainable ones
+        self.trainable_only = any(not p.requires_grad for p in model.parameters())
+        self.merge_adapters = merge_adapters
         self.layout = [(kind, tuple(names)) for kind, names in layout]
         self.own_loss = own_loss
         self.tokenizer = tokenizer
@@ -143,6 +146,44 @@ class HFModule(torch.nn.Module):
                               "loss given labels=; pass loss= (a callable (logits, label) -> scalar)")
         return out.loss
 
+    def _trainable_keys(self, prefix: str = "") -> set[str]:
+        return {prefix + name for name, p in self.named_parameters() if p.requires_grad}
+
+    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Any:
+        """The model's state; of a model with frozen parameters (LoRA), the trainable parameters only
+        (the frozen ones travel once, in the fit's payload)."""
+        state = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if not self.trainable_only:
+            return state
+        keep = self._trainable_keys(prefix)
+        for key in [k for k in state if k.startswith(prefix) and k not in keep]:
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load :meth:`state_dict`'s state; with frozen parameters, the frozen ones may be absent.
+
+        Raises:
+            RuntimeError: (``strict``) a trainable parameter is missing, or a key is unknown.
+        """
+        if not self.trainable_only:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        missing = sorted(set(result.missing_keys) & self._trainable_keys())
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(f"state of {type(self.model).__name__}: missing trainable {missing[:5]}, unexpected "
+                               f"{sorted(result.unexpected_keys)[:5]}")
+        return result
+
+    def after_fit(self) -> "HFModule":
+        """The fitted model: a peft model's adapters merged into its base model (``merge_adapters=True``)."""
+        merge = getattr(self.model, "merge_and_unload", None)
+        if self.merge_adapters and callable(merge):
+            self.model = merge()
+            self.trainable_only = False
+        self.eval()
+        return self
+
     def save_pretrained(self, path: str, **kwargs: Any) -> None:
         """Write the model in the Hugging Face format at ``path`` (weights in safetensors, its config, and the
         tokenizer when it is a Hugging Face one), loadable with ``AutoModel...from_pretrained(path)``.
@@ -233,7 +274,8 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
         else:
             layout.append(("input", (k,)))
     own = config.loss is None
-    adapter = HFModule(config.model, layout, own_loss=own, tokenizer=tokenizer)
+    adapter = HFModule(config.model, layout, own_loss=own, tokenizer=tokenizer,
+                       merge_adapters=getattr(config, "merge_adapters", True))
     config.model = adapter
     if own:
         config.loss = ModelLoss(adapter)

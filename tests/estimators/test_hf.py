@@ -154,3 +154,72 @@ def test_unpicklable_tokenizer_and_missing_pad_token_are_config_errors(store):
     tok.pad_token = None
     with pytest.raises(ConfigError, match="no pad token.*tokenizer.pad_token"):
         TorchEstimator(**_args(store, tiny_bert(tokenizer(pdf.text.tolist())), tok)).fit(pdf)
+
+
+def test_dask_lora_trains_adapters_only_merges_and_round_trips(dask_client, store, tmp_path):
+    """A peft LoRA model: only the adapters (and the head) train; checkpoints hold them only; the fitted
+    model has them merged; save/load and save_pretrained round-trip."""
+    import io
+
+    import dask.dataframe as dd
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    from hora.dask import TorchEstimator
+    from hora.dask import TorchModel as DaskTorchModel
+
+    pdf = text_frame(128)
+    tok = tokenizer(pdf.text.tolist())
+    base = tiny_bert(tok)
+    frozen = {k: v.clone() for k, v in base.state_dict().items() if "classifier" not in k}
+    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"],
+                                           modules_to_save=["classifier"]))
+    trainable = [p for p in lora.parameters() if p.requires_grad]
+    fitted = TorchEstimator(**_args(store, lora, tok, optimizer=torch.optim.Adam(trainable, lr=2e-2), epochs=8,
+                                    run_id="lora")).fit(dd.from_pandas(pdf, npartitions=2))
+    losses = [h["loss"] for h in fitted.history_]
+    assert losses[-1] < losses[0], losses
+    _, data = store.latest_checkpoint("lora")
+    ckpt = torch.load(io.BytesIO(data), weights_only=False)
+    names = {n for n, p in lora.named_parameters() if p.requires_grad}
+    assert {k.removeprefix("model.") for k in ckpt["model"]} == names  # the trainable state only
+    assert len(ckpt["optimizer"]["state"]) == len(trainable)
+    full = io.BytesIO()
+    torch.save(lora.state_dict(), full)
+    assert len(data) < 0.5 * full.getbuffer().nbytes
+    merged = fitted.model_.model
+    assert type(merged).__name__ == "BertForSequenceClassification"  # merge_adapters=True (default)
+    assert not torch.equal(merged.state_dict()["bert.encoder.layer.0.attention.self.query.weight"],
+                           frozen["bert.encoder.layer.0.attention.self.query.weight"])  # the adapters merged in
+    torch.testing.assert_close(merged.state_dict()["bert.embeddings.word_embeddings.weight"],
+                               frozen["bert.embeddings.word_embeddings.weight"])  # frozen weights unchanged
+    proba = np.asarray(fitted.predict_proba(pdf))
+    path = str(tmp_path / "dask_model")
+    fitted.save(path)
+    np.testing.assert_allclose(np.asarray(DaskTorchModel.load(path).predict_proba(pdf)), proba, rtol=1e-5, atol=1e-6)
+    fitted.save_pretrained(str(tmp_path / "hf"))
+    loaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
+    enc = tok(pdf.text.tolist()[:4], padding="longest", return_tensors="pt")
+    with torch.no_grad():
+        got = torch.softmax(loaded(**enc).logits, -1).numpy()
+    np.testing.assert_allclose(got, proba[:4], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.timeout(60)
+def test_adapters_kept_without_merge_and_state_is_trainable_only():
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from hora.estimators.hf import HFModule
+
+    tok = tokenizer(text_frame(16).text.tolist())
+    lora = get_peft_model(tiny_bert(tok), LoraConfig(r=2, target_modules=["query"]))
+    adapter = HFModule(lora, [("tokens", ("input_ids", "attention_mask"))], own_loss=True, merge_adapters=False)
+    state = adapter.state_dict()
+    assert state and all("lora_" in k or "classifier" in k for k in state)
+    fresh = HFModule(get_peft_model(tiny_bert(tok, seed=5), LoraConfig(r=2, target_modules=["query"])),
+                     [("tokens", ("input_ids", "attention_mask"))], own_loss=True, merge_adapters=False)
+    fresh.load_state_dict(state)
+    assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in state.items())
+    with pytest.raises(RuntimeError, match="unexpected"):
+        fresh.load_state_dict({**state, "model.nothing": torch.zeros(1)})
+    assert isinstance(adapter.after_fit().model, PeftModel)

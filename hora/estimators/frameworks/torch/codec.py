@@ -102,6 +102,8 @@ class TorchConfig(EstimatorConfig):
                            "columns are tokenized per batch on the ranks (padded to the batch's longest row, at most "
                            "max_length tokens; two string columns as a text pair) and the model called with keyword "
                            "tensors (see hora.estimators.hf)", "pickle")
+    merge_adapters: bool = param(True, "a peft (LoRA) model: merge the trained adapters into the base model of the "
+                                 "fitted model (False: keep them; save_pretrained then writes the adapters)")
 
     def __post_init__(self) -> None:
         if self.loss_constructors is not None:
@@ -325,8 +327,9 @@ class TorchCodec(ModelCodec):
                               "model that wrote it")
 
     def load(self, payload: bytes, weights: bytes) -> Any:
-        model = thaw(payload)["model"]
-        return _with_weights(model, weights)
+        model = _with_weights(thaw(payload)["model"], weights)
+        after_fit = getattr(model, "after_fit", None)  # a Hugging Face model's (hora.estimators.hf)
+        return after_fit() if callable(after_fit) else model
 
     def serialize(self, model: Any) -> dict[str, bytes]:
         return serialize_model(model)
