@@ -82,6 +82,8 @@ class TorchEstimator(DaskEstimator):
         gradient_clip_value: float | None = None,
         class_weight: dict[int, float] | Sequence[float] | None = None,
         strategy: Literal['hora', 'zero1', 'zero2', 'ddp', 'fsdp'] = 'hora',
+        tokenizer: Any = None,
+        merge_adapters: bool = True,
     ) -> None: ...
     def fit(self, ddf: Any, y: Any = None) -> TorchModel: ...
 

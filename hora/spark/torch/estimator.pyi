@@ -105,6 +105,8 @@ class TorchEstimator(SparkEstimator):
         gradient_clip_value: float | None = None,
         class_weight: dict[int, float] | Sequence[float] | None = None,
         strategy: Literal['hora', 'zero1', 'zero2', 'ddp', 'fsdp'] = 'hora',
+        tokenizer: Any = None,
+        merge_adapters: bool = True,
     ) -> None: ...
     def setParams(  # type: ignore[override]  # noqa: N802 (keyword-only narrows **kwargs)
         self,
@@ -175,6 +177,8 @@ class TorchEstimator(SparkEstimator):
         gradient_clip_value: float | None = None,
         class_weight: dict[int, float] | Sequence[float] | None = None,
         strategy: Literal['hora', 'zero1', 'zero2', 'ddp', 'fsdp'] = 'hora',
+        tokenizer: Any = None,
+        merge_adapters: bool = True,
     ) -> TorchEstimator: ...
 
 __all__ = ['TorchEstimator', 'TorchModel', 'EstimatorParams']
