@@ -223,3 +223,14 @@ def test_adapters_kept_without_merge_and_state_is_trainable_only():
     with pytest.raises(RuntimeError, match="unexpected"):
         fresh.load_state_dict({**state, "model.nothing": torch.zeros(1)})
     assert isinstance(adapter.after_fit().model, PeftModel)
+
+
+@pytest.mark.timeout(120)
+def test_labels_outside_num_labels_name_the_column(store):
+    from hora.dask import TorchEstimator
+
+    pdf = text_frame(16)
+    pdf.loc[3, "label"] = 2.0  # a 2-label model
+    tok = tokenizer(pdf.text.tolist())
+    with pytest.raises(DataError, match="'label'"):
+        TorchEstimator(**_args(store, tiny_bert(tok), tok, backend="local")).fit(pdf)

@@ -106,6 +106,9 @@ class TorchConfig(EstimatorConfig):
                                  "fitted model (False: keep them; save_pretrained then writes the adapters)")
 
     def __post_init__(self) -> None:
+        if self.task == "causal_lm":
+            raise NotImplementedError("task='causal_lm' (language-model fine-tuning without a label column) is not "
+                                      "implemented yet; train a causal LM with a loss on logits and a label column")
         if self.loss_constructors is not None:
             if self.loss is not None:
                 raise ConfigError("only one of loss and loss_constructors can be given (as in Horovod)")
