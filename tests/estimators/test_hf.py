@@ -71,6 +71,7 @@ def test_dask_text_pair_given_loss_and_numeric_keyword(dask_client, store):
 
     pdf = text_frame(128)
     pdf["other"] = text_frame(128, seed=3).text  # the second text of each pair (noise)
+    pdf["scale"] = np.float32(1.0)  # a numeric column, passed by its name
     tok = tokenizer(pdf.text.tolist() + pdf.other.tolist())
     seen = []
 
@@ -81,17 +82,21 @@ def test_dask_text_pair_given_loss_and_numeric_keyword(dask_client, store):
             super().__init__()
             self.bert = tiny_bert(tok)
 
-        def forward(self, input_ids, attention_mask, token_type_ids):
+        def forward(self, input_ids, attention_mask, token_type_ids, scale):
             seen.append(int(token_type_ids.max()))
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            out.logits = out.logits * scale.reshape(-1, 1)
+            return out
 
     net = Recording()
-    est = TorchEstimator(**_args(store, net, tok, feature_cols=["text", "other"],
+    est = TorchEstimator(**_args(store, net, tok, feature_cols=["text", "other", "scale"],
                                  loss=torch.nn.CrossEntropyLoss(), max_length=12))
     fitted = est.fit(dd.from_pandas(pdf, npartitions=2))
     assert seen and max(seen) == 1  # the driver's check saw the pair's second segment
     assert list(fitted.classes_) == [0, 1]
     proba = fitted.predict_proba(dd.from_pandas(pdf, npartitions=2))
+    pdf["scale"] = np.float32(0.0)  # the numeric keyword reaches the model at transform too: uniform probabilities
+    np.testing.assert_allclose(np.asarray(fitted.predict_proba(pdf)), 0.5, atol=1e-6)
     proba = proba.compute() if hasattr(proba, "compute") else proba
     assert np.asarray(proba).shape == (128, 2)
     assert (np.asarray(proba).argmax(1) == pdf.label.to_numpy()).mean() >= 0.9
