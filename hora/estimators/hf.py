@@ -81,9 +81,8 @@ class HFModule(torch.nn.Module):
         return kwargs
 
     def _check_arguments(self, kwargs: dict[str, Any]) -> None:
-        forward = getattr(self.model, "forward", None)
         try:
-            sig = inspect.signature(forward)
+            sig = inspect.signature(self.model.forward)
         except (TypeError, ValueError):
             return
         params = sig.parameters.values()
@@ -145,6 +144,18 @@ class HFModule(torch.nn.Module):
             raise ConfigError(f"loss=None uses the model's own loss, but {type(self.model).__name__} returned no "
                               "loss given labels=; pass loss= (a callable (logits, label) -> scalar)")
         return out.loss
+
+    def shard_units(self) -> list[torch.nn.Module]:
+        """The modules ``strategy="fsdp"`` shards one by one: those of the classes a ``transformers`` model lists
+        in ``_no_split_modules`` (its transformer blocks, as accelerate wraps them), else each direct child
+        of the model holding parameters."""
+        names: set[str] = set()
+        for module in self.modules():
+            names.update(getattr(module, "_no_split_modules", None) or ())
+        units = [m for m in self.model.modules() if type(m).__name__ in names and any(True for _ in m.parameters())]
+        if units:
+            return units
+        return [m for m in self.model.children() if any(True for _ in m.parameters())]
 
     def _trainable_keys(self, prefix: str = "") -> set[str]:
         return {prefix + name for name, p in self.named_parameters() if p.requires_grad}

@@ -239,3 +239,13 @@ def test_labels_outside_num_labels_name_the_column(store):
     tok = tokenizer(pdf.text.tolist())
     with pytest.raises(DataError, match="'label'"):
         TorchEstimator(**_args(store, tiny_bert(tok), tok, backend="local")).fit(pdf)
+
+
+@pytest.mark.timeout(60)
+def test_fsdp_shards_the_modules_the_model_lists_as_no_split():
+    from hora.estimators.hf import HFModule
+    from hora.estimators.torch_strategies import shard_units
+
+    tok = tokenizer(text_frame(16).text.tolist())
+    adapter = HFModule(tiny_bert(tok), [("tokens", ("input_ids", "attention_mask"))], own_loss=True)
+    assert [type(u).__name__ for u in shard_units(adapter)] == ["BertEmbeddings", "BertLayer", "BertLayer"]
