@@ -131,8 +131,8 @@ class Tokenize:
         texts = [_texts(batch[c], c) for c in self.columns]
         if is_hf_tokenizer(self.tokenizer):
             limit = self.max_length
-            enc = self.tokenizer(*texts, padding="longest", truncation=self.truncation if limit or self.truncation
-                                 else False, max_length=limit, return_tensors="np")
+            enc = self.tokenizer(*texts, padding="longest", truncation=self.truncation, max_length=limit,
+                                 return_tensors="np")
             out = {k: _pad(v, k) for k, v in enc.items()}
         else:
             try:
