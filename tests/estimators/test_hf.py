@@ -249,3 +249,25 @@ def test_fsdp_shards_the_modules_the_model_lists_as_no_split():
     tok = tokenizer(text_frame(16).text.tolist())
     adapter = HFModule(tiny_bert(tok), [("tokens", ("input_ids", "attention_mask"))], own_loss=True)
     assert [type(u).__name__ for u in shard_units(adapter)] == ["BertEmbeddings", "BertLayer", "BertLayer"]
+
+
+@pytest.mark.timeout(60)
+def test_tokenize_pads_to_the_batch_longest_row_cuts_at_max_length_and_takes_callables():
+    from hora.estimators.text import make_tokenize
+
+    tok = tokenizer(text_frame(16).text.tolist())
+    batch = {"text": np.array(["good day", "the movie was very very bad"], dtype=object), "label": np.zeros(2)}
+    op = make_tokenize(tok, ["text"], None, True)
+    out = op(batch)
+    assert op.names == ("input_ids", "token_type_ids", "attention_mask")
+    assert out["text"].shape == (2, 3, 8) and out["text"].dtype == np.int64  # [CLS] 6 words [SEP]: the longest row
+    assert out["text"][0, 2].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]  # the short row's mask
+    assert make_tokenize(tok, ["text"], 5, True)(batch)["text"].shape == (2, 3, 5)
+    with pytest.raises(DataError, match="max_length=5, and truncation=False"):
+        make_tokenize(tok, ["text"], 5, False)(batch)
+
+    def words(texts):  # a callable tokenizer: list[str] -> dict of (ragged) arrays
+        return {"input_ids": [[len(w) for w in t.split()] for t in texts]}
+
+    out = make_tokenize(words, ["text"], None, True)(batch)
+    assert out["text"].tolist() == [[[4, 3, 0, 0, 0, 0]], [[3, 5, 3, 4, 4, 3]]]
