@@ -113,7 +113,7 @@ def bench_lora() -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import BertConfig, BertForSequenceClassification
 
-    from hora.estimators.hf import HFModule
+    from hora.estimators.frameworks.torch.hf import HFModule
 
     def bert():
         torch.manual_seed(0)

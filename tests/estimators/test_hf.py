@@ -214,7 +214,7 @@ def test_dask_lora_trains_adapters_only_merges_and_round_trips(dask_client, stor
 def test_adapters_kept_without_merge_and_state_is_trainable_only():
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from hora.estimators.hf import HFModule
+    from hora.estimators.frameworks.torch.hf import HFModule
 
     tok = tokenizer(text_frame(16).text.tolist())
     lora = get_peft_model(tiny_bert(tok), LoraConfig(r=2, target_modules=["query"]))
@@ -243,8 +243,8 @@ def test_labels_outside_num_labels_name_the_column(store):
 
 @pytest.mark.timeout(60)
 def test_fsdp_shards_the_modules_the_model_lists_as_no_split():
-    from hora.estimators.hf import HFModule
-    from hora.estimators.torch_strategies import shard_units
+    from hora.estimators.frameworks.torch.hf import HFModule
+    from hora.estimators.frameworks.torch.strategies import shard_units
 
     tok = tokenizer(text_frame(16).text.tolist())
     adapter = HFModule(tiny_bert(tok), [("tokens", ("input_ids", "attention_mask"))], own_loss=True)
@@ -253,7 +253,7 @@ def test_fsdp_shards_the_modules_the_model_lists_as_no_split():
 
 @pytest.mark.timeout(60)
 def test_tokenize_pads_to_the_batch_longest_row_cuts_at_max_length_and_takes_callables():
-    from hora.estimators.text import make_tokenize
+    from hora.estimators.data.text import make_tokenize
 
     tok = tokenizer(text_frame(16).text.tolist())
     batch = {"text": np.array(["good day", "the movie was very very bad"], dtype=object), "label": np.zeros(2)}

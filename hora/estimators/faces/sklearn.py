@@ -276,10 +276,12 @@ class DaskModel:
                                 objects={"inference_columns": self.inference_columns_})
 
     def save_pretrained(self, path: str, **kwargs: Any) -> None:
-        """A Hugging Face model in the Hugging Face format (see :meth:`hora.estimators.hf.HFModule.save_pretrained`)."""
-        from hora.estimators.hf import save_pretrained
-
-        save_pretrained(self.model_, path, **kwargs)
+        """A Hugging Face model in the Hugging Face format (see :meth:`hora.estimators.frameworks.torch.hf.HFModule.save_pretrained`)."""
+        save = getattr(self.model_, "save_pretrained", None)
+        if save is None:
+            raise ConfigError(f"save_pretrained writes a Hugging Face model, but this fitted model is a "
+                              f"{type(self.model_).__name__}; persist it with save()/write()")
+        save(path, **kwargs)
 
     @classmethod
     def load(cls, url: str) -> "DaskModel":

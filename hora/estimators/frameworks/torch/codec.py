@@ -101,7 +101,7 @@ class TorchConfig(EstimatorConfig):
     tokenizer: Any = param(None, "a Hugging Face tokenizer or a callable list[str] -> dict of arrays: string feature "
                            "columns are tokenized per batch on the ranks (padded to the batch's longest row, at most "
                            "max_length tokens; two string columns as a text pair) and the model called with keyword "
-                           "tensors (see hora.estimators.hf)", "pickle")
+                           "tensors (see hora.estimators.frameworks.torch.hf)", "pickle")
     merge_adapters: bool = param(True, "a peft (LoRA) model: merge the trained adapters into the base model of the "
                                  "fitted model (False: keep them; save_pretrained then writes the adapters)")
 
@@ -124,7 +124,7 @@ class TorchConfig(EstimatorConfig):
 
     def needs_loss(self) -> bool:
         """A Hugging Face model (or one given a tokenizer) may train on its own loss (loss=None)."""
-        from hora.estimators.hf import wants_adapter
+        from hora.estimators.frameworks.torch.hf import wants_adapter
 
         return not wants_adapter(self)
 
@@ -298,8 +298,8 @@ class TorchCodec(ModelCodec):
                        "class_weight": config.class_weight})
 
     def prepare_model(self, df: Any, config: Any, dataset: Any = None) -> None:
-        """Before the sample check: a Hugging Face model's keyword adapter and tokenizer (:func:`hora.estimators.hf.prepare`)."""
-        from hora.estimators import hf
+        """Before the sample check: a Hugging Face model's keyword adapter and tokenizer (:func:`hora.estimators.frameworks.torch.hf.prepare`)."""
+        from hora.estimators.frameworks.torch import hf
 
         hf.prepare(df, config, dataset)
 
@@ -331,7 +331,7 @@ class TorchCodec(ModelCodec):
 
     def load(self, payload: bytes, weights: bytes) -> Any:
         model = _with_weights(thaw(payload)["model"], weights)
-        after_fit = getattr(model, "after_fit", None)  # a Hugging Face model's (hora.estimators.hf)
+        after_fit = getattr(model, "after_fit", None)  # a Hugging Face model's (hora.estimators.frameworks.torch.hf)
         return after_fit() if callable(after_fit) else model
 
     def serialize(self, model: Any) -> dict[str, bytes]:

@@ -8,7 +8,7 @@ the driver's sample check and in ``transform`` alike. Each batch is padded to it
 most ``max_length`` tokens, longer rows cut unless ``truncation=False``); two string columns go to
 the tokenizer as a text pair. The tokenizer's arrays (``input_ids``, ``attention_mask``, ...) are
 packed into one ``(rows, k, length)`` int64 input under the first text column's key, which the
-model adapter (:class:`hora.estimators.hf.HFModule`) unpacks into keyword tensors.
+model adapter (:class:`hora.estimators.frameworks.torch.hf.HFModule`) unpacks into keyword tensors.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def text_columns(df: Any, columns: Sequence[str], dataset: Any = None) -> list[s
         types = dict(df.dtypes)
         return [c for c in columns if types.get(c) == "string"]
     if type(df).__module__.startswith("ray."):
-        from hora.estimators.ray_data import sample_columns
+        from hora.estimators.data.ray_dataset import sample_columns
 
         sample = sample_columns(df, list(columns), 1)
         return [c for c in columns if len(sample[c]) and isinstance(sample[c][0], str)]

@@ -4,7 +4,7 @@
 ``TorchEstimator(model=hf_model, tokenizer=tok, feature_cols=["text"], label_cols=["label"])``:
 the estimator wraps the model in an :class:`HFModule` on the driver (:func:`prepare`). Its
 ``forward(*inputs)`` takes hora's positional inputs, one per ``feature_cols`` entry, and calls the
-model with keyword tensors: a tokenized text column (see :mod:`hora.estimators.text`) becomes the
+model with keyword tensors: a tokenized text column (see :mod:`hora.estimators.data.text`) becomes the
 tokenizer's names (``input_ids``, ``attention_mask``, ``token_type_ids``, ...), a numeric column
 its own name. It returns the output's ``logits``, so classification heads, metrics and
 ``transform`` work as for any torch model. With ``loss=None`` the model's own loss is used: the
@@ -232,18 +232,6 @@ class ModelLoss:
         return f"ModelLoss({type(self.adapter.model).__name__})"
 
 
-def save_pretrained(model: Any, path: str, **kwargs: Any) -> None:
-    """A fitted model's Hugging Face model written at ``path`` in the Hugging Face format.
-
-    Raises:
-        ConfigError: the fitted model is not a Hugging Face one.
-    """
-    if not isinstance(model, HFModule):
-        raise ConfigError(f"save_pretrained writes a Hugging Face model, but this fitted model is a "
-                          f"{type(model).__name__}; persist it with save()/write()")
-    model.save_pretrained(path, **kwargs)
-
-
 def wants_adapter(config: Any) -> bool:
     """Whether a fit's model is trained through :class:`HFModule`: a ``tokenizer`` is given, or the model is a
     ``transformers``/``peft`` model."""
@@ -259,7 +247,7 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
         ConfigError: a tokenizer together with ``collate_fn``, a tokenizer without a text column,
             an unpicklable tokenizer or one without a pad token.
     """
-    from hora.estimators.text import check_tokenizer, make_tokenize, text_columns
+    from hora.estimators.data.text import check_tokenizer, make_tokenize, text_columns
 
     if isinstance(config.model, HFModule) or not wants_adapter(config):
         return
@@ -296,4 +284,4 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
                 layout, "the model's own" if own else "the given")
 
 
-__all__ = ["HFModule", "ModelLoss", "is_hf_model", "prepare", "save_pretrained", "wants_adapter"]
+__all__ = ["HFModule", "ModelLoss", "is_hf_model", "prepare", "wants_adapter"]
