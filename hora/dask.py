@@ -148,6 +148,8 @@ class TorchEstimator(DaskEstimator[TorchModel]):
         gradient_clip_value: float | None = None,
         class_weight: dict[int, float] | Sequence[float] | None = None,
         strategy: Literal["hora", "zero1", "zero2", "ddp", "fsdp"] = "hora",
+        tokenizer: Any = None,
+        merge_adapters: bool = True,
     ) -> None:
         super().__init__(**self._input_kwargs)
 

@@ -5,6 +5,7 @@
 * :mod:`~hora.estimators.data.columns` - the column operations fit and transform share
   (decoding, padding, collating) and the settings a fitted model keeps for them
 * :mod:`~hora.estimators.data.ray_dataset` - a Ray Dataset as a fit's or a transform's input
+* :mod:`~hora.estimators.data.text` - ``tokenizer=``: text columns tokenized per batch (a column operation)
 
 Nothing here imports the rest of the estimators.
 """

@@ -363,9 +363,9 @@ def sample_batch(sample: dict[str, np.ndarray], specs: dict[str, ColumnSpec], co
         batch = config.transformation_fn(batch)
         textual = [k for k in features.keys if k in batch and _is_text(batch[k])]
     if textual:
-        raise DataError(f"feature column(s) {textual} hold bytes or strings when they reach the model: decode them "
-                        "(decode_fn for binary columns) or turn text into numbers in transformation_fn or "
-                        "collate_fn (a tokenizer)")
+        raise DataError(f"feature column(s) {textual} hold bytes or strings when they reach the model: pass "
+                        "tokenizer= (a Hugging Face tokenizer) to tokenize text, decode bytes (decode_fn), or turn "
+                        "them into numbers in transformation_fn or collate_fn")
     return batch
 
 

@@ -78,6 +78,9 @@ def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
         ConfigError: model / optimizer / loss / label shape problems (see ``ModelCodec.check``),
             a feature group of mixed dtypes or with a non-scalar member, a callback's own check.
     """
+    prepare_model = getattr(framework.codec, "prepare_model", None)  # e.g. a Hugging Face model's adapter
+    if prepare_model is not None:
+        prepare_model(df, config, dataset)
     features = config.features
     roles = [("feature_cols", c) for c in features.columns] + [("label_cols", c) for c in config.label_cols]
     if config.sample_weight_col is not None:

@@ -297,6 +297,14 @@ class DaskModel:
         persistence.save_fitted(url, self.framework.codec, self.model_, self._meta(), overwrite=overwrite,
                                 objects={"inference_columns": self.inference_columns_})
 
+    def save_pretrained(self, path: str, **kwargs: Any) -> None:
+        """A Hugging Face model in the Hugging Face format (see :meth:`hora.estimators.frameworks.torch.hf.HFModule.save_pretrained`)."""
+        save = getattr(self.model_, "save_pretrained", None)
+        if save is None:
+            raise ConfigError(f"save_pretrained writes a Hugging Face model, but this fitted model is a "
+                              f"{type(self.model_).__name__}; persist it with save()/write()")
+        save(path, **kwargs)
+
     @classmethod
     def load(cls, url: str) -> "DaskModel":
         """Load a model written by :meth:`save`.

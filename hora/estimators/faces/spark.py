@@ -383,6 +383,14 @@ class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods):
         """The trained framework model."""
         return self._model
 
+    def save_pretrained(self, path: str, **kwargs: Any) -> None:
+        """A Hugging Face model in the Hugging Face format (see :meth:`hora.estimators.frameworks.torch.hf.HFModule.save_pretrained`)."""
+        save = getattr(self._model, "save_pretrained", None)
+        if save is None:
+            raise ConfigError(f"save_pretrained writes a Hugging Face model, but this fitted model is a "
+                              f"{type(self._model).__name__}; persist it with save()/write()")
+        save(path, **kwargs)
+
     def getHistory(self) -> list[dict[str, float]]:  # noqa: N802 (MLlib style)
         """Per-epoch metrics (``epoch``, ``loss``, ``val_loss``, ``val_<metric>``...)."""
         return self.history_

@@ -116,6 +116,8 @@ class TorchEstimator(SparkEstimator[TorchModel]):
         gradient_clip_value: float | None = None,
         class_weight: dict[int, float] | Sequence[float] | None = None,
         strategy: Literal["hora", "zero1", "zero2", "ddp", "fsdp"] = "hora",
+        tokenizer: Any = None,
+        merge_adapters: bool = True,
     ) -> None:
         super().__init__(**self._input_kwargs)
 
@@ -189,6 +191,8 @@ class TorchEstimator(SparkEstimator[TorchModel]):
         gradient_clip_value: float | None = None,
         class_weight: dict[int, float] | Sequence[float] | None = None,
         strategy: Literal["hora", "zero1", "zero2", "ddp", "fsdp"] = "hora",
+        tokenizer: Any = None,
+        merge_adapters: bool = True,
     ) -> "TorchEstimator":
         """Set any of the estimator's Params by keyword; returns self.
 

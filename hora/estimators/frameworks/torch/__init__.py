@@ -5,4 +5,5 @@
 * :mod:`~hora.estimators.frameworks.torch.strategies` - ``strategy=``: hora, ZeRO, DDP, FSDP
 * :mod:`~hora.estimators.frameworks.torch.tensors` - batches to tensors, labels, parameter dtypes
 * :mod:`~hora.estimators.frameworks.torch.dcp` - FSDP's distributed checkpoint through the Store
+* :mod:`~hora.estimators.frameworks.torch.hf` - Hugging Face models: keyword tensors, their own loss, LoRA, export
 """

@@ -98,8 +98,17 @@ class TorchConfig(EstimatorConfig):
         "'zero1' / 'zero2' (each rank keeps the optimizer state / and the gradients of its shard of the "
         "parameters), 'ddp' (torch's DistributedDataParallel) or 'fsdp' (FSDP2's fully_shard: parameters too); "
         "checkpoints hold the whole state, so a resume at another size reshards")
+    tokenizer: Any = param(None, "a Hugging Face tokenizer or a callable list[str] -> dict of arrays: string feature "
+                           "columns are tokenized per batch on the ranks (padded to the batch's longest row, at most "
+                           "max_length tokens; two string columns as a text pair) and the model called with keyword "
+                           "tensors (see hora.estimators.frameworks.torch.hf)", "pickle")
+    merge_adapters: bool = param(True, "a peft (LoRA) model: merge the trained adapters into the base model of the "
+                                 "fitted model (False: keep them; save_pretrained then writes the adapters)")
 
     def __post_init__(self) -> None:
+        if self.task == "causal_lm":
+            raise NotImplementedError("task='causal_lm' (language-model fine-tuning without a label column) is not "
+                                      "implemented yet; train a causal LM with a loss on logits and a label column")
         if self.loss_constructors is not None:
             if self.loss is not None:
                 raise ConfigError("only one of loss and loss_constructors can be given (as in Horovod)")
@@ -112,6 +121,12 @@ class TorchConfig(EstimatorConfig):
         if self.train_minibatch_fn is not None and not callable(self.train_minibatch_fn):
             raise ConfigError(f"train_minibatch_fn must be callable, got {self.train_minibatch_fn!r}")
         self._check_loop_options()
+
+    def needs_loss(self) -> bool:
+        """A Hugging Face model (or one given a tokenizer) may train on its own loss (loss=None)."""
+        from hora.estimators.frameworks.torch.hf import wants_adapter
+
+        return not wants_adapter(self)
 
     def _check_loop_options(self) -> None:
         """lr_scheduler, precision, gradient clipping and class_weight (what can be checked without the data)."""
@@ -282,6 +297,12 @@ class TorchCodec(ModelCodec):
                        "minibatch_fn": config.train_minibatch_fn, "lr_scheduler": config.lr_scheduler,
                        "class_weight": config.class_weight})
 
+    def prepare_model(self, df: Any, config: Any, dataset: Any = None) -> None:
+        """Before the sample check: a Hugging Face model's keyword adapter and tokenizer (:func:`hora.estimators.frameworks.torch.hf.prepare`)."""
+        from hora.estimators.frameworks.torch import hf
+
+        hf.prepare(df, config, dataset)
+
     #: the entry of the run's checkpoint dict that holds the model's state_dict
     checkpoint_state_key = "model"
 
@@ -309,8 +330,9 @@ class TorchCodec(ModelCodec):
                               "model that wrote it")
 
     def load(self, payload: bytes, weights: bytes) -> Any:
-        model = thaw(payload)["model"]
-        return _with_weights(model, weights)
+        model = _with_weights(thaw(payload)["model"], weights)
+        after_fit = getattr(model, "after_fit", None)  # a Hugging Face model's (hora.estimators.frameworks.torch.hf)
+        return after_fit() if callable(after_fit) else model
 
     def serialize(self, model: Any) -> dict[str, bytes]:
         return serialize_model(model)

@@ -239,6 +239,8 @@ class TorchSession(TrainingSession):
         deciding again per batch what aligning them takes)."""
         inputs, converted, weights = self._tensors(batch)
         module = self.model if self._evaluating else self.forward_module  # (DDP syncs in training only)
+        if getattr(self.model, "takes_labels", False):  # a Hugging Face model's own loss (hora.estimators.frameworks.torch.hf)
+            self.model.pending_labels = converted[0][0]
         with self._autocast():
             return self._aligned_loss(module(*inputs), converted, weights)
 

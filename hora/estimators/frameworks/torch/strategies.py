@@ -69,6 +69,10 @@ def shard_units(model: Any) -> list[Any]:
     """The modules ``fully_shard`` wraps before the model itself (see the module docstring)."""
     import torch
 
+    custom = getattr(model, "shard_units", None)  # a Hugging Face model's _no_split_modules (hora.estimators.frameworks.torch.hf)
+    if callable(custom):
+        return custom()
+
     units = []
     for child in model.children():
         members = list(child) if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)) else [child]
