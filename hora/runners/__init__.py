@@ -12,10 +12,12 @@ talk, chosen in :mod:`hora.native.backends`.
 
 from hora.runners.api import RunTimeoutError, run
 from hora.runners.launcher import BUILTIN, Job, Launcher, resolve_launcher
+from hora.runners.resolution import LaunchOptions, resolve
 from hora.runners.spec import LaunchSpec, RankContext
 
 _LAZY = {
     **{cls: module for module, _, cls in (path.partition(":") for path in BUILTIN.values())},
+    "BackendLauncher": "hora.runners.launchers.backend",
     "SshOptions": "hora.runners.rank.ssh",
     "HostSlots": "hora.runners.slots",
 }
@@ -44,6 +46,9 @@ __all__ = [
     "RankContext",
     "RunTimeoutError",
     "resolve_launcher",
+    "resolve",
+    "LaunchOptions",
+    "BackendLauncher",
     "LocalLauncher",
     "HostsLauncher",
     "SparkLauncher",

@@ -42,6 +42,7 @@ from hora.runners.driver.monitor import Policy
 from hora.runners.driver.recovery import Attempts, check_max_failures, start_size, wait_for_slots
 from hora.runners.driver.service import DriverService
 from hora.runners.launcher import Job, Launcher, resolve_launcher
+from hora.runners.launchers.backend import BackendLauncher
 from hora.runners.spec import LaunchSpec, check_run_id, dumps, new_run_id
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,10 @@ def run(
         num_proc: ranks; default: the launcher's slots (CPU count, Spark default
             parallelism, Dask workers).
         backend: the launcher: ``"local"``, ``"spark"``, ``"dask"`` or a :class:`Launcher`
-            (e.g. :class:`~hora.runners.launchers.hosts.HostsLauncher` for ssh hosts).
+            (e.g. :class:`~hora.runners.launchers.hosts.HostsLauncher` for ssh hosts; a
+            :class:`~hora.runners.launchers.backend.BackendLauncher` hands ``fn`` to the
+            Horovod-style Backend it wraps, whose ``run()`` starts the ranks). To turn any
+            accepted ``backend=`` shape into a launcher and these keywords, see :func:`hora.runners.resolve`.
         env: extra environment variables for every rank (``HORA_BACKEND`` picks the
             collective backend; ``HORA_TIMELINE``, ``HORA_CYCLE_TIME``, ... tune the engine).
         start_timeout: seconds every rank has to start (default ``HORA_START_TIMEOUT`` or 60).
@@ -147,6 +151,8 @@ def run(
                                      or min_num_proc < 1):
         raise ConfigError(f"min_num_proc must be an int >= 1, got {min_num_proc!r}")
     launcher = resolve_launcher(backend, spark=spark, client=client)
+    if isinstance(launcher, BackendLauncher):  # Horovod's Backend interface: it runs fn on its ranks itself
+        return _run_on_backend(launcher, fn, args, kwargs, env, num_proc, max_failures, min_num_proc)
     if num_proc is None:
         num_proc = launcher.default_num_proc()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
@@ -193,6 +199,24 @@ def run(
         return wait_for_slots(launcher, min_num_proc or most, most, float(start_timeout), run_id)
 
     return run_attempts(start_attempt, attempts, spec.num_proc, timeout=timeout, next_size=next_size)
+
+
+def _run_on_backend(launcher: BackendLauncher, fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any] | None,
+                    env: Mapping[str, str] | None, num_proc: int | None, max_failures: int,
+                    min_num_proc: int | None) -> list[Any]:
+    """``fn`` through a Horovod-style Backend's ``run()`` (its results in rank order).
+
+    Raises:
+        ConfigError: ``max_failures`` or ``min_num_proc`` (the backend relaunches nothing), or a
+            ``num_proc`` other than the backend's ``num_processes()``.
+    """
+    if max_failures or min_num_proc is not None:
+        raise ConfigError(f"max_failures / min_num_proc need a hora launcher: the run() of backend "
+                          f"{launcher.backend!r} cannot relaunch lost ranks")
+    if num_proc is not None and num_proc != launcher.default_num_proc():
+        raise ConfigError(f"num_proc={num_proc}, but backend {launcher.backend!r} runs "
+                          f"{launcher.default_num_proc()} process(es): pass num_proc to the backend")
+    return launcher.run(fn, args, kwargs, env)
 
 
 def _start_attempt(launcher: Launcher, spec: LaunchSpec, attempts: Attempts, printing: dict[str, Any],

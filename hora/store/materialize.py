@@ -58,12 +58,15 @@ _VECTOR_DTYPES = ("float32", "float64")
 # public
 # --------------------------------------------------------------------------------------
 
-def make_source(df: Any, vector_dtype: str, compress_sparse: bool = False) -> Source:
-    """The :class:`~hora.store.sources.Source` of ``df``'s engine (the engine's module imported only for its frames).
+def make_source(df: Any, vector_dtype: str = "float32", compress_sparse: bool = False) -> Source:
+    """The :class:`~hora.store.sources.Source` of ``df``'s engine (the engine's module imported only for its
+    frames); a Source given as ``df``, with these options.
 
     Raises:
         DataError: ``df`` is not a Spark, Dask or pandas DataFrame or a Ray Dataset.
     """
+    if isinstance(df, Source):
+        return df.with_options(vector_dtype, compress_sparse)
     mod = type(df).__module__
     if mod.startswith("pyspark.sql"):
         from pyspark.sql import DataFrame as SparkDF
@@ -113,7 +116,8 @@ def materialize(
     """Write the needed columns of ``df`` to ``store`` as train/val Parquet, or reuse a committed copy.
 
     Args:
-        df: a ``pyspark.sql.DataFrame``, a ``dask.dataframe.DataFrame`` or a ``pandas.DataFrame``.
+        df: a ``pyspark.sql.DataFrame``, a ``dask.dataframe.DataFrame``, a ``pandas.DataFrame``, a Ray
+            Dataset, or the :class:`~hora.store.sources.Source` of one (:func:`make_source`).
         store: where to write (``store.layout.dataset_dir(fingerprint)``).
         feature_cols, label_cols, sample_weight_col: the columns to keep. Supported types:
             numeric or boolean scalars, Spark ML vectors (dense or sparse), (nested)

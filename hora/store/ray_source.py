@@ -236,6 +236,9 @@ class RaySource(Source):
     """A ``ray.data.Dataset`` (see the module docstring)."""
 
     kind = "ray"
+    description = "a Ray Dataset"
+    noun = "Ray Dataset"
+    launcher = "ray"
 
     def __init__(self, ds: Any) -> None:
         import ray
@@ -246,6 +249,32 @@ class RaySource(Source):
         self._cols: list[str] | None = None
         self._blocks: list[Any] = []
         self._digests: list[BlockDigest] = []
+
+    @property
+    def frame(self) -> Any:
+        return self.ds
+
+    def columns(self) -> list[str]:
+        names = self.ds.columns()
+        if names is None:
+            raise DataError("the Ray Dataset has no schema (it has no blocks)")
+        return [str(c) for c in names]
+
+    def head(self, columns, rows):
+        """The first ``rows`` rows of ``columns`` as a numpy batch (one array or sequence per column).
+
+        Raises:
+            DataError: the dataset is empty.
+        """
+        try:
+            batch = self.ds.select_columns(list(columns)).take_batch(rows, batch_format="numpy")
+        except ValueError as exc:
+            if "empty" not in str(exc):
+                raise
+            raise DataError("the Ray Dataset is empty: nothing to train on") from exc  # Ray's "The dataset is empty."
+        if not batch or len(next(iter(batch.values()))) == 0:
+            raise DataError("the Ray Dataset is empty: nothing to train on")
+        return batch
 
     def _execute(self, cols: list[str]) -> None:
         """Run the dataset's pipeline once for ``cols``; hash its blocks where they are."""

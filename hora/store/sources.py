@@ -1,10 +1,13 @@
 """Where the rows of a materialization come from: pandas, Dask, (in spark_source) Spark frames and (in
-ray_source) Ray Datasets; the engine's source of a frame is chosen in materialize (:func:`make_source`), above
-the three modules.
+ray_source) Ray Datasets; the engine's source of a frame is chosen once (:func:`hora.store.materialize.make_source`,
+above the three modules) and then used for every engine-dependent step.
 
-A :class:`Source` checks the schema on the driver (before anything is written),
-gives a data token for the fingerprint, and writes a :class:`~hora.store.writer.WritePlan`
-with its engine, returning one stats dict per written part.
+A :class:`Source` tells the frame's columns and its first rows on the driver (the
+estimators' checks and samples), checks the schema (before anything is written), gives a
+data token for the fingerprint, and writes a :class:`~hora.store.writer.WritePlan` with its
+engine, returning one stats dict per written part. Its class attributes say what differs by
+engine beyond that: the launcher its frames train on by default, and whether
+``compress_sparse_cols`` applies.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import logging
+import warnings
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -21,9 +25,55 @@ from hora.store.writer import WritePlan, pandas_column_kind, write_pandas_part
 
 
 class Source(abc.ABC):
-    """One engine's side of a materialization."""
+    """One engine's frame, seen on the driver and written to the store.
+
+    Attributes:
+        kind: the engine (``"pandas"``, ``"dask"``, ``"spark"``, ``"ray"``), part of a dataset's fingerprint.
+        description: the frame's kind in messages (``"a Dask DataFrame"``).
+        noun: what messages call the frame (``"DataFrame"``, ``"Ray Dataset"``).
+        launcher: the name of the launcher the ranks of a fit on such a frame run on when none is given.
+        default_num_proc: the ranks of such a fit when neither ``num_proc`` nor a launcher is given
+            (None: as many as the launcher has slots).
+        compresses_sparse: whether ``compress_sparse_cols`` applies (frames that hold Spark ML vectors).
+    """
 
     kind = "?"
+    description = "a frame"
+    noun = "DataFrame"
+    launcher = "local"
+    default_num_proc: int | None = None
+    compresses_sparse = False
+
+    @property
+    @abc.abstractmethod
+    def frame(self) -> Any:
+        """The user's frame (or dataset) this source reads."""
+
+    @abc.abstractmethod
+    def columns(self) -> list[str]:
+        """The frame's column names.
+
+        Raises:
+            DataError: the frame has no schema to tell them (an empty Ray Dataset).
+        """
+
+    @abc.abstractmethod
+    def head(self, columns: Sequence[str], rows: int) -> Any:
+        """The first ``rows`` rows of ``columns`` on the driver: a pandas DataFrame, or one numpy
+        array per column (a ``dict``) where the engine gives numpy batches.
+
+        Raises:
+            DataError: a frame that cannot tell it is empty until read, found empty.
+        """
+
+    def for_columns(self, columns: Sequence[str]) -> "Source":
+        """The source to read ``columns`` from (this one, unless the engine must rebuild the frame)."""
+        return self
+
+    def with_options(self, vector_dtype: str, compress_sparse: bool) -> "Source":
+        """The source that writes ML vectors as ``vector_dtype`` (sparse with ``compress_sparse``);
+        this one for engines whose frames hold no ML vectors."""
+        return self
 
     @abc.abstractmethod
     def check_schema(self, stored: list[str], label_cols: Sequence[str], weight: str | None, val_col: str | None) -> None:
@@ -102,11 +152,25 @@ def check_label_kinds(kinds: dict[str, str], label_cols: Sequence[str]) -> None:
 
 
 class PandasSource(Source):
+    """A ``pandas.DataFrame``: written in this process; its fits run on local processes (one by default)."""
+
     kind = "pandas"
+    description = "a pandas DataFrame"
+    default_num_proc = 1
 
     def __init__(self, df: Any) -> None:
         self.df = df
         self.kinds: dict[str, str] = {}
+
+    @property
+    def frame(self) -> Any:
+        return self.df
+
+    def columns(self) -> list[str]:
+        return [str(c) for c in self.df.columns]
+
+    def head(self, columns, rows):
+        return self.df[list(columns)].head(rows)
 
     def check_schema(self, stored, label_cols, weight, val_col):
         all_cols = stored + ([val_col] if val_col else [])
@@ -147,11 +211,32 @@ class PandasSource(Source):
 
 
 class DaskSource(Source):
+    """A ``dask.dataframe.DataFrame``: one writer task per partition through the active scheduler."""
+
     kind = "dask"
+    description = "a Dask DataFrame"
+    launcher = "dask"
 
     def __init__(self, ddf: Any) -> None:
         self.ddf = ddf
         self.kinds: dict[str, str] = {}
+
+    @property
+    def frame(self) -> Any:
+        return self.ddf
+
+    def columns(self) -> list[str]:
+        return [str(c) for c in self.ddf.columns]
+
+    def head(self, columns, rows):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "insufficient elements for head" when the first partition is small
+            return self.ddf[list(columns)].head(rows, npartitions=min(self.ddf.npartitions, 4))
+
+    def for_columns(self, columns):
+        """The frame rebuilt where Dask's string conversion turned array columns into strings (:func:`dask_frame`)."""
+        ddf = dask_frame(self.ddf, columns)
+        return self if ddf is self.ddf else DaskSource(ddf)
 
     def check_schema(self, stored, label_cols, weight, val_col):
         all_cols = stored + ([val_col] if val_col else [])
@@ -191,5 +276,45 @@ class DaskSource(Source):
         return list(dask.compute(*tasks))
 
 
-__all__ = ["Source", "PandasSource", "DaskSource", "missing_columns", "probe_answer_error", "remove_probe", "check_scalar_role", "stored_kinds",
+# ---------------------------------------------------------------------------------------
+# Dask: array columns under the default dataframe.convert-string
+# ---------------------------------------------------------------------------------------
+def _holds_arrays(series: Any) -> bool:
+    first = series.iloc[0] if len(series) else None
+    return isinstance(first, (list, tuple, np.ndarray)) or hasattr(first, "toArray")
+
+
+def dask_frame(ddf: Any, columns: Sequence[str]) -> Any:
+    """``ddf`` with ``columns`` as their pandas source holds them (arrays, not strings).
+
+    Dask's ``dataframe.convert-string`` (on by default) makes ``dd.from_pandas`` turn
+    object columns into strings, arrays and lists included. Where a wanted column is a
+    string column whose ``from_pandas`` source holds arrays, the frame is rebuilt from
+    that source without the conversion (the rest of the graph unchanged). Frames from
+    other sources are returned as they are.
+    """
+    import pandas as pd
+
+    meta = ddf._meta
+    stringy = [c for c in columns if c in meta.columns and meta[c].dtype != object and pd.api.types.is_string_dtype(meta[c].dtype)]
+    expr = getattr(ddf, "expr", None)
+    if not stringy or expr is None:
+        return ddf
+    try:
+        from dask.dataframe.dask_expr import new_collection
+        from dask.dataframe.dask_expr.io.io import FromPandas
+    except ImportError:  # pragma: no cover - an older dask without expressions
+        return ddf
+    changed = False
+    for leaf in list(expr.find_operations(FromPandas)):
+        if not leaf.operand("pyarrow_strings_enabled"):
+            continue
+        frame = leaf.operand("frame")._data
+        if any(c in frame.columns and frame[c].dtype == object and _holds_arrays(frame[c]) for c in stringy):
+            expr = expr.substitute(leaf, leaf.substitute_parameters({"pyarrow_strings_enabled": False}))
+            changed = True
+    return new_collection(expr) if changed else ddf
+
+
+__all__ = ["Source", "PandasSource", "DaskSource", "dask_frame", "missing_columns", "probe_answer_error", "remove_probe", "check_scalar_role", "stored_kinds",
            "check_label_kinds"]

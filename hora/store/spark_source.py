@@ -55,13 +55,31 @@ class SparkSource(Source):
     """A ``pyspark.sql.DataFrame`` of a classic or a Spark Connect session."""
 
     kind = "spark"
+    description = "a Spark DataFrame"
+    launcher = "spark"
+    compresses_sparse = True
 
-    def __init__(self, df: Any, vector_dtype: str, compress_sparse: bool = False) -> None:
+    def __init__(self, df: Any, vector_dtype: str = "float32", compress_sparse: bool = False) -> None:
         self.df = df
         self.vector_dtype = vector_dtype
         #: ML vector columns go to the store as indices + values (``compress_sparse_cols``)
         self.compress_sparse = compress_sparse
         self.kinds: dict[str, str] = {}
+
+    @property
+    def frame(self) -> Any:
+        return self.df
+
+    def columns(self) -> list[str]:
+        return [str(c) for c in self.df.columns]
+
+    def head(self, columns, rows):
+        return self.df.select(*[f"`{c}`" for c in columns]).limit(rows).toPandas()
+
+    def with_options(self, vector_dtype, compress_sparse):
+        if (vector_dtype, compress_sparse) == (self.vector_dtype, self.compress_sparse):
+            return self
+        return SparkSource(self.df, vector_dtype, compress_sparse)
 
     @staticmethod
     def _type_kind(dt: Any) -> str | None:

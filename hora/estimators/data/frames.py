@@ -1,4 +1,4 @@
-"""The user's DataFrame, seen by the estimators: which engine, which columns, feature groups, samples.
+"""The user's DataFrame, seen by the estimators: its engine's Source, which columns, feature groups, samples.
 
 Feature inputs
 --------------
@@ -11,14 +11,13 @@ Spark frame of 64 scalar columns feeds one ``Linear(64, ...)`` with
 Dask frames
 -----------
 ``dd.from_pandas`` turns object columns into strings under Dask's default
-``dataframe.convert-string``, arrays included (``"[0.1 0.2]"``). :func:`dask_frame`
-rebuilds such a frame from its pandas source without the conversion, so array columns
+``dataframe.convert-string``, arrays included (``"[0.1 0.2]"``). The Dask source
+(:meth:`hora.store.sources.DaskSource.for_columns`) rebuilds such a frame from its pandas source without the conversion, so array columns
 reach hora as arrays whatever the user's Dask config.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -27,6 +26,7 @@ import numpy as np
 from hora.errors import ConfigError, DataError
 from hora.store.columns import MASK_SUFFIX
 from hora.store.dataset import ColumnSpec, group_dtype
+from hora.store.sources import DaskSource, PandasSource, Source
 
 #: Rows taken from the DataFrame for the driver-side checks.
 SAMPLE_ROWS = 16
@@ -143,69 +143,66 @@ def hint_grouping(features: Features) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# engines and samples
+# the frame's engine (its Source) and samples
 # ---------------------------------------------------------------------------------------
-def engine_of(df: Any) -> str:
-    """``"spark"``, ``"dask"``, ``"pandas"`` or ``"ray"`` (a Ray Dataset).
+def source_of(df: Any) -> Source:
+    """The :class:`~hora.store.sources.Source` of ``df``'s engine (Spark, Dask, pandas, a Ray Dataset),
+    decided once at the top of ``fit`` and ``transform``; ``df`` itself when it is a Source.
 
     Raises:
         DataError: ``df`` is none of those.
     """
-    mod = type(df).__module__
-    if mod.startswith("pyspark."):
-        return "spark"
-    if mod.startswith("dask.") or mod.startswith("dask_expr"):
-        return "dask"
-    if mod.startswith("ray.data"):
-        from hora.estimators.data.ray_dataset import is_ray_dataset
+    from hora.store.materialize import make_source
 
-        if is_ray_dataset(df):
-            return "ray"
-    import pandas as pd
-
-    if isinstance(df, pd.DataFrame):
-        return "pandas"
-    raise DataError(f"fit needs a Spark, Dask or pandas DataFrame or a Ray Dataset, got "
-                    f"{type(df).__module__}.{type(df).__name__}")
+    try:
+        return make_source(df)
+    except DataError:
+        raise DataError(f"fit needs a Spark, Dask or pandas DataFrame or a Ray Dataset, got "
+                        f"{type(df).__module__}.{type(df).__name__}") from None
 
 
-_FACE_FOR = {"spark": "hora.spark", "dask": "hora.dask", "pandas": "hora.dask", "ray": "hora.dask"}
-_KIND = {"spark": "a Spark DataFrame", "dask": "a Dask DataFrame", "pandas": "a pandas DataFrame", "ray": "a Ray Dataset"}
+def _face_sources() -> dict[str, tuple[type, ...]]:
+    """The sources each face takes: ``hora.spark`` Spark frames, ``hora.dask`` the rest."""
+    from hora.store.ray_source import RaySource
+    from hora.store.spark_source import SparkSource
+
+    return {"hora.spark": (SparkSource,), "hora.dask": (PandasSource, DaskSource, RaySource)}
 
 
-def check_face(df: Any, face: str, what: str) -> str:
-    """The engine of ``df`` when the face ``face`` (``"hora.spark"`` or ``"hora.dask"``) takes it.
+def check_face(df: Any, face: str, what: str) -> Source:
+    """The :class:`~hora.store.sources.Source` of ``df`` when the face ``face`` (``"hora.spark"`` or
+    ``"hora.dask"``) takes it.
 
     Raises:
         TypeError: a frame of the other face's engine (pandas or Dask given to ``hora.spark``, Spark
             given to ``hora.dask``), naming the face to use.
         DataError: ``df`` is not a frame hora knows.
     """
-    engine = engine_of(df)
-    if _FACE_FOR[engine] != face:
+    source = source_of(df)
+    faces = _face_sources()
+    if not isinstance(source, faces[face]):
+        other = next(name for name, takes in faces.items() if isinstance(source, takes))
         cls = what.split(".", 1)[0]
-        hint = (f"use {_FACE_FOR[engine]}.{cls} for it" + (", or spark.createDataFrame(pdf) to make it a Spark "
-                "DataFrame" if engine == "pandas" else ""))
+        frame = source.frame
+        hint = (f"use {other}.{cls} for it" + (", or spark.createDataFrame(pdf) to make it a Spark "
+                "DataFrame" if isinstance(source, PandasSource) else ""))
         raise TypeError(f"{what} takes {'a Spark DataFrame' if face == 'hora.spark' else 'a Dask or pandas DataFrame or a Ray Dataset'}"
-                        f", got {_KIND[engine]} ({type(df).__module__}.{type(df).__name__}): {hint}")
-    return engine
+                        f", got {source.description} ({type(frame).__module__}.{type(frame).__name__}): {hint}")
+    return source
 
 
 def check_columns(df: Any, roles: list[tuple[str, str]]) -> None:
-    """Every ``(role, column)`` exists in ``df``.
+    """Every ``(role, column)`` exists in ``df`` (a frame or its Source).
 
     Raises:
         DataError: names each missing column, its role, and the columns there are.
     """
-    ray = type(df).__module__.startswith("ray.data")
-    if ray:
-        from hora.estimators.data.ray_dataset import column_names
-    have = {str(c) for c in (column_names(df) if ray else df.columns)}
+    source = source_of(df)
+    have = set(source.columns())
     missing = [(role, c) for role, c in roles if c not in have]
     if missing:
         desc = ", ".join(f"{c!r} ({role})" for role, c in missing)
-        raise DataError(f"column(s) {desc} not in the {'Ray Dataset' if ray else 'DataFrame'}; its columns are "
-                        f"{sorted(have)}")
+        raise DataError(f"column(s) {desc} not in the {source.noun}; its columns are {sorted(have)}")
 
 
 def series_to_numpy(values: Any, vector_dtype: str = "float32") -> np.ndarray:
@@ -288,26 +285,17 @@ def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS,
     estimator's ``config``, as a rank's batch reaches the model: images decoded, sequences padded
     (with their masks), sparse vectors batched, ``collate_fn`` applied (see :func:`sample_batch`).
 
+    ``df``: a frame or its Source.
+
     Raises:
         DataError: the DataFrame is empty, or a column holds values hora cannot feed.
     """
-    engine = engine_of(df)
+    source = source_of(df)
     columns = list(dict.fromkeys(columns))
-    if engine == "spark":
-        pdf = df.select(*[f"`{c}`" for c in columns]).limit(rows).toPandas()
-    elif engine == "dask":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "insufficient elements for head" when the first partition is small
-            pdf = df[columns].head(rows, npartitions=min(df.npartitions, 4))
-    elif engine == "ray":
-        from hora.estimators.data.ray_dataset import sample_columns
-
-        pdf = sample_columns(df, columns, rows)  # {column: numpy array}; DataError when empty
-    else:
-        pdf = df[columns].head(rows)
+    pdf = source.head(columns, rows)  # a Ray Dataset's: {column: numpy array}; DataError when empty
     if len(pdf) == 0:
         raise DataError("the DataFrame is empty: nothing to train on")
-    compress = bool(getattr(config, "compress_sparse_cols", False)) and engine == "spark"
+    compress = bool(getattr(config, "compress_sparse_cols", False)) and source.compresses_sparse
     out, specs = {}, {}
     for c in columns:
         out[c], specs[c] = column_sample(pdf[c], c, compress)
@@ -375,45 +363,5 @@ def _is_text(arr: Any) -> bool:
                                                            isinstance(arr.flat[0], (str, bytes))))
 
 
-# ---------------------------------------------------------------------------------------
-# Dask: array columns under the default dataframe.convert-string
-# ---------------------------------------------------------------------------------------
-def _holds_arrays(series: Any) -> bool:
-    first = series.iloc[0] if len(series) else None
-    return isinstance(first, (list, tuple, np.ndarray)) or hasattr(first, "toArray")
-
-
-def dask_frame(ddf: Any, columns: Sequence[str]) -> Any:
-    """``ddf`` with ``columns`` as their pandas source holds them (arrays, not strings).
-
-    Dask's ``dataframe.convert-string`` (on by default) makes ``dd.from_pandas`` turn
-    object columns into strings, arrays and lists included. Where a wanted column is a
-    string column whose ``from_pandas`` source holds arrays, the frame is rebuilt from
-    that source without the conversion (the rest of the graph unchanged). Frames from
-    other sources are returned as they are.
-    """
-    import pandas as pd
-
-    meta = ddf._meta
-    stringy = [c for c in columns if c in meta.columns and meta[c].dtype != object and pd.api.types.is_string_dtype(meta[c].dtype)]
-    expr = getattr(ddf, "expr", None)
-    if not stringy or expr is None:
-        return ddf
-    try:
-        from dask.dataframe.dask_expr import new_collection
-        from dask.dataframe.dask_expr.io.io import FromPandas
-    except ImportError:  # pragma: no cover - an older dask without expressions
-        return ddf
-    changed = False
-    for leaf in list(expr.find_operations(FromPandas)):
-        if not leaf.operand("pyarrow_strings_enabled"):
-            continue
-        frame = leaf.operand("frame")._data
-        if any(c in frame.columns and frame[c].dtype == object and _holds_arrays(frame[c]) for c in stringy):
-            expr = expr.substitute(leaf, leaf.substitute_parameters({"pyarrow_strings_enabled": False}))
-            changed = True
-    return new_collection(expr) if changed else ddf
-
-
-__all__ = ["Features", "group_key", "hint_grouping", "engine_of", "check_columns", "series_to_numpy", "sample_numpy",
-           "sample_batch", "column_sample", "dask_frame", "SAMPLE_ROWS", "fixed_batch_shapes", "sample_dataset"]
+__all__ = ["Features", "group_key", "hint_grouping", "source_of", "check_face", "check_columns", "series_to_numpy", "sample_numpy",
+           "sample_batch", "column_sample", "SAMPLE_ROWS", "fixed_batch_shapes", "sample_dataset"]

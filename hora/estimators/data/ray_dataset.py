@@ -1,13 +1,14 @@
 """The estimators on Ray: ``backend="ray"`` and Ray Datasets as input and as predictions.
 
 * ``backend="ray"`` (or a Ray Dataset as input with no ``backend``) starts the ranks as
-  Ray actors in one placement group through :class:`hora.runners.RayLauncher`; with
+  Ray actors in one placement group through :class:`hora.runners.RayLauncher`
+  (:func:`hora.runners.resolve` builds it); with
   ``use_gpu=True`` each rank asks Ray for one GPU. For other resources, pass a launcher:
   ``backend=RayLauncher(cpus_per_rank=2, gpus_per_rank=1, strategy="SPREAD")``.
   The driver must be connected to a Ray cluster (``ray.init()`` first), as the Dask face
   needs a ``distributed.Client``.
-* A Ray Dataset as input is checked on the driver (its columns and a sample of rows),
-  then materialized to the Store once (:mod:`hora.store.ray_source`).
+* A Ray Dataset as input is checked on the driver (its columns and a sample of rows, through
+  its :class:`~hora.store.ray_source.RaySource`), then materialized to the Store once (:mod:`hora.store.ray_source`).
 * Predictions on a Ray Dataset are lazy Ray Datasets (``map_batches`` over numpy
   batches, the model loaded once per Ray worker process):
   :func:`hora.estimators.driver.transform.ray_transform` keeps
@@ -19,47 +20,23 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any
 
-from hora.errors import ConfigError, DataError
+from hora.errors import DataError
 
 logger = logging.getLogger(__name__)
 
 
 def require_ray(what: str = "backend='ray'") -> Any:
-    """The ``ray`` module of a driver connected to a Ray cluster.
+    """The ``ray`` module of a driver connected to a Ray cluster (:func:`hora.runners.resolution.connected_ray`).
 
     Raises:
         ConfigError: Ray is not installed (names the extra to install) or the driver is
             not connected to a cluster (says to call ``ray.init()``).
     """
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError(f"{what} needs Ray: pip install 'hora[ray]' (Ray Core and Ray Data); {exc}") from exc
-    if not ray.is_initialized():
-        raise ConfigError(f"{what} needs a connected Ray cluster: call ray.init() first (ray.init(address='auto') "
-                          "joins a running cluster, ray.init() starts one on this machine)")
-    return ray
+    from hora.runners.resolution import connected_ray
 
-
-def launcher_for(launcher: Any, use_gpu: bool) -> Any:
-    """The :class:`~hora.runners.RayLauncher` of ``backend="ray"`` (one GPU per rank with
-    ``use_gpu``), or the given RayLauncher once checked against ``use_gpu``.
-
-    Raises:
-        ConfigError: Ray missing or not initialized; ``use_gpu=True`` with a launcher
-            that asks no GPU per rank.
-    """
-    require_ray()
-    from hora.runners.launchers.ray.launcher import RayLauncher
-
-    if isinstance(launcher, str):
-        return RayLauncher(gpus_per_rank=1 if use_gpu else 0)
-    if use_gpu and launcher.resources.gpus_per_rank <= 0:
-        raise ConfigError("use_gpu=True but the RayLauncher asks no GPU per rank: pass "
-                          "RayLauncher(gpus_per_rank=1, ...) (or backend='ray')")
-    return launcher
+    return connected_ray(what)
 
 
 def is_ray_dataset(obj: Any) -> bool:
@@ -81,21 +58,4 @@ def column_names(ds: Any) -> list[str]:
     return [str(c) for c in names]
 
 
-def sample_columns(ds: Any, columns: Sequence[str], rows: int) -> dict[str, Any]:
-    """The first ``rows`` rows of ``columns`` (numpy batches: one array or sequence per column).
-
-    Raises:
-        DataError: the dataset is empty.
-    """
-    try:
-        batch = ds.select_columns(list(columns)).take_batch(rows, batch_format="numpy")
-    except ValueError as exc:
-        if "empty" not in str(exc):
-            raise
-        raise DataError("the Ray Dataset is empty: nothing to train on") from exc  # Ray's "The dataset is empty."
-    if not batch or len(next(iter(batch.values()))) == 0:
-        raise DataError("the Ray Dataset is empty: nothing to train on")
-    return batch
-
-
-__all__ = ["require_ray", "launcher_for", "is_ray_dataset", "column_names", "sample_columns"]
+__all__ = ["require_ray", "is_ray_dataset", "column_names"]

@@ -21,12 +21,13 @@ import numpy as np
 from hora.errors import ConfigError, DataError, WorkerFailedError
 from hora.estimators.callbacks import Callback
 from hora.estimators.data.frames import (
-    SAMPLE_ROWS, check_columns, dask_frame, engine_of, fixed_batch_shapes, sample_dataset, sample_numpy,
+    SAMPLE_ROWS, check_columns, fixed_batch_shapes, sample_dataset, sample_numpy, source_of,
 )
 from hora.estimators.framework import CheckResult, Framework
 from hora.estimators.params import EstimatorConfig
 from hora.estimators.spec import TrainSpec, freeze
 from hora.estimators.tasks import ClassifierHead, check_labels, resolve_task, sample_for_check
+from hora.store.sources import DaskSource, PandasSource, Source
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,8 @@ def prepare(df: Any, config: EstimatorConfig, framework: Framework) -> CheckResu
 
 def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
                  dataset: Any = None) -> tuple[CheckResult, ClassifierHead | None]:
-    """Validate ``df`` (or the materialized ``dataset``) and ``config`` on the driver, before anything
-    is launched; with the fit's task (:func:`hora.estimators.tasks.resolve_task`: a classifier's head,
+    """Validate ``df`` (a frame or its :class:`~hora.store.sources.Source`; or the materialized
+    ``dataset``) and ``config`` on the driver, before anything is launched; with the fit's task (:func:`hora.estimators.tasks.resolve_task`: a classifier's head,
     or None for outputs as they are). The model is checked on a sample of the data as a rank's batch
     has it: ``batch_size`` rows when an ``input_shapes`` entry fixes the batch dimension (no ``-1``,
     Horovod's ``[[2]]`` with ``batch_size=1``), else a few rows.
@@ -91,8 +92,9 @@ def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
     else:
         if isinstance(config.validation, str):
             roles.append(("validation", config.validation))
-        check_columns(df, roles)
-        sample = sample_numpy(df, features.columns + list(config.label_cols), rows=rows, config=config)  # a batch
+        source = source_of(df)
+        check_columns(source, roles)
+        sample = sample_numpy(source, features.columns + list(config.label_cols), rows=rows, config=config)  # a batch
     features.check_sample(sample)
     stacked = features.stack(sample)
     checked = framework.codec.check(config, sample_for_check(config, framework.name, stacked))
@@ -105,64 +107,28 @@ def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
     return checked, head
 
 
-def _launch_options(config: EstimatorConfig, engine: str, spark: Any, client: Any) -> dict[str, Any]:
-    """How the ranks start: ``hora.runners.run`` keywords from ``backend`` / ``num_proc`` and the engine."""
+def _resolve_launch(config: EstimatorConfig, where: type[Source], spark: Any, client: Any) -> tuple[Any, Any]:
+    """Where and how the ranks start (:func:`hora.runners.resolve` of ``backend``): on the launcher of the
+    frame's engine ``where`` (its Source class) unless ``backend`` names one; ``use_gpu`` checked.
+
+    Raises:
+        ConfigError: a bad ``backend``, options or slots, GPUs missing (before anything is written).
+    """
     from hora import runners
-    from hora.runners.driver.recovery import start_size
-    from hora.runners.launchers.spark import SparkLauncher
 
-    given = config.backend  # the estimator's `backend` (Horovod's name): a launcher, its name or a Backend
-    env = dict(config.backend_env or {})
-    opts: dict[str, Any] = {"launcher": "local" if engine == "pandas" else engine, "spark": spark, "client": client,
-                            "start_timeout": config.start_timeout, "verbose": config.verbose}
-    if given is not None and hasattr(given, "launch_options"):  # hora.spark.common.backend.SparkBackend
-        wanted = given.launch_options()  # hora.runners.run keywords (its `backend`: the launcher)
-        env.update(wanted.pop("env", {}) or {})
-        wanted["launcher"] = wanted.pop("backend", None)
-        opts.update({k: v for k, v in wanted.items() if v is not None})
-    elif isinstance(given, (str, runners.Launcher)):  # a launcher's name ("ray", "dask", "local"...) or a Launcher
-        opts["launcher"] = given
-    if opts["launcher"] == "ray" or getattr(opts["launcher"], "name", None) == "ray":
-        from hora.estimators.data.ray_dataset import launcher_for
-
-        opts["launcher"] = launcher_for(opts["launcher"], config.use_gpu)  # use_gpu: one GPU per rank actor
-    opts["env"] = env
-    custom = given is not None and not hasattr(given, "launch_options") and not isinstance(
-        given, (str, runners.Launcher))  # a Horovod-style Backend of the user's
-    if isinstance(opts["launcher"], str) and opts["launcher"] == "spark" and not custom:
-        # the training stage's resources (its ResourceProfile), on classic and Connect sessions
-        opts["launcher"] = SparkLauncher(spark, task_cpus=config.task_cpus, use_gpu=config.use_gpu)
-    elif config.task_cpus is not None:
-        raise ConfigError(f"task_cpus={config.task_cpus} sizes the tasks of the Spark training stage the estimator "
-                          f"starts, but this fit runs on {opts['launcher']!r}: drop task_cpus (or pass "
-                          "hora.runners.SparkLauncher(task_cpus=...) as backend)")
-    num_proc = config.num_proc or opts.pop("num_proc", None)
-    if num_proc is None and given is not None and not hasattr(given, "launch_options"):
-        num_proc = int(given.num_processes()) if hasattr(given, "num_processes") else None
-    if num_proc is None:
-        num_proc = 1 if engine == "pandas" and given is None else runners.resolve_launcher(
-            opts["launcher"], spark=spark, client=client).default_num_proc()
-    opts["num_proc"] = max(1, int(num_proc))
-    least = config.min_num_proc
-    if least is not None:  # (min, max): the runner starts (and relaunches) as many as the cluster has slots for
-        if least > opts["num_proc"]:
-            raise ConfigError(f"min_num_proc={least} is greater than num_proc={opts['num_proc']}")
-        if given is None or hasattr(given, "launch_options") or isinstance(given, (str, runners.Launcher)):
-            # the cluster must have slots for the least now: refused before the data is materialized
-            start_size(runners.resolve_launcher(opts["launcher"], spark=spark, client=client), least, opts["num_proc"])
-        opts["min_num_proc"] = least
-    elif isinstance(opts["launcher"], SparkLauncher):  # more ranks than the stage's slots: fail before materializing
-        opts["launcher"].check_num_proc(opts["num_proc"])
-    if config.max_failures:
-        opts["max_failures"] = config.max_failures
+    launcher, launch = runners.resolve(
+        config.backend, default=where.launcher, default_num_proc=where.default_num_proc, num_proc=config.num_proc,
+        min_num_proc=config.min_num_proc, max_failures=config.max_failures, env=config.backend_env,
+        start_timeout=config.start_timeout, verbose=config.verbose, spark=spark, client=client,
+        task_cpus=config.task_cpus, use_gpu=config.use_gpu)
     if config.use_gpu:  # local: the driver's GPUs; Dask: each worker's, named (Spark/Ray check in their launchers)
         from hora.estimators.devices import check_gpus_before_launch
 
-        check_gpus_before_launch(True, opts["launcher"], opts["num_proc"], client=client)
-    return opts
+        check_gpus_before_launch(True, launcher, launch.num_proc, client=client)
+    return launcher, launch
 
 
-def _prestart(opts: dict[str, Any], spark: Any, client: Any) -> Callable[[], None] | None:
+def _prestart(launcher: Any, launch: Any) -> Callable[[], None] | None:
     """Let the launcher prepare the ranks' hosts (:meth:`hora.runners.Launcher.prestart`),
     overlapped with the store check and the materialization; never fails the fit.
 
@@ -172,24 +138,13 @@ def _prestart(opts: dict[str, Any], spark: Any, client: Any) -> Callable[[], Non
         callable that starts it, for :func:`hora.store.materialize` to call only when it
         writes the data: before a run whose data is reused it would only delay the ranks.
     """
-    from hora import runners
-
-    launcher = opts["launcher"]
-    if not isinstance(launcher, (str, runners.Launcher)):
-        return None
-    try:
-        resolved = runners.resolve_launcher(launcher, spark=spark, client=client)
-    except Exception as exc:
-        logger.debug("no prestart of the ranks' hosts: %s", exc)
-        return None
-
     def start() -> None:
         try:
-            resolved.prestart(opts["num_proc"], opts["env"])
+            launcher.prestart(launch.num_proc, launch.env)
         except Exception as exc:
             logger.debug("no prestart of the ranks' hosts: %s", exc)
 
-    if resolved.prestart_takes_slots:
+    if launcher.prestart_takes_slots:
         return start
     start()
     return None
@@ -209,18 +164,13 @@ def _check_store_reach(launcher: Any, store: Any) -> None:
         check_executors_reach(launcher.spark, store)
 
 
-def _run_workers(spec: TrainSpec, config: EstimatorConfig, opts: dict[str, Any]) -> list[Any]:
+def _run_workers(spec: TrainSpec, launcher: Any, launch: Any) -> list[Any]:
     from hora import runners
     from hora.estimators.worker.loop import train_worker
 
-    given = config.backend
-    if given is not None and not hasattr(given, "launch_options") and not isinstance(given, (str, runners.Launcher)):
-        # a Horovod-style Backend of the user's: run(fn, args, env) -> one result per rank
-        return list(given.run(train_worker, args=(spec,), env=opts["env"]))
-    launch = dict(opts)
     try:
-        return runners.run(train_worker, args=(spec,), run_id=spec.run_id, store=spec.store,
-                           backend=launch.pop("launcher"), **launch)
+        return runners.run(train_worker, args=(spec,), run_id=spec.run_id, store=spec.store, backend=launcher,
+                           **launch.run_kwargs())
     except WorkerFailedError as exc:
         if all(part in exc.message for part in _DAMAGED):  # a rank read a stored file whose bytes changed
             raise DataError(f"run {spec.run_id}: {exc.message}") from exc
@@ -237,7 +187,8 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
 
     Args:
         df: a Spark, Dask or pandas DataFrame (pandas trains on local processes), or a Ray
-            Dataset (trains on Ray actors unless ``config.backend`` says otherwise); None with
+            Dataset (trains on Ray actors unless ``config.backend`` says otherwise), or the
+            :class:`~hora.store.sources.Source` of one (the faces decide it once); None with
             ``dataset``.
         config: the validated estimator configuration (of ``framework.config``).
         framework: the framework descriptor.
@@ -257,15 +208,15 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     from hora.runners.spec import new_run_id
     from hora.store import materialize, prepared
 
-    engine = engine_of(df) if dataset is None else ("spark" if spark is not None else "pandas")
     features = config.features
-    if engine == "dask":
-        df = dask_frame(df, features.columns + list(config.label_cols))
+    source = None if dataset is not None else source_of(df).for_columns(features.columns + list(config.label_cols))
+    # where the ranks run by default: the frame's engine; a prepared dataset's, the session's (Spark or local)
+    where: type[Source] = type(source) if source is not None else (_spark_source() if spark is not None else PandasSource)
     t_prepare = time.monotonic()
-    checked, head = prepare_task(df, config, framework, dataset=dataset)
-    opts = _launch_options(config, engine, spark, client)
-    num_proc = opts["num_proc"]
-    prestart = _prestart(opts, spark, client)  # the ranks' warm servers import torch while the data is materialized
+    checked, head = prepare_task(source, config, framework, dataset=dataset)
+    launcher, launch = _resolve_launch(config, where, spark, client)
+    num_proc = launch.num_proc
+    prestart = _prestart(launcher, launch)  # the ranks' warm servers import torch while the data is materialized
     timings = {"prepare_s": time.monotonic() - t_prepare}
     run_id = config.run_id or new_run_id()
     store = config.store
@@ -278,14 +229,14 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         logger.info("run %s has checkpoints in %s: fit resumes from the last one", run_id, store.url)
 
     t0 = time.monotonic()
-    _check_store_reach(opts["launcher"], store)
-    if engine == "dask" and client is not None:  # a worker whose `import hora` finds a folder fails every task
+    _check_store_reach(launcher, store)
+    if isinstance(source, DaskSource) and client is not None:  # a worker whose `import hora` finds a folder fails every task
         from hora.runners.launchers.dask import check_workers_import_hora
 
         check_workers_import_hora(client)
     info = dataset
     if dataset is None and framework.codec.trains_on_frame(config):
-        info = materialize(df, store, feature_cols=features.columns, label_cols=list(config.label_cols),
+        info = materialize(source, store, feature_cols=features.columns, label_cols=list(config.label_cols),
                            sample_weight_col=config.sample_weight_col, validation=config.validation,
                            num_proc=num_proc * (config.partitions_per_process or 1), seed=config.seed,
                            label_nan=config.label_nan, compress_sparse_cols=bool(config.compress_sparse_cols),
@@ -314,9 +265,9 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     if config.verbose >= 1:
         from hora.runners.driver.progress import console, header_line
 
-        console(header_line(run_id, num_proc, opts["launcher"]))
+        console(header_line(run_id, num_proc, launcher))
     t1 = time.monotonic()
-    results = _run_workers(spec, config, opts)
+    results = _run_workers(spec, launcher, launch)
     timings["train_s"] = time.monotonic() - t1
     logger.info("training on %d ranks took %.1f s", num_proc, timings["train_s"])
     first = results[0] if results else None
@@ -343,6 +294,12 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
         extra={**{k: v for k, v in first.items() if k not in ("weights", "history")}, "timings": timings},
         classifier=head,
     )
+
+
+def _spark_source() -> type[Source]:
+    from hora.store.spark_source import SparkSource
+
+    return SparkSource
 
 
 __all__ = ["fit", "prepare", "prepare_task", "FitResult"]

@@ -24,6 +24,7 @@ ones to CSR batches (densified per forward chunk up to 2^16 dimensions).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -36,6 +37,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from hora.errors import ConfigError, DataError
+from hora.store.ray_source import RaySource
+from hora.store.sources import DaskSource, PandasSource, Source
 
 logger = logging.getLogger(__name__)
 
@@ -319,7 +322,7 @@ def spark_transform(
     schema = StructType(list(df.schema.fields) + out_fields)
     keep = list(df.columns)
     load_files = model_source(df.sparkSession, model_files)
-    key = ("spark", _files_key(model_files))
+    key = ("spark-transform", _files_key(model_files))
     output_cols = list(output_cols)
     output_shapes = [tuple(s) for s in output_shapes]
     driver_path = tuple(p for p in sys.path if isinstance(p, str) and p)
@@ -419,7 +422,8 @@ def dask_transform(
     """
     import pandas as pd
 
-    from hora.estimators.data.frames import Features, dask_frame
+    from hora.estimators.data.frames import Features
+    from hora.store.sources import dask_frame
 
     names = Features.parse(feature_cols).columns
     ddf = dask_frame(ddf, names)
@@ -427,7 +431,7 @@ def dask_transform(
     meta = ddf._meta.copy()
     for name, shape in zip(output_cols, output_shapes):
         meta[name] = pd.Series([], dtype="float64" if is_scalar_shape(shape) else "object")
-    key = ("dask", _files_key(model_files))
+    key = ("dask-transform", _files_key(model_files))
     feature_cols = list(feature_cols)
     output_cols = list(output_cols)
     output_shapes = [tuple(s) for s in output_shapes]
@@ -477,7 +481,7 @@ def ray_transform(
     features = Features.parse(feature_cols)
     check_transform_columns(column_names(ds), features.columns, output_cols, "Ray Dataset")
     files_ref = ray.put(model_files)
-    key = ("ray", _files_key(model_files))
+    key = ("ray-transform", _files_key(model_files))
     output_cols = list(output_cols)
     output_shapes = [tuple(s) for s in output_shapes]
 
@@ -500,5 +504,46 @@ def ray_transform(
     return ds.map_batches(_predict, batch_format="numpy", batch_size=None)
 
 
-__all__ = ["predict_frame", "predict_columns", "spark_transform", "dask_transform", "ray_transform",
+# ---------------------------------------------------------------------------------------
+# one transform per Source (the scikit-learn face's engines)
+# ---------------------------------------------------------------------------------------
+@functools.singledispatch
+def predict_source(source: Source, codec: Any, model: Any, model_files: Callable[[], dict[str, bytes]],
+                   feature_cols: Sequence[Any], input_shapes: Any, output_cols: Sequence[str],
+                   output_shapes: Sequence[Sequence[int]], batch_size: int,
+                   columns: dict[str, Any] | None = None) -> Any:
+    """The frame of ``source`` with the predictions of ``model`` added, by its engine: a pandas frame at
+    once (:func:`predict_frame`), a Dask frame per partition (:func:`dask_transform`), a lazy Ray
+    Dataset (:func:`ray_transform`). ``model_files`` gives the serialized model for the engines
+    that ship it to their workers.
+
+    Raises:
+        DataError: a feature column is missing or an output column already exists.
+        TypeError: an engine this transform does not serve (Spark frames: ``hora.spark``'s models).
+    """
+    raise TypeError(f"no transform here for {source.description}")
+
+
+@predict_source.register(PandasSource)
+def _(source: PandasSource, codec, model, model_files, feature_cols, input_shapes, output_cols, output_shapes,
+      batch_size, columns=None):
+    return predict_frame(codec, model, source.frame, feature_cols, input_shapes, output_cols, output_shapes, batch_size,
+                         columns=columns)
+
+
+@predict_source.register(DaskSource)
+def _(source: DaskSource, codec, model, model_files, feature_cols, input_shapes, output_cols, output_shapes,
+      batch_size, columns=None):
+    return dask_transform(source.frame, codec, model_files(), feature_cols, input_shapes, output_cols, output_shapes,
+                          batch_size, columns=columns)
+
+
+@predict_source.register(RaySource)
+def _(source: RaySource, codec, model, model_files, feature_cols, input_shapes, output_cols, output_shapes,
+      batch_size, columns=None):
+    return ray_transform(source.frame, codec, model_files(), feature_cols, input_shapes, output_cols, output_shapes,
+                         batch_size, columns=columns)
+
+
+__all__ = ["predict_frame", "predict_columns", "spark_transform", "dask_transform", "ray_transform", "predict_source",
            "check_transform_columns", "is_scalar_shape", "DEFAULT_PREDICT_BATCH"]

@@ -20,6 +20,7 @@ prediction with its row).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, ClassVar, Generic, Sequence, TypeVar
 
@@ -30,12 +31,14 @@ from hora.estimators.driver import fit as core
 from hora.estimators.driver import persistence
 from hora.estimators.faces.history import plot_history
 from hora.estimators.data.columns import inference_columns
-from hora.estimators.data.frames import check_face, engine_of
+from hora.estimators.data.frames import check_face, source_of
 from hora.estimators.framework import Framework
 from hora.estimators.param_info import keyword_params, params_section
 from hora.estimators.params import ParamError, check_param_names, default_output_cols, mllib_aliases, param_defaults
 from hora.estimators.tasks import ClassifierCodec, ClassifierHead
-from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, dask_transform, predict_frame, ray_transform
+from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, predict_source
+from hora.store.ray_source import RaySource
+from hora.store.sources import DaskSource, PandasSource, Source
 
 logger = logging.getLogger(__name__)
 
@@ -132,14 +135,13 @@ class DaskEstimator(Generic[ModelT]):
             DataError: missing columns, label shapes that do not match the model.
             WorkerFailedError: a training worker failed.
         """
-        check_face(ddf, "hora.dask", f"{type(self).__name__}.fit")
+        source = check_face(ddf, "hora.dask", f"{type(self).__name__}.fit")
         if y is not None:
             raise ConfigError("pass labels as label_cols of the DataFrame, not as y")
         config = self._config()
-        backend = config.backend
-        on_dask = backend == "dask" or (backend is None and engine_of(ddf) == "dask")
-        client = active_client() if on_dask else None
-        result = core.fit(ddf, config, self.framework, client=client)
+        launcher = source.launcher if config.backend is None else config.backend
+        client = active_client() if launcher == DaskSource.launcher else None  # the ranks run on Dask's workers
+        result = core.fit(source, config, self.framework, client=client)
         return self.model_class._from_result(result, config)
 
 
@@ -224,15 +226,9 @@ class DaskModel:
             DataError: a feature column is missing or an output column already exists.
         """
         codec, cols, shapes = self._outputs()
-        engine = check_face(df, "hora.dask", f"{type(self).__name__}.transform")
-        if engine == "pandas":
-            return predict_frame(codec, self.model_, df, self.feature_cols_, self.input_shapes_, cols, shapes,
-                                 self.batch_size, columns=self.inference_columns_)
-        if engine == "ray":
-            return ray_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_, cols, shapes,
-                                 self.batch_size, columns=self.inference_columns_)
-        return dask_transform(df, codec, self._model_files(), self.feature_cols_, self.input_shapes_, cols, shapes,
-                              self.batch_size, columns=self.inference_columns_)
+        source = check_face(df, "hora.dask", f"{type(self).__name__}.transform")
+        return predict_source(source, codec, self.model_, self._model_files, self.feature_cols_, self.input_shapes_,
+                              cols, shapes, self.batch_size, columns=self.inference_columns_)
 
     def _outputs(self) -> tuple[Any, list[str], list[tuple[int, ...]]]:
         """(codec, output columns, per-row output shapes) of :meth:`transform`: a classifier's three columns."""
@@ -245,16 +241,11 @@ class DaskModel:
         """The predictions only: a Series for one output, a DataFrame for several (the frame's rows and
         index); for a Ray Dataset, a lazy Ray Dataset of the prediction column(s). A classifier's are
         its class labels (the values of ``classes_``)."""
-        out = self.transform(df)
+        source = source_of(df)
+        out = self.transform(source)
         if self._head is not None:
-            if engine_of(df) == "ray":
-                return out.select_columns([self.prediction_col_])
-            return out[self.prediction_col_].astype(np.asarray(self.classes_).dtype)
-        if engine_of(df) == "ray":
-            return out.select_columns(self.output_cols_)
-        if len(self.output_cols_) == 1:
-            return out[self.output_cols_[0]]
-        return out[self.output_cols_]
+            return _picked(source, out, [self.prediction_col_], np.asarray(self.classes_).dtype)
+        return _picked(source, out, self.output_cols_)
 
     def predict_proba(self, df: Any) -> Any:
         """A classifier's class probabilities: a numpy array ``(rows, classes)`` of a pandas frame, a Dask
@@ -267,13 +258,8 @@ class DaskModel:
         if self._head is None:
             raise ConfigError(f"{type(self).__name__}.predict_proba needs a classifier (task='classification'); "
                               "this model was fitted as a regressor")
-        out = self.transform(df)
-        if engine_of(df) == "ray":
-            return out.select_columns([self.probability_col_])
-        probs = out[self.probability_col_]
-        if engine_of(df) == "pandas":
-            return np.stack(probs.to_numpy()) if len(probs) else np.zeros((0, self._head.classes))
-        return _dask_proba(probs, self._head.classes)
+        source = source_of(df)
+        return _probabilities(source, self.transform(source), self.probability_col_, self._head.classes)
 
     def plot_history(self, metrics: Sequence[str] | None = None) -> Any:
         """A matplotlib Figure of the training / validation curves of ``history_``."""
@@ -335,6 +321,38 @@ class DaskModel:
         new.history_ = copy.deepcopy(self.history_, memo)
         new._files = None
         return new
+
+
+# what predict and predict_proba give back, per engine ------------------------------------
+@functools.singledispatch
+def _picked(source: Source, out: Any, cols: list[str], dtype: Any = None) -> Any:
+    """The columns ``cols`` of ``out`` (the transform of ``source``'s frame): one column as a Series
+    (of ``dtype`` when given), several as a frame."""
+    picked = out[cols[0]] if len(cols) == 1 else out[cols]
+    return picked if dtype is None else picked.astype(dtype)
+
+
+@_picked.register(RaySource)
+def _(source: RaySource, out: Any, cols: list[str], dtype: Any = None) -> Any:
+    return out.select_columns(cols)  # a lazy Ray Dataset of those columns
+
+
+@functools.singledispatch
+def _probabilities(source: Source, out: Any, col: str, classes: int) -> Any:
+    """The probability column ``col`` of ``out`` (the transform of ``source``'s frame) as ``predict_proba``
+    gives it: a Dask Array of a Dask frame."""
+    return _dask_proba(out[col], classes)
+
+
+@_probabilities.register(PandasSource)
+def _(source: PandasSource, out: Any, col: str, classes: int) -> Any:
+    probs = out[col]
+    return np.stack(probs.to_numpy()) if len(probs) else np.zeros((0, classes))
+
+
+@_probabilities.register(RaySource)
+def _(source: RaySource, out: Any, col: str, classes: int) -> Any:
+    return out.select_columns([col])
 
 
 def _dask_proba(probs: Any, classes: int) -> Any:

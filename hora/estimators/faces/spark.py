@@ -263,10 +263,10 @@ class SparkEstimator(Estimator[ModelT], EstimatorParams, _Persisted, horovod_fac
         return self.framework.make_config({name: self.getOrDefault(name) for name in self._param_names()})
 
     def _fit(self, dataset: Any) -> Any:
-        check_face(dataset, "hora.spark", f"{type(self).__name__}.fit")
+        source = check_face(dataset, "hora.spark", f"{type(self).__name__}.fit")
         config = self._config()
         try:
-            result = core.fit(dataset, config, self.framework, spark=dataset.sparkSession,
+            result = core.fit(source, config, self.framework, spark=dataset.sparkSession,
                               load_checkpoint=self._checkpoint_reader())
         except DataError:
             raise
