@@ -3,6 +3,8 @@
 >>> import hora.runners
 >>> hora.runners.run(fn, args=(...,), num_proc=2, backend="local")   # or "spark", "dask"
 >>> hora.runners.run(fn, num_proc=4, backend=hora.runners.HostsLauncher("a:2,b:2"))  # ssh hosts
+>>> launcher, options = hora.runners.resolve(SparkBackend(num_proc=4), spark=spark)  # any backend= shape
+>>> hora.runners.run(fn, backend=launcher, **options.run_kwargs())
 
 Inside ``fn``, ``hora.native`` is initialised and :func:`report` sends live metrics to
 the driver's progress bar. See :func:`run`. A *launcher* (local processes, ssh hosts,
