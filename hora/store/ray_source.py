@@ -260,6 +260,10 @@ class RaySource(Source):
             raise DataError("the Ray Dataset has no schema (it has no blocks)")
         return [str(c) for c in names]
 
+    def string_columns(self, columns):
+        sample = self.head(list(columns), 1)
+        return [c for c in columns if len(sample[c]) and isinstance(sample[c][0], str)]
+
     def head(self, columns, rows):
         """The first ``rows`` rows of ``columns`` as a numpy batch (one array or sequence per column).
 

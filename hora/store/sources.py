@@ -66,6 +66,24 @@ class Source(abc.ABC):
             DataError: a frame that cannot tell it is empty until read, found empty.
         """
 
+    def string_columns(self, columns: Sequence[str]) -> list[str]:
+        """Which of ``columns`` hold strings (a pandas / Dask dtype: a string dtype, or an object column whose
+        first value is a ``str``)."""
+        import pandas as pd
+
+        frame = self.frame
+        meta = getattr(frame, "_meta", frame)
+        out = []
+        for c in columns:
+            dtype = meta[c].dtype
+            if dtype == object:
+                first = frame[c].head(1) if meta is frame else frame[c].head(1, npartitions=-1)
+                if len(first) and isinstance(first.iloc[0], str):
+                    out.append(c)
+            elif pd.api.types.is_string_dtype(dtype):
+                out.append(c)
+        return out
+
     def for_columns(self, columns: Sequence[str]) -> "Source":
         """The source to read ``columns`` from (this one, unless the engine must rebuild the frame)."""
         return self

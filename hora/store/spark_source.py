@@ -76,6 +76,10 @@ class SparkSource(Source):
     def head(self, columns, rows):
         return self.df.select(*[f"`{c}`" for c in columns]).limit(rows).toPandas()
 
+    def string_columns(self, columns):
+        types = dict(self.df.dtypes)
+        return [c for c in columns if types.get(c) == "string"]
+
     def with_options(self, vector_dtype, compress_sparse):
         if (vector_dtype, compress_sparse) == (self.vector_dtype, self.compress_sparse):
             return self

@@ -55,31 +55,14 @@ def check_tokenizer(tokenizer: Any) -> None:
 
 
 def text_columns(df: Any, columns: Sequence[str], dataset: Any = None) -> list[str]:
-    """Which of ``columns`` hold strings: from a materialized ``dataset``'s specs, a Spark schema, or a
-    pandas / Dask dtype (an object column whose first value is a ``str``)."""
+    """Which of ``columns`` hold strings: from a materialized ``dataset``'s specs, else from the frame
+    (or its Source) as its engine tells (:meth:`hora.store.sources.Source.string_columns`: a Spark
+    schema, a pandas / Dask dtype, a Ray Dataset's first row)."""
     if dataset is not None:
         return [c for c in columns if c in dataset.columns and dataset.columns[c].kind == "string"]
-    if hasattr(df, "schema") and hasattr(df, "rdd"):  # Spark
-        types = dict(df.dtypes)
-        return [c for c in columns if types.get(c) == "string"]
-    if type(df).__module__.startswith("ray."):
-        from hora.estimators.data.ray_dataset import sample_columns
+    from hora.estimators.data.frames import source_of
 
-        sample = sample_columns(df, list(columns), 1)
-        return [c for c in columns if len(sample[c]) and isinstance(sample[c][0], str)]
-    import pandas as pd
-
-    meta = getattr(df, "_meta", df)
-    out = []
-    for c in columns:
-        dtype = meta[c].dtype
-        if dtype == object:
-            first = df[c].head(1) if meta is df else df[c].head(1, npartitions=-1)
-            if len(first) and isinstance(first.iloc[0], str):
-                out.append(c)
-        elif pd.api.types.is_string_dtype(dtype):
-            out.append(c)
-    return out
+    return source_of(df).string_columns(columns)
 
 
 def _texts(values: Any, column: str) -> list[str]:
