@@ -125,7 +125,7 @@ class TorchEstimator(DaskEstimator[TorchModel]):
         lr_scaling: str = "linear",
         learning_rate: float | None = None,
         output_cols: Sequence[str] | None = None,
-        task: Literal["classification", "regression"] | None = None,
+        task: Literal["classification", "regression", "causal_lm"] | None = None,
         prediction_col: str = "prediction",
         probability_col: str = "probability",
         raw_prediction_col: str = "rawPrediction",
@@ -150,6 +150,7 @@ class TorchEstimator(DaskEstimator[TorchModel]):
         strategy: Literal["hora", "zero1", "zero2", "ddp", "fsdp"] = "hora",
         tokenizer: Any = None,
         merge_adapters: bool = True,
+        generate_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(**self._input_kwargs)
 

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 LR_SCALING_POLICIES = ("linear", "none")
 #: ``task=`` values (None: inferred from the loss, see :mod:`hora.estimators.tasks`).
-TASKS = (None, "classification", "regression")
+TASKS = (None, "classification", "regression", "causal_lm")
 #: a classifier's output column parameters, and MLlib's names for them (accepted as keywords too).
 CLASSIFIER_COLS = ("prediction_col", "probability_col", "raw_prediction_col")
 MLLIB_ALIASES = {"predictionCol": "prediction_col", "probabilityCol": "probability_col",
@@ -309,7 +309,15 @@ class EstimatorConfig:
             raise ConfigError("loss is required: a callable (output, label) -> scalar, or one per label")
         self.feature_cols = Features.parse(self.feature_cols).as_config()
         labels = _str_list("label_cols", self.label_cols)
-        if labels is None:
+        if self.task == "causal_lm":
+            if not self.supports_task("causal_lm"):
+                raise ConfigError(f"task='causal_lm' is for TorchEstimator (a Hugging Face causal language model "
+                                  f"with tokenizer=); {type(self).__name__} does not take it")
+            if labels:
+                raise ConfigError(f"task='causal_lm' takes no label column (the labels are the input ids, shifted by "
+                                  f"the model): drop label_cols={labels}")
+            labels = []
+        elif labels is None:
             raise ConfigError("label_cols is required: the names of the label columns")
         self.label_cols = labels
         overlap = set(self.features.columns) & set(self.label_cols)
@@ -336,7 +344,11 @@ class EstimatorConfig:
             self.loss_weights = weights
         if self.output_cols is not None:
             outs = _str_list("output_cols", self.output_cols)
-            if len(outs) != n_labels:
+            if self.task == "causal_lm":
+                if len(outs) not in (1, 2) or len(set(outs)) != len(outs):
+                    raise ConfigError(f"task='causal_lm' takes output_cols of one or two names (the per-row loss "
+                                      f"column, then the generated text column), got {outs}")
+            elif len(outs) != n_labels:
                 raise ConfigError(f"output_cols has {len(outs)} names but there are {n_labels} label_cols")
             self.output_cols = outs
         if self.task not in TASKS:
@@ -485,6 +497,10 @@ class EstimatorConfig:
     def json_values(self) -> dict[str, Any]:
         """``{name: value}`` of the JSON parameters (what MLflow logs as params)."""
         return {name: getattr(self, name) for name in sorted(json_params(type(self)))}
+
+    def supports_task(self, task: str) -> bool:
+        """Whether this framework's estimator takes ``task`` (``"causal_lm"``: TorchEstimator only)."""
+        return task != "causal_lm"
 
     def for_workers(self, **resolved: Any) -> "EstimatorConfig":
         """A copy for the training spec: the JSON parameters (and ``resolved`` values) only.

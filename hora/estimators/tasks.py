@@ -24,6 +24,11 @@ of a probability output), ``probability`` (softmax; for one score ``[1 - p, p]``
 
 Labels of a classifier are checked on the driver after materialization, before any worker
 starts: integers in ``[0, classes)`` (:func:`check_labels`).
+
+``task="causal_lm"`` (TorchEstimator, a Hugging Face causal language model with ``tokenizer=``) has
+no label column: the labels are the input ids. Its :class:`CausalLMHead` is kept with the fitted
+model, and :class:`CausalLMCodec` writes each row's mean token loss (and, with ``generate_kwargs``,
+the row's continuation decoded by the tokenizer) instead of the model's logits.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from hora.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 
-CLASSIFICATION, REGRESSION = "classification", "regression"
+CLASSIFICATION, REGRESSION, CAUSAL_LM = "classification", "regression", "causal_lm"
 LOGITS, PROBABILITIES = "logits", "probabilities"
 
 _TORCH_LOSSES = {"CrossEntropyLoss": LOGITS, "NLLLoss": LOGITS, "BCEWithLogitsLoss": LOGITS, "BCELoss": PROBABILITIES}
@@ -60,6 +65,7 @@ class ClassifierHead:
     scores: str = LOGITS
     single: bool = False
     seen: tuple = ()
+    task = CLASSIFICATION
 
     def columns(self, out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(rawPrediction (n, classes), probability (n, classes), prediction (n,))`` of a model output."""
@@ -91,10 +97,12 @@ class ClassifierHead:
         return {"classes": self.classes, "scores": self.scores, "single": self.single, "seen": list(self.seen)}
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any] | None) -> "ClassifierHead | None":
-        """Inverse of :meth:`to_meta` (None for a regressor)."""
+    def from_meta(cls, meta: dict[str, Any] | None) -> "ClassifierHead | CausalLMHead | None":
+        """Inverse of :meth:`to_meta` (None for a regressor; a :class:`CausalLMHead` for a causal LM's)."""
         if not meta:
             return None
+        if meta.get("task") == CAUSAL_LM:
+            return CausalLMHead.from_meta(meta)
         return cls(classes=int(meta["classes"]), scores=str(meta.get("scores", LOGITS)), single=bool(meta.get("single")),
                    seen=tuple(meta.get("seen", ())))
 
@@ -152,6 +160,8 @@ def resolve_task(config: Any, framework: str, output_shapes: Sequence[Sequence[i
     """
     inferred, scores = loss_task(framework, getattr(config, "loss", None), getattr(config, "model", None))
     task = config.task
+    if task == CAUSAL_LM:
+        return CausalLMHead(generate_kwargs=dict(getattr(config, "generate_kwargs", None) or {}) or None)
     if task is None:
         if inferred == CLASSIFICATION and len(config.label_cols) != 1:
             logger.info("task: the loss is a classification loss but there are %d label columns; outputs stay as "
@@ -185,6 +195,8 @@ def sample_for_check(config: Any, framework: str, sample: dict[str, np.ndarray])
     task = config.task
     if task is None and len(config.label_cols) == 1:
         task = loss_task(framework, getattr(config, "loss", None), getattr(config, "model", None))[0]
+    if task != CLASSIFICATION:
+        return sample
     name = config.label_cols[0]
     values = sample.get(name)
     if task != CLASSIFICATION or values is None or values.dtype.kind not in "fiu" or values.ndim != 1:
@@ -264,5 +276,71 @@ class ClassifierCodec:
         return [(self.head.classes,), (self.head.classes,), ()]
 
 
-__all__ = ["ClassifierHead", "ClassifierCodec", "resolve_task", "loss_task", "check_labels", "sample_for_check", "CLASSIFICATION",
+#: output column names of a causal LM's transform: the per-row mean token loss, the generated text
+CAUSAL_LM_COLS = ("loss", "generated")
+#: the per-row shape that marks a string output column (a causal LM's generated text)
+TEXT_SHAPE = ("text",)
+
+
+@dataclass(frozen=True)
+class CausalLMHead:
+    """A causal language model's outputs in ``transform``: its per-row mean token loss and, with
+    ``generate_kwargs``, its generated continuation (decoded text).
+
+    Attributes:
+        generate_kwargs: keyword arguments of the model's ``generate()``; None: no generated column.
+    """
+
+    generate_kwargs: dict | None = None
+    task = CAUSAL_LM
+    classes = 0
+
+    def output_cols(self, output_cols: Sequence[str] | None = None) -> list[str]:
+        """The transform's columns: ``output_cols`` (one or two names) or ``loss`` (and ``generated``)."""
+        names = list(output_cols or ()) + list(CAUSAL_LM_COLS[len(output_cols or ()):])
+        return names[:2 if self.generate_kwargs is not None else 1]
+
+    def output_shapes(self) -> list[tuple]:
+        """Per-row shapes: the loss a scalar, the generated text :data:`TEXT_SHAPE`."""
+        return [()] + ([TEXT_SHAPE] if self.generate_kwargs is not None else [])
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"task": CAUSAL_LM, "generate_kwargs": self.generate_kwargs}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> "CausalLMHead":
+        return cls(generate_kwargs=meta.get("generate_kwargs"))
+
+
+@dataclass(frozen=True)
+class CausalLMCodec:
+    """A codec whose ``predict`` returns a causal LM's per-row mean token loss (and generated text)
+    instead of its logits; everything else is the wrapped codec's."""
+
+    codec: Any
+    head: CausalLMHead
+
+    @property
+    def name(self) -> str:
+        return self.codec.name
+
+    def deserialize(self, files: dict[str, bytes]) -> Any:
+        return self.codec.deserialize(files)
+
+    def predict(self, model: Any, inputs: Sequence[np.ndarray], input_shapes: Any, batch_size: int,
+                device: Any = None, **kwargs: Any) -> list[np.ndarray]:
+        return self.codec.causal_lm_outputs(model, inputs, input_shapes, batch_size, self.head.generate_kwargs,
+                                            device=device)
+
+    def output_shapes(self) -> list[tuple]:
+        return self.head.output_shapes()
+
+
+def head_codec(codec: Any, head: "ClassifierHead | CausalLMHead") -> Any:
+    """The codec that writes ``head``'s outputs in ``transform``."""
+    return CausalLMCodec(codec, head) if isinstance(head, CausalLMHead) else ClassifierCodec(codec, head)
+
+
+__all__ = ["ClassifierHead", "ClassifierCodec", "CausalLMHead", "CausalLMCodec", "head_codec", "CAUSAL_LM",
+           "CAUSAL_LM_COLS", "TEXT_SHAPE", "resolve_task", "loss_task", "check_labels", "sample_for_check", "CLASSIFICATION",
            "REGRESSION", "LOGITS", "PROBABILITIES"]

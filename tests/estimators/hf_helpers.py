@@ -65,3 +65,31 @@ def tiny_gpt2(tok, seed: int = 0):
     config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64,
                         pad_token_id=tok.pad_token_id, bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     return GPT2LMHeadModel(config)
+
+
+WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+
+
+def cyclic_text(n: int = 64, seed: int = 0) -> pd.DataFrame:
+    """A ``text`` column of runs of :data:`WORDS` in their cyclic order (each word predicts the next),
+    starting anywhere, 4 to 7 words long: a causal LM's perplexity on it falls fast."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        start, length = int(rng.integers(0, len(WORDS))), int(rng.integers(4, 8))
+        rows.append(" ".join(WORDS[(start + k) % len(WORDS)] for k in range(length)))
+    return pd.DataFrame({"text": rows})
+
+
+def lm_tokenizer(texts: list[str], pad: bool = True):
+    """A word-level ``PreTrainedTokenizerFast`` for a causal LM (no special tokens added to the text),
+    trained on ``texts``; ``pad=False``: without a pad token, as GPT-2's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[EOS]"]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]",
+                                   model_input_names=["input_ids", "attention_mask"],
+                                   **({"pad_token": "[PAD]"} if pad else {}))

@@ -26,7 +26,7 @@ from hora.estimators.data.frames import (
 from hora.estimators.framework import CheckResult, Framework
 from hora.estimators.params import EstimatorConfig
 from hora.estimators.spec import TrainSpec, freeze
-from hora.estimators.tasks import ClassifierHead, check_labels, resolve_task, sample_for_check
+from hora.estimators.tasks import CausalLMHead, ClassifierHead, check_labels, resolve_task, sample_for_check
 from hora.store.sources import DaskSource, PandasSource, Source
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class FitResult:
         num_proc: ranks that trained.
         extra: rank 0's extra results and ``timings`` (seconds: ``prepare_s``, ``materialize_s``,
             ``train_s`` (the whole worker job, start to end), ``epochs_s`` (inside epochs), ``collect_s``).
-        classifier: how a classifier's output becomes its columns (None: regression; see
+        classifier: how a classifier's output becomes its columns, or a causal LM's head (None: regression; see
             :mod:`hora.estimators.tasks`).
     """
 
@@ -58,7 +58,7 @@ class FitResult:
     dataset: Any = None
     num_proc: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
-    classifier: ClassifierHead | None = None
+    classifier: ClassifierHead | CausalLMHead | None = None
 
 
 def prepare(df: Any, config: EstimatorConfig, framework: Framework) -> CheckResult:
@@ -67,7 +67,7 @@ def prepare(df: Any, config: EstimatorConfig, framework: Framework) -> CheckResu
 
 
 def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
-                 dataset: Any = None) -> tuple[CheckResult, ClassifierHead | None]:
+                 dataset: Any = None) -> tuple[CheckResult, ClassifierHead | CausalLMHead | None]:
     """Validate ``df`` (a frame or its :class:`~hora.store.sources.Source`; or the materialized
     ``dataset``) and ``config`` on the driver, before anything is launched; with the fit's task (:func:`hora.estimators.tasks.resolve_task`: a classifier's head,
     or None for outputs as they are). The model is checked on a sample of the data as a rank's batch
@@ -98,8 +98,8 @@ def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
     features.check_sample(sample)
     stacked = features.stack(sample)
     checked = framework.codec.check(config, sample_for_check(config, framework.name, stacked))
-    label = np.asarray(stacked[config.label_cols[0]])
-    head = resolve_task(config, framework.name, checked.output_shapes, label_shape=label.shape[1:])
+    label_shape = np.asarray(stacked[config.label_cols[0]]).shape[1:] if config.label_cols else ()  # causal_lm: none
+    head = resolve_task(config, framework.name, checked.output_shapes, label_shape=label_shape)
     for cb in config.callbacks or []:
         prepare_cb = getattr(cb, "prepare", None)
         if callable(prepare_cb):
@@ -245,13 +245,13 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
                     info.val_rows, "reused" if info.reused else "materialized", time.monotonic() - t0)
         prepared.record(store, info)  # fit_on_parquet() trains on it again
     if info is not None:
-        if head is not None:  # a classifier's labels: class indices, checked before any worker starts
+        if isinstance(head, ClassifierHead):  # a classifier's labels: class indices, checked before any worker starts
             head = dataclasses.replace(head, seen=check_labels(store, info, config.label_cols[0], head.classes))
     timings["materialize_s"] = time.monotonic() - t0
     input_shapes = checked.input_shapes if checked.input_shapes is not None else config.input_shapes
     spec = TrainSpec(
         framework=framework,
-        config=config.for_workers(input_shapes=input_shapes, task="classification" if head else "regression"),
+        config=config.for_workers(input_shapes=input_shapes, task=head.task if head else "regression"),
         payload=framework.codec.freeze(config),
         common=freeze({"callbacks": [cb for cb in config.callbacks or [] if isinstance(cb, Callback)],
                        "transformation_fn": config.transformation_fn,  # the framework's own callbacks: codec

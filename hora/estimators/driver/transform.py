@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from hora.errors import ConfigError, DataError
+from hora.estimators.tasks import TEXT_SHAPE
 from hora.store.ray_source import RaySource
 from hora.store.sources import DaskSource, PandasSource, Source
 
@@ -50,6 +51,15 @@ ENV_INLINE_BYTES = "HORA_TRANSFORM_INLINE_BYTES"
 
 _cache_lock = threading.Lock()
 _model_cache: dict[Any, Any] = {}
+
+
+def is_text_shape(shape: Sequence[Any]) -> bool:
+    """True for :data:`hora.estimators.tasks.TEXT_SHAPE`: a string column (a causal LM's generated text)."""
+    return tuple(shape) == TEXT_SHAPE
+
+
+def _empty_output(shape: Sequence[Any]) -> np.ndarray:
+    return np.zeros((0,), dtype=object) if is_text_shape(shape) else np.zeros((0,) + tuple(shape))
 
 
 def is_scalar_shape(shape: Sequence[int]) -> bool:
@@ -87,12 +97,16 @@ def predict_frame(
     out = pdf.copy()
     if len(pdf) == 0:
         for name, shape in zip(output_cols, output_shapes):
-            out[name] = np.zeros((0,), dtype=np.float64) if is_scalar_shape(shape) else []
+            out[name] = np.zeros((0,), dtype=np.float64) if is_scalar_shape(shape) else \
+                np.zeros((0,), dtype=object) if is_text_shape(shape) else []
         return out
     preds = predict_columns(codec, model, {c: pdf[c] for c in features.columns}, features, input_shapes, output_cols,
                             batch_size, use_gpu, columns)
     for name, shape, pred in zip(output_cols, output_shapes, preds):
-        out[name] = pred.reshape(len(pdf)) if is_scalar_shape(shape) else list(pred.reshape(len(pdf), -1))
+        if is_text_shape(shape):
+            out[name] = np.asarray(pred, dtype=object).reshape(len(pdf))
+        else:
+            out[name] = pred.reshape(len(pdf)) if is_scalar_shape(shape) else list(pred.reshape(len(pdf), -1))
     return out
 
 
@@ -118,7 +132,7 @@ def predict_columns(codec: Any, model: Any, values: dict[str, Any], features: An
     arrays = inference_arrays(features, arrays, specs, columns)
     preds = _predict_on(codec, model, features.inputs(arrays), input_shapes, batch_size, use_gpu)
     _check_outputs(preds, output_cols)
-    return [np.asarray(p, dtype=np.float64) for p in preds]
+    return [p if getattr(p, "dtype", None) == object else np.asarray(p, dtype=np.float64) for p in preds]  # text kept
 
 
 def _predict_on(codec: Any, model: Any, inputs: Any, input_shapes: Any, batch_size: int, use_gpu: bool) -> Any:
@@ -297,7 +311,7 @@ def spark_transform(
         DataError: a feature column is missing or an output column already exists.
     """
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
+    from pyspark.sql.types import ArrayType, DoubleType, StringType, StructField, StructType
 
     from hora.estimators.data.frames import Features
 
@@ -316,6 +330,7 @@ def spark_transform(
     sources: dict[str, str] = {c: c for c in features.columns}
     vectors = {c for c in features.columns if isinstance(df.schema[c].dataType, VectorUDT)}
     out_fields = [
+        StructField(name, StringType(), False) if is_text_shape(shape) else
         StructField(name, DoubleType() if is_scalar_shape(shape) else ArrayType(DoubleType(), containsNull=False), False)
         for name, shape in zip(output_cols, output_shapes)
     ]
@@ -351,8 +366,11 @@ def spark_transform(
                 preds = _predict_on(codec, model, features.inputs(arrays), input_shapes, batch_size, use_gpu)
                 _check_outputs(preds, output_cols)
             else:
-                preds = [np.zeros((0,) + tuple(shape)) for shape in output_shapes]
+                preds = [_empty_output(shape) for shape in output_shapes]
             for shape, pred in zip(output_shapes, preds):
+                if is_text_shape(shape):
+                    out.append(pa.array([str(t) for t in np.asarray(pred, dtype=object).reshape(n)], type=pa.string()))
+                    continue
                 out.append(_arrow_output(np.asarray(pred, dtype=np.float64), n, shape, pa))
             yield pa.RecordBatch.from_arrays(out, names=keep + output_cols)
 
@@ -495,8 +513,11 @@ def ray_transform(
             preds = predict_columns(codec, model, {c: batch[c] for c in features.columns}, features, input_shapes,
                                     output_cols, batch_size, columns=columns)
         else:
-            preds = [np.zeros((0,) + shape) for shape in output_shapes]
+            preds = [_empty_output(shape) for shape in output_shapes]
         for name, shape, pred in zip(output_cols, output_shapes, preds):
+            if is_text_shape(shape):
+                out[name] = np.asarray(pred, dtype=object).reshape(n)
+                continue
             pred = np.asarray(pred, dtype=np.float64)
             out[name] = pred.reshape(n) if is_scalar_shape(shape) else pred.reshape(n, -1)
         return out

@@ -35,7 +35,7 @@ from hora.estimators.data.frames import check_face, source_of
 from hora.estimators.framework import Framework
 from hora.estimators.param_info import keyword_params, params_section
 from hora.estimators.params import ParamError, check_param_names, default_output_cols, mllib_aliases, param_defaults
-from hora.estimators.tasks import ClassifierCodec, ClassifierHead
+from hora.estimators.tasks import CausalLMHead, ClassifierHead, head_codec
 from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, predict_source
 from hora.store.ray_source import RaySource
 from hora.store.sources import DaskSource, PandasSource, Source
@@ -152,11 +152,13 @@ class DaskModel:
         model_: the trained framework model. ``history_``: per-epoch metrics.
         run_id_: the run's id in the store. ``output_shapes_``: per-row output shapes.
         feature_cols_, label_cols_, output_cols_, input_shapes_: how columns map to the model.
-        task_: ``"classification"`` or ``"regression"``. For a classifier: ``classes_`` (the
+        task_: ``"classification"``, ``"regression"`` or ``"causal_lm"``. For a classifier: ``classes_`` (the
             label values seen in training, sorted), ``predict`` gives class labels,
             ``predict_proba`` probabilities (one column per class of the model), and
             ``transform`` adds the ``prediction_col_`` (class index), ``probability_col_`` and
-            ``raw_prediction_col_`` (arrays) columns.
+            ``raw_prediction_col_`` (arrays) columns. ``"causal_lm"``: ``transform`` adds each row's
+            mean token loss (``output_cols_[0]``, default ``loss``) and, when fitted with
+            ``generate_kwargs``, the generated text (``output_cols_[1]``, default ``generated``).
     """
 
     framework: ClassVar[Framework]
@@ -184,6 +186,9 @@ class DaskModel:
         self.inference_columns_ = inference_columns
         self.feature_cols_ = [c if isinstance(c, str) else list(c) for c in feature_cols]
         self.label_cols_ = list(label_cols)
+        self._head = ClassifierHead.from_meta(classifier)
+        if isinstance(self._head, CausalLMHead):  # a causal LM's columns: its per-row loss (and generated text)
+            output_shapes, output_cols = self._head.output_shapes(), self._head.output_cols(output_cols)
         self.output_shapes_ = [tuple(s) for s in output_shapes]
         self.output_cols_ = default_output_cols(self.label_cols_, output_cols)
         if len(self.output_cols_) != len(self.output_shapes_):
@@ -192,11 +197,10 @@ class DaskModel:
         self.history_ = [dict(h) for h in (history or [])]
         self.run_id_ = run_id
         self.batch_size = batch_size
-        self._head = ClassifierHead.from_meta(classifier)
-        self.task_ = "classification" if self._head is not None else "regression"
+        self.task_ = self._head.task if self._head is not None else "regression"
         self.prediction_col_, self.probability_col_, self.raw_prediction_col_ = (
             prediction_col, probability_col, raw_prediction_col)
-        if self._head is not None:
+        if isinstance(self._head, ClassifierHead):
             self.classes_ = np.asarray(self._head.seen or range(self._head.classes))
         #: seconds spent in each phase of the fit that produced this model (not persisted)
         self.fit_timings_: dict[str, float] = {}
@@ -234,7 +238,9 @@ class DaskModel:
         """(codec, output columns, per-row output shapes) of :meth:`transform`: a classifier's three columns."""
         if self._head is None:
             return self.framework.codec, self.output_cols_, self.output_shapes_
-        codec = ClassifierCodec(self.framework.codec, self._head)
+        codec = head_codec(self.framework.codec, self._head)
+        if isinstance(self._head, CausalLMHead):
+            return codec, self.output_cols_, self.output_shapes_
         return codec, [self.raw_prediction_col_, self.probability_col_, self.prediction_col_], codec.output_shapes()
 
     def predict(self, df: Any) -> Any:
@@ -243,7 +249,7 @@ class DaskModel:
         its class labels (the values of ``classes_``)."""
         source = source_of(df)
         out = self.transform(source)
-        if self._head is not None:
+        if isinstance(self._head, ClassifierHead):
             return _picked(source, out, [self.prediction_col_], np.asarray(self.classes_).dtype)
         return _picked(source, out, self.output_cols_)
 
@@ -255,7 +261,7 @@ class DaskModel:
         Raises:
             ConfigError: the model is not a classifier.
         """
-        if self._head is None:
+        if not isinstance(self._head, ClassifierHead):
             raise ConfigError(f"{type(self).__name__}.predict_proba needs a classifier (task='classification'); "
                               "this model was fitted as a regressor")
         source = source_of(df)

@@ -44,7 +44,7 @@ from hora.estimators.params import (
 )
 from hora.estimators.driver.spark_python import explain_worker_failure
 from hora.estimators.param_info import keyword_params, params_section
-from hora.estimators.tasks import ClassifierCodec, ClassifierHead
+from hora.estimators.tasks import CausalLMHead, ClassifierCodec, ClassifierHead, head_codec
 from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, spark_transform
 
 logger = logging.getLogger(__name__)
@@ -117,8 +117,9 @@ MODEL_PARAMS: dict[str, str] = {
     "history": "per-epoch training metrics (a list of dicts)",
     "output_shapes": "per-row shape of each model output",
     "batch_size": "rows per forward pass during transform",
-    "task": "'classification' or 'regression': what the model was fitted as",
-    "classifier": "a classifier's classes and scores ({'classes', 'scores', 'single'}; None for a regressor)",
+    "task": "'classification', 'regression' or 'causal_lm': what the model was fitted as",
+    "classifier": "a classifier's classes and scores ({'classes', 'scores', 'single'}; a causal LM's {'task', "
+                  "'generate_kwargs'}; None for a regressor)",
     "prediction_col": "a classifier's class index column (double), MLlib's predictionCol",
     "probability_col": "a classifier's class probabilities column (an ML vector), MLlib's probabilityCol",
     "raw_prediction_col": "a classifier's logits column (an ML vector), MLlib's rawPredictionCol",
@@ -368,11 +369,14 @@ class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods):
 
     @classmethod
     def _from_result(cls, result: core.FitResult, config: Any) -> "SparkModel":
+        head = result.classifier
+        causal = isinstance(head, CausalLMHead)  # a causal LM's columns: its per-row loss (and generated text)
         model = cls(model=result.model, feature_cols=list(config.feature_cols), label_cols=list(config.label_cols),
-                    output_cols=default_output_cols(config.label_cols, config.output_cols),
+                    output_cols=head.output_cols(config.output_cols) if causal
+                    else default_output_cols(config.label_cols, config.output_cols),
                     input_shapes=result.input_shapes, run_id=result.run_id, history=result.history,
-                    output_shapes=[list(s) for s in result.output_shapes],
-                    task="classification" if result.classifier else "regression",
+                    output_shapes=[list(s) for s in (head.output_shapes() if causal else result.output_shapes)],
+                    task=head.task if head else "regression",
                     classifier=result.classifier.to_meta() if result.classifier else None,
                     prediction_col=config.prediction_col, probability_col=config.probability_col,
                     raw_prediction_col=config.raw_prediction_col, inference_columns=inference_columns(config, result.dataset))
@@ -423,6 +427,12 @@ class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods):
                 f"{type(self).__name__} needs feature_cols and output_shapes (per-row shape of each output) to transform"
             )
         head = ClassifierHead.from_meta(self.getOrDefault("classifier"))
+        if isinstance(head, CausalLMHead):  # each row's mean token loss (and generated text)
+            codec = head_codec(self.framework.codec, head)
+            return spark_transform(dataset, codec, self._model_files(), self.getOrDefault("feature_cols"),
+                                   self.getOrDefault("input_shapes"), head.output_cols(self.getOrDefault("output_cols")),
+                                   head.output_shapes(), int(self.getOrDefault("batch_size")),
+                                   columns=self.getOrDefault("inference_columns"))
         if head is None:
             names = default_output_cols(self.getOrDefault("label_cols"), self.getOrDefault("output_cols"))
             shapes = [tuple(s) for s in self.getOrDefault("output_shapes")]

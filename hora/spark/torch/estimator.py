@@ -93,7 +93,7 @@ class TorchEstimator(SparkEstimator[TorchModel]):
         lr_scaling: str = "linear",
         learning_rate: float | None = None,
         output_cols: Sequence[str] | None = None,
-        task: Literal["classification", "regression"] | None = None,
+        task: Literal["classification", "regression", "causal_lm"] | None = None,
         prediction_col: str = "prediction",
         probability_col: str = "probability",
         raw_prediction_col: str = "rawPrediction",
@@ -118,6 +118,7 @@ class TorchEstimator(SparkEstimator[TorchModel]):
         strategy: Literal["hora", "zero1", "zero2", "ddp", "fsdp"] = "hora",
         tokenizer: Any = None,
         merge_adapters: bool = True,
+        generate_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(**self._input_kwargs)
 
@@ -168,7 +169,7 @@ class TorchEstimator(SparkEstimator[TorchModel]):
         lr_scaling: str = "linear",
         learning_rate: float | None = None,
         output_cols: Sequence[str] | None = None,
-        task: Literal["classification", "regression"] | None = None,
+        task: Literal["classification", "regression", "causal_lm"] | None = None,
         prediction_col: str = "prediction",
         probability_col: str = "probability",
         raw_prediction_col: str = "rawPrediction",
@@ -193,6 +194,7 @@ class TorchEstimator(SparkEstimator[TorchModel]):
         strategy: Literal["hora", "zero1", "zero2", "ddp", "fsdp"] = "hora",
         tokenizer: Any = None,
         merge_adapters: bool = True,
+        generate_kwargs: dict[str, Any] | None = None,
     ) -> "TorchEstimator":
         """Set any of the estimator's Params by keyword; returns self.
 

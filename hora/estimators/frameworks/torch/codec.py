@@ -73,6 +73,13 @@ logger = logging.getLogger(__name__)
 class TorchConfig(EstimatorConfig):
     """The Torch estimator's parameters: the shared ones and Horovod's Torch-only ones."""
 
+    task: Literal["classification", "regression", "causal_lm"] | None = param(
+        None, "'classification' (the model gives one logit per class, or one for two classes; the fitted model "
+        "outputs rawPrediction, probability and a class index as prediction), 'regression' (outputs as they are), "
+        "'causal_lm' (a Hugging Face causal language model with tokenizer=: no label column, the labels are the "
+        "input ids; history has perplexity; transform writes each row's mean token loss, and with generate_kwargs "
+        "the generated text), or None: inferred from the loss (cross-entropy / NLL / BCE: classification), logged "
+        "once")
     train_minibatch_fn: Callable | None = param(None, "Horovod's custom training step: fn(model, optimizer, "
                                                 "transform_outputs, loss_fn, inputs, labels, sample_weights, "
                                                 "backward_passes_per_step, batch_idx) -> (outputs, loss)", "pickle")
@@ -104,11 +111,16 @@ class TorchConfig(EstimatorConfig):
                            "tensors (see hora.estimators.frameworks.torch.hf)", "pickle")
     merge_adapters: bool = param(True, "a peft (LoRA) model: merge the trained adapters into the base model of the "
                                  "fitted model (False: keep them; save_pretrained then writes the adapters)")
+    generate_kwargs: dict[str, Any] | None = param(
+        None, "task='causal_lm': keyword arguments of the model's generate() (e.g. {'max_new_tokens': 8}); transform "
+        "then also writes each row's continuation, decoded by the tokenizer, in a 'generated' column")
 
     def __post_init__(self) -> None:
         if self.task == "causal_lm":
-            raise NotImplementedError("task='causal_lm' (language-model fine-tuning without a label column) is not "
-                                      "implemented yet; train a causal LM with a loss on logits and a label column")
+            self._check_causal_lm()
+        elif self.generate_kwargs is not None:
+            raise ConfigError("generate_kwargs applies to task='causal_lm' (text generated in transform); set "
+                              f"task='causal_lm' or drop it (task is {self.task!r})")
         if self.loss_constructors is not None:
             if self.loss is not None:
                 raise ConfigError("only one of loss and loss_constructors can be given (as in Horovod)")
@@ -121,6 +133,35 @@ class TorchConfig(EstimatorConfig):
         if self.train_minibatch_fn is not None and not callable(self.train_minibatch_fn):
             raise ConfigError(f"train_minibatch_fn must be callable, got {self.train_minibatch_fn!r}")
         self._check_loop_options()
+
+    def supports_task(self, task: str) -> bool:
+        """TorchEstimator takes every task, ``"causal_lm"`` included."""
+        return True
+
+    def _check_causal_lm(self) -> None:
+        """task='causal_lm': a tokenizer, the model's own loss, no metrics or sample weights, JSON generate_kwargs."""
+        import json
+
+        if self.tokenizer is None:
+            raise ConfigError("task='causal_lm' tokenizes a text feature column: set tokenizer= (a Hugging Face "
+                              "tokenizer with a pad token)")
+        if self.loss is not None or self.loss_constructors is not None:
+            raise ConfigError("task='causal_lm' trains on the model's own loss (labels are the input ids): drop loss=")
+        if self.metrics:
+            raise ConfigError("task='causal_lm' reports loss and perplexity; drop metrics= (they take a label column)")
+        if self.sample_weight_col is not None or self.class_weight is not None:
+            raise ConfigError("task='causal_lm' takes no sample_weight_col or class_weight")
+        if self.generate_kwargs is not None:
+            if not callable(getattr(self.tokenizer, "decode", None)):
+                raise ConfigError("generate_kwargs decodes the generated ids with the tokenizer: pass a Hugging Face "
+                                  "tokenizer (one with decode)")
+            if not isinstance(self.generate_kwargs, dict):
+                raise ConfigError(f"generate_kwargs must be a dict of generate() arguments, got "
+                                  f"{type(self.generate_kwargs).__name__}")
+            try:
+                json.dumps(self.generate_kwargs)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"generate_kwargs must be JSON values (it is saved with the model): {exc}") from exc
 
     def needs_loss(self) -> bool:
         """A Hugging Face model (or one given a tokenizer) may train on its own loss (loss=None)."""
@@ -254,7 +295,11 @@ class TorchCodec(ModelCodec):
                         f"the model's forward pass failed on a sample of the data (inputs of shapes {shapes} "
                         f"from feature_cols {config.feature_cols}): {type(exc).__name__}: {exc}{hint}"
                     ) from exc
-                outs = as_outputs(raw, len(config.label_cols))
+                if config.task == "causal_lm":  # one output (the logits); labels are the input ids
+                    outs = as_outputs(raw, 1)
+                    _check_model_loss(config.loss, outs[0])
+                else:
+                    outs = as_outputs(raw, len(config.label_cols))
                 losses = config.loss if isinstance(config.loss, (list, tuple)) else [config.loss] * len(outs)
                 for i, (out, name) in enumerate(zip(outs, config.label_cols)):
                     label = align_label(out, _tensor(_stack(sample[name])), name)
@@ -371,6 +416,15 @@ class TorchCodec(ModelCodec):
         return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
 
 
+    def causal_lm_outputs(self, model: Any, inputs: Sequence[np.ndarray], input_shapes: Any, batch_size: int,
+                          generate_kwargs: dict | None, device: Any = None) -> list[np.ndarray]:
+        """task='causal_lm': each row's mean token loss (and generated text); see
+        :func:`hora.estimators.frameworks.torch.hf.causal_lm_outputs`."""
+        from hora.estimators.frameworks.torch.hf import causal_lm_outputs
+
+        return causal_lm_outputs(model, inputs, batch_size, generate_kwargs, input_shapes, device=device)
+
+
 #: bytes of outputs kept on the GPU before they are copied back together (one wait per copy)
 OUTPUT_FLUSH_BYTES = 64 << 20
 
@@ -437,6 +491,20 @@ def _check_optimizer(opt: Any, model: Any, params: list) -> None:
             raise ConfigError(f"optimizer factory must return a torch.optim.Optimizer, got {type(built).__name__}")
     else:
         raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a factory params -> optimizer, got {opt!r}")
+
+
+def _check_model_loss(loss: Any, out: Any) -> None:
+    """task='causal_lm': the model computes a scalar loss given ``labels=`` (its input ids)."""
+    try:
+        value = loss(out, None)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"task='causal_lm': the model's own loss failed on a sample of the data: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    if getattr(value, "dim", lambda: 1)() != 0:
+        raise ConfigError("task='causal_lm': the model's loss given labels= is not a scalar; pass a causal language "
+                          "model (e.g. a transformers ...ForCausalLM)")
 
 
 def _with_weights(model: Any, weights: bytes) -> Any:

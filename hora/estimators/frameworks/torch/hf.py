@@ -43,10 +43,12 @@ class HFModule(torch.nn.Module):
             for a numeric column passed as ``name=``.
         own_loss: call the model with ``labels=`` and use ``output.loss`` (``loss=None``).
         tokenizer: kept for :meth:`save_pretrained`.
+        causal_lm: ``task="causal_lm"``: every forward pass is given ``labels=`` the input ids (padding
+            positions -100, so they do not count; the model shifts them) and keeps ``output.loss``.
     """
 
     def __init__(self, model: torch.nn.Module, layout: Sequence[tuple[str, tuple[str, ...]]], own_loss: bool,
-                 tokenizer: Any = None, merge_adapters: bool = True) -> None:
+                 tokenizer: Any = None, merge_adapters: bool = True, causal_lm: bool = False) -> None:
         super().__init__()
         self.model = model
         #: a model with frozen parameters (a peft LoRA model): checkpoints and weights hold the trainable ones
@@ -54,6 +56,7 @@ class HFModule(torch.nn.Module):
         self.merge_adapters = merge_adapters
         self.layout = [(kind, tuple(names)) for kind, names in layout]
         self.own_loss = own_loss
+        self.causal_lm = causal_lm
         self.tokenizer = tokenizer
         self.pending_labels: Any = None
         self.last_loss: Any = None
@@ -63,7 +66,18 @@ class HFModule(torch.nn.Module):
     @property
     def takes_labels(self) -> bool:
         """Whether the session passes each batch's labels (:attr:`pending_labels`) before the forward pass."""
-        return self.own_loss
+        return self.own_loss and not getattr(self, "causal_lm", False)
+
+    @staticmethod
+    def causal_labels(kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A causal LM's ``labels=``: its input ids, padding positions (``attention_mask`` 0) set to -100."""
+        if "input_ids" not in kwargs:
+            raise ConfigError(f"task='causal_lm' needs the tokenizer's input_ids; the batch has {sorted(kwargs)}")
+        labels = kwargs["input_ids"].clone()
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            labels[mask == 0] = -100
+        return labels
 
     def keywords(self, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """The model's keyword tensors for hora's positional ``inputs``."""
@@ -107,17 +121,16 @@ class HFModule(torch.nn.Module):
             self._check_arguments(kwargs)
             self._checked = True
         labels, self.pending_labels = self.pending_labels, None
+        if getattr(self, "causal_lm", False):
+            out = self.model(**kwargs, labels=self.causal_labels(kwargs))
+            self.last_loss, self._last_kwargs = out.loss, None
+            return _logits_of(out)
         if self.own_loss and labels is not None:
             kwargs["labels"] = self._labels_for_model(labels, kwargs)
         out = self.model(**kwargs)
         self.last_loss = getattr(out, "loss", None) if labels is not None else None
         self._last_kwargs = kwargs if self.own_loss and labels is None else None
-        logits = getattr(out, "logits", None)
-        if logits is None:
-            logits = out[0] if isinstance(out, (tuple, list)) else out
-        if not isinstance(logits, torch.Tensor):
-            raise ConfigError(f"the model returned {type(out).__name__} without logits; hora reads output.logits")
-        return logits
+        return _logits_of(out)
 
     def _labels_for_model(self, label: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         """A label column as the model takes ``labels=``: class ids as int64 for a classifier of
@@ -136,6 +149,9 @@ class HFModule(torch.nn.Module):
         if self.last_loss is not None:
             loss, self.last_loss = self.last_loss, None
             return loss
+        if getattr(self, "causal_lm", False):
+            raise ConfigError("task='causal_lm': the model returned no loss given labels= (its input ids); pass a "
+                              "causal language model (e.g. a transformers ...ForCausalLM)")
         if self._last_kwargs is None:
             raise ConfigError("loss=None uses the model's own loss, but the model was not run on this batch")
         kwargs = dict(self._last_kwargs, labels=self._labels_for_model(label, self._last_kwargs))
@@ -217,6 +233,15 @@ class HFModule(torch.nn.Module):
         return state
 
 
+def _logits_of(out: Any) -> torch.Tensor:
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        logits = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(logits, torch.Tensor):
+        raise ConfigError(f"the model returned {type(out).__name__} without logits; hora reads output.logits")
+    return logits
+
+
 class ModelLoss:
     """``loss=None`` with a Hugging Face model: the loss is the model's own ``output.loss`` (its
     adapter is given the labels; see :meth:`HFModule.loss_from`). Pickled with the model (the
@@ -230,6 +255,58 @@ class ModelLoss:
 
     def __repr__(self) -> str:
         return f"ModelLoss({type(self.adapter.model).__name__})"
+
+
+def causal_lm_outputs(model: HFModule, inputs: Sequence[Any], batch_size: int, generate_kwargs: dict | None,
+                      input_shapes: Any = None, device: Any = None) -> list[Any]:
+    """A causal LM's ``transform`` outputs for hora's positional ``inputs`` (a tokenized text column):
+    each row's mean token loss (float64; NaN for a row with no token to predict) and, with
+    ``generate_kwargs``, its continuation from ``model.generate`` decoded by the tokenizer (an object
+    array of strings). Rows are generated one at a time, without their padding."""
+    import numpy as np
+
+    from hora.estimators.frameworks.torch.tensors import to_inputs
+
+    if device is not None:
+        model.to(device)
+    model.eval()
+    n = len(inputs[0]) if inputs else 0
+    losses: list[Any] = []
+    texts: list[str] = []
+    with torch.inference_mode():
+        for start in range(0, n, batch_size):
+            tensors = to_inputs(model, [a[start:start + batch_size] for a in inputs], input_shapes, device=device)
+            kwargs = model.keywords(tensors)
+            logits = _logits_of(model.model(**kwargs))[:, :-1].float()
+            labels = model.causal_labels(kwargs)[:, 1:]
+            per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                          ignore_index=-100, reduction="none").reshape(labels.shape)
+            count = (labels != -100).sum(dim=1)
+            mean = per_token.sum(dim=1) / count.clamp(min=1)
+            mean[count == 0] = float("nan")
+            losses.append(mean.double().cpu().numpy())
+            if generate_kwargs is not None:
+                texts.extend(_generate(model, kwargs, generate_kwargs))
+    out = [np.concatenate(losses) if losses else np.zeros((0,), dtype=np.float64)]
+    if generate_kwargs is not None:
+        out.append(np.array(texts, dtype=object))
+    return out
+
+
+def _generate(model: HFModule, kwargs: dict[str, torch.Tensor], generate_kwargs: dict) -> list[str]:
+    """Each row's continuation (``generate`` on the row without its padding), decoded without special tokens."""
+    tokenizer = model.tokenizer
+    ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+    options = dict(generate_kwargs)
+    if getattr(tokenizer, "pad_token_id", None) is not None:
+        options.setdefault("pad_token_id", tokenizer.pad_token_id)
+    texts = []
+    for i in range(ids.shape[0]):
+        row = ids[i][mask[i].bool()] if mask is not None else ids[i]
+        prompt = row.unsqueeze(0)
+        made = model.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **options)
+        texts.append(tokenizer.decode(made[0, prompt.shape[1]:].tolist(), skip_special_tokens=True))
+    return texts
 
 
 def wants_adapter(config: Any) -> bool:
@@ -273,8 +350,11 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
         else:
             layout.append(("input", (k,)))
     own = config.loss is None
+    causal = config.task == "causal_lm"
+    if causal and not texts:
+        raise ConfigError("task='causal_lm' needs a text feature column and tokenizer=")
     adapter = HFModule(config.model, layout, own_loss=own, tokenizer=tokenizer,
-                       merge_adapters=getattr(config, "merge_adapters", True))
+                       merge_adapters=getattr(config, "merge_adapters", True), causal_lm=causal)
     config.model = adapter
     if own:
         config.loss = ModelLoss(adapter)
@@ -284,4 +364,4 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
                 layout, "the model's own" if own else "the given")
 
 
-__all__ = ["HFModule", "ModelLoss", "is_hf_model", "prepare", "wants_adapter"]
+__all__ = ["HFModule", "ModelLoss", "causal_lm_outputs", "is_hf_model", "prepare", "wants_adapter"]

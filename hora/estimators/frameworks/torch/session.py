@@ -85,6 +85,8 @@ class TorchSession(TrainingSession):
     clip_norm: float | None = None
     clip_value: float | None = None
     class_weights: Any = None
+    #: task='causal_lm': no label column, the model's own loss on its input ids; history adds perplexity
+    causal_lm: bool = False
     #: ``strategy=`` (see :mod:`hora.estimators.frameworks.torch.strategies`); the module the training forward
     #: pass runs (DDP's wrapper; else the model); sharded strategies: every rank takes part in a
     #: checkpoint; fsdp: the fit's payload (a plain copy of the model for the result) and that copy
@@ -150,7 +152,8 @@ class TorchSession(TrainingSession):
         forward_module, opt = torch_strategies.prepare(strategy, hvd, model, opt, kwargs)
         labels = tuple(config.label_cols)
         loss = payload["loss"]
-        losses = list(loss) if isinstance(loss, (list, tuple)) else [loss] * len(labels)
+        causal = config.task == "causal_lm"
+        losses = list(loss) if isinstance(loss, (list, tuple)) else [loss] * max(len(labels), 1 if causal else 0)
         if config.sample_weight_col is not None or payload.get("class_weight") is not None:
             losses = [per_row_loss_fn(fn) for fn in losses]
         metrics = []
@@ -180,6 +183,7 @@ class TorchSession(TrainingSession):
                       autocast_dtype=autocast_dtype, scaler=scaler,
                       clip_norm=getattr(config, "gradient_clip_norm", None),
                       clip_value=getattr(config, "gradient_clip_value", None), class_weights=class_weights,
+                      causal_lm=causal,
                       strategy=strategy, forward_module=forward_module,
                       checkpoint_collective=strategy in COLLECTIVE_CHECKPOINT,
                       template=spec.payload if strategy == "fsdp" else None)
@@ -293,6 +297,9 @@ class TorchSession(TrainingSession):
         return inputs, converted, weights
 
     def _aligned_loss(self, raw: Any, converted: list, weights: Any) -> tuple[Any, list, list]:
+        if self.causal_lm:  # the logits; the model's loss on its input ids (hora.estimators.frameworks.torch.hf)
+            outs = as_outputs(raw, 1)
+            return self.losses[0](outs[0], None), outs, []
         outs = as_outputs(raw, len(self.label_cols))
         labels = [conv.align(out, c) for conv, out, c in zip(self._label_converters, outs, converted)]
         return self._loss(outs, labels, weights), outs, labels
@@ -386,6 +393,10 @@ class TorchSession(TrainingSession):
     def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> bool:
         """Steps an epoch-interval ``lr_scheduler`` (``ReduceLROnPlateau`` with ``val_loss``, else ``loss``),
         before the epoch's checkpoint holds its state."""
+        if self.causal_lm:  # exp of the mean token loss (the model's loss averages the batch's tokens)
+            for key in ("loss", "val_loss"):
+                if key in logs:
+                    logs[key.replace("loss", "perplexity")] = _perplexity(logs[key])
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             import torch
 
@@ -534,6 +545,14 @@ class TorchSession(TrainingSession):
         remove = getattr(self.optimizer, "remove_hooks", None)
         if callable(remove):
             remove()
+
+
+def _perplexity(loss: float) -> float:
+    """``exp(loss)``; inf past float range (a diverged run), not an OverflowError."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 def _quiet_compute(metric: Any) -> Any:
