@@ -34,7 +34,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import queue
 import threading
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
@@ -44,6 +43,7 @@ import pyarrow.parquet as pq
 from hora import settings
 from hora.errors import ConfigError, DataError, StoreError
 from hora.store.arrow_arrays import column_to_numpy, group_spec, put_column, row_bytes_of, stack_members
+from hora.store.background import POLL_S, Tracker, in_background
 from hora.store.dataset import ColumnSpec, DatasetInfo, FileInfo
 from hora.store.integrity import unverified, verify_file
 from hora.store.layout import SPLITS
@@ -62,7 +62,6 @@ _REMAINDERS = ("pad", "truncate")
 #: Bytes of batches the prefetch thread hands over at once (at most 64 batches, at least one).
 HANDOVER_BYTES = 4 << 20
 _HANDOVER_MAX = 64
-_POLL_S = 0.5
 #: The batch column of ``make_reader(row_ids=True)``: where each row is stored (:func:`row_position`).
 ROW_ID = "__hora_row__"
 
@@ -88,7 +87,30 @@ def _stop_all_readers() -> None:
     for _, stop in live:
         stop.set()
     for thread, _ in live:
-        thread.join(timeout=5 * _POLL_S)
+        thread.join(timeout=5 * POLL_S)
+
+
+class _Threads(Tracker):
+    """A reader's background threads, and every reader's (for the ``atexit`` hook above)."""
+
+    def __init__(self, reader: "Reader") -> None:
+        self.reader = reader
+
+    def started(self, thread: threading.Thread, stop: threading.Event) -> None:
+        with self.reader._live_lock:
+            self.reader._live.append((thread, stop))
+        with _LIVE_LOCK:
+            for entry in [e for e in _LIVE if not e[0].is_alive()]:
+                _LIVE.discard(entry)
+            _LIVE.add((thread, stop))
+
+    def joined(self, thread: threading.Thread, stop: threading.Event, alive: bool) -> None:
+        if alive:
+            return
+        with self.reader._live_lock:
+            self.reader._live = [(t, e) for t, e in self.reader._live if t is not thread]
+        with _LIVE_LOCK:
+            _LIVE.discard((thread, stop))
 
 
 def reader_timeout() -> float:
@@ -431,88 +453,22 @@ class Reader:
             yield run
 
     def _in_background(self, make_iter: Any, maxsize: int, what: str) -> Iterator[Any]:
-        """Run ``make_iter()`` in a daemon thread, handing items over through a bounded queue.
-
-        Exceptions in the thread are raised here; closing this generator stops the thread.
+        """``make_iter()``'s items from a daemon thread (:func:`hora.store.background.in_background`);
+        closing this generator stops the thread.
 
         Raises:
             StoreError: no item within the reader timeout (the message names rank, split, epoch).
         """
-        q: queue.Queue = queue.Queue(maxsize=maxsize)
-        stop = threading.Event()
-        done = object()
 
-        def put_column(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=_POLL_S)
-                    return True
-                except queue.Full:
-                    continue
-            return False
+        def silent(timeout: float) -> StoreError:
+            return StoreError(f"reader rank {self.rank} ({self.split}, epoch {self.epoch}): nothing from the "
+                              f"{what} thread within {timeout:.0f} s (reading {self.store.url}; "
+                              f"set {ENV_READER_TIMEOUT} to wait longer)")
 
-        def _produce() -> None:
-            source = make_iter()
-            try:
-                for item in source:
-                    if not put_column(item):
-                        return
-                put_column(done)
-            except BaseException as exc:  # forwarded to the consumer
-                put_column(exc)
-            finally:
-                close = getattr(source, "close", None)
-                if close is not None:
-                    close()
-
-        thread = threading.Thread(
-            target=_produce, name=f"hora-reader-{what}-{self.split}-r{self.rank}-e{self.epoch}", daemon=True
-        )
-        with self._live_lock:
-            self._live.append((thread, stop))
-        with _LIVE_LOCK:
-            for entry in [e for e in _LIVE if not e[0].is_alive()]:
-                _LIVE.discard(entry)
-            _LIVE.add((thread, stop))
-        thread.start()
-        timeout = reader_timeout()
-        try:
-            while True:
-                waited = 0.0
-                while True:
-                    try:
-                        item = q.get(timeout=_POLL_S)
-                        break
-                    except queue.Empty:
-                        waited += _POLL_S
-                        if not thread.is_alive() and q.empty():
-                            raise StoreError(
-                                f"reader rank {self.rank}: the {what} thread ended without a result"
-                            )
-                        if waited >= timeout:
-                            raise StoreError(
-                                f"reader rank {self.rank} ({self.split}, epoch {self.epoch}): nothing from the "
-                                f"{what} thread within {timeout:.0f} s (reading {self.store.url}; "
-                                f"set {ENV_READER_TIMEOUT} to wait longer)"
-                            )
-                if item is done:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            while True:  # unblock a producer waiting on a full queue
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    break
-            thread.join(timeout=5 * _POLL_S)
-            if not thread.is_alive():
-                with self._live_lock:
-                    self._live = [(t, e) for t, e in self._live if t is not thread]
-                with _LIVE_LOCK:
-                    _LIVE.discard((thread, stop))
+        return in_background(
+            make_iter, maxsize=maxsize, name=f"hora-reader-{what}-{self.split}-r{self.rank}-e{self.epoch}",
+            timeout=reader_timeout(), silent=silent, tracker=_Threads(self),
+            ended=lambda: StoreError(f"reader rank {self.rank}: the {what} thread ended without a result"))
 
     def close(self) -> None:
         """Stop any prefetch thread still running (returns within about a second)."""
@@ -521,7 +477,7 @@ class Reader:
         for _, stop in live:
             stop.set()
         for thread, _ in live:
-            thread.join(timeout=5 * _POLL_S)
+            thread.join(timeout=5 * POLL_S)
         with self._live_lock:
             self._live = [(t, e) for t, e in self._live if t.is_alive()]
 

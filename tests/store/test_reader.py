@@ -189,19 +189,20 @@ def test_prefetched_batches_are_handed_over_in_runs(shared, monkeypatch):
     """The prefetch thread hands over runs of batches (one queue round trip per run): the first of
     one batch, each next twice as long up to HANDOVER_BYTES; the consumer still gets every batch,
     in order, whatever the run length."""
+    import hora.store.background as background
     import hora.store.reader as reader_mod
 
     store, info = shared
     expected = [b["id"] for b in make_reader(store, info, batch_size=7, prefetch=0, seed=3)]
     puts = []
-    original = reader_mod.queue.Queue
+    original = background.queue.Queue
 
     class Counting(original):
         def put(self, item, *a, **k):
             puts.append(len(item) if isinstance(item, list) else type(item).__name__)
             return super().put(item, *a, **k)
 
-    monkeypatch.setattr(reader_mod.queue, "Queue", Counting)
+    monkeypatch.setattr(background.queue, "Queue", Counting)
     monkeypatch.setattr(reader_mod, "HANDOVER_BYTES", 7 * 8 * 5)  # 5 batches of 7 int64 ids
     got = [b["id"] for b in make_reader(store, info, batch_size=7, prefetch=2, seed=3, columns=["id"])]
     assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))

@@ -6,7 +6,7 @@ transform (:mod:`hora.estimators.driver.transform`), from the settings a fitted 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -100,5 +100,26 @@ def inference_arrays(features: Any, arrays: dict[str, np.ndarray], specs: dict[s
                     collate_fn=columns.get("collate_fn"))
     return ops(arrays) if ops.needed else arrays
 
+def rows_per_forward(arrays: Sequence[np.ndarray], input_shapes: Any) -> int | None:
+    """Rows one forward pass must take when an ``input_shapes`` entry fixes the batch dimension
+    (no ``-1``; Horovod's ``[[2]]`` takes one row of 2 values), else None (any number).
 
-__all__ = ["column_ops", "inference_arrays", "inference_columns", "INFERENCE_COLUMN_SETTINGS"]
+    Raises:
+        DataError: the fixed shape does not hold a whole number of rows (names the input).
+    """
+    if not input_shapes:
+        return None
+    for i, (arr, shape) in enumerate(zip(arrays, input_shapes)):
+        dims = [int(d) for d in shape]
+        if -1 in dims:
+            continue
+        per_row = int(np.prod(np.asarray(arr).shape[1:], dtype=np.int64)) or 1
+        total = int(np.prod(dims, dtype=np.int64))
+        if total % per_row:
+            raise DataError(f"input_shapes[{i}]={dims} ({total} values) does not hold a whole number of rows of "
+                            f"{per_row} values")
+        return max(1, total // per_row)
+    return None
+
+
+__all__ = ["column_ops", "inference_arrays", "inference_columns", "INFERENCE_COLUMN_SETTINGS", "rows_per_forward"]

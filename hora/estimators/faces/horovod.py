@@ -19,9 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-import numpy as np
-
 from hora.errors import ConfigError, DataError
+from hora.estimators.data.columns import rows_per_forward
 
 logger = logging.getLogger(__name__)
 
@@ -159,28 +158,6 @@ def vector_labels(df: Any, label_cols: Sequence[str]) -> bool:
     return any(isinstance(fields.get(c), VectorUDT) for c in label_cols)
 
 
-def rows_per_forward(arrays: Sequence[np.ndarray], input_shapes: Any) -> int | None:
-    """Rows one forward pass must take when an ``input_shapes`` entry fixes the batch dimension
-    (no ``-1``; Horovod's ``[[2]]`` takes one row of 2 values), else None (any number).
-
-    Raises:
-        DataError: the fixed shape does not hold a whole number of rows (names the input).
-    """
-    if not input_shapes:
-        return None
-    for i, (arr, shape) in enumerate(zip(arrays, input_shapes)):
-        dims = [int(d) for d in shape]
-        if -1 in dims:
-            continue
-        per_row = int(np.prod(np.asarray(arr).shape[1:], dtype=np.int64)) or 1
-        total = int(np.prod(dims, dtype=np.int64))
-        if total % per_row:
-            raise DataError(f"input_shapes[{i}]={dims} ({total} values) does not hold a whole number of rows of "
-                            f"{per_row} values")
-        return max(1, total // per_row)
-    return None
-
-
 def infer_output_shapes(codec: Any, model: Any, df: Any, feature_cols: Any, input_shapes: Any,
                         n_outputs: int) -> list[tuple[int, ...]]:
     """The per-row shape of each output of a model built by hand, from a forward pass on the first rows of ``df``.
@@ -203,5 +180,4 @@ def infer_output_shapes(codec: Any, model: Any, df: Any, feature_cols: Any, inpu
 
 
 __all__ = ["HorovodEstimatorMethods", "HorovodModelMethods", "model_kwargs", "vector_labels", "infer_output_shapes",
-           "rows_per_forward",
            "CHECKPOINT_READERS"]

@@ -25,8 +25,6 @@ the tensors are made in the calling thread, as before.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
@@ -183,7 +181,6 @@ class Fed(NamedTuple):
 
 #: seconds the step waits for the feed thread beyond the reader's own timeout
 _FEED_MARGIN_S = 30.0
-_POLL_S = 0.5
 
 
 class DeviceFeed:
@@ -265,70 +262,33 @@ class DeviceFeed:
         return tensors
 
     def _threaded(self, source: Iterable[Any], make: Callable[[Any], tuple[list[Any], Any]]) -> Iterator[Fed]:
+        from hora.store.background import Tracker, in_background
         from hora.store.reader import reader_timeout
 
-        q: queue.Queue = queue.Queue(maxsize=self.ahead)
-        stop = threading.Event()
-        done = object()
-
-        def put(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=_POLL_S)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def produce() -> None:
+        def staged() -> Iterator[tuple[list[Any], Any, Any]]:
             it = iter(source)
             try:
                 for batch in it:
                     tensors, extra = make(batch)
-                    staged, event = self._stage(list(tensors))
-                    if not put((staged, event, extra)):
-                        return
-                put(done)
-            except BaseException as exc:  # raised in the step's thread
-                put(exc)
+                    yield (*self._stage(list(tensors)), extra)
             finally:
                 close = getattr(it, "close", None)
                 if close is not None:
                     close()
 
-        thread = threading.Thread(target=produce, name=f"hora-device-feed-{self.name}", daemon=True)
-        thread.start()
-        limit = reader_timeout() + _FEED_MARGIN_S
-        try:
-            while True:
-                waited = 0.0
-                while True:
-                    try:
-                        item = q.get(timeout=_POLL_S)
-                        break
-                    except queue.Empty:
-                        waited += _POLL_S
-                        if not thread.is_alive() and q.empty():
-                            raise StoreError(f"{self.name}: the device feed thread ended without a batch")
-                        if waited >= limit:
-                            raise StoreError(f"{self.name}: no batch from the device feed thread within "
-                                             f"{limit:.0f} s (the reader's timeout and {_FEED_MARGIN_S:.0f} s)")
-                if item is done:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                staged, event, extra = item
-                yield Fed(self._ready(staged, event), extra)
-        finally:
-            stop.set()
-            while True:  # unblock a producer waiting on a full queue
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    break
-            thread.join(timeout=5 * _POLL_S)
-            if thread.is_alive():
-                logger.debug("%s: the device feed thread is still finishing its batch", self.name)
+        name = self.name
 
+        class _Log(Tracker):
+            def joined(self, thread: Any, stop: Any, alive: bool) -> None:
+                if alive:
+                    logger.debug("%s: the device feed thread is still finishing its batch", name)
+
+        limit = reader_timeout() + _FEED_MARGIN_S
+        for staged_tensors, event, extra in in_background(
+                staged, maxsize=self.ahead, name=f"hora-device-feed-{name}", timeout=limit, tracker=_Log(),
+                silent=lambda t: StoreError(f"{name}: no batch from the device feed thread within {t:.0f} s "
+                                            f"(the reader's timeout and {_FEED_MARGIN_S:.0f} s)"),
+                ended=lambda: StoreError(f"{name}: the device feed thread ended without a batch")):
+            yield Fed(self._ready(staged_tensors, event), extra)
 
 __all__ = ["DataWait", "DeviceFeed", "Fed", "WARN_ABOVE", "advice", "gathered", "summary_note"]

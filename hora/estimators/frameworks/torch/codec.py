@@ -391,7 +391,7 @@ class TorchCodec(ModelCodec):
         model is moved there, each batch copied there, outputs returned on the CPU) or where the model is."""
         import torch
 
-        from hora.estimators.faces.horovod import rows_per_forward
+        from hora.estimators.data.columns import rows_per_forward
 
         n = len(inputs[0]) if inputs else 0
         fixed = rows_per_forward(inputs, input_shapes) if n else None  # input_shapes without -1: Horovod's [[2]]
