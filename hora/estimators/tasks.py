@@ -146,8 +146,9 @@ def _snake(name: str) -> str:
 
 
 def resolve_task(config: Any, framework: str, output_shapes: Sequence[Sequence[int]],
-                 label_shape: Sequence[int] = ()) -> ClassifierHead | None:
-    """The fit's :class:`ClassifierHead` (None: regression), from ``config.task`` or inferred (logged once).
+                 label_shape: Sequence[int] = ()) -> "ClassifierHead | CausalLMHead | None":
+    """The fit's :class:`ClassifierHead` (None: regression), from ``config.task`` or inferred (logged once);
+    ``task="causal_lm"``: its :class:`CausalLMHead`.
 
     ``label_shape`` is the label column's per-row shape: a classification loss over one-hot or
     probability vectors (Keras' ``categorical_crossentropy`` on a one-hot column) is not inferred

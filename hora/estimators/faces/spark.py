@@ -370,12 +370,12 @@ class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods):
     @classmethod
     def _from_result(cls, result: core.FitResult, config: Any) -> "SparkModel":
         head = result.classifier
-        causal = isinstance(head, CausalLMHead)  # a causal LM's columns: its per-row loss (and generated text)
+        cols, shapes = default_output_cols(config.label_cols, config.output_cols), list(result.output_shapes)
+        if isinstance(head, CausalLMHead):  # a causal LM's columns: its per-row loss (and generated text)
+            cols, shapes = head.output_cols(config.output_cols), head.output_shapes()
         model = cls(model=result.model, feature_cols=list(config.feature_cols), label_cols=list(config.label_cols),
-                    output_cols=head.output_cols(config.output_cols) if causal
-                    else default_output_cols(config.label_cols, config.output_cols),
-                    input_shapes=result.input_shapes, run_id=result.run_id, history=result.history,
-                    output_shapes=[list(s) for s in (head.output_shapes() if causal else result.output_shapes)],
+                    output_cols=cols, input_shapes=result.input_shapes, run_id=result.run_id, history=result.history,
+                    output_shapes=[list(s) for s in shapes],
                     task=head.task if head else "regression",
                     classifier=result.classifier.to_meta() if result.classifier else None,
                     prediction_col=config.prediction_col, probability_col=config.probability_col,

@@ -73,7 +73,8 @@ logger = logging.getLogger(__name__)
 class TorchConfig(EstimatorConfig):
     """The Torch estimator's parameters: the shared ones and Horovod's Torch-only ones."""
 
-    task: Literal["classification", "regression", "causal_lm"] | None = param(
+    # widened for torch only (the shared parameter's Literal has no 'causal_lm')
+    task: Literal["classification", "regression", "causal_lm"] | None = param(  # type: ignore[assignment]
         None, "'classification' (the model gives one logit per class, or one for two classes; the fitted model "
         "outputs rawPrediction, probability and a class index as prediction), 'regression' (outputs as they are), "
         "'causal_lm' (a Hugging Face causal language model with tokenizer=: no label column, the labels are the "
