@@ -33,10 +33,10 @@ def _row_loss(model, tok, text):
 
 
 @pytest.mark.timeout(180)
-def test_dask_causal_lm_perplexity_row_loss_and_generated_text(dask_client, store):
+def test_dask_causal_lm_perplexity_row_loss_and_generated_text(dask_client, store, tmp_path):
     import dask.dataframe as dd
 
-    from hora.dask import TorchEstimator
+    from hora.dask import TorchEstimator, TorchModel
 
     pdf = cyclic_text(64)
     tok = lm_tokenizer(pdf.text.tolist())
@@ -62,6 +62,11 @@ def test_dask_causal_lm_perplexity_row_loss_and_generated_text(dask_client, stor
     for text, generated in zip(prompts.text, scored["generated"]):
         last = WORDS.index(text.split()[-1])
         assert generated == f"{WORDS[(last + 1) % 8]} {WORDS[(last + 2) % 8]}", (text, generated)
+    # save/load keeps the task and generate_kwargs: the same columns on a pandas frame
+    fitted.save(str(tmp_path / "lm"))
+    again = TorchModel.load(str(tmp_path / "lm")).transform(prompts)
+    assert list(again["generated"]) == list(scored["generated"])
+    np.testing.assert_allclose(again["loss"].to_numpy(), scored["loss"].to_numpy(), rtol=1e-5)
 
 
 @pytest.mark.timeout(180)
