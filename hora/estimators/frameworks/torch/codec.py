@@ -140,29 +140,10 @@ class TorchConfig(EstimatorConfig):
         return True
 
     def _check_causal_lm(self) -> None:
-        """task='causal_lm': a tokenizer, the model's own loss, no metrics or sample weights, JSON generate_kwargs."""
-        import json
+        """task='causal_lm' (see :func:`hora.estimators.frameworks.torch.hf.check_causal_lm`)."""
+        from hora.estimators.frameworks.torch.hf import check_causal_lm
 
-        if self.tokenizer is None:
-            raise ConfigError("task='causal_lm' tokenizes a text feature column: set tokenizer= (a Hugging Face "
-                              "tokenizer with a pad token)")
-        if self.loss is not None or self.loss_constructors is not None:
-            raise ConfigError("task='causal_lm' trains on the model's own loss (labels are the input ids): drop loss=")
-        if self.metrics:
-            raise ConfigError("task='causal_lm' reports loss and perplexity; drop metrics= (they take a label column)")
-        if self.sample_weight_col is not None or self.class_weight is not None:
-            raise ConfigError("task='causal_lm' takes no sample_weight_col or class_weight")
-        if self.generate_kwargs is not None:
-            if not callable(getattr(self.tokenizer, "decode", None)):
-                raise ConfigError("generate_kwargs decodes the generated ids with the tokenizer: pass a Hugging Face "
-                                  "tokenizer (one with decode)")
-            if not isinstance(self.generate_kwargs, dict):
-                raise ConfigError(f"generate_kwargs must be a dict of generate() arguments, got "
-                                  f"{type(self.generate_kwargs).__name__}")
-            try:
-                json.dumps(self.generate_kwargs)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"generate_kwargs must be JSON values (it is saved with the model): {exc}") from exc
+        check_causal_lm(self)
 
     def needs_loss(self) -> bool:
         """A Hugging Face model (or one given a tokenizer) may train on its own loss (loss=None)."""
@@ -298,7 +279,9 @@ class TorchCodec(ModelCodec):
                     ) from exc
                 if config.task == "causal_lm":  # one output (the logits); labels are the input ids
                     outs = as_outputs(raw, 1)
-                    _check_model_loss(config.loss, outs[0])
+                    from hora.estimators.frameworks.torch.hf import check_model_loss
+
+                    check_model_loss(config.loss, outs[0])
                 else:
                     outs = as_outputs(raw, len(config.label_cols))
                 losses = config.loss if isinstance(config.loss, (list, tuple)) else [config.loss] * len(outs)
@@ -492,20 +475,6 @@ def _check_optimizer(opt: Any, model: Any, params: list) -> None:
             raise ConfigError(f"optimizer factory must return a torch.optim.Optimizer, got {type(built).__name__}")
     else:
         raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a factory params -> optimizer, got {opt!r}")
-
-
-def _check_model_loss(loss: Any, out: Any) -> None:
-    """task='causal_lm': the model computes a scalar loss given ``labels=`` (its input ids)."""
-    try:
-        value = loss(out, None)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"task='causal_lm': the model's own loss failed on a sample of the data: "
-                          f"{type(exc).__name__}: {exc}") from exc
-    if getattr(value, "dim", lambda: 1)() != 0:
-        raise ConfigError("task='causal_lm': the model's loss given labels= is not a scalar; pass a causal language "
-                          "model (e.g. a transformers ...ForCausalLM)")
 
 
 def _with_weights(model: Any, weights: bytes) -> Any:

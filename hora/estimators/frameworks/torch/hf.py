@@ -10,7 +10,9 @@ its own name. It returns the output's ``logits``, so classification heads, metri
 ``transform`` work as for any torch model. With ``loss=None`` the model's own loss is used: the
 training session hands the batch's labels to the adapter before the forward pass
 (:attr:`HFModule.takes_labels`), the model is called with ``labels=``, and :class:`ModelLoss`
-returns ``output.loss``. Nothing here imports ``transformers``.
+returns ``output.loss``. With ``task="causal_lm"`` every forward pass is given ``labels=`` the
+input ids (padding -100) and there is no label column; :func:`causal_lm_outputs` gives ``transform``'s
+per-row mean token loss and generated text. Nothing here imports ``transformers``.
 """
 
 from __future__ import annotations
@@ -309,6 +311,51 @@ def _generate(model: HFModule, kwargs: dict[str, torch.Tensor], generate_kwargs:
     return texts
 
 
+def check_causal_lm(config: Any) -> None:
+    """The checks of ``task='causal_lm'`` on the driver: a tokenizer, the model's own loss, no metrics
+    or sample weights, JSON ``generate_kwargs``.
+
+    Raises:
+        ConfigError: saying what to set or drop.
+    """
+    import json
+
+    if config.tokenizer is None:
+        raise ConfigError("task='causal_lm' tokenizes a text feature column: set tokenizer= (a Hugging Face "
+                          "tokenizer with a pad token)")
+    if config.loss is not None or config.loss_constructors is not None:
+        raise ConfigError("task='causal_lm' trains on the model's own loss (labels are the input ids): drop loss=")
+    if config.metrics:
+        raise ConfigError("task='causal_lm' reports loss and perplexity; drop metrics= (they take a label column)")
+    if config.sample_weight_col is not None or config.class_weight is not None:
+        raise ConfigError("task='causal_lm' takes no sample_weight_col or class_weight")
+    if config.generate_kwargs is not None:
+        if not callable(getattr(config.tokenizer, "decode", None)):
+            raise ConfigError("generate_kwargs decodes the generated ids with the tokenizer: pass a Hugging Face "
+                              "tokenizer (one with decode)")
+        if not isinstance(config.generate_kwargs, dict):
+            raise ConfigError(f"generate_kwargs must be a dict of generate() arguments, got "
+                              f"{type(config.generate_kwargs).__name__}")
+        try:
+            json.dumps(config.generate_kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"generate_kwargs must be JSON values (it is saved with the model): {exc}") from exc
+
+
+def check_model_loss(loss: Any, out: Any) -> None:
+    """task='causal_lm': the model computes a scalar loss given ``labels=`` (its input ids)."""
+    try:
+        value = loss(out, None)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"task='causal_lm': the model's own loss failed on a sample of the data: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    if getattr(value, "dim", lambda: 1)() != 0:
+        raise ConfigError("task='causal_lm': the model's loss given labels= is not a scalar; pass a causal language "
+                          "model (e.g. a transformers ...ForCausalLM)")
+
+
 def wants_adapter(config: Any) -> bool:
     """Whether a fit's model is trained through :class:`HFModule`: a ``tokenizer`` is given, or the model is a
     ``transformers``/``peft`` model."""
@@ -364,4 +411,4 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
                 layout, "the model's own" if own else "the given")
 
 
-__all__ = ["HFModule", "ModelLoss", "causal_lm_outputs", "is_hf_model", "prepare", "wants_adapter"]
+__all__ = ["HFModule", "ModelLoss", "causal_lm_outputs", "check_causal_lm", "check_model_loss", "is_hf_model", "prepare", "wants_adapter"]
