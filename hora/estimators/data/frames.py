@@ -152,6 +152,8 @@ def source_of(df: Any) -> Source:
     Raises:
         DataError: ``df`` is none of those.
     """
+    if isinstance(df, Source):  # decided already: passed through as it is
+        return df
     from hora.store.materialize import make_source
 
     try:
