@@ -6,7 +6,7 @@ In one process, on a ``file://`` Store in a temporary folder, alternating with a
 checksums (``--rounds`` each, the median reported):
 
 * materialize a pandas frame (``--rows`` rows: a 32-float feature array and a label) with
-  ``overwrite=True``: with each file's CRC-32 taken while it is written and Parquet's page
+  ``overwrite=True``: with each file's checksum (XXH3) taken after it is written and Parquet's page
   CRCs, against neither (``hora.store.writer.CHECKSUMS`` off);
 * commit a checkpoint of ``--ckpt-mib`` MiB: ``Store.save_checkpoint`` (the file and its
   checksum record) against the plain atomic write it was before (``Store.write_bytes``);
