@@ -322,7 +322,11 @@ class _PushedRanks:
         from hora.native.rendezvous.protocol import recv_frame, send_frame
         from hora.runners.rank import beats as rb
 
-        watch = ("watch", [keys.ABORT], rb.WATCH_PERIOD)
+        jitter = getattr(rb, "parked_for", lambda period: period)  # (as the code under test parks a watch)
+
+        def watch() -> tuple:
+            return ("watch", [keys.ABORT], jitter(rb.WATCH_PERIOD))
+
         every = 0.25 if self.launcher == "spark" else 1.0
         # the senders: one per rank, or one per host of per_host ranks (its relay's frame carries
         # the beats of the host's ranks that beat, with their metrics)
@@ -359,7 +363,7 @@ class _PushedRanks:
                         # (its watches open now, after the wake is timed: a process opening 2,048
                         # connections one by one would otherwise read the wake late)
                         for _ in (("watchdog", "supervisor") if self.launcher == "spark" else ("watchdog",)):
-                            send_frame(self._open(r, "watch"), self.secret, watch)
+                            send_frame(self._open(r, "watch"), self.secret, watch())
                         h = host_of[r]
                         awake.setdefault(h, []).append(r)
                         plain[h] = _frame(self.secret, ("post", [hb[m] for m in awake[h]]))
@@ -368,7 +372,7 @@ class _PushedRanks:
                             beaters[h].sendall(plain[h])  # its first beat at once, as a KVClient's connect is
                             heapq.heappush(heap, (time.monotonic() + every * (1 + (h % 97) / 97), h))
                     elif value is None:  # a watch's period ended: renewed
-                        send_frame(sock, self.secret, watch)  # type: ignore[arg-type]
+                        send_frame(sock, self.secret, watch())  # type: ignore[arg-type]
                     elif r not in self.aborted:
                         self.aborted.add(r)
                         with self.stats.lock:

@@ -29,8 +29,10 @@ def _stop_a_member(folder: str) -> int:
     from hora.runners.rank import main as rank_main
 
     rank = int(os.environ["HORA_RANK"])
-    time.sleep(1.2)  # every rank has beaten (the first beat goes 0.25 s after its start): the relay is chosen
     relay = rank_main._beater.relay
+    deadline = time.monotonic() + 20
+    while not (relay.is_relay or relay.offered) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until this rank is the relay, or one of its beats went through it
     with open(os.path.join(folder, f"{rank}.json.tmp"), "w") as fh:
         json.dump({"relay": relay.is_relay, "offered": relay.offered}, fh)
     os.replace(os.path.join(folder, f"{rank}.json.tmp"), os.path.join(folder, f"{rank}.json"))

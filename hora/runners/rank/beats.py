@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import socket
 import threading
 import time
@@ -38,6 +39,12 @@ WATCH_PERIOD = 10.0
 RECONNECT_S = 3.0
 #: seconds past the period a parked watch waits for its answer before the driver counts as silent
 REPLY_SLACK = 5.0
+
+
+def parked_for(period: float) -> float:
+    """Seconds one watch of ``period`` stays parked: 75-100% of it, drawn anew each time, so the
+    watches of thousands of ranks started together do not all come back to the driver at once."""
+    return period * random.uniform(0.75, 1.0)
 
 
 class Beater:
@@ -218,7 +225,7 @@ class AbortWatch(threading.Thread):
             sock = self._sock
             try:
                 sock.settimeout(self.period + REPLY_SLACK)
-                send_frame(sock, self._secret, ("watch", [keys.ABORT], self.period))
+                send_frame(sock, self._secret, ("watch", [keys.ABORT], parked_for(self.period)))
                 status, value = recv_frame(sock, self._secret)
             except (ConnectionError, FrameError, OSError) as exc:
                 timed_out = isinstance(exc, TimeoutError)
@@ -244,4 +251,4 @@ class AbortWatch(threading.Thread):
                 return
 
 
-__all__ = ["AbortWatch", "Beater", "WATCH_PERIOD", "RECONNECT_S"]
+__all__ = ["AbortWatch", "Beater", "WATCH_PERIOD", "RECONNECT_S", "parked_for"]
