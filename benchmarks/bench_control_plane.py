@@ -469,8 +469,9 @@ def run_one(n: int, procs: int, window: float, launcher: str, register_limit: fl
     # each client process holds whole hosts of per_host ranks (ranks h*per_host .. h*per_host+per_host-1)
     hosts = [list(range(h, min(n, h + per_host))) for h in range(0, n, per_host)]
     groups = [[r for host in hosts[i::procs] for r in host] for i in range(min(procs, len(hosts)))]
-    clients = [ctx.Process(target=_clients, args=(addr, secret, g, launcher, pushed, go, stop, register_limit, out, per_host),
-                           daemon=True) for g in groups]
+    clients = [ctx.Process(target=_clients, daemon=True,
+                           args=(addr, secret, g, launcher, pushed, go, stop, register_limit, out, per_host))
+               for g in groups]
     for p in clients:
         p.start()
     time.sleep(1.0)  # the client processes are up, their threads not yet started
