@@ -22,10 +22,13 @@ markdown tables; every figure is a ratio of two measurements made in the same pr
   same batches tokenized and padded beforehand. The batch size is per process, as both
   ``Trainer``'s ``per_device_train_batch_size`` and hora's ``batch_size`` are (``--hora-batch
   global`` gives each hora rank half of it instead). Steady-state rows/s is the rows of an
-  epoch over the median epoch's seconds after the first epoch; the fixed cost (everything
-  but the steady epochs: start-up, tokenizing a whole dataset, the first epoch's extra) is
-  reported apart. The three run in turn, their order reversed every repeat. Goal: hora >= 1.0x
-  the Trainer's rows/s.
+  epoch over the median epoch's seconds after the first epoch; the start-up (the seconds outside
+  the epochs: reading, tokenizing a whole dataset, starting ranks, writing the store) and the
+  first epoch are reported apart. The three run in turn, their order reversed every repeat. Goal: hora >= 1.0x
+  the Trainer's rows/s. ``OMP_WAIT_POLICY`` is ``PASSIVE`` unless set: on a machine whose cores
+  other work keeps busy, a 2-thread process's OpenMP threads spinning at each barrier slow its
+  steps many times over (a 1-thread rank does not spin), which would flatter hora; the policy is
+  printed with the table.
 """
 
 from __future__ import annotations
@@ -170,8 +173,10 @@ class _Keywords:
 class Run:
     """One way of training: the seconds of its whole run and of each epoch."""
 
-    def __init__(self, total_s: float, epoch_s: list[float], rows: int) -> None:
+    def __init__(self, total_s: float, epoch_s: list[float], rows: int, data_wait: list[float] | None = None) -> None:
         self.total_s, self.epoch_s, self.rows = total_s, epoch_s, rows
+        #: hora: each epoch's wait for batches, the worst rank's fraction of the epoch
+        self.data_wait = data_wait
 
     @property
     def steady_s(self) -> float:
@@ -183,9 +188,10 @@ class Run:
         return self.rows / self.steady_s
 
     @property
-    def fixed_s(self) -> float:
-        """Everything but the steady epochs: start-up, tokenizing, the first epoch's extra."""
-        return self.total_s - self.steady_s * len(self.epoch_s)
+    def startup_s(self) -> float:
+        """Everything outside the epochs: reading, tokenizing a whole dataset, building, starting ranks,
+        writing the data to the store, collecting the result."""
+        return self.total_s - sum(self.epoch_s)
 
 
 def run_hora(path: str, tok, batch: int, epochs: int, per_rank_batch: int) -> Run:
@@ -206,7 +212,7 @@ def run_hora(path: str, tok, batch: int, epochs: int, per_rank_batch: int) -> Ru
                          lr_scaling="none")
     history = est.fit(pdf).history_
     total = time.perf_counter() - t0
-    return Run(total, [h["epoch_time_s"] for h in history], len(pdf))
+    return Run(total, [h["epoch_time_s"] for h in history], len(pdf), [h["data_wait"] for h in history])
 
 
 def run_trainer(path: str, tok, batch: int, epochs: int, out_dir: str, threads: int = 2) -> Run:
@@ -294,20 +300,28 @@ def bench_trainer(rows: int, epochs: int, repeat: int, batch: int, hora_batch: s
     labels = {"hora": hora_label, "trainer": f"transformers {transformers.__version__} Trainer, 1 process, 2 threads",
               "floor": "plain torch loop, pre-tokenized, 1 process, 2 threads"}
     best = {k: statistics.median(r.rows_per_s for r in v) for k, v in runs.items()}
+    scope = "per process" if hora_batch == "per-process" else "(hora: in all)"
     print(f"\n### Against the Hugging Face Trainer ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-          f"{rows} rows, batch {batch} per process, {epochs} epochs, {repeat} runs each alternated; "
-          f"load average (1 min) {min(loads):.2f} to {max(loads):.2f}, {os.cpu_count()} cores)\n")
-    print("| way | steady rows/s (median; each run) | fixed cost s (median) | whole run s (median) |")
-    print("|---|---|---|---|")
+          f"{rows} rows, batch {batch} {scope}, {epochs} epochs, {repeat} runs each alternated; "
+          f"load average (1 min) {min(loads):.2f} to {max(loads):.2f}, {os.cpu_count()} cores, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')})\n")
+    print("| way | steady rows/s (median; each run) | start-up s | first epoch s | whole run s | data wait |")
+    print("|---|---|---|---|---|---|")
     for k, v in runs.items():
         each = ", ".join(f"{r.rows_per_s:.0f}" for r in v)
-        print(f"| {labels[k]} | {best[k]:.0f} ({each}) | {statistics.median(r.fixed_s for r in v):.1f} | "
-              f"{statistics.median(r.total_s for r in v):.1f} |")
+        waits = [w for r in v for w in (r.data_wait or [])[1:]]
+        wait = f"{100 * statistics.median(waits):.1f}%" if waits else "-"
+        print(f"| {labels[k]} | {best[k]:.0f} ({each}) | {statistics.median(r.startup_s for r in v):.1f} | "
+              f"{statistics.median(r.epoch_s[0] for r in v):.2f} | {statistics.median(r.total_s for r in v):.1f} | "
+              f"{wait} |")
+    print("\n(start-up: the seconds outside the epochs; first epoch, whole run, start-up: medians; data wait: "
+          "hora's wait for batches, the worst rank's share of a steady epoch, median)")
     print(f"\nhora / Trainer: {best['hora'] / best['trainer']:.2f}x (goal >= 1.0x); "
           f"hora / floor: {best['hora'] / best['floor']:.2f}x; Trainer / floor: {best['trainer'] / best['floor']:.2f}x")
 
 
 def main() -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see the module's docstring)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=4)

@@ -448,4 +448,5 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
                 layout, "the model's own" if own else "the given")
 
 
-__all__ = ["CausalMinibatch", "HFModule", "ModelLoss", "causal_lm_outputs", "check_causal_lm", "check_model_loss", "is_hf_model", "prepare", "wants_adapter"]
+__all__ = ["CausalMinibatch", "HFModule", "ModelLoss", "causal_lm_outputs", "check_causal_lm", "check_model_loss",
+           "is_hf_model", "prepare", "wants_adapter"]
