@@ -1,4 +1,4 @@
-"""Hugging Face models in TorchEstimator: is tokenizing on the ranks hidden, and what LoRA saves.
+"""Hugging Face models in TorchEstimator: tokenizing on the ranks, what LoRA saves, hora against the Trainer.
 
 Run: ``.venv/bin/python benchmarks/bench_hf.py [--rows 4096] [--epochs 4] [--repeat 2] [--only trainer]``. Prints
 markdown tables; every figure is a ratio of two measurements made in the same process.
