@@ -37,6 +37,7 @@ import argparse
 import datetime
 import io
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -194,7 +195,7 @@ class Run:
         return self.total_s - sum(self.epoch_s)
 
 
-def run_hora(path: str, tok, batch: int, epochs: int, per_rank_batch: int) -> Run:
+def run_hora(path: str, tok, batch: int, epochs: int, per_rank_batch: int, folder: str | None = None) -> Run:
     """(a) a 2-rank fit of the raw text column read from ``path``, tokenized on the ranks."""
     import pandas as pd
     import torch
@@ -205,7 +206,8 @@ def run_hora(path: str, tok, batch: int, epochs: int, per_rank_batch: int) -> Ru
     t0 = time.perf_counter()
     pdf = pd.read_parquet(path)
     net = tiny_bert(tok)
-    est = TorchEstimator(num_proc=2, backend="local", store=Store.create(tempfile.mkdtemp(prefix="hora-bench-hf-")),
+    store = Store.create(tempfile.mkdtemp(prefix="hora-bench-hf-", dir=folder))
+    est = TorchEstimator(num_proc=2, backend="local", store=store,
                          model=net, tokenizer=tok, feature_cols=["text"], label_cols=["label"],
                          optimizer=torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.0),
                          batch_size=per_rank_batch, epochs=epochs, random_seed=0, verbose=0, task="classification",
@@ -290,15 +292,18 @@ def bench_trainer(rows: int, epochs: int, repeat: int, batch: int, hora_batch: s
     path = os.path.join(folder, "text.parquet")
     pdf.to_parquet(path, index=False)
     per_rank = batch if hora_batch == "per-process" else max(1, batch // 2)
-    ways = {"hora": lambda: run_hora(path, tok, batch, epochs, per_rank),
+    ways = {"hora": lambda: run_hora(path, tok, batch, epochs, per_rank, folder),
             "trainer": lambda: run_trainer(path, tok, batch, epochs, os.path.join(folder, "trainer")),
             "floor": lambda: run_floor(path, tok, batch, epochs)}
     runs: dict[str, list[Run]] = {k: [] for k in ways}
     loads = [os.getloadavg()[0]]
-    for i in range(repeat):
-        for name in (list(ways) if i % 2 == 0 else list(reversed(ways))):
-            runs[name].append(ways[name]())
-            loads.append(os.getloadavg()[0])
+    try:
+        for i in range(repeat):
+            for name in (list(ways) if i % 2 == 0 else list(reversed(ways))):
+                runs[name].append(ways[name]())
+                loads.append(os.getloadavg()[0])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     hora_label = (f"hora, 2 ranks x batch {per_rank}" + (" (global batch matched)" if hora_batch == "global" else ""))
     labels = {"hora": hora_label, "trainer": f"transformers {transformers.__version__} Trainer, 1 process, 2 threads",
               "floor": "plain torch loop, pre-tokenized, 1 process, 2 threads"}
