@@ -195,7 +195,7 @@ class Run:
         return self.total_s - sum(self.epoch_s)
 
 
-def run_hora(path: str, tok, batch: int, epochs: int, per_rank_batch: int, folder: str | None = None) -> Run:
+def run_hora(path: str, tok, epochs: int, per_rank_batch: int, folder: str | None = None) -> Run:
     """(a) a 2-rank fit of the raw text column read from ``path``, tokenized on the ranks."""
     import pandas as pd
     import torch
@@ -292,7 +292,7 @@ def bench_trainer(rows: int, epochs: int, repeat: int, batch: int, hora_batch: s
     path = os.path.join(folder, "text.parquet")
     pdf.to_parquet(path, index=False)
     per_rank = batch if hora_batch == "per-process" else max(1, batch // 2)
-    ways = {"hora": lambda: run_hora(path, tok, batch, epochs, per_rank, folder),
+    ways = {"hora": lambda: run_hora(path, tok, epochs, per_rank, folder),
             "trainer": lambda: run_trainer(path, tok, batch, epochs, os.path.join(folder, "trainer")),
             "floor": lambda: run_floor(path, tok, batch, epochs)}
     runs: dict[str, list[Run]] = {k: [] for k in ways}
