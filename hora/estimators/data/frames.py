@@ -281,15 +281,18 @@ def column_sample(values: Any, name: str, compress_sparse: bool = False) -> tupl
 
 
 def sample_numpy(source: Source, columns: Sequence[str], rows: int = SAMPLE_ROWS,
-                 config: Any = None) -> dict[str, np.ndarray]:
+                 config: Any = None, roles: list[tuple[str, str]] | None = None) -> dict[str, np.ndarray]:
     """The first ``rows`` rows of ``columns`` of the frame of ``source`` as numpy arrays (for the
     driver-side checks); with the estimator's ``config``, as a rank's batch reaches the model: images
     decoded, sequences padded (with their masks), sparse vectors batched, ``collate_fn`` applied (see
-    :func:`sample_batch`).
+    :func:`sample_batch`). ``roles``: ``(role, column)`` pairs checked first (:func:`check_columns`).
 
     Raises:
-        DataError: the DataFrame is empty, or a column holds values hora cannot feed.
+        DataError: a column of ``roles`` is missing, the DataFrame is empty, or a column holds values
+            hora cannot feed.
     """
+    if roles:
+        check_columns(source, roles)
     columns = list(dict.fromkeys(columns))
     pdf = source.head(columns, rows)  # a Ray Dataset's: {column: numpy array}; DataError when empty
     if len(pdf) == 0:

@@ -21,7 +21,7 @@ import numpy as np
 from hora.errors import ConfigError, DataError, WorkerFailedError
 from hora.estimators.callbacks import Callback
 from hora.estimators.data.frames import (
-    SAMPLE_ROWS, check_columns, fixed_batch_shapes, sample_dataset, sample_numpy, source_of,
+    SAMPLE_ROWS, fixed_batch_shapes, sample_dataset, sample_numpy, source_of,
 )
 from hora.estimators.framework import CheckResult, Framework
 from hora.estimators.params import EstimatorConfig
@@ -94,8 +94,8 @@ def prepare_task(source: Source | None, config: EstimatorConfig, framework: Fram
     else:
         if isinstance(config.validation, str):
             roles.append(("validation", config.validation))
-        check_columns(source, roles)
-        sample = sample_numpy(source, features.columns + list(config.label_cols), rows=rows, config=config)  # a batch
+        sample = sample_numpy(source, features.columns + list(config.label_cols), rows=rows, config=config,
+                              roles=roles)  # a batch, once the columns of every role are there
     features.check_sample(sample)
     stacked = features.stack(sample)
     checked = framework.codec.check(config, sample_for_check(config, framework.name, stacked))

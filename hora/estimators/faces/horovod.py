@@ -166,11 +166,10 @@ def infer_output_shapes(codec: Any, model: Any, source: Any, feature_cols: Any, 
     Raises:
         DataError: the frame is empty or lacks a feature column; the model gives another number of outputs.
     """
-    from hora.estimators.data.frames import Features, check_columns, sample_numpy
+    from hora.estimators.data.frames import Features, sample_numpy
 
     features = Features.parse(feature_cols)
-    check_columns(source, [("feature_cols", c) for c in features.columns])
-    sample = sample_numpy(source, features.columns)
+    sample = sample_numpy(source, features.columns, roles=[("feature_cols", c) for c in features.columns])
     inputs = features.inputs(sample)
     rows = rows_per_forward(inputs, input_shapes) or len(inputs[0])
     outs = codec.predict(model, [a[:rows] for a in inputs], input_shapes, rows)

@@ -45,7 +45,8 @@ from hora.estimators.params import (
 from hora.estimators.driver.spark_python import explain_worker_failure
 from hora.estimators.param_info import keyword_params, params_section
 from hora.estimators.tasks import CausalLMHead, ClassifierCodec, ClassifierHead, head_codec
-from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, spark_transform
+from hora.estimators.driver.spark_transform import spark_transform
+from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH
 
 logger = logging.getLogger(__name__)
 

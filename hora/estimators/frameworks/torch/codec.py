@@ -326,11 +326,13 @@ class TorchCodec(ModelCodec):
                        "minibatch_fn": config.train_minibatch_fn, "lr_scheduler": config.lr_scheduler,
                        "class_weight": config.class_weight})
 
-    def prepare_model(self, df: Any, config: Any, dataset: Any = None) -> None:
-        """Before the sample check: a Hugging Face model's keyword adapter and tokenizer (:func:`hora.estimators.frameworks.torch.hf.prepare`)."""
+    def prepare_model(self, source: Any, config: Any, dataset: Any = None) -> None:
+        """Before the sample check: a Hugging Face model's keyword adapter and tokenizer
+        (:func:`hora.estimators.frameworks.torch.hf.prepare`); ``source``: the frame's Source (None with the
+        materialized ``dataset``)."""
         from hora.estimators.frameworks.torch import hf
 
-        hf.prepare(df, config, dataset)
+        hf.prepare(source, config, dataset)
 
     #: the entry of the run's checkpoint dict that holds the model's state_dict
     checkpoint_state_key = "model"
