@@ -130,10 +130,12 @@ class TorchConfig(EstimatorConfig):
             except Exception as exc:
                 raise ConfigError(f"loss_constructors failed: {type(exc).__name__}: {exc}") from exc
             self.loss = built[0] if len(built) == 1 else built
-        super().__post_init__()
+        # the torch parameters first (they read the shared ones, none rewrites them), then the shared checks:
+        # the config is checked from this module down to params.py, without coming back
         if self.train_minibatch_fn is not None and not callable(self.train_minibatch_fn):
             raise ConfigError(f"train_minibatch_fn must be callable, got {self.train_minibatch_fn!r}")
         self._check_loop_options()
+        super().__post_init__()
 
     def supports_task(self, task: str) -> bool:
         """TorchEstimator takes every task, ``"causal_lm"`` included."""
