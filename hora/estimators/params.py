@@ -25,7 +25,7 @@ import difflib
 import logging
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
 from hora.errors import ConfigError
@@ -33,6 +33,7 @@ from hora.estimators.data.frames import Features
 from hora.estimators.param_info import (  # noqa: F401  (this module's names too)
     JSON, NONE, PICKLE, ParamError, ParamInfo, json_params, param, param_defaults, param_docs, param_fields,
     param_signature, param_types, unsaved_params)
+from hora.runners.resolution import LAUNCHER_NAMES, check_backend  # backend='s shapes are told apart there
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +44,6 @@ TASKS = (None, "classification", "regression", "causal_lm")
 CLASSIFIER_COLS = ("prediction_col", "probability_col", "raw_prediction_col")
 MLLIB_ALIASES = {"predictionCol": "prediction_col", "probabilityCol": "probability_col",
                  "rawPredictionCol": "raw_prediction_col"}
-#: ``backend=`` names of hora's launchers (``hora.runners.resolve_launcher``).
-LAUNCHER_NAMES = ("local", "spark", "dask", "ray")
 
 
 #: Horovod estimator keywords hora does not take, with what to do instead.
@@ -251,6 +250,10 @@ class EstimatorConfig:
                                                ignored=_IGNORED + "it learns the transformed batch's fields from "
                                                "transformation_fn's output")
 
+    #: the feature inputs (columns and feature groups) of ``feature_cols``, parsed once when the config is
+    #: made (not a parameter: ``dataclasses.replace`` parses again, a copy or a pickle carries it along)
+    features: Features = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         self._check_common()
         self._check_training()
@@ -276,25 +279,7 @@ class EstimatorConfig:
         if self.label_nan not in LABEL_NAN_MODES:
             raise ConfigError(f"label_nan must be one of {', '.join(map(repr, LABEL_NAN_MODES))}, got {self.label_nan!r}")
         checkpoint_interval(self.checkpoint_every)
-        if isinstance(self.backend, str):
-            if self.backend not in LAUNCHER_NAMES:
-                raise ConfigError(f"backend {self.backend!r} is unknown; use one of {', '.join(LAUNCHER_NAMES)}, a "
-                                  "hora.runners Launcher or a SparkBackend")
-        elif self.backend is not None:
-            from hora.runners import Launcher
-
-            if not isinstance(self.backend, Launcher) and not (hasattr(self.backend, "run") and
-                                                              hasattr(self.backend, "num_processes")):
-                raise ConfigError(f"backend must be a launcher's name {LAUNCHER_NAMES}, a hora.runners Launcher, a "
-                                  "hora.spark.common.backend.SparkBackend or have Horovod's run()/num_processes(), "
-                                  f"got {type(self.backend).__name__}")
-            if self.num_proc is not None and not isinstance(self.backend, Launcher):
-                raise ConfigError("at most one of backend and num_proc may be given (as in Horovod): pass "
-                                  "num_proc to the backend, e.g. SparkBackend(num_proc=...)")
-            if self.max_failures and not isinstance(self.backend, Launcher) and not hasattr(self.backend,
-                                                                                          "launch_options"):
-                raise ConfigError(f"max_failures={self.max_failures} needs a hora launcher: the run() of a "
-                                  f"{type(self.backend).__name__} cannot relaunch lost ranks")
+        check_backend(self.backend, num_proc=self.num_proc, max_failures=self.max_failures)
         if self.store is None:
             raise ConfigError("store is required: pass store=hora.store.Store.create(url) (or a store URL)")
         if isinstance(self.store, str):
@@ -307,7 +292,8 @@ class EstimatorConfig:
             raise ConfigError("optimizer is required: an optimizer bound to the model's parameters, or a factory")
         if self.loss is None and self.needs_loss():
             raise ConfigError("loss is required: a callable (output, label) -> scalar, or one per label")
-        self.feature_cols = Features.parse(self.feature_cols).as_config()
+        self.features = Features.parse(self.feature_cols)  # parsed once: every reader takes this field
+        self.feature_cols = self.features.as_config()
         labels = _str_list("label_cols", self.label_cols)
         if self.task == "causal_lm":
             if not self.supports_task("causal_lm"):
@@ -479,11 +465,6 @@ class EstimatorConfig:
         return "hora.estimators.callbacks.Callback instances"
 
     # derived ------------------------------------------------------------------------------
-    @property
-    def features(self) -> Features:
-        """The feature inputs (columns and feature groups)."""
-        return Features.parse(self.feature_cols)
-
     @property
     def seed(self) -> int:
         """``random_seed`` or 0."""

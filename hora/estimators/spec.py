@@ -11,7 +11,7 @@ changes the user makes to them after ``fit`` starts cannot leak into the run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -118,16 +118,15 @@ class TrainSpec:
     output_shapes: tuple[tuple[int, ...], ...] = ()
     resume: bool = True
     report_every: int = 10
+    #: whether the dataset has a validation split (False when the framework brings its own data)
+    has_val: bool = field(init=False, compare=False)
+    #: the feature inputs (:class:`~hora.estimators.data.frames.Features`), the config's
+    features: Any = field(init=False, repr=False, compare=False)
 
-    @property
-    def has_val(self) -> bool:
-        """Whether the dataset has a validation split (False when the framework brings its own data)."""
-        return self.dataset is not None and bool(self.dataset.has_val)
-
-    @property
-    def features(self) -> Any:
-        """The feature inputs (:class:`~hora.estimators.data.frames.Features`)."""
-        return self.config.features
+    def __post_init__(self) -> None:
+        # derived once, on the driver: every rank reads the fields
+        object.__setattr__(self, "has_val", self.dataset is not None and bool(self.dataset.has_val))
+        object.__setattr__(self, "features", self.config.features)
 
 
 __all__ = ["TrainSpec", "freeze", "thaw"]

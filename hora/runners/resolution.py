@@ -120,6 +120,58 @@ def _ray_launcher(launcher: str | Launcher, use_gpu: bool) -> Launcher:
     return launcher
 
 
+#: the launcher names an estimator's ``backend=`` takes (the launchers built without arguments of their own)
+LAUNCHER_NAMES: tuple[str, ...] = _BY_NAME
+
+
+def backend_kind(backend: Any) -> str | None:
+    """Which shape of the module docstring ``backend`` is: ``"default"`` (None), ``"name"``,
+    ``"launcher"``, ``"options"`` (a ``launch_options()`` object, Horovod's ``SparkBackend``),
+    ``"horovod"`` (Horovod's Backend interface), or None for none of them. The one place the
+    shapes are told apart (:func:`resolve` and :func:`check_backend` ask it)."""
+    if backend is None:
+        return "default"
+    if isinstance(backend, str):
+        return "name"
+    if isinstance(backend, Launcher):
+        return "launcher"
+    if callable(getattr(backend, "launch_options", None)):
+        return "options"
+    if is_horovod_backend(backend):
+        return "horovod"
+    return None
+
+
+def check_backend(backend: Any, *, num_proc: int | None = None, max_failures: int = 0) -> None:
+    """The checks of an estimator's ``backend=`` made with its other parameters, before any data is read:
+    a launcher's name among :data:`LAUNCHER_NAMES`, a Launcher, or an object with Horovod's Backend
+    interface (``run()`` and ``num_processes()``; a ``SparkBackend`` has both); ``num_proc`` only beside
+    a Launcher (as in Horovod, a Backend object brings its own); ``max_failures`` only where a hora
+    launcher runs the ranks (a bare Backend's ``run()`` cannot relaunch them).
+
+    Raises:
+        ConfigError: names ``backend`` and what is wrong with it.
+    """
+    kind = backend_kind(backend)
+    if kind == "default":
+        return
+    if kind == "name":
+        if backend not in LAUNCHER_NAMES:
+            raise ConfigError(f"backend {backend!r} is unknown; use one of {', '.join(LAUNCHER_NAMES)}, a "
+                              "hora.runners Launcher or a SparkBackend")
+        return
+    if kind != "launcher" and not is_horovod_backend(backend):
+        raise ConfigError(f"backend must be a launcher's name {LAUNCHER_NAMES}, a hora.runners Launcher, a "
+                          "hora.spark.common.backend.SparkBackend or have Horovod's run()/num_processes(), "
+                          f"got {type(backend).__name__}")
+    if num_proc is not None and kind != "launcher":
+        raise ConfigError("at most one of backend and num_proc may be given (as in Horovod): pass "
+                          "num_proc to the backend, e.g. SparkBackend(num_proc=...)")
+    if max_failures and kind == "horovod":
+        raise ConfigError(f"max_failures={max_failures} needs a hora launcher: the run() of a "
+                          f"{type(backend).__name__} cannot relaunch lost ranks")
+
+
 def _shape(backend: Any, default: str | Launcher) -> tuple[str | Launcher | BackendLauncher, dict[str, Any]]:
     """Where the ranks run (a launcher's name, a Launcher or a BackendLauncher) and the keywords a
     ``launch_options()`` object adds.
@@ -127,18 +179,19 @@ def _shape(backend: Any, default: str | Launcher) -> tuple[str | Launcher | Back
     Raises:
         ConfigError: a shape :func:`resolve` does not take (names ``backend`` and what was given).
     """
-    if backend is None:
+    kind = backend_kind(backend)
+    if kind == "default":
         return default, {}
-    if callable(getattr(backend, "launch_options", None)):  # Horovod's SparkBackend: hora.runners.run keywords
+    if kind == "options":  # Horovod's SparkBackend: hora.runners.run keywords
         wanted = dict(backend.launch_options())
         where = wanted.pop("backend", None)
         if where is not None and not isinstance(where, (str, Launcher)):
             raise ConfigError(f"backend {backend!r}: launch_options() names the launcher {where!r}; it must be a "
                               "launcher's name or a hora.runners Launcher")
         return (default if where is None else where), wanted
-    if isinstance(backend, (str, Launcher)):
+    if kind in ("name", "launcher"):
         return backend, {}
-    if is_horovod_backend(backend):
+    if kind == "horovod":
         return BackendLauncher(backend), {}
     raise ConfigError(f"backend must be a launcher's name ({', '.join(_BY_NAME)}), a hora.runners Launcher, "
                       "a SparkBackend or an object with Horovod's Backend interface (run() and num_processes()), "
@@ -219,4 +272,4 @@ def _check_slots(launcher: Launcher, options: LaunchOptions, custom: bool) -> No
         launcher.check_num_proc(options.num_proc)
 
 
-__all__ = ["resolve", "LaunchOptions", "connected_ray"]
+__all__ = ["resolve", "LaunchOptions", "connected_ray", "check_backend", "backend_kind", "LAUNCHER_NAMES"]

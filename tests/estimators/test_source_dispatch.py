@@ -6,6 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from hora.errors import DataError
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -19,6 +21,8 @@ def test_a_frame_source_is_decided_once_and_serves_columns_samples_and_transform
     assert isinstance(source, PandasSource) and source.frame is pdf and source_of(source) is source
     assert (source.launcher, source.default_num_proc, source.compresses_sparse) == ("local", 1, False)
     assert source.columns() == ["x", "y"] and list(sample_numpy(source, ["x"], rows=2)["x"]) == [1.0, 2.0]
+    with pytest.raises(DataError, match=r"column\(s\) 'w' \(sample_weight_col\) not in the DataFrame; its columns are"):
+        sample_numpy(source, ["x"], rows=2, roles=[("feature_cols", "x"), ("sample_weight_col", "w")])
     with pytest.raises(TypeError, match="takes a Spark DataFrame, got a pandas DataFrame .*use hora.dask"):
         check_face(source, "hora.spark", "TorchEstimator.fit")
 

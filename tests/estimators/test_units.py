@@ -135,6 +135,29 @@ def test_config_rejects_unknown_and_checks_types(tmp_path):
         EstimatorConfig(**base, batch_size=True)
 
 
+
+def test_feature_cols_are_parsed_once_into_features_which_copies_pickles_and_replace_keep_right(tmp_path):
+    import dataclasses
+    import pickle
+
+    from hora.estimators.data.frames import Features
+    from hora.estimators.params import EstimatorConfig
+    from hora.estimators.spec import TrainSpec
+
+    cfg = EstimatorConfig(store=str(tmp_path), model=object(), optimizer=object(), loss=torch.nn.MSELoss(),
+                          feature_cols=["a", ("b", "c")], label_cols=["y"])
+    assert cfg.features == Features(("a", ("b", "c"))) and cfg.feature_cols == ["a", ["b", "c"]]
+    assert cfg.features is cfg.features  # a field, not parsed at each reading
+    worker = cfg.for_workers(task="regression")
+    assert worker.features is cfg.features and pickle.loads(pickle.dumps(worker)).features == cfg.features
+    assert dataclasses.replace(cfg, feature_cols=["z"]).features == Features(("z",))  # parsed again
+    assert cfg == dataclasses.replace(cfg)  # not a parameter: equality and repr are the parameters'
+    assert "features=" not in repr(cfg)
+    spec = TrainSpec(framework=None, config=worker, payload=b"", common=b"", store=cfg.store, dataset=None,
+                     run_id="r", num_proc=1)
+    assert spec.features is worker.features and spec.has_val is False
+    assert pickle.loads(pickle.dumps(spec)).features == cfg.features
+
 @pytest.mark.timeout(60)
 def test_the_resume_check_reads_each_frameworks_own_checkpoint_format():
     import io

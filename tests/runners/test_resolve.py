@@ -106,3 +106,24 @@ def test_bad_shapes_and_options_name_backend_and_what_was_given():
         LaunchOptions(num_proc=1, max_failures=-1)
     with pytest.raises(ConfigError, match="start_timeout must be a positive number"):
         LaunchOptions(num_proc=1, start_timeout=0)
+
+
+def test_an_estimators_backend_checks_are_told_by_the_same_shapes():
+    """``check_backend`` (what an estimator's parameters check before reading data) and ``resolve`` agree on the
+    shapes: one table, ``backend_kind``."""
+    from hora.runners.resolution import backend_kind, check_backend
+
+    assert [backend_kind(b) for b in (None, "local", LocalLauncher(), SparkBackend(num_proc=1), RecordingBackend(),
+                                      object())] == ["default", "name", "launcher", "options", "horovod", None]
+    for ok in (None, "ray", LocalLauncher(), SparkBackend(num_proc=2), RecordingBackend()):
+        check_backend(ok)
+    check_backend(LocalLauncher(), num_proc=2, max_failures=1)  # a Launcher takes both
+    check_backend(SparkBackend(num_proc=2), max_failures=1)  # launch_options(): a hora launcher relaunches
+    with pytest.raises(ConfigError, match=r"backend 'hosts' is unknown; use one of local, spark, dask, ray"):
+        check_backend("hosts")  # a name an estimator does not take (it needs a host list)
+    with pytest.raises(ConfigError, match=r"backend must be a launcher's name .* got object"):
+        check_backend(object())
+    with pytest.raises(ConfigError, match="at most one of backend and num_proc may be given"):
+        check_backend(SparkBackend(num_proc=2), num_proc=2)
+    with pytest.raises(ConfigError, match=r"max_failures=1 needs a hora launcher: the run\(\) of a RecordingBackend"):
+        check_backend(RecordingBackend(), max_failures=1)

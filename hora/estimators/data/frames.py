@@ -193,13 +193,12 @@ def check_face(df: Any, face: str, what: str) -> Source:
     return source
 
 
-def check_columns(df: Any, roles: list[tuple[str, str]]) -> None:
-    """Every ``(role, column)`` exists in ``df`` (a frame or its Source).
+def check_columns(source: Source, roles: list[tuple[str, str]]) -> None:
+    """Every ``(role, column)`` exists in the frame of ``source``.
 
     Raises:
         DataError: names each missing column, its role, and the columns there are.
     """
-    source = source_of(df)
     have = set(source.columns())
     missing = [(role, c) for role, c in roles if c not in have]
     if missing:
@@ -281,18 +280,19 @@ def column_sample(values: Any, name: str, compress_sparse: bool = False) -> tupl
     return arr, ColumnSpec(arr.dtype.name, arr.shape[1:])
 
 
-def sample_numpy(df: Any, columns: Sequence[str], rows: int = SAMPLE_ROWS,
-                 config: Any = None) -> dict[str, np.ndarray]:
-    """The first ``rows`` rows of ``columns`` as numpy arrays (for the driver-side checks); with the
-    estimator's ``config``, as a rank's batch reaches the model: images decoded, sequences padded
-    (with their masks), sparse vectors batched, ``collate_fn`` applied (see :func:`sample_batch`).
-
-    ``df``: a frame or its Source.
+def sample_numpy(source: Source, columns: Sequence[str], rows: int = SAMPLE_ROWS,
+                 config: Any = None, roles: list[tuple[str, str]] | None = None) -> dict[str, np.ndarray]:
+    """The first ``rows`` rows of ``columns`` of the frame of ``source`` as numpy arrays (for the
+    driver-side checks); with the estimator's ``config``, as a rank's batch reaches the model: images
+    decoded, sequences padded (with their masks), sparse vectors batched, ``collate_fn`` applied (see
+    :func:`sample_batch`). ``roles``: ``(role, column)`` pairs checked first (:func:`check_columns`).
 
     Raises:
-        DataError: the DataFrame is empty, or a column holds values hora cannot feed.
+        DataError: a column of ``roles`` is missing, the DataFrame is empty, or a column holds values
+            hora cannot feed.
     """
-    source = source_of(df)
+    if roles:
+        check_columns(source, roles)
     columns = list(dict.fromkeys(columns))
     pdf = source.head(columns, rows)  # a Ray Dataset's: {column: numpy array}; DataError when empty
     if len(pdf) == 0:
@@ -347,7 +347,7 @@ def sample_batch(sample: dict[str, np.ndarray], specs: dict[str, ColumnSpec], co
 
     ops = column_ops(config, specs, getattr(config, "decode_fn", None), getattr(config, "collate_fn", None))
     batch = ops(sample) if ops is not None else dict(sample)
-    features = Features.parse(config.feature_cols)
+    features = config.features
     textual = [k for k in features.keys if k in batch and _is_text(batch[k])]
     if textual and config.transformation_fn is not None:
         batch = config.transformation_fn(batch)

@@ -21,7 +21,7 @@ import numpy as np
 from hora.errors import ConfigError, DataError, WorkerFailedError
 from hora.estimators.callbacks import Callback
 from hora.estimators.data.frames import (
-    SAMPLE_ROWS, check_columns, fixed_batch_shapes, sample_dataset, sample_numpy, source_of,
+    SAMPLE_ROWS, fixed_batch_shapes, sample_dataset, sample_numpy, source_of,
 )
 from hora.estimators.framework import CheckResult, Framework
 from hora.estimators.params import EstimatorConfig
@@ -61,16 +61,18 @@ class FitResult:
     classifier: ClassifierHead | CausalLMHead | None = None
 
 
-def prepare(df: Any, config: EstimatorConfig, framework: Framework) -> CheckResult:
-    """Validate ``df`` and ``config`` on the driver, before anything is launched (see :func:`prepare_task`)."""
-    return prepare_task(df, config, framework)[0]
+def prepare(source: Source, config: EstimatorConfig, framework: Framework) -> CheckResult:
+    """Validate the frame of ``source`` and ``config`` on the driver, before anything is launched (see
+    :func:`prepare_task`)."""
+    return prepare_task(source, config, framework)[0]
 
 
-def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
+def prepare_task(source: Source | None, config: EstimatorConfig, framework: Framework,
                  dataset: Any = None) -> tuple[CheckResult, ClassifierHead | CausalLMHead | None]:
-    """Validate ``df`` (a frame or its :class:`~hora.store.sources.Source`; or the materialized
-    ``dataset``) and ``config`` on the driver, before anything is launched; with the fit's task (:func:`hora.estimators.tasks.resolve_task`: a classifier's head,
-    or None for outputs as they are). The model is checked on a sample of the data as a rank's batch
+    """Validate the frame of ``source`` (its :class:`~hora.store.sources.Source`, decided at the top of
+    :func:`fit`; or, ``source`` None, the materialized ``dataset``) and ``config`` on the driver, before
+    anything is launched; with the fit's task (:func:`hora.estimators.tasks.resolve_task`: a classifier's
+    head, or None for outputs as they are). The model is checked on a sample of the data as a rank's batch
     has it: ``batch_size`` rows when an ``input_shapes`` entry fixes the batch dimension (no ``-1``,
     Horovod's ``[[2]]`` with ``batch_size=1``), else a few rows.
 
@@ -81,7 +83,7 @@ def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
     """
     prepare_model = getattr(framework.codec, "prepare_model", None)  # e.g. a Hugging Face model's adapter
     if prepare_model is not None:
-        prepare_model(df, config, dataset)
+        prepare_model(source, config, dataset)
     features = config.features
     roles = [("feature_cols", c) for c in features.columns] + [("label_cols", c) for c in config.label_cols]
     if config.sample_weight_col is not None:
@@ -92,9 +94,8 @@ def prepare_task(df: Any, config: EstimatorConfig, framework: Framework,
     else:
         if isinstance(config.validation, str):
             roles.append(("validation", config.validation))
-        source = source_of(df)
-        check_columns(source, roles)
-        sample = sample_numpy(source, features.columns + list(config.label_cols), rows=rows, config=config)  # a batch
+        sample = sample_numpy(source, features.columns + list(config.label_cols), rows=rows, config=config,
+                              roles=roles)  # a batch, once the columns of every role are there
     features.check_sample(sample)
     stacked = features.stack(sample)
     checked = framework.codec.check(config, sample_for_check(config, framework.name, stacked))
@@ -181,20 +182,22 @@ def _run_workers(spec: TrainSpec, launcher: Any, launch: Any) -> list[Any]:
 _DAMAGED = (" raised DataError: ", " is damaged: ")
 
 
-def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = None, client: Any = None,
+def fit(source: Source | None, config: EstimatorConfig, framework: Framework, spark: Any = None, client: Any = None,
         dataset: Any = None, load_checkpoint: Callable[[str], Any] | None = None) -> FitResult:
-    """Train ``config.model`` on ``df`` and return the result.
+    """Train ``config.model`` on the frame of ``source`` and return the result.
 
     Args:
-        df: a Spark, Dask or pandas DataFrame (pandas trains on local processes), or a Ray
-            Dataset (trains on Ray actors unless ``config.backend`` says otherwise), or the
-            :class:`~hora.store.sources.Source` of one (the faces decide it once); None with
+        source: the :class:`~hora.store.sources.Source` of a Spark, Dask or pandas DataFrame (pandas
+            trains on local processes) or of a Ray Dataset (trains on Ray actors unless
+            ``config.backend`` says otherwise), decided once by the face
+            (:func:`~hora.estimators.data.frames.check_face`) and passed down as it is; a frame
+            itself is decided here (:func:`~hora.estimators.data.frames.source_of`); None with
             ``dataset``.
         config: the validated estimator configuration (of ``framework.config``).
         framework: the framework descriptor.
         spark, client: the SparkSession / distributed.Client to run on.
         dataset: a materialized :class:`~hora.store.DatasetInfo` in ``config.store`` to train on
-            instead of ``df`` (``fit_on_parquet``): nothing is materialized; the ranks run on
+            instead of a frame (``fit_on_parquet``): nothing is materialized; the ranks run on
             Spark when ``spark`` is given, else on local processes.
         load_checkpoint: reads ``(epoch, bytes)`` of a run's last checkpoint on the driver when the fit
             resumes one (default ``config.store.latest_checkpoint``; the Spark face passes its
@@ -209,7 +212,11 @@ def fit(df: Any, config: EstimatorConfig, framework: Framework, spark: Any = Non
     from hora.store import materialize, prepared
 
     features = config.features
-    source = None if dataset is not None else source_of(df).for_columns(features.columns + list(config.label_cols))
+    if dataset is not None:
+        source = None
+    else:  # the frame's engine, decided once (a face's Source passes through), narrowed to the fit's columns
+        source = (source if isinstance(source, Source) else source_of(source)).for_columns(
+            features.columns + list(config.label_cols))
     # where the ranks run by default: the frame's engine; a prepared dataset's, the session's (Spark or local)
     where: type[Source] = type(source) if source is not None else (_spark_source() if spark is not None else PandasSource)
     t_prepare = time.monotonic()

@@ -158,19 +158,18 @@ def vector_labels(df: Any, label_cols: Sequence[str]) -> bool:
     return any(isinstance(fields.get(c), VectorUDT) for c in label_cols)
 
 
-def infer_output_shapes(codec: Any, model: Any, df: Any, feature_cols: Any, input_shapes: Any,
+def infer_output_shapes(codec: Any, model: Any, source: Any, feature_cols: Any, input_shapes: Any,
                         n_outputs: int) -> list[tuple[int, ...]]:
-    """The per-row shape of each output of a model built by hand, from a forward pass on the first rows of ``df``.
+    """The per-row shape of each output of a model built by hand, from a forward pass on the first rows of
+    the frame of ``source`` (its :class:`~hora.store.sources.Source`, decided at the top of ``transform``).
 
     Raises:
-        DataError: ``df`` is empty or lacks a feature column; the model gives another number of outputs.
+        DataError: the frame is empty or lacks a feature column; the model gives another number of outputs.
     """
-    from hora.estimators.data.frames import Features, check_columns, sample_numpy, source_of
+    from hora.estimators.data.frames import Features, sample_numpy
 
     features = Features.parse(feature_cols)
-    source = source_of(df)
-    check_columns(source, [("feature_cols", c) for c in features.columns])
-    sample = sample_numpy(source, features.columns)
+    sample = sample_numpy(source, features.columns, roles=[("feature_cols", c) for c in features.columns])
     inputs = features.inputs(sample)
     rows = rows_per_forward(inputs, input_shapes) or len(inputs[0])
     outs = codec.predict(model, [a[:rows] for a in inputs], input_shapes, rows)

@@ -45,7 +45,8 @@ from hora.estimators.params import (
 from hora.estimators.driver.spark_python import explain_worker_failure
 from hora.estimators.param_info import keyword_params, params_section
 from hora.estimators.tasks import CausalLMHead, ClassifierCodec, ClassifierHead, head_codec
-from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH, spark_transform
+from hora.estimators.driver.spark_transform import spark_transform
+from hora.estimators.driver.transform import DEFAULT_PREDICT_BATCH
 
 logger = logging.getLogger(__name__)
 
@@ -414,13 +415,13 @@ class SparkModel(Model, _Persisted, horovod_face.HorovodModelMethods):
         return self._files
 
     def _transform(self, dataset: Any) -> Any:
-        check_face(dataset, "hora.spark", f"{type(self).__name__}.transform")
+        source = check_face(dataset, "hora.spark", f"{type(self).__name__}.transform")
         if self._model is None:
             raise ConfigError(f"{type(self).__name__} holds no trained model")
         if not self.getOrDefault("output_shapes") and self.getOrDefault("feature_cols") and self.getOrDefault("label_cols"):
             # a model built by hand: its outputs' shapes from a forward pass on the first rows
             self._set(output_shapes=[list(s) for s in horovod_face.infer_output_shapes(
-                self.framework.codec, self._model, dataset, self.getOrDefault("feature_cols"),
+                self.framework.codec, self._model, source, self.getOrDefault("feature_cols"),
                 self.getOrDefault("input_shapes"), len(self.getOrDefault("label_cols")))])
         if not self.getOrDefault("output_shapes") or not self.getOrDefault("feature_cols"):
             raise ConfigError(

@@ -130,10 +130,12 @@ class TorchConfig(EstimatorConfig):
             except Exception as exc:
                 raise ConfigError(f"loss_constructors failed: {type(exc).__name__}: {exc}") from exc
             self.loss = built[0] if len(built) == 1 else built
-        super().__post_init__()
+        # the torch parameters first (they read the shared ones, none rewrites them), then the shared checks:
+        # the config is checked from this module down to params.py, without coming back
         if self.train_minibatch_fn is not None and not callable(self.train_minibatch_fn):
             raise ConfigError(f"train_minibatch_fn must be callable, got {self.train_minibatch_fn!r}")
         self._check_loop_options()
+        super().__post_init__()
 
     def supports_task(self, task: str) -> bool:
         """TorchEstimator takes every task, ``"causal_lm"`` included."""
@@ -326,11 +328,13 @@ class TorchCodec(ModelCodec):
                        "minibatch_fn": config.train_minibatch_fn, "lr_scheduler": config.lr_scheduler,
                        "class_weight": config.class_weight})
 
-    def prepare_model(self, df: Any, config: Any, dataset: Any = None) -> None:
-        """Before the sample check: a Hugging Face model's keyword adapter and tokenizer (:func:`hora.estimators.frameworks.torch.hf.prepare`)."""
+    def prepare_model(self, source: Any, config: Any, dataset: Any = None) -> None:
+        """Before the sample check: a Hugging Face model's keyword adapter and tokenizer
+        (:func:`hora.estimators.frameworks.torch.hf.prepare`); ``source``: the frame's Source (None with the
+        materialized ``dataset``)."""
         from hora.estimators.frameworks.torch import hf
 
-        hf.prepare(df, config, dataset)
+        hf.prepare(source, config, dataset)
 
     #: the entry of the run's checkpoint dict that holds the model's state_dict
     checkpoint_state_key = "model"
