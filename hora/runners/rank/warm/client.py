@@ -40,6 +40,7 @@ connection closes). ``HORA_WARM_WORKERS=0`` turns all of it off.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -61,7 +62,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from hora import settings
-from hora.runners.rank.warm.owner import Owner, command_owner, owner
+from hora.runners.rank.warm.owner import DASK_APP, Owner, command_owner, owner
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,29 @@ def _server_path(python: str, cwd: str, skey: Mapping[str, str], who: Owner | No
     folder (the cwd), so the executor that replaces a lost one finds it (the child still runs
     in its own cwd)."""
     who = who or owner()
-    return socket_path(server_key(python, who.app or cwd, skey), who.app or who.pid), who
+    path = socket_path(server_key(python, who.app or cwd, skey), who.app or who.pid)
+    if who.app is not None and who.app.startswith(DASK_APP):
+        _quit_at_exit(path)
+    return path, who
+
+
+_at_exit: set[str] = set()  # the Dask worker servers this process asks to quit when it exits
+QUIT_AT_EXIT_TIMEOUT = 2.0  # seconds each of them may take to answer then
+
+
+def _quit_at_exit(path: str) -> None:
+    """Ask the server at ``path`` to quit when this process exits normally: a Dask worker's
+    server outlives a worker that was killed (its nanny starts another one, which takes the
+    server over), not one that was closed (the cluster closing, a restart)."""
+    with _lock:
+        if not _at_exit:
+            atexit.register(_quit_servers_at_exit)
+        _at_exit.add(path)
+
+
+def _quit_servers_at_exit() -> None:
+    for path in sorted(_at_exit):
+        _ask_quit(path, QUIT_AT_EXIT_TIMEOUT)
 
 
 @contextlib.contextmanager
@@ -526,12 +549,12 @@ def _start_server(python: str, path: str, cwd: str, env: dict[str, str], who: Ow
     log.debug("warm server %s started: pid %d", path, proc.pid)
 
 
-def _ask_quit(path: str) -> None:
+def _ask_quit(path: str, timeout: float = ANSWER_TIMEOUT) -> None:
     with contextlib.suppress(OSError, WarmUnavailable), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(ANSWER_TIMEOUT)
+        conn.settimeout(timeout)
         conn.connect(path)
         _send(conn, {"op": "quit"})
-        _answer(conn, ANSWER_TIMEOUT)
+        _answer(conn, timeout)
 
 
 def stop_servers() -> None:
