@@ -62,6 +62,7 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
     address, store, run_id, epochs, folder = sys.argv[1:6]
     client = Client(address)
+    client.wait_for_workers(2, timeout=120)
     x = np.random.default_rng(0).normal(size=(2000, 4)).astype("float32")
     pdf = pd.DataFrame({"features": list(x), "y": x.sum(axis=1)})
     net = Slow()
@@ -113,11 +114,6 @@ def _wait_for(path: Path, timeout: float, proc: subprocess.Popen) -> float:
     return float(path.read_text())
 
 
-def _executing(dask_worker) -> list[str]:  # noqa: ANN001 - run on each worker by Client.run
-    with dask_worker.active_threads_lock:
-        return [str(k) for k in dask_worker.active_threads.values()]
-
-
 class Cluster:
     """``dask scheduler`` and two ``dask worker`` processes (one thread each) on 127.0.0.1."""
 
@@ -133,22 +129,8 @@ class Cluster:
                                                 "1", "--nworkers", "1", "--no-dashboard", "--local-directory",
                                                 str(work / f"w{i}")], **quiet))
         self.workers = [p.pid for p in self.procs[1:]]
-        self._client = None
-
-    def tasks_of(self, run_id: str) -> list[str]:
-        """The keys of ``run_id``'s tasks that hold a worker's thread now (asked of the workers,
-        not the scheduler: a lost client's keys are forgotten there while they still run)."""
-        if self._client is None:
-            from distributed import Client
-
-            self._client = Client(self.address, timeout=60)
-            self._client.wait_for_workers(2, timeout=120)
-        held = self._client.run(_executing)
-        return [k for keys in held.values() for k in keys if f"hora-{run_id}-" in k]
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
         for p in self.procs:
             p.terminate()
         for p in self.procs:
@@ -215,11 +197,6 @@ def one(cluster: Cluster, script: Path, work: Path, env: dict, i: int) -> dict[s
                 raise TimeoutError("the ranks did not exit within 300 s of the driver's kill")
         exited = time.time()
         _go(refit)
-        while cluster.tasks_of(run_id):  # the killed fit's tasks (the refit's have other keys: -a<k> or later)
-            time.sleep(0.05)
-            if time.time() - exited > 300:
-                raise TimeoutError("the killed fit's Dask tasks still ran 300 s after its ranks exited")
-        tasks_ended = time.time()
         first = max(_wait_for(folder / f"{run_id}.{r}", 300, refit) for r in (0, 1))
         _finish(refit)
     finally:
@@ -238,7 +215,7 @@ def one(cluster: Cluster, script: Path, work: Path, env: dict, i: int) -> dict[s
         if idle.poll() is None:
             idle.kill()
             idle.wait()
-    return {"ranks_exit": exited - killed, "tasks_end": tasks_ended - exited, "first_epoch": first - exited,
+    return {"ranks_exit": exited - killed, "first_epoch": first - exited,
             "idle_first_epoch": idle_first - go}
 
 
@@ -267,10 +244,10 @@ def main() -> int:
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"load average (1/5/15 min) at the end: {load}; median of {args.repeats}\n")
-    print("| kill -> ranks exited s | ranks exited -> their Dask tasks ended s | ranks exited -> refit's first epoch s "
+    print("| kill -> ranks exited s | ranks exited -> refit's first epoch s "
           "| refit on an idle cluster: go -> first epoch s |")
-    print("|---:|---:|---:|---:|")
-    print(f"| {med['ranks_exit']:.2f} | {med['tasks_end']:.2f} | {med['first_epoch']:.2f} | "
+    print("|---:|---:|---:|")
+    print(f"| {med['ranks_exit']:.2f} | {med['first_epoch']:.2f} | "
           f"{med['idle_first_epoch']:.2f} |")
     return 0
 

@@ -80,8 +80,11 @@ KEYED_HORA = (settings.ENV_LOG_LEVEL, ENV_PRELOAD, ENV_IDLE)
 #: one application on one host (their log URLs and block-manager folders) or between their
 #: daemons (the worker factory's secret): keyed, the executor that replaces a lost one would
 #: not find the server its predecessor left (see :class:`Owner`).
+#: torch writes its inductor cache folder (its default, read at compile time) into the environment
+#: of a process that compiles: a Dask driver's nanny then starts the worker that replaces a lost one
+#: with it, and, keyed, that worker would not find the server the lost one left.
 UNKEYED = ("PYTEST_CURRENT_TEST", "PYTHON_WORKER_FACTORY_SECRET", "SPARK_LOG_URL_STDERR", "SPARK_LOG_URL_STDOUT",
-           "SPARK_LOCAL_DIRS")
+           "SPARK_LOCAL_DIRS", "TORCHINDUCTOR_CACHE_DIR")
 MAX_SERVERS = 2  # per owner process: each holds torch's ~300 MiB
 READY_TIMEOUT = 120.0  # seconds a new server may take to import its modules
 ANSWER_TIMEOUT = 10.0  # seconds a running server may take to answer a request
