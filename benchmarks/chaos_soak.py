@@ -32,7 +32,8 @@ is past the step it had reached when killed.
 
 Prints, per scenario: faults injected | survived | epochs lost | duplicated epochs | orphan
 processes | time lost per fault (median / max) | cold start | median lost / cold start, and
-the three fits' seconds. Needs ``make install`` (the dask and spark extras) and Java for Spark.
+the three fits' seconds; for ``dask``, Dask's own floor per worker fault and the time lost
+against it. Needs ``make install`` (the dask and spark extras) and Java for Spark.
 """
 
 from __future__ import annotations
