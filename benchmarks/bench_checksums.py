@@ -2,11 +2,12 @@
 
 Run: ``.venv/bin/python benchmarks/bench_checksums.py [--rows 400000] [--rounds 5] [--ckpt-mib 64]``.
 
-In one process, on a ``file://`` Store in a temporary folder, alternating with and without
-checksums (``--rounds`` each, the median reported):
+In one process, on a ``file://`` Store in a temporary folder, one kind at a time, alternating with
+and without checksums (``--rounds`` each, the median reported), each timed call after ``os.sync()``
+(so that a commit's fsync flushes only its own file):
 
 * materialize a pandas frame (``--rows`` rows: a 32-float feature array and a label) with
-  ``overwrite=True``: with each file's CRC-32 taken while it is written and Parquet's page
+  ``overwrite=True``: with each file's checksum (XXH3) taken after it is written and Parquet's page
   CRCs, against neither (``hora.store.writer.CHECKSUMS`` off);
 * commit a checkpoint of ``--ckpt-mib`` MiB: ``Store.save_checkpoint`` (the file and its
   checksum record) against the plain atomic write it was before (``Store.write_bytes``);
@@ -26,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -118,14 +120,24 @@ def main() -> None:
         store = Store.create(f"file://{tmp}/store")
         _materialize(store, pdf, True)  # warm-up (imports, page cache)
         _dcp(store, state, True, -1)
+        # one kind at a time, alternated with and without, each timed call after os.sync(): a commit's
+        # fsync otherwise also flushes whatever the previous call left dirty (a materialization's files)
+        def timed(what: str, checksums: bool, fn: Any) -> None:
+            os.sync()
+            times.setdefault((what, checksums), []).append(fn())
+
         for r in range(args.rounds):
             for checksums in ((False, True) if r % 2 == 0 else (True, False)):  # alternated
-                times.setdefault(("materialize", checksums), []).append(_materialize(store, pdf, checksums))
-                times.setdefault(("commit", checksums), []).append(_commit(store, data, checksums, r))
-                times.setdefault(("dcp", checksums), []).append(_dcp(store, state, checksums, r))
-                if checksums:  # hora's writer (retried through the Store, checksummed) against torch's own
-                    times.setdefault(("fsspec", False), []).append(_dcp(store, state, False, r, fsspec=True))
-                    times.setdefault(("fsspec", True), []).append(_dcp(store, state, True, r + 1000))
+                timed("materialize", checksums, lambda: _materialize(store, pdf, checksums))
+        for r in range(args.rounds):
+            for checksums in ((False, True) if r % 2 == 0 else (True, False)):
+                timed("commit", checksums, lambda: _commit(store, data, checksums, r))
+        for r in range(args.rounds):
+            for checksums in ((False, True) if r % 2 == 0 else (True, False)):
+                timed("dcp", checksums, lambda: _dcp(store, state, checksums, r))
+        for r in range(args.rounds):  # hora's writer (retried through the Store, checksummed) against torch's own
+            for fsspec in ((True, False) if r % 2 == 0 else (False, True)):
+                timed("fsspec", not fsspec, lambda: _dcp(store, state, True, r + 1000 * (1 + fsspec), fsspec=fsspec))
     label = {"materialize": f"materialize {args.rows} rows x 33 columns (4 files)",
              "commit": f"checkpoint commit, {len(data) >> 20} MiB (Store.save_checkpoint)",
              "dcp": f"distributed checkpoint save, {len(data) >> 20} MiB (DCP, 1 rank, hora's StoreWriter)",
@@ -136,6 +148,19 @@ def main() -> None:
     for what in ("materialize", "commit", "dcp", "fsspec"):
         off, on = statistics.median(times[(what, False)]), statistics.median(times[(what, True)])
         print(f"| {label[what]} | {off:.3f} | {on:.3f} | {on / off:.3f} x |")
+    # what the checksum itself adds to a commit, apart from the disk's noise (a commit's fsync on a shared
+    # disk varies several-fold from one call to the next)
+    from hora.store import integrity
+
+    hashing = []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        integrity.checkpoint_record(data)
+        hashing.append(time.perf_counter() - start)
+    off = statistics.median(times[("commit", False)])
+    on = off + statistics.median(hashing)
+    print(f"| the commit's checksum alone ({integrity.ALGORITHM} of {len(data) >> 20} MiB), added to the commit "
+          f"without | {off:.3f} | {on:.3f} | {on / off:.3f} x |")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,12 @@ seconds are reported as such and that N ends there.
 
     python benchmarks/bench_control_plane.py [--ranks 64,256,1024] [--procs 4] [--window 20]
                                              [--launcher spark|local] [--register-limit 60]
+                                             [--ranks-per-frame 1,8] [--driver-profile PATH]
+
+``--ranks-per-frame K`` simulates hosts of K ranks whose beats (and metrics) go to the driver
+in one frame per beat period, as :mod:`hora.runners.rank.relay` sends them (the datagrams from
+the ranks to their host's relay stay on the host and are not simulated); every rank still
+registers, waits and watches the abort on its own connections.
 
 With ``--path`` it prints instead the rows of the rest of a collective's path at N ranks
 (:mod:`bench_control_plane_path`: the engine's negotiation per round at ``--ranks``, the collective
@@ -77,9 +83,11 @@ def _pushed() -> bool:
 # ------------------------------------------------------------------------------------------
 # the driver process
 # ------------------------------------------------------------------------------------------
-def _driver(n: int, secret: bytes, conn: Any) -> None:
-    """A DriverService and the real monitor; answers the parent's commands over ``conn``."""
+def _driver(n: int, secret: bytes, conn: Any, profile: str | None = None) -> None:
+    """A DriverService and the real monitor; answers the parent's commands over ``conn``. With
+    ``profile``, the service's event loop is profiled (cProfile) over the window, saved there."""
     _raise_fd_limit()
+    profiler = _profile_loop() if profile else None
     from hora.native import keys
     from hora.runners.driver.monitor import Policy, watch
     from hora.runners.driver.service import DriverService
@@ -124,11 +132,16 @@ def _driver(n: int, secret: bytes, conn: Any) -> None:
             lost.clear()
             ru = resource.getrusage(resource.RUSAGE_SELF)
             usage0, wall0 = ru.ru_utime + ru.ru_stime, time.monotonic()
+            if profiler is not None:
+                profiler["on"] = True
             conn.send(None)
         elif cmd == "abort":
             ru = resource.getrusage(resource.RUSAGE_SELF)
             cpu = (ru.ru_utime + ru.ru_stime - usage0) / max(1e-9, time.monotonic() - wall0)
             state["abort"] = time.monotonic()
+            if profiler is not None:
+                profiler["on"] = False
+                profiler["profile"].dump_stats(profile)
             service.server.set(keys.ABORT, b"1") if not hasattr(service, "abort") else service.abort()
             conn.send({"cpu": cpu, "lost": sorted(lost), **state})
         elif cmd == "state":
@@ -139,6 +152,24 @@ def _driver(n: int, secret: bytes, conn: Any) -> None:
             service.close()
             conn.send(None)
             return
+
+
+def _profile_loop() -> dict[str, Any]:
+    """Profile the rendezvous server's event loop thread while ``["on"]`` (cProfile sees one thread)."""
+    import cProfile
+
+    from hora.native.rendezvous import loop as loop_mod
+
+    state: dict[str, Any] = {"on": False, "profile": cProfile.Profile()}
+    original = loop_mod._Loop._read  # a readable connection: its bytes read, its frames answered
+
+    def read(self: Any, conn: Any) -> Any:
+        if not state["on"]:
+            return original(self, conn)
+        return state["profile"].runcall(original, self, conn)
+
+    loop_mod._Loop._read = read  # type: ignore[method-assign]
+    return state
 
 
 def _frame(secret: bytes, obj: Any) -> bytes:
@@ -228,11 +259,12 @@ class _PushedRanks:
     as 12,288 threads are more than this machine's two cores schedule, and would measure that."""
 
     def __init__(self, addr: str, secret: bytes, ranks: list[int], launcher: str, stats: _Stats,
-                 stop: threading.Event, register_limit: float) -> None:
+                 stop: threading.Event, register_limit: float, per_host: int = 1) -> None:
         host, _, port = addr.rpartition(":")
         self.addr, self.address, self.secret = addr, (host, int(port)), secret
         self.ranks, self.launcher, self.stats, self.stop = ranks, launcher, stats, stop
         self.register_limit = register_limit
+        self.per_host = per_host  # ranks whose beats go in one frame (a host's relay, hora.runners.rank.relay)
         self.sel = selectors.DefaultSelector()
         self.socks: list[socket.socket] = []
         self.aborted: set[int] = set()
@@ -290,20 +322,29 @@ class _PushedRanks:
         from hora.native.rendezvous.protocol import recv_frame, send_frame
         from hora.runners.rank import beats as rb
 
-        watch = ("watch", [keys.ABORT], rb.WATCH_PERIOD)
+        jitter = getattr(rb, "parked_for", lambda period: period)  # (as the code under test parks a watch)
+
+        def watch() -> tuple:
+            return ("watch", [keys.ABORT], jitter(rb.WATCH_PERIOD))
+
         every = 0.25 if self.launcher == "spark" else 1.0
-        sample = max(16, len(self.ranks) // 4)  # about 16 timed beats a second per process
+        # the senders: one per rank, or one per host of per_host ranks (its relay's frame carries
+        # the beats of the host's ranks that beat, with their metrics)
+        hosts = [self.ranks[i:i + self.per_host] for i in range(0, len(self.ranks), self.per_host)]
+        host_of = {r: h for h, members in enumerate(hosts) for r in members}
+        sample = max(16, len(hosts) // 4)  # about 16 timed frames a second per process
         hb = {r: ("add", keys.rank_key(keys.HEARTBEAT, r), 1) for r in self.ranks}
-        plain = {r: _frame(self.secret, ("post", [hb[r]])) for r in self.ranks}
+        awake: dict[int, list[int]] = {}  # host -> its ranks beating now
+        plain: dict[int, bytes] = {}  # host -> its frame without metrics (the same bytes every time)
         with_metrics: set[int] = set()
         payload = b""
         for r in self.ranks:
             send_frame(self._open(r, "rank"), self.secret, ("set", keys.rank_key(keys.STARTED, r), b"sim"))
         phase = dict.fromkeys(self.ranks, "started")
-        beaters: dict[int, socket.socket] = {}  # each rank's watchdog connection (its beats)
+        beaters: dict[int, socket.socket] = {}  # each host's (or rank's watchdog's) connection (its beats)
         heap: list[tuple[float, int]] = []
         beats: list[float] = []
-        count = seq = 0
+        count = frames = seq = 0
         next_metrics = time.monotonic() + 1.0
         while not self.stop.is_set():
             wake = min(heap[0][0] if heap else time.monotonic() + 0.05, next_metrics)
@@ -322,12 +363,16 @@ class _PushedRanks:
                         # (its watches open now, after the wake is timed: a process opening 2,048
                         # connections one by one would otherwise read the wake late)
                         for _ in (("watchdog", "supervisor") if self.launcher == "spark" else ("watchdog",)):
-                            send_frame(self._open(r, "watch"), self.secret, watch)
-                        beaters[r] = self._open(r, "beats")
-                        beaters[r].sendall(plain[r])  # its first beat at once, as a KVClient's connect is
-                        heapq.heappush(heap, (time.monotonic() + every * (1 + (r % 97) / 97), r))
+                            send_frame(self._open(r, "watch"), self.secret, watch())
+                        h = host_of[r]
+                        awake.setdefault(h, []).append(r)
+                        plain[h] = _frame(self.secret, ("post", [hb[m] for m in awake[h]]))
+                        if h not in beaters:
+                            beaters[h] = self._open(r, "beats")
+                            beaters[h].sendall(plain[h])  # its first beat at once, as a KVClient's connect is
+                            heapq.heappush(heap, (time.monotonic() + every * (1 + (h % 97) / 97), h))
                     elif value is None:  # a watch's period ended: renewed
-                        send_frame(sock, self.secret, watch)  # type: ignore[arg-type]
+                        send_frame(sock, self.secret, watch())  # type: ignore[arg-type]
                     elif r not in self.aborted:
                         self.aborted.add(r)
                         with self.stats.lock:
@@ -339,25 +384,31 @@ class _PushedRanks:
                 with_metrics = set(beaters)
             turn_end = time.monotonic() + 0.01  # then read replies again: a late beat, never a deaf rank
             while heap and heap[0][0] <= time.monotonic() < turn_end:
-                due, r = heapq.heappop(heap)
-                if r in self.aborted:
-                    continue  # an aborted rank exits
+                due, h = heapq.heappop(heap)
+                members = [m for m in awake[h] if m not in self.aborted]
+                if not members:
+                    continue  # its aborted ranks exit
                 b0 = time.monotonic()
                 try:
-                    if r in with_metrics:  # the frame Beater.beat() sends with metrics pending
-                        with_metrics.discard(r)
-                        send_frame(beaters[r], self.secret, ("post", [hb[r], ("set", keys.rank_key(keys.METRICS, r),
-                                                                               payload)]))
-                    else:  # the frame Beater.beat() sends: the same bytes every time
-                        beaters[r].sendall(plain[r])
-                    count += 1
-                    if count % sample == 0:  # one-way: its arrival shown by a ping answered after it, in order
-                        send_frame(beaters[r], self.secret, ("ping",))
-                        recv_frame(beaters[r], self.secret)
+                    if h in with_metrics:  # the frame Beater.beat() sends with metrics pending
+                        with_metrics.discard(h)
+                        writes = []
+                        for m in members:
+                            writes += [hb[m], ("set", keys.rank_key(keys.METRICS, m), payload)]
+                        send_frame(beaters[h], self.secret, ("post", writes))
+                    elif len(members) == len(awake[h]):  # the frame Beater.beat() sends: the same bytes every time
+                        beaters[h].sendall(plain[h])
+                    else:
+                        send_frame(beaters[h], self.secret, ("post", [hb[m] for m in members]))
+                    count += len(members)
+                    frames += 1
+                    if frames % sample == 0:  # one-way: its arrival shown by a ping answered after it, in order
+                        send_frame(beaters[h], self.secret, ("ping",))
+                        recv_frame(beaters[h], self.secret)
                         beats.append(time.monotonic() - b0)
                 except Exception as exc:  # noqa: BLE001 - counted and reported
-                    self._error(r, exc)
-                heapq.heappush(heap, (max(due + every, time.monotonic()), r))
+                    self._error(h, exc)
+                heapq.heappush(heap, (max(due + every, time.monotonic()), h))
         with self.stats.lock:
             self.stats.beats.extend(beats)
             self.stats.sent += count
@@ -366,12 +417,12 @@ class _PushedRanks:
 
 
 def _clients(addr: str, secret: bytes, ranks: list[int], launcher: str, pushed: bool, go: Any, stop: Any,
-             register_limit: float, out: Any) -> None:
+             register_limit: float, out: Any, per_host: int = 1) -> None:
     _raise_fd_limit()
     threading.stack_size(256 * 1024)
     stats = _Stats()
     halt = threading.Event()
-    group = _PushedRanks(addr, secret, ranks, launcher, stats, halt, register_limit) if pushed else None
+    group = _PushedRanks(addr, secret, ranks, launcher, stats, halt, register_limit, per_host) if pushed else None
     if group is not None:
         threads = [threading.Thread(target=group.run, daemon=True)]
     else:
@@ -404,19 +455,23 @@ def _ms(x: float) -> str:
     return "-" if x != x else (f"{x * 1e3:.1f}" if x < 1 else f"{x * 1e3:.0f}")
 
 
-def run_one(n: int, procs: int, window: float, launcher: str, register_limit: float, pushed: bool) -> tuple:
+def run_one(n: int, procs: int, window: float, launcher: str, register_limit: float, pushed: bool,
+            per_host: int = 1, profile: str | None = None) -> tuple:
     from hora.native.rendezvous import make_secret
 
     ctx = mp.get_context("fork")
     secret = make_secret()
     parent, child = ctx.Pipe()
-    driver = ctx.Process(target=_driver, args=(n, secret, child), daemon=True)
+    driver = ctx.Process(target=_driver, args=(n, secret, child, profile), daemon=True)
     driver.start()
     addr = parent.recv()
     go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
-    groups = [list(range(i, n, procs)) for i in range(min(procs, n))]
-    clients = [ctx.Process(target=_clients, args=(addr, secret, g, launcher, pushed, go, stop, register_limit, out),
-                           daemon=True) for g in groups]
+    # each client process holds whole hosts of per_host ranks (ranks h*per_host .. h*per_host+per_host-1)
+    hosts = [list(range(h, min(n, h + per_host))) for h in range(0, n, per_host)]
+    groups = [[r for host in hosts[i::procs] for r in host] for i in range(min(procs, len(hosts)))]
+    clients = [ctx.Process(target=_clients, daemon=True,
+                           args=(addr, secret, g, launcher, pushed, go, stop, register_limit, out, per_host))
+               for g in groups]
     for p in clients:
         p.start()
     time.sleep(1.0)  # the client processes are up, their threads not yet started
@@ -468,7 +523,7 @@ def run_one(n: int, procs: int, window: float, launcher: str, register_limit: fl
     load = load_now()
     if not registered:
         note = (f"not all registered after {register_limit:g} s ({state.get('started', '?')} of {n})")
-        return (n, "-", "-", "-", "-", "-", note, "-", "-", "-", load)
+        return (n, per_host, "-", "-", "-", "-", "-", note, "-", "-", "-", load)
     go_set = result["go_set"]
     wake = [t - go_set for t in woke]
     abort = [t - result["abort"] for t in aborted]
@@ -480,7 +535,7 @@ def run_one(n: int, procs: int, window: float, launcher: str, register_limit: fl
         extra.append(f"{errors} errors ({first_error})")
     if len(abort) < n:
         extra.append(f"abort seen by {len(abort)} of {n}")
-    return (n, f"{result['cpu'] * 100:.1f}%", _ms(_pct(beats, 0.5)), _ms(_pct(beats, 0.99)),
+    return (n, per_host, f"{result['cpu'] * 100:.1f}%", _ms(_pct(beats, 0.5)), _ms(_pct(beats, 0.99)),
             _ms(_pct(wake, 0.5)), _ms(_pct(wake, 0.99)), note, f"{_ms(_pct(abort, 0.5))} / {_ms(_pct(abort, 0.99))}",
             f"{len(lost)}" + (f" ({'; '.join(extra)})" if extra else ""),
             f"{beats_per_s:.0f} ({n * (4 if launcher == 'spark' else 1)})", load)
@@ -493,6 +548,12 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured once all ranks registered")
     ap.add_argument("--launcher", choices=("spark", "local"), default="spark")
     ap.add_argument("--register-limit", type=float, default=60.0, help="seconds for all N to register")
+    ap.add_argument("--ranks-per-frame", default="1", metavar="K[,K...]",
+                    help="ranks whose beats one frame carries: 1 (each rank beats on its own), or K (a host of K "
+                         "ranks beating through its relay, hora.runners.rank.relay: 8 for an 8-GPU host); a "
+                         "comma-separated list runs each N with each K")
+    ap.add_argument("--driver-profile", default="", metavar="PATH",
+                    help="save a cProfile of the service's request handling over each window to PATH.<N>.<K>")
     ap.add_argument("--profile", choices=("auto", "polled", "pushed"), default="auto",
                     help="the ranks' traffic: as the code under test sends it (auto), or forced")
     ap.add_argument("--path", action="store_true",
@@ -512,12 +573,14 @@ def main() -> None:
           f"{a.launcher} ranks' traffic, {'pushed abort, one-way beats' if pushed else 'polled abort'}; "
           f"{a.procs} client processes; window {a.window:g} s", flush=True)
     rows = []
-    header = ("ranks", "driver CPU", "beat p50 ms", "beat p99 ms", "wake p50 ms", "wake p99 ms",
+    header = ("ranks", "ranks per frame", "driver CPU", "beat p50 ms", "beat p99 ms", "wake p50 ms", "wake p99 ms",
               "all registered s", "abort seen p50 / p99 ms", "wrongly lost", "beats/s sent (of)", "load 1/5/15")
     for n in (int(x) for x in a.ranks.split(",")):
-        row = run_one(n, a.procs, a.window, a.launcher, a.register_limit, pushed)
-        rows.append(row)
-        print(table([row], header).splitlines()[-1], flush=True)
+        for k in (int(x) for x in a.ranks_per_frame.split(",")):
+            profile = f"{a.driver_profile}.{n}.{k}" if a.driver_profile else None
+            row = run_one(n, a.procs, a.window, a.launcher, a.register_limit, pushed, k, profile)
+            rows.append(row)
+            print(table([row], header).splitlines()[-1], flush=True)
     print()
     print(table(rows, header))
 

@@ -191,6 +191,8 @@ _DECLARED: tuple[Setting, ...] = (
        "launch"),
     _s("HORA_HEARTBEAT_TIMEOUT", default=30.0, doc="seconds without a heartbeat before a rank counts as dead",
        group="launch", **_SECONDS),
+    _s("HORA_HOST_BEATS", "bool", True, "the ranks of a run on one host send their heartbeats (and metrics) through "
+       "one of them, one frame per beat for the host (Linux; 0: every rank beats on its own)", "launch"),
     _s("HORA_FINISH_TIMEOUT", default=600.0, doc="seconds the other ranks get to return once one rank has",
        group="launch", **_SECONDS),
     _s("HORA_TERMINATE_GRACE", default=5.0, doc="seconds between SIGTERM and SIGKILL when ranks are stopped",

@@ -69,3 +69,11 @@ def test_the_files_that_use_the_ssh_server_share_one_unit():
     assert xg.group_of(root, "tests/elastic/test_rounds.py::t") == "tests/elastic/test_rounds.py"
     assert xg.unit_seconds(root, xg.SSH_GROUP, [f + "::t" for f in users]) == sum(
         xg.file_seconds().get(f, xg.UNKNOWN_SECONDS) for f in users)
+
+
+def test_the_files_that_use_the_ray_cluster_share_one_unit():
+    """tests/ray's package fixture starts a Ray cluster: the files that use it run in one process, which starts it once."""
+    root = Path(xg.__file__).parent.parent
+    users = ["tests/ray/test_ray_estimators.py", "tests/ray/test_ray_hf.py", "tests/ray/test_ray_launcher.py"]
+    assert {xg.group_of(root, f + "::t") for f in users} == {xg.RAY_GROUP}
+    assert xg.group_of(root, "tests/ray/test_ray_placement.py::t") == "tests/ray/test_ray_placement.py"

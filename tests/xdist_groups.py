@@ -43,6 +43,10 @@ SERVERS_GROUP = "spark-servers"
 #: would restore it under each other (seen: one process removed ~/.ssh, which the other's restore read)
 SSH_FIXTURES = ("sshd",)
 SSH_GROUP = "ssh-hosts"
+#: the package fixture of tests/ray that starts a local Ray cluster (a GCS, a raylet, workers: 5-11 s): the files
+#: that use it share one process, so the cluster starts once per run instead of once per file
+RAY_FIXTURES = ("ray_cluster", "free_cluster")
+RAY_GROUP = "ray-cluster"
 #: each test file's seconds (setup + call + teardown of its tests) in a recent run (only their ratios matter)
 SECONDS_FILE = Path(__file__).with_name("file_seconds.json")
 #: the weight of a file :data:`SECONDS_FILE` does not list (a new one)
@@ -84,12 +88,14 @@ def uses_servers(path: Path) -> bool:
 
 
 def group_of(rootpath: Path, nodeid: str) -> str:
-    """The work unit of the test ``nodeid``: :data:`SERVERS_GROUP`, :data:`SSH_GROUP` or its file."""
+    """The work unit of the test ``nodeid``: :data:`SERVERS_GROUP`, :data:`SSH_GROUP`, :data:`RAY_GROUP` or its file."""
     file = nodeid.split("::", 1)[0]
     if uses_servers(rootpath / file):
         return SERVERS_GROUP
     if uses_fixtures(rootpath / file, SSH_FIXTURES):
         return SSH_GROUP
+    if uses_fixtures(rootpath / file, RAY_FIXTURES):
+        return RAY_GROUP
     return file
 
 
@@ -104,7 +110,7 @@ def file_seconds() -> dict[str, float]:
 
 def unit_seconds(rootpath: Path, unit: str, nodeids: Any) -> float:
     """The expected seconds of a work unit: its file's, or the sum of its files' (the servers group)."""
-    files = {n.split("::", 1)[0] for n in nodeids} if unit in (SERVERS_GROUP, SSH_GROUP) else {unit}
+    files = {n.split("::", 1)[0] for n in nodeids} if unit in (SERVERS_GROUP, SSH_GROUP, RAY_GROUP) else {unit}
     known = file_seconds()
     return sum(known.get(f, UNKNOWN_SECONDS) for f in files)
 

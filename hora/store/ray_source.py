@@ -77,10 +77,10 @@ def _list_leaf(t: pa.DataType) -> pa.DataType:
 
 
 def arrow_kind(name: str, t: pa.DataType) -> str:
-    """``"scalar"`` or ``"array"`` for a column type hora can feed to a model.
+    """``"scalar"``, ``"array"``, ``"string"`` or ``"binary"`` for a column type hora can feed to a model.
 
     Raises:
-        DataError: names the column and its type (strings, objects, tensors of varying shapes).
+        DataError: names the column and its type (objects, tensors of varying shapes).
     """
     if isinstance(t, pa.ExtensionType):
         shape = getattr(t, "shape", None)
@@ -93,8 +93,12 @@ def arrow_kind(name: str, t: pa.DataType) -> str:
         return "scalar"
     elif _numeric(_list_leaf(t)) and t != _list_leaf(t):
         return "array"
-    raise DataError(f"column {name!r} of the Ray Dataset has type {t}; hora can feed numeric/boolean scalars and "
-                    "fixed-shape numeric arrays (lists or tensors) to a model (encode it first)")
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):  # text: a tokenizer= or collate_fn encodes it
+        return "string"
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "binary"
+    raise DataError(f"column {name!r} of the Ray Dataset has type {t}; hora can feed numeric/boolean scalars, "
+                    "fixed-shape numeric arrays (lists or tensors), strings and bytes to a model (encode it first)")
 
 
 def _for_writer(table: pa.Table) -> pa.Table:

@@ -103,3 +103,43 @@ def test_causal_lm_bad_configurations_are_config_errors(store):
     no_pad = lm_tokenizer(pdf.text.tolist(), pad=False)
     with pytest.raises(ConfigError, match=r"no pad token.*tokenizer.pad_token"):
         TorchEstimator(**_args(store, model, no_pad)).fit(pdf)
+
+
+def causal_minibatch(model, optimizer, transform_outputs, loss_fn, inputs, labels, sample_weights,
+                     backward_passes_per_step, batch_idx):
+    """Horovod's step, counting its calls in a buffer of the model and checking what it is given: the
+    logits as the one output, no labels, and a loss_fn that is the model's own loss on the input ids."""
+    optimizer.zero_grad()
+    outputs, labels = transform_outputs(model(*inputs), labels)
+    assert labels == [] and len(outputs) == 1 and outputs[0].dim() == 3, (labels, [o.shape for o in outputs])
+    loss = loss_fn(outputs, labels, sample_weights)
+    kwargs = model.keywords(inputs)
+    with torch.no_grad():  # (no dropout in the model: the same loss again)
+        own = model.model(**kwargs, labels=model.causal_labels(kwargs)).loss
+    torch.testing.assert_close(loss.detach(), own, rtol=1e-5, atol=1e-6)
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        model.model.minibatch_calls += 1
+    return outputs, loss
+
+
+@pytest.mark.timeout(120)
+def test_causal_lm_train_minibatch_fn_gets_the_models_own_loss(store):
+    """train_minibatch_fn with task='causal_lm': its loss_fn is the model's own loss on the input ids."""
+    from hora.dask import TorchEstimator
+
+    pdf = cyclic_text(32, seed=2)
+    tok = lm_tokenizer(pdf.text.tolist())
+    model = tiny_gpt2(tok)
+    model.register_buffer("minibatch_calls", torch.zeros((), dtype=torch.long))
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    fitted = TorchEstimator(**_args(store, model, tok, epochs=3, train_minibatch_fn=causal_minibatch)).fit(pdf)
+    history = fitted.history_
+    assert history[-1]["loss"] < history[0]["loss"], history
+    for h in history:
+        assert h["perplexity"] == pytest.approx(math.exp(h["loss"]), rel=1e-9)
+    # every step went through the function: 32 rows over 2 ranks in batches of 8, 3 epochs
+    assert int(fitted.model_.model.minibatch_calls) == 2 * 3, fitted.model_.model.minibatch_calls

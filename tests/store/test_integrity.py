@@ -75,7 +75,7 @@ def test_a_changed_or_truncated_parquet_file_is_a_data_error_naming_it_and_verif
         request.getfixturevalue("monkeypatch").setenv("AWS_ENDPOINT_URL", request.getfixturevalue("s3_endpoint"))
     df = pd.DataFrame({"x": np.arange(8_000, dtype=np.float64), "y": (np.arange(8_000) % 3).astype(np.float64)})
     info = materialize(df, store, ["x"], ["y"], num_proc=2, rows_per_row_group=1000)
-    assert all(f.checksum and f.checksum.startswith("crc32:") and f.size for f in info.split_files("train"))
+    assert all(f.checksum and f.checksum.startswith("xxh3-64:") and f.size for f in info.split_files("train"))
     rc, out = _verify(store.url, capsys)
     assert rc == 0 and "1 dataset(s)" in out and "0 damaged" in out, out
     changed, truncated = info.train_files[0], info.train_files[1]
@@ -184,3 +184,30 @@ def test_a_store_written_before_checksums_keeps_loading_unverified_said_once(tmp
     assert len(said) == 2 and said[0].startswith("Parquet file") and said[1].startswith("checkpoint"), said
     rc, out = _verify(store.url, capsys)
     assert rc == 0 and "0 file(s) verified, 3 without a recorded checksum, 0 damaged" in out, out
+
+
+@pytest.mark.timeout(30)
+def test_records_of_either_algorithm_are_checked_and_an_unknown_one_is_named(tmp_path):
+    """New records are XXH3's; a CRC-32 record an earlier version wrote is still checked, byte for byte."""
+    import zlib
+
+    from hora.store import integrity
+
+    data = bytes(range(256)) * 1000
+    new = integrity.checksum_bytes(data)
+    assert new.startswith("xxh3-64:") and len(new) == len("xxh3-64:") + 16
+    old = f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+    for recorded in (new, old):
+        integrity.check_bytes(data, recorded, len(data), "file x")
+        with pytest.raises(DataError, match="file x is damaged: its bytes have checksum"):
+            integrity.check_bytes(data[:-1] + b"\x01", recorded, len(data), "file x")
+    store = Store.create(str(tmp_path))
+    store.write_bytes("ckpt/a.bin", data)
+    integrity.verify_file(store, "ckpt/a.bin", old, len(data), "file a")
+    with pytest.raises(DataError, match="unknown algorithm 'md4'"):
+        integrity.check_bytes(data, "md4:00", len(data), "file x")
+    # what a HashingFile writes is what it hashed
+    with integrity.HashingFile(open(tmp_path / "h.bin", "wb")) as fh:
+        fh.write(data[:1000])
+        fh.write(memoryview(data)[1000:])
+    assert fh.checksum == new and fh.size == len(data) == (tmp_path / "h.bin").stat().st_size

@@ -1,7 +1,8 @@
 """What a rank and its task supervisor send to, and hear from, the driver service.
 
 * :class:`Beater`: a rank's heartbeat, with the latest metrics of :func:`hora.runners.report`
-  riding on it (one request per beat, never one more per report).
+  riding on it (one request per beat, never one more per report; one frame per beat for all
+  the ranks of a host, through :mod:`hora.runners.rank.relay`).
 * :class:`AbortWatch`: the driver's abort, pushed. The watch parks a ``watch`` request on
   ``runner/abort`` over its own connection; the driver's event loop answers it the moment
   the abort is set (no polling; an idle rank sends one request per :data:`WATCH_PERIOD`).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import socket
 import threading
 import time
@@ -26,6 +28,7 @@ from hora.native import keys
 from hora.native.rendezvous import tls
 from hora.native.rendezvous import KVClient
 from hora.native.rendezvous.protocol import FrameError, recv_frame, send_frame
+from hora.runners.rank.relay import NO_RELAY, SENT, HostBeats
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +41,24 @@ RECONNECT_S = 3.0
 REPLY_SLACK = 5.0
 
 
-class Beater:
-    """A rank's heartbeat (``runner/hb/<r>``), carrying the metrics reported since the last one."""
+def parked_for(period: float) -> float:
+    """Seconds one watch of ``period`` stays parked: 75-100% of it, drawn anew each time, so the
+    watches of thousands of ranks started together do not all come back to the driver at once."""
+    return period * random.uniform(0.75, 1.0)
 
-    def __init__(self, client: KVClient, rank: int) -> None:
+
+class Beater:
+    """A rank's heartbeat (``runner/hb/<r>``), carrying the metrics reported since the last one.
+
+    With ``relay`` (:class:`~hora.runners.rank.relay.HostBeats`) the beat goes to the host's relay
+    rank, which posts the beats of all the host's ranks in one frame (or this rank is the relay);
+    without one, or when the relay cannot take it, the beat is posted to the driver directly.
+    """
+
+    def __init__(self, client: KVClient, rank: int, relay: HostBeats | None = None) -> None:
         self.client = client
         self.rank = rank
+        self.relay = relay
         self._lock = threading.Lock()
         self._metrics: bytes | None = None
 
@@ -60,9 +75,18 @@ class Beater:
         """
         with self._lock:
             payload, self._metrics = self._metrics, None
+        relay = self.relay
+        if relay is not None and not relay.is_relay:
+            sent = relay.offer(self.rank, payload)
+            if sent == SENT:
+                return
+            if sent == NO_RELAY:
+                relay.claim()
         writes: list[tuple] = [("add", keys.rank_key(keys.HEARTBEAT, self.rank), 1)]
         if payload is not None:
             writes.append(("set", keys.rank_key(keys.METRICS, self.rank), payload))
+        if relay is not None and relay.is_relay:
+            writes += relay.take()  # the host's other ranks' beats, in the same frame
         try:
             self.client.post(writes)  # one-way: the driver's silence is the abort watch's to judge
         except HoraError:
@@ -72,16 +96,22 @@ class Beater:
             raise
 
     def flush(self) -> None:
-        """Send pending metrics now (the rank ends); errors are logged."""
+        """Send pending metrics now (the rank ends), and the beats this rank still holds as its
+        host's relay (which it stops being); errors are logged."""
         with self._lock:
             payload, self._metrics = self._metrics, None
+        writes: list[tuple] = [] if self.relay is None else self.relay.release()
         if payload is not None:
+            writes.append(("set", keys.rank_key(keys.METRICS, self.rank), payload))
+        if writes:
             try:
-                self.client.set(keys.rank_key(keys.METRICS, self.rank), payload)
+                self.client.batch(writes)
             except HoraError as exc:
                 log.warning("rank %d: could not send its last metrics to the driver: %s", self.rank, exc)
 
     def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
         self.client.close()
 
 
@@ -195,7 +225,7 @@ class AbortWatch(threading.Thread):
             sock = self._sock
             try:
                 sock.settimeout(self.period + REPLY_SLACK)
-                send_frame(sock, self._secret, ("watch", [keys.ABORT], self.period))
+                send_frame(sock, self._secret, ("watch", [keys.ABORT], parked_for(self.period)))
                 status, value = recv_frame(sock, self._secret)
             except (ConnectionError, FrameError, OSError) as exc:
                 timed_out = isinstance(exc, TimeoutError)
@@ -221,4 +251,4 @@ class AbortWatch(threading.Thread):
                 return
 
 
-__all__ = ["AbortWatch", "Beater", "WATCH_PERIOD", "RECONNECT_S"]
+__all__ = ["AbortWatch", "Beater", "WATCH_PERIOD", "RECONNECT_S", "parked_for"]

@@ -146,7 +146,7 @@ class _Watchdog(threading.Thread):
     ``HORA_HEARTBEAT_TIMEOUT``."""
 
     def __init__(self, client: KVClient, rank: int, parent_pid: int | None,
-                 beat_interval: float = HEARTBEAT_INTERVAL) -> None:
+                 beat_interval: float = HEARTBEAT_INTERVAL, relay: Any = None) -> None:
         from hora.runners.rank.beats import AbortWatch, Beater
 
         super().__init__(name="hora-watchdog", daemon=True)
@@ -158,7 +158,7 @@ class _Watchdog(threading.Thread):
         # (the shared client's connect retries for HORA_RENDEZVOUS_TIMEOUT, 60 s, and its lock may be
         # held by the training thread's call to the same dead driver).
         self.client = client.with_timeout(max(1.0, min(5.0, self.lost_after / 3)))
-        self.beater = Beater(self.client, rank)
+        self.beater = Beater(self.client, rank, relay)  # relay: the host's beats in one frame
         self.abort_watch = AbortWatch(client, self._aborted, self._lost, name=f"rank{rank}",
                                       period=min(10.0, max(1.0, self.lost_after / 3)), lost_after=self.lost_after)
         self.stopped = threading.Event()
@@ -177,8 +177,8 @@ class _Watchdog(threading.Thread):
             self._beat()
         finally:  # the watchdog stopped: so does its watch (a driver closed after this is no news)
             self.abort_watch.stop()
-            self.beater.flush()  # the metrics reported since the last beat
-            self.client.close()
+            self.beater.flush()  # the metrics reported since the last beat (and the relayed beats)
+            self.beater.close()
 
     def _beat(self) -> None:
         last_ok = time.monotonic()
@@ -197,6 +197,17 @@ class _Watchdog(threading.Thread):
                 if time.monotonic() - last_ok > self.lost_after:
                     log.error("rank %d: lost the driver for %.0fs; exiting", self.rank, self.lost_after)
                     os._exit(EXIT_ABORTED)
+
+
+def _host_beats(spec: LaunchSpec) -> Any:
+    """This rank's side of its host's heartbeat relay (:mod:`hora.runners.rank.relay`), or None."""
+    from hora.runners.rank.relay import for_rank
+
+    try:
+        return for_rank(spec.secret, spec.run_id, spec.attempt, spec.driver_addr, spec.beat_interval)
+    except OSError as exc:  # no unix socket here: every beat goes to the driver itself
+        log.debug("rank heartbeats not batched per host: %s", exc)
+        return None
 
 
 def _native_module() -> Any:
@@ -323,7 +334,7 @@ def run_rank(spec: LaunchSpec, ctx: RankContext | None, result_path: str | None)
         client = KVClient(spec.driver_addr, spec.secret)
         client.set(keys.rank_key(keys.STARTED, rank), host.encode())
         PHASES["registered"] = time.time()
-        watchdog = _Watchdog(client, rank, int(parent) if parent else None, spec.beat_interval)
+        watchdog = _Watchdog(client, rank, int(parent) if parent else None, spec.beat_interval, _host_beats(spec))
         watchdog.start()
         _set_reporter(client, rank, watchdog.beater)
         import cloudpickle

@@ -12,7 +12,8 @@ training session hands the batch's labels to the adapter before the forward pass
 (:attr:`HFModule.takes_labels`), the model is called with ``labels=``, and :class:`ModelLoss`
 returns ``output.loss``. With ``task="causal_lm"`` every forward pass is given ``labels=`` the
 input ids (padding -100) and there is no label column; :func:`causal_lm_outputs` gives ``transform``'s
-per-row mean token loss and generated text. Nothing here imports ``transformers``.
+per-row mean token loss and generated text, and a ``train_minibatch_fn`` is given the causal LM's
+``transform_outputs`` and ``loss_fn`` (:class:`CausalMinibatch`). Nothing here imports ``transformers``.
 """
 
 from __future__ import annotations
@@ -259,6 +260,39 @@ class ModelLoss:
         return f"ModelLoss({type(self.adapter.model).__name__})"
 
 
+class CausalMinibatch:
+    """``train_minibatch_fn`` with ``task="causal_lm"``: the user's function called with the causal LM's
+    ``transform_outputs`` and ``loss_fn``, so that ``loss_fn(outputs, labels, weights)`` is the model's own
+    loss on its input ids (there is no label column: ``labels`` is empty). Pickled with the model (the
+    adapter is the same object on the ranks), as :class:`ModelLoss`."""
+
+    def __init__(self, fn: Any, adapter: HFModule) -> None:
+        self.fn = fn
+        self.adapter = adapter
+
+    def __call__(self, model: Any, optimizer: Any, transform_outputs: Any, loss_fn: Any, inputs: Any, labels: Any,
+                 sample_weights: Any, backward_passes_per_step: int, batch_idx: int) -> Any:
+        return self.fn(model, optimizer, self.transform_outputs, self.loss_fn, inputs, labels, sample_weights,
+                       backward_passes_per_step, batch_idx)
+
+    @staticmethod
+    def transform_outputs(outputs: Any, labels: Any) -> tuple[list, list]:
+        """The logits as the one output; no labels (they are the input ids, which the model shifts)."""
+        from hora.estimators.frameworks.torch.tensors import as_outputs
+
+        return as_outputs(outputs, 1), []
+
+    def loss_fn(self, outputs: Any, labels: Any = None, sample_weights: Any = None) -> torch.Tensor:
+        """The model's own mean token loss of the last forward pass (see :meth:`HFModule.loss_from`)."""
+        if self.adapter.last_loss is None:
+            raise ConfigError("task='causal_lm' with train_minibatch_fn: loss_fn gives the model's own loss of its "
+                              "last forward pass; call model(*inputs) in the function before loss_fn")
+        return self.adapter.loss_from(None)
+
+    def __repr__(self) -> str:
+        return f"CausalMinibatch({getattr(self.fn, '__name__', self.fn)!r})"
+
+
 def causal_lm_outputs(model: HFModule, inputs: Sequence[Any], batch_size: int, generate_kwargs: dict | None,
                       input_shapes: Any = None, device: Any = None) -> list[Any]:
     """A causal LM's ``transform`` outputs for hora's positional ``inputs`` (a tokenized text column):
@@ -403,6 +437,9 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
     adapter = HFModule(config.model, layout, own_loss=own, tokenizer=tokenizer,
                        merge_adapters=getattr(config, "merge_adapters", True), causal_lm=causal)
     config.model = adapter
+    if causal and config.train_minibatch_fn is not None and not isinstance(config.train_minibatch_fn,
+                                                                            CausalMinibatch):
+        config.train_minibatch_fn = CausalMinibatch(config.train_minibatch_fn, adapter)
     if own:
         config.loss = ModelLoss(adapter)
         if config.task is None and getattr(getattr(adapter.model, "config", None), "num_labels", 1) > 1:
@@ -411,4 +448,5 @@ def prepare(df: Any, config: Any, dataset: Any = None) -> None:
                 layout, "the model's own" if own else "the given")
 
 
-__all__ = ["HFModule", "ModelLoss", "causal_lm_outputs", "check_causal_lm", "check_model_loss", "is_hf_model", "prepare", "wants_adapter"]
+__all__ = ["CausalMinibatch", "HFModule", "ModelLoss", "causal_lm_outputs", "check_causal_lm", "check_model_loss",
+           "is_hf_model", "prepare", "wants_adapter"]
