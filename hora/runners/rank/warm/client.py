@@ -147,6 +147,7 @@ def _server_path(python: str, cwd: str, skey: Mapping[str, str], who: Owner | No
 
 
 _at_exit: set[str] = set()  # the Dask worker servers this process asks to quit when it exits
+_at_exit_lock = threading.Lock()  # not _lock: a prestart holds that while its server imports
 QUIT_AT_EXIT_TIMEOUT = 2.0  # seconds each of them may take to answer then
 
 
@@ -154,7 +155,7 @@ def _quit_at_exit(path: str) -> None:
     """Ask the server at ``path`` to quit when this process exits normally: a Dask worker's
     server outlives a worker that was killed (its nanny starts another one, which takes the
     server over), not one that was closed (the cluster closing, a restart)."""
-    with _lock:
+    with _at_exit_lock:
         if not _at_exit:
             atexit.register(_quit_servers_at_exit)
         _at_exit.add(path)
