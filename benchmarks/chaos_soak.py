@@ -10,7 +10,8 @@ Scenarios (each on clusters it starts and stops itself):
 
 * ``dask``: a ``LocalCluster`` of two worker processes under nannies; the chaos thread kills
   ranks (``hora.runners.rank.main`` processes) and their supervisors (the Dask worker process
-  that runs the rank's task: its nanny starts a new one).
+  that runs the rank's task: its nanny starts a new one). Dask's own floor under such a fault,
+  printed beside: from the kill until the nanny's new worker has registered with the scheduler.
 * ``ssh``: ``hora run -H`` hosts, 127.0.0.1 (ranks started directly) and 127.0.0.2 (over ssh,
   to a throwaway OpenSSH server on a free port); the chaos thread kills ranks and the second
   host's rank supervisor (the process ssh started). Needs ``sshd`` (``make system-deps``).
@@ -31,7 +32,8 @@ is past the step it had reached when killed.
 
 Prints, per scenario: faults injected | survived | epochs lost | duplicated epochs | orphan
 processes | time lost per fault (median / max) | cold start | median lost / cold start, and
-the three fits' seconds. Needs ``make install`` (the dask and spark extras) and Java for Spark.
+the three fits' seconds; for ``dask``, Dask's own floor per worker fault and the time lost
+against it. Needs ``make install`` (the dask and spark extras) and Java for Spark.
 """
 
 from __future__ import annotations
@@ -144,6 +146,31 @@ def chaos(log_path: str, kinds: tuple[str, ...], faults: int, num_proc: int, rng
             done.add(attempt)
         except (psutil.Error, ProcessLookupError, ValueError, TypeError):
             continue
+
+
+class WorkerWatch(threading.Thread):
+    """Dask's own floor under a worker fault: polls the scheduler's workers (every 0.1 s) so that,
+    per fault, the seconds from the kill until a worker that was not there at the kill (the one the
+    nanny started in place of the killed one) had registered can be read (:meth:`replaced_after`)."""
+
+    def __init__(self, client: Any, stop: threading.Event) -> None:
+        super().__init__(name="soak-worker-watch", daemon=True)
+        self.client, self.stop = client, stop
+        self.seen: list[tuple[float, frozenset[str]]] = []
+
+    def run(self) -> None:
+        from hora.runners.launchers.dask import worker_infos
+
+        while not self.stop.wait(0.1):
+            try:
+                self.seen.append((time.time(), frozenset(worker_infos(self.client))))
+            except Exception:  # noqa: BLE001 - a poll that failed: the next one counts
+                continue
+
+    def replaced_after(self, at: float) -> float | None:
+        """Seconds from ``at`` until a worker address unknown at ``at`` was first seen."""
+        known = set().union(*(w for t, w in self.seen if t <= at))
+        return next((t - at for t, w in self.seen if t > at and w - known), None)
 
 
 def _lost_per_fault(log_path: str, injected: list[tuple[str, int, float, int]]) -> list[float]:
@@ -262,6 +289,12 @@ def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argp
         hora_log = logging.getLogger("hora")
         hora_log.addHandler(timeline)
         hora_log.setLevel(logging.DEBUG)
+    watch = None
+    if name == "dask":
+        from distributed import get_client
+
+        watch = WorkerWatch(get_client(), stop)
+        watch.start()
     thread.start()
     survived, error, took, epochs_seen = True, "", 0.0, []
     try:
@@ -272,6 +305,8 @@ def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argp
     finally:
         stop.set()
         thread.join(timeout=30)
+        if watch is not None:
+            watch.join(timeout=30)
         if timeline is not None:
             logging.getLogger("hora").removeHandler(timeline)
             logging.getLogger("hora").setLevel(logging.NOTSET)
@@ -281,7 +316,9 @@ def scenario(name: str, face: Any, backend: Any, df: Any, work: Path, args: argp
     lost = _lost_per_fault(log_path, injected)
     if timeline is not None:
         _timeline(log_path, injected, timeline.events)
+    floor = [] if watch is None else [watch.replaced_after(at) for kind, _, at, _ in injected if kind == "supervisor"]
     return {
+        "floor": [f for f in floor if f is not None],
         "scenario": name, "injected": len(injected), "kinds": [k for k, *_ in injected],
         "survived": len(injected) if survived else 0, "error": error,
         "epochs_lost": len(set(range(args.epochs)) - set(epochs_seen)) if survived else None,
@@ -398,6 +435,14 @@ def main() -> None:
                     if len(r["lost"]) == len(r["kinds"]) else "not all faults' losses were measured")
         print(f"\n{r['scenario']}: cold starts {' / '.join(f'{c:.2f}' for c in r['colds'])} s; lost per kind (s): "
               + per_kind)
+        if r.get("floor"):
+            lost_sup = [t for k, t in zip(r["kinds"], r["lost"]) if k == "supervisor"] \
+                if len(r["lost"]) == len(r["kinds"]) else []
+            print(f"{r['scenario']}: Dask's own floor per worker fault (the kill until the nanny's new worker "
+                  f"registered, s): {' / '.join(f'{f:.2f}' for f in sorted(r['floor']))}; median "
+                  f"{statistics.median(r['floor']):.2f}" + (
+                      f"; supervisor faults' median lost / that floor: "
+                      f"{statistics.median(lost_sup) / statistics.median(r['floor']):.2f}" if lost_sup else ""))
         if r["error"]:
             print(f"{r['scenario']} failed: {r['error']}")
 

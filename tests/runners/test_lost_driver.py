@@ -94,10 +94,11 @@ def _kill_driver_and_wait_for(fit: subprocess.Popen, ranks: list[psutil.Process]
     return killed_at
 
 
-def _assert_dask_threads_free(address: str, workers: list[int], killed_at: float) -> None:
+def _assert_dask_threads_free(address: str, workers: list[int], killed_at: float, run_id: str) -> None:
     """Each (1-thread) Dask worker runs a new task within HORA_HEARTBEAT_TIMEOUT + 20 s of the
     driver's death: the rank supervisor's task ended and gave its thread back (it held it for a
-    minute, its log pusher retrying the dead driver, and the refit's first compute waited)."""
+    minute, its log pusher retrying the dead driver, and the refit's first compute waited); and
+    no task of ``run_id`` runs on a worker any more (the refit's tasks get the same keys)."""
     from distributed import Client, wait
 
     with Client(address, timeout=30) as client:
@@ -110,6 +111,14 @@ def _assert_dask_threads_free(address: str, workers: list[int], killed_at: float
             pytest.fail(f"the thread of Dask worker(s) {held} still held {time.monotonic() - killed_at:.0f} s after "
                         "the driver died")
         assert len(addrs) == len(workers) and len({f.result() for f in futures}) == len(workers)  # each worker ran one
+        held = [k for keys in client.run(_executing).values() for k in keys if k.startswith(f"hora-{run_id}-")]
+        assert not held, f"the killed fit's rank tasks {held} still hold a worker's thread"
+
+
+def _executing(dask_worker) -> list[str]:
+    """The keys of the tasks that hold a thread of this Dask worker now (run by ``Client.run``)."""
+    with dask_worker.active_threads_lock:
+        return [str(k) for k in dask_worker.active_threads.values()]
 
 
 @pytest.mark.timeout(60)
@@ -196,7 +205,7 @@ def test_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path)
         ranks = _ranks_under(workers)
         killed_at = _kill_driver_and_wait_for(fit, ranks)
         assert all(p.poll() is None for p in procs), "a Dask worker or the scheduler went down with the driver"
-        _assert_dask_threads_free(address, workers, killed_at)
+        _assert_dask_threads_free(address, workers, killed_at, "lost-driver-dask")
 
         total = store.latest_checkpoint("lost-driver-dask")[0] + 1 + REFIT_EPOCHS  # the same run_id resumes
         _assert_refit_resumes([sys.executable, str(script), address, store_url, str(total)], env, tmp_path, total,

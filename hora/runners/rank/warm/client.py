@@ -40,6 +40,7 @@ connection closes). ``HORA_WARM_WORKERS=0`` turns all of it off.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -61,7 +62,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from hora import settings
-from hora.runners.rank.warm.owner import Owner, command_owner, owner
+from hora.runners.rank.warm.owner import DASK_APP, Owner, command_owner, owner
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,11 @@ KEYED_HORA = (settings.ENV_LOG_LEVEL, ENV_PRELOAD, ENV_IDLE)
 #: one application on one host (their log URLs and block-manager folders) or between their
 #: daemons (the worker factory's secret): keyed, the executor that replaces a lost one would
 #: not find the server its predecessor left (see :class:`Owner`).
+#: torch writes its inductor cache folder (its default, read at compile time) into the environment
+#: of a process that compiles: a Dask driver's nanny then starts the worker that replaces a lost one
+#: with it, and, keyed, that worker would not find the server the lost one left.
 UNKEYED = ("PYTEST_CURRENT_TEST", "PYTHON_WORKER_FACTORY_SECRET", "SPARK_LOG_URL_STDERR", "SPARK_LOG_URL_STDOUT",
-           "SPARK_LOCAL_DIRS")
+           "SPARK_LOCAL_DIRS", "TORCHINDUCTOR_CACHE_DIR")
 MAX_SERVERS = 2  # per owner process: each holds torch's ~300 MiB
 READY_TIMEOUT = 120.0  # seconds a new server may take to import its modules
 ANSWER_TIMEOUT = 10.0  # seconds a running server may take to answer a request
@@ -136,7 +140,30 @@ def _server_path(python: str, cwd: str, skey: Mapping[str, str], who: Owner | No
     folder (the cwd), so the executor that replaces a lost one finds it (the child still runs
     in its own cwd)."""
     who = who or owner()
-    return socket_path(server_key(python, who.app or cwd, skey), who.app or who.pid), who
+    path = socket_path(server_key(python, who.app or cwd, skey), who.app or who.pid)
+    if who.app is not None and who.app.startswith(DASK_APP):
+        _quit_at_exit(path)
+    return path, who
+
+
+_at_exit: set[str] = set()  # the Dask worker servers this process asks to quit when it exits
+_at_exit_lock = threading.Lock()  # not _lock: a prestart holds that while its server imports
+QUIT_AT_EXIT_TIMEOUT = 2.0  # seconds each of them may take to answer then
+
+
+def _quit_at_exit(path: str) -> None:
+    """Ask the server at ``path`` to quit when this process exits normally: a Dask worker's
+    server outlives a worker that was killed (its nanny starts another one, which takes the
+    server over), not one that was closed (the cluster closing, a restart)."""
+    with _at_exit_lock:
+        if not _at_exit:
+            atexit.register(_quit_servers_at_exit)
+        _at_exit.add(path)
+
+
+def _quit_servers_at_exit() -> None:
+    for path in sorted(_at_exit):
+        _ask_quit(path, QUIT_AT_EXIT_TIMEOUT)
 
 
 @contextlib.contextmanager
@@ -526,12 +553,12 @@ def _start_server(python: str, path: str, cwd: str, env: dict[str, str], who: Ow
     log.debug("warm server %s started: pid %d", path, proc.pid)
 
 
-def _ask_quit(path: str) -> None:
+def _ask_quit(path: str, timeout: float = ANSWER_TIMEOUT) -> None:
     with contextlib.suppress(OSError, WarmUnavailable), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(ANSWER_TIMEOUT)
+        conn.settimeout(timeout)
         conn.connect(path)
         _send(conn, {"op": "quit"})
-        _answer(conn, ANSWER_TIMEOUT)
+        _answer(conn, timeout)
 
 
 def stop_servers() -> None:

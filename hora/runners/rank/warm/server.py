@@ -20,11 +20,13 @@ listening socket, the owner's pidfd, and each child's pidfd and supervisor conne
 * an owner's end takes the children it asked for with it (a request names its owner; a
   server may serve several: the executors of one Spark application on one host);
 * the last owner's end, a ``quit`` request, or ``IDLE`` seconds without a child end the server;
-  except, with ``--app`` (a Spark executor's server, :class:`hora.runners.rank.warm.owner.Owner`),
-  after its last owner's end the server looks for an executor JVM of the same application
-  and host (the one the cluster manager starts in place of a lost one) for up to
-  :data:`ORPHAN_WAIT` seconds and passes to it; it ends at once when ``--keeper`` (the
-  executor's parent, the standalone Worker) ends.
+  except, with ``--app`` (a Spark executor's or a Dask worker's server,
+  :class:`hora.runners.rank.warm.owner.Owner`), after its last owner's end the server waits up to
+  :data:`ORPHAN_WAIT` seconds for the process that replaces it and passes to it: for Spark an
+  executor JVM of the same application and host (the one the cluster manager starts in place of a
+  lost one), which it looks for; for Dask the worker its nanny restarts, which takes it over with its
+  first rank request; it ends at once when ``--keeper`` (the executor's parent, the standalone
+  Worker; the process of the Dask worker's nanny) ends.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import Any
 
 from hora.pids import cmdline_arg
 from hora.runners.rank.warm.child import RANK_ENTRY, _child_main
+from hora.runners.rank.warm.owner import DASK_APP
 
 log = logging.getLogger("hora.runners.rank.warm.server")
 
@@ -105,7 +108,11 @@ def _report_exit(child: _Child) -> None:
 
 def _app_executor(app: str, exclude: set[int]) -> int | None:
     """The pid of a live executor JVM of this user whose command line names the application and
-    host of ``app`` (``"<app id>@<host>"``), other than ``exclude``; None when there is none."""
+    host of ``app`` (``"<app id>@<host>"``), other than ``exclude``; None when there is none, and
+    always for a Dask worker's ``app`` (:data:`DASK_APP`): the worker its nanny starts in place of
+    a lost one is not told apart by its command line, and takes the server over when it asks for a rank."""
+    if app.startswith(DASK_APP):  # a Dask worker's replacement takes the server over with its first request
+        return None
     app_id, _, host = app.rpartition("@")
     uid = os.getuid()
     for name in os.listdir("/proc"):
@@ -250,8 +257,8 @@ class Server:
             log.info("warm server: its owner is gone; exiting")
             self._kill_all()
             return False
-        log.info("warm server: its owner %d (an executor of %s) is gone; killed its ranks, waiting up to %gs for "
-                 "the executor that replaces it", pid, self.app, ORPHAN_WAIT)
+        log.info("warm server: its owner %d (%s) is gone; killed its ranks, waiting up to %gs for the process "
+                 "that replaces it", pid, self.app, ORPHAN_WAIT)
         self.orphaned = time.monotonic()
         return True
 
@@ -280,7 +287,7 @@ class Server:
             return True
         if time.monotonic() - self.orphaned < ORPHAN_WAIT:
             return True
-        log.info("warm server: no executor of %s came within %gs; exiting", self.app, ORPHAN_WAIT)
+        log.info("warm server: no process took %s over within %gs; exiting", self.app, ORPHAN_WAIT)
         self._kill_all()
         return False
 
