@@ -192,8 +192,11 @@ class HostBeats:
         refused and their ranks post them themselves (and one of them takes over)."""
         sock, self._server = self._server, None
         if sock is not None:
+            # an empty datagram to itself wakes the receiving thread at once (a shutdown() of a unix
+            # datagram socket does not interrupt its recv: the thread would sleep out its 0.5 s timeout,
+            # and every rank's end with it)
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the receiving thread at once
+                self._out.sendto(b"", self.name)
             if self._thread is not None:
                 self._thread.join(timeout=1.0)
             sock.close()
