@@ -111,14 +111,15 @@ def _assert_dask_threads_free(address: str, workers: list[int], killed_at: float
             pytest.fail(f"the thread of Dask worker(s) {held} still held {time.monotonic() - killed_at:.0f} s after "
                         "the driver died")
         assert len(addrs) == len(workers) and len({f.result() for f in futures}) == len(workers)  # each worker ran one
-        held = [k for keys in client.run(_executing).values() for k in keys if k.startswith(f"hora-{run_id}-")]
+
+        def executing(dask_worker) -> list[str]:
+            """The keys of the tasks that hold a thread of this Dask worker now. Defined here, so that it
+            travels by value: the workers, started from the command line, cannot import ``tests``."""
+            with dask_worker.active_threads_lock:
+                return [str(k) for k in dask_worker.active_threads.values()]
+
+        held = [k for keys in client.run(executing).values() for k in keys if k.startswith(f"hora-{run_id}-")]
         assert not held, f"the killed fit's rank tasks {held} still hold a worker's thread"
-
-
-def _executing(dask_worker) -> list[str]:
-    """The keys of the tasks that hold a thread of this Dask worker now (run by ``Client.run``)."""
-    with dask_worker.active_threads_lock:
-        return [str(k) for k in dask_worker.active_threads.values()]
 
 
 @pytest.mark.timeout(60)
