@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,10 @@ import time
 from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port  # noqa: E402
+from _common.processes import ranks_under  # noqa: E402
 
 FIT = r'''
 import json, logging, os, sys, time, numpy as np, pandas as pd, torch
@@ -81,27 +84,6 @@ if __name__ == "__main__":
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ranks_under(pids: list[int]) -> list[psutil.Process]:
-    found = []
-    for pid in pids:
-        try:
-            for child in psutil.Process(pid).children(recursive=True):
-                try:
-                    if "hora.runners.rank.main" in " ".join(child.cmdline()):
-                        found.append(child)
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            pass
-    return found
-
-
 def _wait_for(path: Path, timeout: float, proc: subprocess.Popen) -> float:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -119,7 +101,7 @@ class Cluster:
 
     def __init__(self, work: Path, env: dict) -> None:
         bindir = os.path.dirname(sys.executable)
-        port = _free_port()
+        port = free_port()
         self.address = f"tcp://127.0.0.1:{port}"
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env, "cwd": work}
         self.procs = [subprocess.Popen([os.path.join(bindir, "dask"), "scheduler", "--host", "127.0.0.1", "--port",
@@ -138,7 +120,7 @@ class Cluster:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        for leftover in _ranks_under([p.pid for p in self.procs]):
+        for leftover in ranks_under([p.pid for p in self.procs]):
             leftover.kill()
 
 
@@ -181,13 +163,13 @@ def one(cluster: Cluster, script: Path, work: Path, env: dict, i: int) -> dict[s
                                 str(killed_stamps)],
                                env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 240
-        while len(_ranks_under(cluster.workers)) < 2 or not store.list_checkpoints(run_id):
+        while len(ranks_under(cluster.workers)) < 2 or not store.list_checkpoints(run_id):
             if fit.poll() is not None:
                 raise RuntimeError(f"the fit ended early: {fit.stderr.read()[-3000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError("the ranks never started or never wrote a checkpoint")
             time.sleep(0.2)
-        ranks = _ranks_under(cluster.workers)
+        ranks = ranks_under(cluster.workers)
         killed = time.time()
         fit.send_signal(signal.SIGKILL)
         fit.wait()

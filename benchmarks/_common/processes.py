@@ -25,6 +25,23 @@ def hora_worker_processes(marker: str | None = None) -> list[psutil.Process]:
     return out
 
 
+def ranks_under(pids: list[int]) -> list[psutil.Process]:
+    """The ``hora.runners.rank.main`` processes below the processes ``pids`` (e.g. the ranks of
+    the Dask workers started from the command line)."""
+    found = []
+    for pid in pids:
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                try:
+                    if "hora.runners.rank.main" in " ".join(child.cmdline()):
+                        found.append(child)
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+    return found
+
+
 def rank_processes_in(folder: str) -> list[psutil.Process]:
     """Live rank-side processes (``hora.runners.rank.*``: ranks, and on ssh hosts the supervisors
     ssh started) whose working folder is under ``folder``: how the ranks of ``hora run -H`` hosts,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,9 @@ import time
 
 import psutil
 import pytest
+
+from benchmarks._common import free_port
+from benchmarks._common.processes import ranks_under
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -59,27 +61,6 @@ if __name__ == "__main__":
     model = est.fit(dd.from_pandas(pdf, npartitions=2))
     print("HISTORY=" + json.dumps([h["epoch"] for h in model.history_]), flush=True)
 '''
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ranks_under(pids: list[int]) -> list[psutil.Process]:
-    found = []
-    for pid in pids:
-        try:
-            for child in psutil.Process(pid).children(recursive=True):
-                try:
-                    if "hora.runners.rank.main" in " ".join(child.cmdline()):
-                        found.append(child)
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            pass
-    return found
 
 
 def _kill_driver_and_wait_for(fit: subprocess.Popen, ranks: list[psutil.Process]) -> float:
@@ -133,7 +114,7 @@ def test_a_supervisors_log_pusher_gives_up_on_a_dead_driver_in_seconds_and_keeps
     from hora.native.rendezvous import KVClient, RendezvousServer
     from hora.runners.rank.supervise import _LogPusher
 
-    secret, port = b"k" * 32, _free_port()
+    secret, port = b"k" * 32, free_port()
     client = KVClient(f"127.0.0.1:{port}", secret)  # nothing listens there yet
     pusher = _LogPusher(client, rank=3, timeout=1.0)
     server = None
@@ -180,7 +161,7 @@ def test_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path)
     bindir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
                HORA_HEARTBEAT_TIMEOUT=str(HEARTBEAT_TIMEOUT))
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [subprocess.Popen([os.path.join(bindir, "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                "--dashboard-address", ":0"], env=env, cwd=tmp_path,
@@ -199,11 +180,11 @@ def test_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path)
                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         workers = [p.pid for p in procs[1:]]
         deadline = time.monotonic() + 150
-        while len(_ranks_under(workers)) < 2 or not store.list_checkpoints("lost-driver-dask"):
+        while len(ranks_under(workers)) < 2 or not store.list_checkpoints("lost-driver-dask"):
             assert fit.poll() is None, fit.stderr.read().decode()[-3000:]  # training, one checkpoint written
             assert time.monotonic() < deadline, "the ranks never started or never wrote a checkpoint"
             time.sleep(0.5)
-        ranks = _ranks_under(workers)
+        ranks = ranks_under(workers)
         killed_at = _kill_driver_and_wait_for(fit, ranks)
         assert all(p.poll() is None for p in procs), "a Dask worker or the scheduler went down with the driver"
         _assert_dask_threads_free(address, workers, killed_at, "lost-driver-dask")
@@ -219,7 +200,7 @@ def test_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_path)
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        for leftover in _ranks_under([p.pid for p in procs]):
+        for leftover in ranks_under([p.pid for p in procs]):
             leftover.kill()
 
 
@@ -271,11 +252,11 @@ def _spark_lost_driver(standalone_cluster, tmp_path) -> None:
     store = Store.create(store_url)
     try:
         deadline = time.monotonic() + 240
-        while len(_ranks_under(workers)) < 2 or not store.list_checkpoints("lost-driver-spark"):
+        while len(ranks_under(workers)) < 2 or not store.list_checkpoints("lost-driver-spark"):
             assert fit.poll() is None, fit.stderr.read().decode()[-3000:]  # training, one checkpoint written
             assert time.monotonic() < deadline, "the ranks never started or never wrote a checkpoint"
             time.sleep(0.5)
-        ranks = _ranks_under(workers)
+        ranks = ranks_under(workers)
         _kill_driver_and_wait_for(fit, ranks)
         assert all(w.proc.poll() is None for w in standalone_cluster.workers), "a Spark worker went down with the driver"
     finally:
@@ -330,7 +311,7 @@ def test_ray_ranks_exit_when_the_fit_process_is_killed_and_a_refit_resumes(tmp_p
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
                HORA_HEARTBEAT_TIMEOUT=str(HEARTBEAT_TIMEOUT), RAY_USAGE_STATS_ENABLED="0",
                RAY_AUTH_MODE="disabled")  # `ray start` turns token auth on and writes ~/.ray/auth_token
-    port = _free_port()
+    port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="hora-rayl-")  # short: Ray's socket paths live below it
     head = subprocess.Popen([os.path.join(bindir, "ray"), "start", "--head", "--block", "--port", str(port),
                              "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--include-dashboard", "false",
